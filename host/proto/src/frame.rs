@@ -1,0 +1,327 @@
+//! Link frames and their codec.
+//!
+//! On the wire every frame is a 4-byte big-endian length `L` (the bytes that follow, at most
+//! `frame_bytes_max`), a 1-byte frame type, and `L - 1` bytes of body. The length is checked
+//! against the limit before anything is allocated, so a peer cannot make us buffer more than
+//! one frame's worth; any byte sequence either decodes, waits for more bytes, or fails with a
+//! [`FrameError`] — it never panics.
+//!
+//! | type | frame | body |
+//! | --- | --- | --- |
+//! | 1 | `Hello` | magic `LNKB`, protocol version u16, API version u32, from, to (u8-length names), incarnation u64, expected u64, your-incarnation u64, flags u8 |
+//! | 2 | `Data` | sequence u64, CRC32C u32 of the message bytes, message bytes |
+//! | 3 | `Ack` | sequence u64: every message up to it is delivered |
+//! | 4 | `Ping` | nonce u64 |
+//! | 5 | `Pong` | nonce u64 |
+//! | 6 | `Close` | code u16, reason (UTF-8, rest of the frame) |
+
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+
+use crate::reader::{ReadError, Reader};
+
+/// The link protocol version this build speaks; a peer with another version is refused.
+pub const PROTOCOL_VERSION: u16 = 1;
+/// First bytes of every `Hello`, so a stray client of another protocol is recognised at once.
+pub const HELLO_MAGIC: [u8; 4] = *b"LNKB";
+/// Bytes of the length prefix.
+pub const LENGTH_BYTES: usize = 4;
+/// Smallest allowed `frame_bytes_max`: a `Hello` with two longest names must fit.
+pub const FRAME_BYTES_MIN: usize = 1024;
+
+const TYPE_HELLO: u8 = 1;
+const TYPE_DATA: u8 = 2;
+const TYPE_ACK: u8 = 3;
+const TYPE_PING: u8 = 4;
+const TYPE_PONG: u8 = 5;
+const TYPE_CLOSE: u8 = 6;
+
+/// `Hello.flags` bit: the sender's store is durable, so its sequence numbers survive restarts.
+pub const HELLO_FLAG_DURABLE: u8 = 1;
+
+/// The opening frame each side sends on a new connection: who it is, who it expects, and
+/// where its sequence numbers stand.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Hello {
+    /// The sender's link protocol version.
+    pub protocol_version: u16,
+    /// The sender's plugin API version.
+    pub api_version: u32,
+    /// The sender's node name (checked as a name by the session, not here).
+    pub from: String,
+    /// The node the sender believes it is talking to.
+    pub to: String,
+    /// Random id of the sender's state; changes when the sender lost its state.
+    pub incarnation: u64,
+    /// The next sequence number the sender expects from the receiver.
+    pub expected: u64,
+    /// The receiver's incarnation that `expected` refers to (`0`: never met).
+    pub your_incarnation: u64,
+    /// `HELLO_FLAG_*` bits.
+    pub flags: u8,
+}
+
+/// One decoded frame; bodies share the receive buffer (no copy).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Frame {
+    /// Connection opening.
+    Hello(Hello),
+    /// One sequenced message.
+    Data {
+        /// The link sequence number.
+        sequence: u64,
+        /// CRC32C of `message`, checked by the session.
+        crc: u32,
+        /// The encoded message.
+        message: Bytes,
+    },
+    /// Cumulative acknowledgement.
+    Ack {
+        /// Every message with a sequence number up to this one is delivered.
+        sequence: u64,
+    },
+    /// Keepalive probe.
+    Ping {
+        /// Echoed in the `Pong`.
+        nonce: u64,
+    },
+    /// Keepalive answer.
+    Pong {
+        /// The `Ping`'s nonce.
+        nonce: u64,
+    },
+    /// The sender closes the connection, saying why.
+    Close {
+        /// A [`CloseCode`] value.
+        code: u16,
+        /// Human-readable reason.
+        reason: String,
+    },
+}
+
+/// Why a connection is closed, as sent in a `Close` frame.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u16)]
+pub enum CloseCode {
+    /// Orderly shutdown.
+    Shutdown = 0,
+    /// The peer broke the protocol.
+    ProtocolError = 1,
+    /// The peer speaks another protocol version.
+    VersionMismatch = 2,
+    /// The peer is not who it should be, or is not configured here.
+    UnknownPeer = 3,
+    /// A second connection to the same peer; this one loses.
+    Duplicate = 4,
+}
+
+/// Why bytes could not be decoded into a frame. The connection must be closed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum FrameError {
+    /// The declared length is over `frame_bytes_max` (or zero).
+    #[error("frame of {len} bytes is outside 1..={max}")]
+    BadLength {
+        /// The declared length.
+        len: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// An unknown frame type.
+    #[error("unknown frame type {0}")]
+    UnknownType(u8),
+    /// A `Hello` without the magic bytes: not a linkbus peer.
+    #[error("not a linkbus peer (bad magic)")]
+    BadMagic,
+    /// A body that does not match its frame type.
+    #[error("malformed {frame} frame: {source}")]
+    Malformed {
+        /// Which frame.
+        frame: &'static str,
+        /// What was wrong.
+        source: ReadError,
+    },
+}
+
+impl Frame {
+    /// Appends the encoded frame to `out`.
+    ///
+    /// # Panics
+    /// When a `Hello` name is longer than 255 bytes (names are validated long before).
+    pub fn encode(&self, out: &mut BytesMut) {
+        let start = out.len();
+        out.put_u32(0);
+        match self {
+            Self::Hello(h) => encode_hello(h, out),
+            Self::Data { sequence, crc, message } => {
+                out.put_u8(TYPE_DATA);
+                out.put_u64(*sequence);
+                out.put_u32(*crc);
+                out.put_slice(message);
+            }
+            Self::Ack { sequence } => {
+                out.put_u8(TYPE_ACK);
+                out.put_u64(*sequence);
+            }
+            Self::Ping { nonce } => {
+                out.put_u8(TYPE_PING);
+                out.put_u64(*nonce);
+            }
+            Self::Pong { nonce } => {
+                out.put_u8(TYPE_PONG);
+                out.put_u64(*nonce);
+            }
+            Self::Close { code, reason } => {
+                out.put_u8(TYPE_CLOSE);
+                out.put_u16(*code);
+                out.put_slice(reason.as_bytes());
+            }
+        }
+        let len = u32::try_from(out.len() - start - LENGTH_BYTES).expect("frame length fits u32");
+        out[start..start + LENGTH_BYTES].copy_from_slice(&len.to_be_bytes());
+    }
+
+    /// Appends a `Data` frame for `message` (computing its CRC) without building a [`Frame`].
+    pub fn encode_data(sequence: u64, message: &[u8], out: &mut BytesMut) {
+        let len = u32::try_from(1 + 8 + 4 + message.len()).expect("frame length fits u32");
+        out.reserve(LENGTH_BYTES + len as usize);
+        out.put_u32(len);
+        out.put_u8(TYPE_DATA);
+        out.put_u64(sequence);
+        out.put_u32(crc32c::crc32c(message));
+        out.put_slice(message);
+    }
+
+    /// A short name for logs.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::Hello(_) => "hello",
+            Self::Data { .. } => "data",
+            Self::Ack { .. } => "ack",
+            Self::Ping { .. } => "ping",
+            Self::Pong { .. } => "pong",
+            Self::Close { .. } => "close",
+        }
+    }
+}
+
+fn encode_hello(h: &Hello, out: &mut BytesMut) {
+    out.put_u8(TYPE_HELLO);
+    out.put_slice(&HELLO_MAGIC);
+    out.put_u16(h.protocol_version);
+    out.put_u32(h.api_version);
+    for name in [&h.from, &h.to] {
+        out.put_u8(u8::try_from(name.len()).expect("node names are short"));
+        out.put_slice(name.as_bytes());
+    }
+    out.put_u64(h.incarnation);
+    out.put_u64(h.expected);
+    out.put_u64(h.your_incarnation);
+    out.put_u8(h.flags);
+}
+
+/// Incremental frame decoder: feed bytes as they arrive, take frames as they complete.
+#[derive(Debug)]
+pub struct FrameDecoder {
+    buf: BytesMut,
+    frame_bytes_max: usize,
+}
+
+impl FrameDecoder {
+    /// A decoder refusing frames longer than `frame_bytes_max`.
+    pub fn new(frame_bytes_max: usize) -> Self {
+        Self { buf: BytesMut::new(), frame_bytes_max }
+    }
+
+    /// Buffers received bytes.
+    pub fn extend(&mut self, bytes: &[u8]) {
+        self.buf.extend_from_slice(bytes);
+    }
+
+    /// Bytes buffered but not yet decoded.
+    pub fn buffered(&self) -> usize {
+        self.buf.len()
+    }
+
+    /// Takes the bytes buffered after the last decoded frame (to hand a connection over).
+    pub fn take_buffered(&mut self) -> BytesMut {
+        self.buf.split()
+    }
+
+    /// Drops everything buffered (a new connection starts clean).
+    pub fn clear(&mut self) {
+        self.buf.clear();
+    }
+
+    /// The next complete frame: `Ok(None)` when more bytes are needed.
+    ///
+    /// # Errors
+    /// [`FrameError`] for a corrupt stream; the connection must be closed.
+    pub fn decode(&mut self) -> Result<Option<Frame>, FrameError> {
+        let Some(prefix) = self.buf.get(..LENGTH_BYTES) else {
+            return Ok(None);
+        };
+        let mut len_bytes = [0u8; LENGTH_BYTES];
+        len_bytes.copy_from_slice(prefix);
+        let len = u32::from_be_bytes(len_bytes) as usize;
+        if len == 0 || len > self.frame_bytes_max {
+            return Err(FrameError::BadLength { len, max: self.frame_bytes_max });
+        }
+        if self.buf.len() < LENGTH_BYTES + len {
+            self.buf.reserve(LENGTH_BYTES + len - self.buf.len());
+            return Ok(None);
+        }
+        self.buf.advance(LENGTH_BYTES);
+        let body = self.buf.split_to(len).freeze();
+        decode_body(body).map(Some)
+    }
+}
+
+fn decode_body(body: Bytes) -> Result<Frame, FrameError> {
+    let mut r = Reader::new(body);
+    let kind = r.u8().map_err(|source| FrameError::Malformed { frame: "any", source })?;
+    let frame = match kind {
+        TYPE_HELLO => return decode_hello(&mut r),
+        TYPE_DATA => "data",
+        TYPE_ACK => "ack",
+        TYPE_PING => "ping",
+        TYPE_PONG => "pong",
+        TYPE_CLOSE => "close",
+        other => return Err(FrameError::UnknownType(other)),
+    };
+    let malformed = |source| FrameError::Malformed { frame, source };
+    let decoded = match kind {
+        TYPE_DATA => Frame::Data { sequence: r.u64().map_err(malformed)?, crc: r.u32().map_err(malformed)?, message: r.rest() },
+        TYPE_ACK => Frame::Ack { sequence: r.u64().map_err(malformed)? },
+        TYPE_PING => Frame::Ping { nonce: r.u64().map_err(malformed)? },
+        TYPE_PONG => Frame::Pong { nonce: r.u64().map_err(malformed)? },
+        _ => {
+            let code = r.u16().map_err(malformed)?;
+            let reason = String::from_utf8_lossy(&r.rest()).into_owned();
+            Frame::Close { code, reason }
+        }
+    };
+    r.finish().map_err(malformed)?;
+    Ok(decoded)
+}
+
+fn decode_hello(r: &mut Reader) -> Result<Frame, FrameError> {
+    let malformed = |source| FrameError::Malformed { frame: "hello", source };
+    if r.bytes(HELLO_MAGIC.len()).map_err(malformed)? != HELLO_MAGIC[..] {
+        return Err(FrameError::BadMagic);
+    }
+    let hello = Hello {
+        protocol_version: r.u16().map_err(malformed)?,
+        api_version: r.u32().map_err(malformed)?,
+        from: r.short_string().map_err(malformed)?,
+        to: r.short_string().map_err(malformed)?,
+        incarnation: r.u64().map_err(malformed)?,
+        expected: r.u64().map_err(malformed)?,
+        your_incarnation: r.u64().map_err(malformed)?,
+        flags: r.u8().map_err(malformed)?,
+    };
+    r.finish().map_err(malformed)?;
+    Ok(Frame::Hello(hello))
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,109 @@
+//! Codec properties: round trips, any split of the stream decodes the same, arbitrary bytes
+//! never panic, and declared lengths are checked before any allocation.
+
+use super::*;
+use proptest::prelude::*;
+
+const MAX: usize = 64 * 1024;
+
+fn frame_strategy() -> impl Strategy<Value = Frame> {
+    prop_oneof![
+        (any::<u64>(), any::<u64>(), any::<u64>(), any::<u8>(), "[A-Za-z][A-Za-z0-9._]{0,19}").prop_map(
+            |(incarnation, expected, your_incarnation, flags, from)| Frame::Hello(Hello {
+                protocol_version: PROTOCOL_VERSION,
+                api_version: 1,
+                to: format!("{from}x"),
+                from,
+                incarnation,
+                expected,
+                your_incarnation,
+                flags,
+            })
+        ),
+        (any::<u64>(), proptest::collection::vec(any::<u8>(), 0..2048)).prop_map(|(sequence, m)| {
+            Frame::Data { sequence, crc: crc32c::crc32c(&m), message: Bytes::from(m) }
+        }),
+        any::<u64>().prop_map(|sequence| Frame::Ack { sequence }),
+        any::<u64>().prop_map(|nonce| Frame::Ping { nonce }),
+        any::<u64>().prop_map(|nonce| Frame::Pong { nonce }),
+        (any::<u16>(), "[ -~]{0,64}").prop_map(|(code, reason)| Frame::Close { code, reason }),
+    ]
+}
+
+fn decode_all(decoder: &mut FrameDecoder) -> Vec<Frame> {
+    let mut out = Vec::new();
+    while let Some(f) = decoder.decode().expect("valid stream") {
+        out.push(f);
+    }
+    out
+}
+
+proptest! {
+    #[test]
+    fn frames_round_trip_under_any_split(
+        frames in proptest::collection::vec(frame_strategy(), 1..8),
+        cuts in proptest::collection::vec(any::<usize>(), 0..16),
+    ) {
+        let mut wire = BytesMut::new();
+        for f in &frames {
+            f.encode(&mut wire);
+        }
+        let mut cuts: Vec<usize> = cuts.into_iter().map(|c| c % (wire.len() + 1)).collect();
+        cuts.push(wire.len());
+        cuts.sort_unstable();
+        let mut decoder = FrameDecoder::new(MAX);
+        let mut got = Vec::new();
+        let mut at = 0;
+        for cut in cuts {
+            decoder.extend(&wire[at..cut]);
+            at = cut;
+            got.extend(decode_all(&mut decoder));
+        }
+        prop_assert_eq!(got, frames);
+        prop_assert_eq!(decoder.buffered(), 0);
+    }
+
+    #[test]
+    fn arbitrary_bytes_never_panic(data in proptest::collection::vec(any::<u8>(), 0..4096)) {
+        let mut decoder = FrameDecoder::new(MAX);
+        decoder.extend(&data);
+        for _ in 0..data.len() + 1 {
+            match decoder.decode() {
+                Ok(Some(_)) => {}
+                Ok(None) | Err(_) => break,
+            }
+        }
+        prop_assert!(decoder.buf.capacity() <= MAX + LENGTH_BYTES + data.len());
+    }
+}
+
+#[test]
+fn oversized_length_is_refused_before_any_allocation() {
+    let mut decoder = FrameDecoder::new(MAX);
+    decoder.extend(&u32::MAX.to_be_bytes());
+    assert_eq!(decoder.decode(), Err(FrameError::BadLength { len: u32::MAX as usize, max: MAX }));
+    assert!(decoder.buf.capacity() < 1024, "nothing reserved for the declared length");
+    let mut zero = FrameDecoder::new(MAX);
+    zero.extend(&[0, 0, 0, 0]);
+    assert!(matches!(zero.decode(), Err(FrameError::BadLength { len: 0, .. })));
+}
+
+#[test]
+fn encode_data_matches_the_generic_encoder() {
+    let mut a = BytesMut::new();
+    Frame::encode_data(9, b"payload", &mut a);
+    let mut b = BytesMut::new();
+    Frame::Data { sequence: 9, crc: crc32c::crc32c(b"payload"), message: Bytes::from_static(b"payload") }
+        .encode(&mut b);
+    assert_eq!(a, b);
+}
+
+#[test]
+fn garbage_is_a_clear_error() {
+    let mut decoder = FrameDecoder::new(MAX);
+    decoder.extend(b"\x00\x00\x00\x05\x01HTTP");
+    assert_eq!(decoder.decode(), Err(FrameError::BadMagic));
+    let mut decoder = FrameDecoder::new(MAX);
+    decoder.extend(b"\x00\x00\x00\x01\x63");
+    assert_eq!(decoder.decode(), Err(FrameError::UnknownType(0x63)));
+}

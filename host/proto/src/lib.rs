@@ -1,0 +1,20 @@
+//! The sans-io core of linkbus: everything about the link protocol that can be decided
+//! without a socket, a task or a clock. Time comes in as an argument.
+//!
+//! Modules:
+//! - [`frame`]: link frames and the incremental, limit-checked frame decoder.
+//! - [`wire`]: the wire form of messages and client contents.
+//! - [`session`]: the per-neighbour session state machine (handshake, sequence numbers,
+//!   cumulative ACK, resend after reconnect, keepalive).
+//! - [`reader`]: the bounds-checked byte reader every decoder uses.
+#![forbid(unsafe_code)]
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::indexing_slicing))]
+
+pub mod frame;
+pub mod reader;
+pub mod session;
+pub mod wire;
+
+pub use frame::{Frame, FrameDecoder, FrameError, Hello, PROTOCOL_VERSION};
+pub use reader::{ReadError, Reader};
+pub use session::{Session, SessionConfig, SessionError, SessionEvent, WindowFull};

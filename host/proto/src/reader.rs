@@ -1,0 +1,136 @@
+//! A bounds-checked reader over received bytes: every read either succeeds or returns a
+//! [`ReadError`]; nothing indexes past the end, so peer bytes cannot cause a panic.
+
+use bytes::{Buf, Bytes};
+
+/// Why a field could not be read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ReadError {
+    /// The input ended inside a field.
+    #[error("truncated: needed {needed} more bytes, {left} left")]
+    Truncated {
+        /// Bytes the field needs.
+        needed: usize,
+        /// Bytes that were left.
+        left: usize,
+    },
+    /// Bytes left over after the last field.
+    #[error("{0} trailing bytes")]
+    Trailing(usize),
+    /// Text that is not UTF-8.
+    #[error("text is not UTF-8")]
+    Utf8,
+    /// A value outside its allowed set.
+    #[error("invalid {field}: {detail}")]
+    Invalid {
+        /// Which field.
+        field: &'static str,
+        /// Why.
+        detail: String,
+    },
+}
+
+/// Reads big-endian fields from a `Bytes`, sharing it for byte fields.
+#[derive(Debug)]
+pub struct Reader {
+    bytes: Bytes,
+}
+
+impl Reader {
+    /// A reader over `bytes`.
+    pub fn new(bytes: Bytes) -> Self {
+        Self { bytes }
+    }
+
+    fn need(&self, n: usize) -> Result<(), ReadError> {
+        if self.bytes.remaining() < n {
+            return Err(ReadError::Truncated { needed: n, left: self.bytes.remaining() });
+        }
+        Ok(())
+    }
+
+    /// One byte.
+    ///
+    /// # Errors
+    /// [`ReadError::Truncated`].
+    pub fn u8(&mut self) -> Result<u8, ReadError> {
+        self.need(1)?;
+        Ok(self.bytes.get_u8())
+    }
+
+    /// A big-endian u16.
+    ///
+    /// # Errors
+    /// [`ReadError::Truncated`].
+    pub fn u16(&mut self) -> Result<u16, ReadError> {
+        self.need(2)?;
+        Ok(self.bytes.get_u16())
+    }
+
+    /// A big-endian u32.
+    ///
+    /// # Errors
+    /// [`ReadError::Truncated`].
+    pub fn u32(&mut self) -> Result<u32, ReadError> {
+        self.need(4)?;
+        Ok(self.bytes.get_u32())
+    }
+
+    /// A big-endian u64.
+    ///
+    /// # Errors
+    /// [`ReadError::Truncated`].
+    pub fn u64(&mut self) -> Result<u64, ReadError> {
+        self.need(8)?;
+        Ok(self.bytes.get_u64())
+    }
+
+    /// `n` bytes, shared with the input.
+    ///
+    /// # Errors
+    /// [`ReadError::Truncated`].
+    pub fn bytes(&mut self, n: usize) -> Result<Bytes, ReadError> {
+        self.need(n)?;
+        Ok(self.bytes.split_to(n))
+    }
+
+    /// Text of `n` bytes.
+    ///
+    /// # Errors
+    /// [`ReadError::Truncated`] or [`ReadError::Utf8`].
+    pub fn string(&mut self, n: usize) -> Result<String, ReadError> {
+        let bytes = self.bytes(n)?;
+        String::from_utf8(bytes.to_vec()).map_err(|_| ReadError::Utf8)
+    }
+
+    /// Text with a u8 length prefix.
+    ///
+    /// # Errors
+    /// [`ReadError`].
+    pub fn short_string(&mut self) -> Result<String, ReadError> {
+        let n = self.u8()? as usize;
+        self.string(n)
+    }
+
+    /// Everything left.
+    pub fn rest(&mut self) -> Bytes {
+        self.bytes.split_off(0)
+    }
+
+    /// Bytes not yet read.
+    pub fn remaining(&self) -> usize {
+        self.bytes.remaining()
+    }
+
+    /// Checks that nothing is left.
+    ///
+    /// # Errors
+    /// [`ReadError::Trailing`].
+    pub fn finish(&self) -> Result<(), ReadError> {
+        match self.bytes.remaining() {
+            0 => Ok(()),
+            n => Err(ReadError::Trailing(n)),
+        }
+    }
+}

@@ -1,0 +1,269 @@
+//! The wire form of messages: [`Content`] (what a client sends) and [`Message`] (what
+//! travels between nodes). Both are self-delimiting inside their frame; decoding validates
+//! every name and limit, so a decoded value is always a valid one.
+//!
+//! Layout (big-endian): format u8; for a message, the id (source name u8-len, sequence u64,
+//! created u64), hop count u8 and flags u8; then the content: kind u8, priority u8,
+//! reliability u8, lifetime ms u64 (`0` = not set), name (u32 len), recipients (u8 count, each
+//! node and queue u8-len), headers (u8 count, key u16-len, value u16-len), group (present
+//! flag u8, id u16-len, index u32, last u8), correlation id (present flag u8, u16-len),
+//! payload (u32 len). Nothing may follow the payload.
+
+use bytes::{BufMut, Bytes, BytesMut};
+use linkbus_plugin_api::message::{
+    CORRELATION_ID_BYTES_MAX, GROUP_ID_BYTES_MAX, HEADER_KEY_BYTES_MAX, HEADER_VALUE_BYTES_MAX, HEADERS_MAX,
+    MESSAGE_NAME_BYTES_MAX, RECIPIENTS_MAX,
+};
+use linkbus_plugin_api::{
+    Address, Content, Group, Kind, Lifetime, Message, MessageId, NodeName, Priority, QueueName, Reliability,
+};
+
+use crate::reader::{ReadError, Reader};
+
+/// Version of the message layout.
+pub const MESSAGE_FORMAT: u8 = 1;
+const FLAG_REDELIVERED: u8 = 1;
+
+fn len_u8(n: usize) -> u8 {
+    u8::try_from(n).expect("validated length fits u8")
+}
+fn len_u16(n: usize) -> u16 {
+    u16::try_from(n).expect("validated length fits u16")
+}
+fn len_u32(n: usize) -> u32 {
+    u32::try_from(n).expect("validated length fits u32")
+}
+
+/// Appends the wire form of `content`.
+///
+/// # Panics
+/// When a field is over its limit: call [`Content::validate`] first.
+pub fn encode_content(content: &Content, out: &mut BytesMut) {
+    out.reserve(32 + content.name.len() + content.payload.len());
+    out.put_u8(content.kind.code());
+    out.put_u8(content.priority.code());
+    out.put_u8(match content.reliability {
+        Reliability::Volatile => 0,
+        Reliability::Persistent => 1,
+    });
+    out.put_u64(content.lifetime.map_or(0, Lifetime::as_ms));
+    out.put_u32(len_u32(content.name.len()));
+    out.put_slice(content.name.as_bytes());
+    out.put_u8(len_u8(content.recipients.len()));
+    for to in &content.recipients {
+        put_short(out, to.node.as_str().as_bytes());
+        put_short(out, to.queue.as_str().as_bytes());
+    }
+    out.put_u8(len_u8(content.headers.len()));
+    for (key, value) in &content.headers {
+        out.put_u16(len_u16(key.len()));
+        out.put_slice(key.as_bytes());
+        out.put_u16(len_u16(value.len()));
+        out.put_slice(value.as_bytes());
+    }
+    match &content.group {
+        None => out.put_u8(0),
+        Some(g) => {
+            out.put_u8(1);
+            out.put_u16(len_u16(g.id.len()));
+            out.put_slice(g.id.as_bytes());
+            out.put_u32(g.index);
+            out.put_u8(u8::from(g.last));
+        }
+    }
+    match &content.correlation_id {
+        None => out.put_u8(0),
+        Some(c) => {
+            out.put_u8(1);
+            out.put_u16(len_u16(c.len()));
+            out.put_slice(c);
+        }
+    }
+    out.put_u32(len_u32(content.payload.len()));
+    out.put_slice(&content.payload);
+}
+
+fn put_short(out: &mut BytesMut, bytes: &[u8]) {
+    out.put_u8(len_u8(bytes.len()));
+    out.put_slice(bytes);
+}
+
+/// Appends the wire form of `message`.
+///
+/// # Panics
+/// When a field is over its limit (accepted messages are validated).
+pub fn encode_message(message: &Message, out: &mut BytesMut) {
+    out.put_u8(MESSAGE_FORMAT);
+    put_short(out, message.id.source.as_str().as_bytes());
+    out.put_u64(message.id.sequence);
+    out.put_u64(message.id.created_unix_ms);
+    out.put_u8(message.hop_count);
+    out.put_u8(if message.redelivered { FLAG_REDELIVERED } else { 0 });
+    encode_content(&message.content, out);
+}
+
+/// The wire form of `message` as one buffer.
+pub fn message_bytes(message: &Message) -> Bytes {
+    let mut out = BytesMut::new();
+    encode_message(message, &mut out);
+    out.freeze()
+}
+
+fn invalid(field: &'static str, detail: impl ToString) -> ReadError {
+    ReadError::Invalid { field, detail: detail.to_string() }
+}
+
+fn bounded(field: &'static str, len: usize, max: usize) -> Result<usize, ReadError> {
+    if len > max {
+        return Err(invalid(field, format!("{len} is over the limit {max}")));
+    }
+    Ok(len)
+}
+
+fn node_name(r: &mut Reader) -> Result<NodeName, ReadError> {
+    NodeName::new(&r.short_string()?).map_err(|e| invalid("node name", e))
+}
+
+/// Reads a [`Content`] from `r`, leaving the reader after the payload.
+///
+/// # Errors
+/// [`ReadError`] for anything truncated, over a limit, or invalid.
+pub fn read_content(r: &mut Reader) -> Result<Content, ReadError> {
+    let kind = r.u8()?;
+    let kind = Kind::from_code(kind).ok_or_else(|| invalid("kind", kind))?;
+    let priority = r.u8()?;
+    let priority = Priority::from_code(priority).ok_or_else(|| invalid("priority", priority))?;
+    let reliability = match r.u8()? {
+        0 => Reliability::Volatile,
+        1 => Reliability::Persistent,
+        other => return Err(invalid("reliability", other)),
+    };
+    let lifetime = Some(r.u64()?).filter(|ms| *ms != 0).map(Lifetime::from_ms);
+    let name_len = bounded("name", r.u32()? as usize, MESSAGE_NAME_BYTES_MAX)?;
+    let name = r.string(name_len)?;
+    let count = bounded("recipients", r.u8()? as usize, RECIPIENTS_MAX)?;
+    if count == 0 {
+        return Err(invalid("recipients", "none"));
+    }
+    let mut recipients = Vec::with_capacity(count);
+    for _ in 0..count {
+        let node = node_name(r)?;
+        let queue = QueueName::new(&r.short_string()?).map_err(|e| invalid("queue name", e))?;
+        recipients.push(Address::new(node, queue));
+    }
+    let count = bounded("headers", r.u8()? as usize, HEADERS_MAX)?;
+    let mut headers = Vec::with_capacity(count);
+    for _ in 0..count {
+        let key_len = bounded("header key", r.u16()? as usize, HEADER_KEY_BYTES_MAX)?;
+        let key = r.string(key_len)?;
+        let value_len = bounded("header value", r.u16()? as usize, HEADER_VALUE_BYTES_MAX)?;
+        headers.push((key, r.string(value_len)?));
+    }
+    let group = match r.u8()? {
+        0 => None,
+        1 => {
+            let id_len = bounded("group id", r.u16()? as usize, GROUP_ID_BYTES_MAX)?;
+            let id = r.string(id_len)?;
+            Some(Group { id, index: r.u32()?, last: r.u8()? != 0 })
+        }
+        other => return Err(invalid("group flag", other)),
+    };
+    let correlation_id = match r.u8()? {
+        0 => None,
+        1 => {
+            let len = bounded("correlation id", r.u16()? as usize, CORRELATION_ID_BYTES_MAX)?;
+            Some(r.bytes(len)?)
+        }
+        other => return Err(invalid("correlation flag", other)),
+    };
+    let payload_len = r.u32()? as usize;
+    let payload = r.bytes(payload_len)?;
+    let content = Content {
+        kind,
+        name,
+        recipients,
+        priority,
+        lifetime,
+        reliability,
+        headers,
+        group,
+        correlation_id,
+        payload,
+    };
+    content.validate().map_err(|e| invalid("content", e))?;
+    Ok(content)
+}
+
+/// Decodes one [`Message`] that fills `bytes` exactly.
+///
+/// # Errors
+/// [`ReadError`] for anything truncated, over a limit, invalid, or trailing.
+pub fn decode_message(bytes: Bytes) -> Result<Message, ReadError> {
+    let mut r = Reader::new(bytes);
+    let format = r.u8()?;
+    if format != MESSAGE_FORMAT {
+        return Err(invalid("message format", format));
+    }
+    let source = node_name(&mut r)?;
+    let id = MessageId { source, sequence: r.u64()?, created_unix_ms: r.u64()? };
+    let hop_count = r.u8()?;
+    let flags = r.u8()?;
+    let content = read_content(&mut r)?;
+    r.finish()?;
+    Ok(Message { id, hop_count, redelivered: flags & FLAG_REDELIVERED != 0, content })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn sample() -> Message {
+        let mut content = Content::buf("B:orders".parse().unwrap(), &b"hello"[..]);
+        content.name = "n".repeat(MESSAGE_NAME_BYTES_MAX);
+        content.headers.push(("k".into(), "v".into()));
+        content.group = Some(Group { id: "g".into(), index: 3, last: true });
+        content.correlation_id = Some(Bytes::from_static(b"corr"));
+        content.lifetime = Some(Lifetime::from_secs(60));
+        content.reliability = Reliability::Persistent;
+        content.priority = Priority::SYSTEM;
+        content.kind = Kind::Event;
+        Message {
+            id: MessageId { source: NodeName::new("A").unwrap(), sequence: 7, created_unix_ms: 99 },
+            hop_count: 2,
+            redelivered: true,
+            content,
+        }
+    }
+
+    #[test]
+    fn every_field_round_trips() {
+        let m = sample();
+        assert_eq!(decode_message(message_bytes(&m)).unwrap(), m);
+    }
+
+    #[test]
+    fn trailing_and_truncated_bytes_are_refused() {
+        let bytes = message_bytes(&sample());
+        let mut longer = BytesMut::from(&bytes[..]);
+        longer.put_u8(0);
+        assert!(matches!(decode_message(longer.freeze()), Err(ReadError::Trailing(1))));
+        for cut in [0, 1, 10, bytes.len() - 1] {
+            assert!(decode_message(bytes.slice(..cut)).is_err());
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn arbitrary_bytes_never_panic(data in proptest::collection::vec(any::<u8>(), 0..512)) {
+            let _ = decode_message(Bytes::from(data));
+        }
+
+        #[test]
+        fn single_byte_corruption_never_panics(index in 0usize..200, value in any::<u8>()) {
+            let mut bytes = BytesMut::from(&message_bytes(&sample())[..]);
+            if let Some(b) = bytes.get_mut(index % 60) { *b = value; }
+            let _ = decode_message(bytes.freeze());
+        }
+    }
+}

@@ -1,0 +1,49 @@
+//! The contracts of linkbus: the message model, one trait per extension point, and the
+//! registry through which built-in plugins are found by name.
+//!
+//! Modules:
+//! - [`name`]: node names, queue names and `node:queue` addresses, validated on creation.
+//! - [`message`]: [`Message`], [`Content`], [`MessageId`] and the limits on every field.
+//! - [`config`]: the configuration tree and the path-reporting reader plugins use too.
+//! - [`transport`]: the [`Transport`] trait (byte streams between nodes).
+//! - [`router`]: the [`Router`] trait (next hop towards a distant node).
+//! - [`store`]: the [`Store`] trait (ordered key/value spaces, atomic batches, sync).
+//! - [`compressor`]: the [`Compressor`] trait (bounded payload compression).
+//! - [`cipher`]: the [`Cipher`] trait (end-to-end payload encryption).
+//! - [`handler`]: the [`MessageHandler`] trait (kinds expanded at the edges, e.g. files).
+//! - [`filter`]: the [`Filter`] trait (user hooks on send, forward and deliver).
+//! - [`registry`]: [`PluginEntry`] and lookup of built-in plugins by name.
+//! - `testing` (feature `testing`): the conformance kit every plugin's tests run.
+#![forbid(unsafe_code)]
+#![cfg_attr(not(test), deny(clippy::unwrap_used))]
+
+pub mod cipher;
+pub mod compressor;
+pub mod config;
+pub mod filter;
+pub mod handler;
+pub mod message;
+pub mod name;
+pub mod registry;
+pub mod router;
+pub mod store;
+pub mod transport;
+#[cfg(feature = "testing")]
+pub mod testing;
+
+pub use cipher::Cipher;
+pub use compressor::{CodecError, Compressor};
+pub use config::{ConfigErrors, ConfigIssue, ConfigValue, Diagnostics, Section};
+pub use filter::{Filter, FilterError, Hook, Verdict};
+pub use handler::{HandlerError, MessageHandler};
+pub use message::{Content, Group, Kind, Lifetime, Message, MessageError, MessageId, Priority, Reliability};
+pub use name::{Address, NameError, NodeName, QueueName};
+pub use registry::{BuildContext, Factory, PluginEntry, PluginError};
+pub use router::{RouteError, Router, Topology};
+pub use store::{Batch, Store, StoreError, WriteOp};
+pub use transport::{BoxFuture, Connection, Listener, Transport, TransportError};
+
+/// Version of the plugin contracts and message model; nodes exchange it in the handshake.
+pub const API_VERSION: u32 = 1;
+
+pub use inventory;

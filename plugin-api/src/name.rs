@@ -1,0 +1,213 @@
+//! Names: node names, queue names and `node:queue` addresses, each validated on creation.
+//!
+//! A value of these types is always valid, so code that holds one never checks it again.
+
+use std::fmt;
+use std::str::FromStr;
+
+/// Longest node name, in characters (TongLink/Q's rule).
+pub const NODE_NAME_CHARS_MAX: usize = 20;
+/// Longest queue name, in characters.
+pub const QUEUE_NAME_CHARS_MAX: usize = 48;
+
+/// Why a name or an address was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum NameError {
+    /// The name is empty.
+    #[error("{what} name is empty")]
+    Empty {
+        /// `node` or `queue`.
+        what: &'static str,
+    },
+    /// The name is longer than its limit.
+    #[error("{what} name '{name}' is {chars} characters long, at most {max} are allowed")]
+    TooLong {
+        /// `node` or `queue`.
+        what: &'static str,
+        /// The offending name.
+        name: String,
+        /// Its length in characters.
+        chars: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// The first character is not a letter.
+    #[error("{what} name '{name}' must start with a letter")]
+    BadStart {
+        /// `node` or `queue`.
+        what: &'static str,
+        /// The offending name.
+        name: String,
+    },
+    /// A character outside the allowed set.
+    #[error("{what} name '{name}' contains '{ch}'; allowed are letters, digits{extra}")]
+    BadChar {
+        /// `node` or `queue`.
+        what: &'static str,
+        /// The offending name.
+        name: String,
+        /// The first character that is not allowed.
+        ch: char,
+        /// The rest of the allowed set, for the message.
+        extra: &'static str,
+    },
+    /// An address without the `:` between node and queue.
+    #[error("address '{0}' is not of the form NODE:QUEUE")]
+    BadAddress(String),
+}
+
+fn check(
+    what: &'static str,
+    name: &str,
+    max: usize,
+    extra_chars: &[char],
+    extra: &'static str,
+) -> Result<(), NameError> {
+    let mut chars = name.chars();
+    let Some(first) = chars.next() else {
+        return Err(NameError::Empty { what });
+    };
+    let count = name.chars().count();
+    if count > max {
+        return Err(NameError::TooLong { what, name: name.to_owned(), chars: count, max });
+    }
+    if !first.is_ascii_alphabetic() {
+        return Err(NameError::BadStart { what, name: name.to_owned() });
+    }
+    if let Some(ch) = chars.find(|c| !(c.is_ascii_alphanumeric() || extra_chars.contains(c))) {
+        return Err(NameError::BadChar { what, name: name.to_owned(), ch, extra });
+    }
+    Ok(())
+}
+
+/// The name of a node: ASCII letters, digits, `.` and `_`, starting with a letter, at most
+/// [`NODE_NAME_CHARS_MAX`] characters.
+///
+/// ```
+/// use linkbus_plugin_api::NodeName;
+/// assert!(NodeName::new("A.east_1").is_ok());
+/// assert!(NodeName::new("1a").is_err());
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct NodeName(String);
+
+impl NodeName {
+    /// Checks `name` and wraps it.
+    ///
+    /// # Errors
+    /// [`NameError`] naming the rule the name breaks.
+    pub fn new(name: &str) -> Result<Self, NameError> {
+        check("node", name, NODE_NAME_CHARS_MAX, &['.', '_'], ", '.' and '_'")?;
+        Ok(Self(name.to_owned()))
+    }
+
+    /// The name as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// The name of a queue on a node: ASCII letters, digits, `.`, `_` and `-`, starting with a
+/// letter, at most [`QUEUE_NAME_CHARS_MAX`] characters.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct QueueName(String);
+
+impl QueueName {
+    /// Checks `name` and wraps it.
+    ///
+    /// # Errors
+    /// [`NameError`] naming the rule the name breaks.
+    pub fn new(name: &str) -> Result<Self, NameError> {
+        check("queue", name, QUEUE_NAME_CHARS_MAX, &['.', '_', '-'], ", '.', '_' and '-'")?;
+        Ok(Self(name.to_owned()))
+    }
+
+    /// The name as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// Where a message goes: a queue on a node, written `NODE:QUEUE`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Address {
+    /// The destination node.
+    pub node: NodeName,
+    /// The queue on that node.
+    pub queue: QueueName,
+}
+
+impl Address {
+    /// Builds an address from its two parts.
+    pub fn new(node: NodeName, queue: QueueName) -> Self {
+        Self { node, queue }
+    }
+}
+
+macro_rules! text_impls {
+    ($ty:ty) => {
+        impl FromStr for $ty {
+            type Err = NameError;
+            fn from_str(s: &str) -> Result<Self, Self::Err> {
+                Self::new(s)
+            }
+        }
+        impl fmt::Display for $ty {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(&self.0)
+            }
+        }
+        impl AsRef<str> for $ty {
+            fn as_ref(&self) -> &str {
+                &self.0
+            }
+        }
+    };
+}
+text_impls!(NodeName);
+text_impls!(QueueName);
+
+impl FromStr for Address {
+    type Err = NameError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let (node, queue) = s.split_once(':').ok_or_else(|| NameError::BadAddress(s.to_owned()))?;
+        Ok(Self { node: NodeName::new(node)?, queue: QueueName::new(queue)? })
+    }
+}
+
+impl fmt::Display for Address {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}", self.node, self.queue)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn node_names_follow_the_rule() {
+        for good in ["A", "a1", "node.east_2", "Abcdefghijklmnopqrst"] {
+            assert!(NodeName::new(good).is_ok(), "{good}");
+        }
+        let too_long = "Abcdefghijklmnopqrstu";
+        assert!(matches!(NodeName::new(too_long), Err(NameError::TooLong { chars: 21, .. })));
+        assert!(matches!(NodeName::new(""), Err(NameError::Empty { .. })));
+        assert!(matches!(NodeName::new("_a"), Err(NameError::BadStart { .. })));
+        assert!(matches!(NodeName::new("a-b"), Err(NameError::BadChar { ch: '-', .. })));
+        assert!(matches!(NodeName::new("a:b"), Err(NameError::BadChar { ch: ':', .. })));
+        assert!(matches!(NodeName::new("é"), Err(NameError::BadStart { .. })));
+    }
+
+    #[test]
+    fn addresses_parse_and_print() {
+        let a: Address = "B:orders-eu".parse().unwrap();
+        assert_eq!(a.node.as_str(), "B");
+        assert_eq!(a.to_string(), "B:orders-eu");
+        assert!(matches!("B".parse::<Address>(), Err(NameError::BadAddress(_))));
+        assert!("B:".parse::<Address>().is_err());
+        assert!("B:a:b".parse::<Address>().is_err());
+    }
+}

@@ -1,0 +1,124 @@
+//! The `Store` extension point: ordered key/value spaces with atomic batches and an explicit
+//! sync flag.
+//!
+//! The host keeps all queue semantics (key layout, watermarks, recovery) above this trait;
+//! a backend only has to keep bytes in order and make batches atomic and, when asked,
+//! durable. The conformance kit in [`crate::testing`] states the contract as code.
+
+use std::ops::Bound;
+
+use bytes::Bytes;
+
+/// One change in a [`Batch`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WriteOp {
+    /// Sets `key` in `space` to `value`.
+    Put {
+        /// The key space (created on first use).
+        space: String,
+        /// The key; spaces are ordered by unsigned byte comparison of keys.
+        key: Bytes,
+        /// The value.
+        value: Bytes,
+    },
+    /// Removes `key` from `space` (a missing key is not an error).
+    Delete {
+        /// The key space.
+        space: String,
+        /// The key.
+        key: Bytes,
+    },
+}
+
+/// Changes applied all together or not at all.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Batch {
+    /// The changes, applied in order.
+    pub ops: Vec<WriteOp>,
+}
+
+impl Batch {
+    /// An empty batch.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds a put.
+    pub fn put(&mut self, space: &str, key: impl Into<Bytes>, value: impl Into<Bytes>) -> &mut Self {
+        self.ops.push(WriteOp::Put { space: space.to_owned(), key: key.into(), value: value.into() });
+        self
+    }
+
+    /// Adds a delete.
+    pub fn delete(&mut self, space: &str, key: impl Into<Bytes>) -> &mut Self {
+        self.ops.push(WriteOp::Delete { space: space.to_owned(), key: key.into() });
+        self
+    }
+
+    /// Whether the batch holds no change.
+    pub fn is_empty(&self) -> bool {
+        self.ops.is_empty()
+    }
+}
+
+/// Why a store operation failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// The backend failed an operation.
+    #[error("store {op} failed: {reason}")]
+    Backend {
+        /// Which operation.
+        op: &'static str,
+        /// The backend's explanation.
+        reason: String,
+    },
+    /// A sync failed earlier: the store accepts no more writes, and the node must stop.
+    #[error("store is poisoned after a failed sync: {0}")]
+    Poisoned(String),
+}
+
+/// An ordered key/value store with atomic batches. Synchronous: the host calls it from its
+/// own storage thread, never from a network task.
+pub trait Store: Send + Sync {
+    /// Whether data survives the process (a memory store says `false`, and the host then
+    /// treats every restart as a fresh start).
+    fn durable(&self) -> bool;
+
+    /// Applies `batch` atomically; with `sync`, returns only once it is on stable storage.
+    ///
+    /// # Errors
+    /// [`StoreError`]; after a failed sync every later write fails with
+    /// [`StoreError::Poisoned`].
+    fn write(&self, batch: Batch, sync: bool) -> Result<(), StoreError>;
+
+    /// The value of `key` in `space`.
+    ///
+    /// # Errors
+    /// [`StoreError`] when the backend fails.
+    fn get(&self, space: &str, key: &[u8]) -> Result<Option<Bytes>, StoreError>;
+
+    /// Up to `limit` entries of `space` with keys between `from` and `to`, in key order.
+    ///
+    /// # Errors
+    /// [`StoreError`] when the backend fails.
+    fn scan(
+        &self,
+        space: &str,
+        from: Bound<&[u8]>,
+        to: Bound<&[u8]>,
+        limit: usize,
+    ) -> Result<Vec<(Bytes, Bytes)>, StoreError>;
+
+    /// Names of the spaces that hold at least one key, in order.
+    ///
+    /// # Errors
+    /// [`StoreError`] when the backend fails.
+    fn spaces(&self) -> Result<Vec<String>, StoreError>;
+
+    /// Makes every write so far durable.
+    ///
+    /// # Errors
+    /// [`StoreError`]; a failure poisons the store.
+    fn sync(&self) -> Result<(), StoreError>;
+}
