@@ -158,6 +158,11 @@ macro_rules! text_impls {
                 f.write_str(&self.0)
             }
         }
+        impl std::borrow::Borrow<str> for $ty {
+            fn borrow(&self) -> &str {
+                &self.0
+            }
+        }
         impl AsRef<str> for $ty {
             fn as_ref(&self) -> &str {
                 &self.0

@@ -1,1 +1,132 @@
-//! placeholder
+//! The linkbus node runtime, its client library and the `linkbus` command.
+//!
+//! Modules:
+//! - [`config`]: the configuration tree, its defaults, and the one YAML reader.
+//! - [`node`]: node state, put acceptance at the origin and delivery at the destination.
+//! - [`queue`]: local queues (FIFO or priority order, limits, expiry, write-through).
+//! - [`link`]: one task per peer pumping a `linkbus_proto::Session` over the transport.
+//! - [`listener`]: accepting links and routing each to its peer's task.
+//! - [`api`]: the client protocol and the Unix-socket server.
+//! - [`client`]: the Rust client library.
+//! - [`runtime_dir`]: where clients find a node's socket.
+//! - [`demo`]: `linkbus demo`, two nodes in one process.
+//! - [`cli`]: the `linkbus` command line.
+//! - [`clock`]: the single wall-clock read.
+#![forbid(unsafe_code)]
+
+pub mod api;
+pub mod cli;
+pub mod client;
+pub mod clock;
+pub mod config;
+pub mod demo;
+pub mod link;
+pub mod listener;
+pub mod node;
+pub mod queue;
+pub mod runtime_dir;
+
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+use tracing::info;
+
+pub use client::{Client, ClientError};
+pub use config::Config;
+pub use node::{NodeState, StartError};
+
+// The linker drops a crate nothing names, and its plugin registrations with it.
+use linkbus_store_memory as _;
+use linkbus_transport_tcp as _;
+
+/// A running node: its tasks, and where to reach it.
+pub struct Node {
+    state: Arc<NodeState>,
+    shutdown: watch::Sender<bool>,
+    tasks: JoinSet<()>,
+    listen_address: Option<String>,
+    socket_path: PathBuf,
+}
+
+impl std::fmt::Debug for Node {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Node").field("name", self.state.name()).field("listen", &self.listen_address).finish()
+    }
+}
+
+impl Node {
+    /// Starts a node: builds its plugins, recovers its queues, binds its link listener and
+    /// client socket, and starts one task per link.
+    ///
+    /// # Errors
+    /// [`StartError`] when a plugin, the store or a socket fails; nothing keeps running then.
+    pub async fn start(config: Config) -> Result<Self, StartError> {
+        let state = NodeState::new(config)?;
+        let (shutdown, watch_rx) = watch::channel(false);
+        let mut tasks = JoinSet::new();
+        let mut listen_address = None;
+        if let Some(address) = &state.config.node.listen {
+            let listener = state.transport.listen(address).await?;
+            listen_address = Some(listener.local_address());
+            tasks.spawn(listener::run(state.clone(), listener, watch_rx.clone()));
+        }
+        let socket_path = state.socket_path();
+        let client_listener = api::server::bind(&socket_path).await?;
+        tasks.spawn(api::server::run(state.clone(), client_listener, socket_path.clone(), watch_rx.clone()));
+        for link in state.links.values() {
+            tasks.spawn(link::run(state.clone(), link.clone(), watch_rx.clone()));
+        }
+        info!(
+            node = %state.name(),
+            listen = listen_address.as_deref().unwrap_or("-"),
+            socket = %socket_path.display(),
+            peers = state.links.len(),
+            queues = state.config.queues.len(),
+            "Node started."
+        );
+        Ok(Self { state, shutdown, tasks, listen_address, socket_path })
+    }
+
+    /// The address peers reach this node at (with the real port when `:0` was configured).
+    pub fn listen_address(&self) -> Option<&str> {
+        self.listen_address.as_deref()
+    }
+
+    /// The client socket.
+    pub fn socket_path(&self) -> &Path {
+        &self.socket_path
+    }
+
+    /// The node's shared state.
+    pub fn state(&self) -> &Arc<NodeState> {
+        &self.state
+    }
+
+    /// Stops every task (links send a close frame) and waits for them, at most a few seconds.
+    pub async fn shutdown(mut self) {
+        let _ = self.shutdown.send(true);
+        let drained = tokio::time::timeout(Duration::from_secs(5), async {
+            while self.tasks.join_next().await.is_some() {}
+        })
+        .await;
+        if drained.is_err() {
+            self.tasks.abort_all();
+        }
+        info!(node = %self.state.name(), "Node stopped.");
+    }
+}
+
+/// Runs a node until `shutdown` completes, then stops it gracefully.
+///
+/// # Errors
+/// [`StartError`] when the node cannot start.
+pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(), StartError> {
+    let node = Node::start(config).await?;
+    shutdown.await;
+    node.shutdown().await;
+    Ok(())
+}

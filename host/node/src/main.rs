@@ -1,1 +1,41 @@
-fn main(){}
+//! The `linkbus` binary: parses arguments, sets up logging, runs the command.
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use linkbus_host::cli::{self, Cli, Command, ConfigCommand, NodeCommand};
+use tracing_subscriber::EnvFilter;
+
+fn main() -> ExitCode {
+    let args = Cli::parse();
+    let default_level = if matches!(args.command, Command::Node(_)) { "info" } else { "warn" };
+    let filter = args.log.as_deref().map_or_else(|| EnvFilter::new(default_level), EnvFilter::new);
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    if let Command::Config(ConfigCommand::Check { files }) = &args.command {
+        return cli::config_check(files);
+    }
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async {
+        match args.command {
+            Command::Node(NodeCommand::Run(run)) => cli::node_run(run).await,
+            Command::Put(put) => cli::put(put).await,
+            Command::Get(get) => cli::get(get).await,
+            Command::Status(target) => cli::status(target).await,
+            Command::Demo(demo) => cli::demo(demo).await,
+            Command::Config(_) => Ok(()),
+        }
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,5 @@
+//! The client API: the protocol spoken on the node's Unix socket and the server that
+//! answers it.
+
+pub mod protocol;
+pub mod server;

@@ -1,0 +1,287 @@
+//! The client protocol spoken over the node's Unix socket: strictly one response per
+//! request, in order, on each connection.
+//!
+//! Every frame is a 4-byte big-endian length, a 1-byte type and a body. Requests: `Put`
+//! (a batch of contents, accepted in order), `Get` (wait up to a time for messages from a
+//! queue) and `Status`. Responses: `PutOk` (the ids given), `Messages`, `Status` text, or
+//! `Error` with a code, the number of puts accepted before the error, and a message.
+
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+use linkbus_plugin_api::{Content, Message, NodeName};
+use linkbus_proto::reader::{ReadError, Reader};
+use linkbus_proto::wire::{decode_message, encode_content, encode_message, read_content};
+
+const PUT: u8 = 1;
+const GET: u8 = 2;
+const STATUS: u8 = 3;
+const PUT_OK: u8 = 101;
+const MESSAGES: u8 = 102;
+const STATUS_TEXT: u8 = 103;
+const ERROR: u8 = 100;
+
+/// A client request.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Request {
+    /// Accept these contents, in order.
+    Put(Vec<Content>),
+    /// Take messages from a local queue.
+    Get {
+        /// The queue's name.
+        queue: String,
+        /// Most messages to return.
+        count_max: u32,
+        /// How long to wait for the first message, in milliseconds.
+        wait_ms: u64,
+        /// Payload bytes to return at most (at least one message is returned if any waits).
+        bytes_max: u64,
+    },
+    /// Describe the node.
+    Status,
+}
+
+/// What went wrong with a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u16)]
+pub enum ErrorCode {
+    /// The request is malformed.
+    BadRequest = 1,
+    /// The destination queue does not exist.
+    UnknownQueue = 2,
+    /// A queue or transmission queue is full.
+    Full = 3,
+    /// No link reaches the destination node.
+    NoRoute = 4,
+    /// A message is over a size limit.
+    TooLarge = 5,
+    /// A message field is invalid.
+    Invalid = 6,
+    /// The node failed (store error, shutting down).
+    Internal = 7,
+}
+
+impl ErrorCode {
+    fn from_u16(code: u16) -> Self {
+        match code {
+            1 => Self::BadRequest,
+            2 => Self::UnknownQueue,
+            3 => Self::Full,
+            4 => Self::NoRoute,
+            5 => Self::TooLarge,
+            6 => Self::Invalid,
+            _ => Self::Internal,
+        }
+    }
+}
+
+/// A node's response.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Response {
+    /// Every content of a `Put` was accepted.
+    PutOk {
+        /// The accepting node (the source of the ids).
+        source: NodeName,
+        /// The ids' sequence numbers, in put order.
+        sequences: Vec<u64>,
+        /// The ids' creation time.
+        created_unix_ms: u64,
+    },
+    /// Messages from a `Get` (possibly none, after the wait).
+    Messages(Vec<Message>),
+    /// `Status` text.
+    Status(String),
+    /// The request failed.
+    Error {
+        /// The cause.
+        code: ErrorCode,
+        /// For a `Put`: how many contents were accepted before the failing one.
+        accepted: u32,
+        /// What went wrong, for people.
+        message: String,
+    },
+}
+
+fn frame(kind: u8, out: &mut BytesMut, body: impl FnOnce(&mut BytesMut)) {
+    let start = out.len();
+    out.put_u32(0);
+    out.put_u8(kind);
+    body(out);
+    let len = u32::try_from(out.len() - start - 4).unwrap_or(u32::MAX);
+    out[start..start + 4].copy_from_slice(&len.to_be_bytes());
+}
+
+fn put_len_prefixed(out: &mut BytesMut, body: impl FnOnce(&mut BytesMut)) {
+    let start = out.len();
+    out.put_u32(0);
+    body(out);
+    let len = u32::try_from(out.len() - start - 4).unwrap_or(u32::MAX);
+    out[start..start + 4].copy_from_slice(&len.to_be_bytes());
+}
+
+impl Request {
+    /// Appends the encoded request.
+    pub fn encode(&self, out: &mut BytesMut) {
+        match self {
+            Self::Put(contents) => frame(PUT, out, |out| {
+                out.put_u32(contents.len() as u32);
+                for c in contents {
+                    put_len_prefixed(out, |out| encode_content(c, out));
+                }
+            }),
+            Self::Get { queue, count_max, wait_ms, bytes_max } => frame(GET, out, |out| {
+                out.put_u8(u8::try_from(queue.len()).unwrap_or(u8::MAX));
+                out.put_slice(queue.as_bytes().get(..255).unwrap_or(queue.as_bytes()));
+                out.put_u32(*count_max);
+                out.put_u64(*wait_ms);
+                out.put_u64(*bytes_max);
+            }),
+            Self::Status => frame(STATUS, out, |_| {}),
+        }
+    }
+
+    /// Decodes a request body of type `kind`.
+    ///
+    /// # Errors
+    /// [`ReadError`] for anything malformed.
+    pub fn decode(kind: u8, body: Bytes) -> Result<Self, ReadError> {
+        let mut r = Reader::new(body);
+        let request = match kind {
+            PUT => {
+                let count = r.u32()? as usize;
+                // Each content takes at least 20 bytes, which bounds the allocation.
+                let mut contents = Vec::with_capacity(count.min(r.remaining() / 20));
+                for _ in 0..count {
+                    let len = r.u32()? as usize;
+                    let mut item = Reader::new(r.bytes(len)?);
+                    contents.push(read_content(&mut item)?);
+                    item.finish()?;
+                }
+                Self::Put(contents)
+            }
+            GET => Self::Get { queue: r.short_string()?, count_max: r.u32()?, wait_ms: r.u64()?, bytes_max: r.u64()? },
+            STATUS => Self::Status,
+            other => return Err(ReadError::Invalid { field: "request type", detail: other.to_string() }),
+        };
+        r.finish()?;
+        Ok(request)
+    }
+}
+
+impl Response {
+    /// Appends the encoded response.
+    pub fn encode(&self, out: &mut BytesMut) {
+        match self {
+            Self::PutOk { source, sequences, created_unix_ms } => frame(PUT_OK, out, |out| {
+                out.put_u8(source.as_str().len() as u8);
+                out.put_slice(source.as_str().as_bytes());
+                out.put_u64(*created_unix_ms);
+                out.put_u32(sequences.len() as u32);
+                sequences.iter().for_each(|s| out.put_u64(*s));
+            }),
+            Self::Messages(messages) => frame(MESSAGES, out, |out| {
+                out.put_u32(messages.len() as u32);
+                for m in messages {
+                    put_len_prefixed(out, |out| encode_message(m, out));
+                }
+            }),
+            Self::Status(text) => frame(STATUS_TEXT, out, |out| out.put_slice(text.as_bytes())),
+            Self::Error { code, accepted, message } => frame(ERROR, out, |out| {
+                out.put_u16(*code as u16);
+                out.put_u32(*accepted);
+                out.put_slice(message.as_bytes());
+            }),
+        }
+    }
+
+    /// Decodes a response body of type `kind`.
+    ///
+    /// # Errors
+    /// [`ReadError`] for anything malformed.
+    pub fn decode(kind: u8, body: Bytes) -> Result<Self, ReadError> {
+        let mut r = Reader::new(body);
+        let response = match kind {
+            PUT_OK => {
+                let source = NodeName::new(&r.short_string()?)
+                    .map_err(|e| ReadError::Invalid { field: "source", detail: e.to_string() })?;
+                let created_unix_ms = r.u64()?;
+                let count = r.u32()? as usize;
+                let mut sequences = Vec::with_capacity(count.min(r.remaining() / 8));
+                for _ in 0..count {
+                    sequences.push(r.u64()?);
+                }
+                Self::PutOk { source, sequences, created_unix_ms }
+            }
+            MESSAGES => {
+                let count = r.u32()? as usize;
+                let mut messages = Vec::with_capacity(count.min(r.remaining() / 20));
+                for _ in 0..count {
+                    let len = r.u32()? as usize;
+                    messages.push(decode_message(r.bytes(len)?)?);
+                }
+                Self::Messages(messages)
+            }
+            STATUS_TEXT => Self::Status(String::from_utf8_lossy(&r.rest()).into_owned()),
+            ERROR => {
+                let code = ErrorCode::from_u16(r.u16()?);
+                let accepted = r.u32()?;
+                Self::Error { code, accepted, message: String::from_utf8_lossy(&r.rest()).into_owned() }
+            }
+            other => return Err(ReadError::Invalid { field: "response type", detail: other.to_string() }),
+        };
+        r.finish()?;
+        Ok(response)
+    }
+}
+
+/// Splits the next `(type, body)` frame off `buf`: `Ok(None)` when more bytes are needed.
+///
+/// # Errors
+/// A message naming the declared length when it is zero or over `frame_bytes_max`.
+pub fn split_frame(buf: &mut BytesMut, frame_bytes_max: usize) -> Result<Option<(u8, Bytes)>, String> {
+    let Some(prefix) = buf.get(..4) else { return Ok(None) };
+    let len = u32::from_be_bytes([prefix[0], prefix[1], prefix[2], prefix[3]]) as usize;
+    if len == 0 || len > frame_bytes_max {
+        return Err(format!("frame of {len} bytes is outside 1..={frame_bytes_max}"));
+    }
+    if buf.len() < 4 + len {
+        buf.reserve(4 + len - buf.len());
+        return Ok(None);
+    }
+    buf.advance(4);
+    let mut body = buf.split_to(len).freeze();
+    let kind = body.get_u8();
+    Ok(Some((kind, body)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn round_trip_request(r: Request) {
+        let mut out = BytesMut::new();
+        r.encode(&mut out);
+        let (kind, body) = split_frame(&mut out, 1 << 20).unwrap().unwrap();
+        assert_eq!(Request::decode(kind, body).unwrap(), r);
+    }
+
+    #[test]
+    fn requests_and_responses_round_trip() {
+        round_trip_request(Request::Put(vec![Content::buf("B:q".parse().unwrap(), "x"); 3]));
+        round_trip_request(Request::Get { queue: "orders".into(), count_max: 7, wait_ms: 5000, bytes_max: 9 });
+        round_trip_request(Request::Status);
+        let e = Response::Error { code: ErrorCode::NoRoute, accepted: 2, message: "no route".into() };
+        let mut out = BytesMut::new();
+        e.encode(&mut out);
+        let (kind, body) = split_frame(&mut out, 1 << 20).unwrap().unwrap();
+        assert_eq!(Response::decode(kind, body).unwrap(), e);
+    }
+
+    #[test]
+    fn garbage_requests_are_errors_not_panics() {
+        for bytes in [&b""[..], b"\x00\x00\x00\x07", b"\xff\xff\xff\xff", b"\x00\x00\x00\x00"] {
+            let mut buf = BytesMut::from(bytes);
+            let _ = split_frame(&mut buf, 1 << 20);
+        }
+        assert!(Request::decode(PUT, Bytes::from_static(b"\xff\xff\xff\xff")).is_err());
+        assert!(Request::decode(99, Bytes::new()).is_err());
+    }
+}

@@ -1,0 +1,165 @@
+//! The client API server: one task per client connection on the node's Unix socket,
+//! answering requests in order.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use bytes::BytesMut;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{UnixListener, UnixStream};
+use tokio::sync::watch;
+use tracing::{debug, warn};
+
+use super::protocol::{ErrorCode, Request, Response, split_frame};
+use crate::node::{NodeState, StartError};
+use crate::queue::DEAD_LETTER_QUEUE;
+
+/// Most messages one `get` returns.
+pub const GET_MESSAGES_MAX: u32 = 100_000;
+/// Longest a `get` may wait.
+pub const GET_WAIT_MS_MAX: u64 = 3_600_000;
+
+/// Binds the client socket, refusing to take over the socket of a running node.
+///
+/// # Errors
+/// [`StartError::Io`] when the directory cannot be made, another node answers on the
+/// socket, or binding fails.
+pub async fn bind(path: &Path) -> Result<UnixListener, StartError> {
+    let io = |what: String| move |source| StartError::Io { what, source };
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(io(format!("creating {}", dir.display())))?;
+    }
+    if path.exists() {
+        if UnixStream::connect(path).await.is_ok() {
+            let what = format!("client socket {}", path.display());
+            let source = std::io::Error::new(std::io::ErrorKind::AddrInUse, "another node is running on it");
+            return Err(StartError::Io { what, source });
+        }
+        // A socket left behind by a node that died.
+        std::fs::remove_file(path).map_err(io(format!("removing stale {}", path.display())))?;
+    }
+    UnixListener::bind(path).map_err(io(format!("binding {}", path.display())))
+}
+
+/// Serves clients until `shutdown` turns true, then removes the socket file.
+pub async fn run(node: Arc<NodeState>, listener: UnixListener, path: PathBuf, mut shutdown: watch::Receiver<bool>) {
+    loop {
+        tokio::select! {
+            _ = shutdown.changed() => break,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => {
+                    tokio::spawn(serve(node.clone(), stream, shutdown.clone()));
+                }
+                Err(e) => {
+                    warn!(error = %e, "Client accept failed.");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            },
+        }
+    }
+    let _ = std::fs::remove_file(&path);
+}
+
+async fn serve(node: Arc<NodeState>, mut stream: UnixStream, mut shutdown: watch::Receiver<bool>) {
+    let frame_bytes_max = node.config.links.frame_bytes_max as usize + (1 << 20);
+    let mut buf = BytesMut::with_capacity(64 * 1024);
+    let mut out = BytesMut::new();
+    loop {
+        let frame = match split_frame(&mut buf, frame_bytes_max) {
+            Ok(frame) => frame,
+            Err(reason) => {
+                let response = Response::Error { code: ErrorCode::BadRequest, accepted: 0, message: reason };
+                response.encode(&mut out);
+                let _ = stream.write_all(&out).await;
+                return;
+            }
+        };
+        let Some((kind, body)) = frame else {
+            tokio::select! {
+                _ = shutdown.changed() => return,
+                read = stream.read_buf(&mut buf) => match read {
+                    Ok(0) | Err(_) => return,
+                    Ok(_) => continue,
+                },
+            }
+        };
+        let response = match Request::decode(kind, body) {
+            Ok(request) => handle(&node, request).await,
+            Err(e) => Response::Error { code: ErrorCode::BadRequest, accepted: 0, message: format!("bad request: {e}") },
+        };
+        out.clear();
+        response.encode(&mut out);
+        if stream.write_all(&out).await.is_err() {
+            return;
+        }
+    }
+}
+
+async fn handle(node: &NodeState, request: Request) -> Response {
+    match request {
+        Request::Put(contents) => match node.put(contents) {
+            Ok((sequences, created_unix_ms)) => {
+                Response::PutOk { source: node.name().clone(), sequences, created_unix_ms }
+            }
+            Err(e) => Response::Error { code: e.code, accepted: e.accepted, message: e.message },
+        },
+        Request::Get { queue, count_max, wait_ms, bytes_max } => get(node, &queue, count_max, wait_ms, bytes_max).await,
+        Request::Status => Response::Status(status(node)),
+    }
+}
+
+async fn get(node: &NodeState, queue: &str, count_max: u32, wait_ms: u64, bytes_max: u64) -> Response {
+    let found = linkbus_plugin_api::QueueName::new(queue).ok().and_then(|name| node.queues.get(&name));
+    let Some(q) = found else {
+        let message = format!("queue '{queue}' does not exist on node {}", node.name());
+        return Response::Error { code: ErrorCode::UnknownQueue, accepted: 0, message };
+    };
+    let count_max = count_max.clamp(1, GET_MESSAGES_MAX) as usize;
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(wait_ms.min(GET_WAIT_MS_MAX));
+    let bytes_max = usize::try_from(bytes_max).unwrap_or(usize::MAX);
+    loop {
+        match q.pop(count_max, bytes_max, Instant::now()) {
+            Err(e) => return Response::Error { code: ErrorCode::Internal, accepted: 0, message: e.to_string() },
+            Ok(popped) => {
+                if popped.expired > 0 {
+                    debug!(queue, expired = popped.expired, "Expired messages dropped.");
+                }
+                if !popped.messages.is_empty() || tokio::time::Instant::now() >= deadline {
+                    return Response::Messages(popped.messages);
+                }
+            }
+        }
+        q.wait(deadline).await;
+    }
+}
+
+fn status(node: &NodeState) -> String {
+    use std::fmt::Write;
+    let mut s = String::new();
+    let _ = writeln!(s, "node: {}", node.name());
+    let _ = writeln!(s, "store: {} (durable: {})", node.config.plugins.store.kind, node.store.durable());
+    let _ = writeln!(s, "links:");
+    let mut links: Vec<_> = node.links.values().collect();
+    links.sort_by(|a, b| a.peer.name.cmp(&b.peer.name));
+    for l in links {
+        let state = if l.up.load(Ordering::Relaxed) { "up" } else { "down" };
+        let _ = writeln!(
+            s,
+            "  {}: {state}, queued {}, acked {}, received {}",
+            l.peer.name,
+            l.queued(),
+            l.acked_total.load(Ordering::Relaxed),
+            l.received_total.load(Ordering::Relaxed)
+        );
+    }
+    let _ = writeln!(s, "queues:");
+    let mut queues: Vec<_> = node.queues.values().collect();
+    queues.sort_by(|a, b| a.config().name.cmp(&b.config().name));
+    for q in queues {
+        let kind = if q.config().name.as_str() == DEAD_LETTER_QUEUE { " (dead letters)" } else { "" };
+        let _ = writeln!(s, "  {}: {} messages{kind}", q.config().name, q.len());
+    }
+    s
+}

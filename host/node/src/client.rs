@@ -1,0 +1,182 @@
+//! The Rust client library: talks to a local node over its Unix socket.
+//!
+//! ```no_run
+//! # async fn example() -> Result<(), linkbus_host::client::ClientError> {
+//! use linkbus_host::client::Client;
+//! use linkbus_plugin_api::Content;
+//! use std::time::Duration;
+//!
+//! let mut a = Client::connect_node("A").await?;
+//! a.put(Content::buf("B:orders".parse().unwrap(), "hello")).await?;
+//! let mut b = Client::connect_node("B").await?;
+//! let got = b.get("orders", 1, Duration::from_secs(5)).await?;
+//! # Ok(()) }
+//! ```
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use bytes::BytesMut;
+use linkbus_plugin_api::{Content, Message, MessageId};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::UnixStream;
+
+use crate::api::protocol::{ErrorCode, Request, Response, split_frame};
+
+/// Payload bytes [`Client::put_batch`] packs into one request at most (larger single
+/// messages go alone).
+pub const PUT_BATCH_BYTES_MAX: usize = 1 << 20;
+/// Contents [`Client::put_batch`] packs into one request at most.
+pub const PUT_BATCH_MESSAGES_MAX: usize = 4096;
+/// Longest response the client accepts.
+const RESPONSE_BYTES_MAX: usize = 1 << 30;
+
+/// Why a client call failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ClientError {
+    /// The node's socket could not be reached.
+    #[error("cannot reach the node at {path}: {source}")]
+    Connect {
+        /// The socket path tried.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The connection failed mid-call.
+    #[error("connection to the node failed: {0}")]
+    Io(#[from] std::io::Error),
+    /// The node answered with something this client does not understand.
+    #[error("protocol error: {0}")]
+    Protocol(String),
+    /// The node refused the request.
+    #[error("{message}")]
+    Refused {
+        /// The cause.
+        code: ErrorCode,
+        /// For puts: contents accepted before the refused one.
+        accepted: u32,
+        /// The node's explanation.
+        message: String,
+    },
+}
+
+/// A connection to one local node.
+#[derive(Debug)]
+pub struct Client {
+    stream: UnixStream,
+    buf: BytesMut,
+    out: BytesMut,
+}
+
+impl Client {
+    /// Connects to the node listening on `path`.
+    ///
+    /// # Errors
+    /// [`ClientError::Connect`] when nothing answers there.
+    pub async fn connect(path: &Path) -> Result<Self, ClientError> {
+        let stream = UnixStream::connect(path)
+            .await
+            .map_err(|source| ClientError::Connect { path: path.to_owned(), source })?;
+        Ok(Self { stream, buf: BytesMut::with_capacity(64 * 1024), out: BytesMut::new() })
+    }
+
+    /// Connects to the local node called `name` through the runtime directory.
+    ///
+    /// # Errors
+    /// [`ClientError::Connect`] when no such node runs.
+    pub async fn connect_node(name: &str) -> Result<Self, ClientError> {
+        Self::connect(&crate::runtime_dir::socket_for(name)).await
+    }
+
+    async fn call(&mut self, request: &Request) -> Result<Response, ClientError> {
+        self.out.clear();
+        request.encode(&mut self.out);
+        self.stream.write_all(&self.out).await?;
+        loop {
+            if let Some((kind, body)) = split_frame(&mut self.buf, RESPONSE_BYTES_MAX).map_err(ClientError::Protocol)? {
+                let response = Response::decode(kind, body).map_err(|e| ClientError::Protocol(e.to_string()))?;
+                if let Response::Error { code, accepted, message } = response {
+                    return Err(ClientError::Refused { code, accepted, message });
+                }
+                return Ok(response);
+            }
+            if self.stream.read_buf(&mut self.buf).await? == 0 {
+                return Err(ClientError::Protocol("the node closed the connection".into()));
+            }
+        }
+    }
+
+    /// Puts one message; returns its id once the node accepted it.
+    ///
+    /// # Errors
+    /// [`ClientError::Refused`] naming the cause (unknown queue, no route, too large, full).
+    pub async fn put(&mut self, content: Content) -> Result<MessageId, ClientError> {
+        let mut ids = self.put_batch(vec![content]).await?;
+        ids.pop().ok_or_else(|| ClientError::Protocol("no id returned".into()))
+    }
+
+    /// Puts many messages with few round trips (see [`PUT_BATCH_BYTES_MAX`]); they are
+    /// accepted in order, and on a refusal those before it stay accepted (the error's
+    /// `accepted` counts them within the failing request).
+    ///
+    /// # Errors
+    /// As [`Client::put`].
+    pub async fn put_batch(&mut self, contents: Vec<Content>) -> Result<Vec<MessageId>, ClientError> {
+        let mut ids = Vec::with_capacity(contents.len());
+        let mut batch = Vec::new();
+        let mut bytes = 0;
+        for content in contents {
+            let size = content.payload.len() + content.name.len();
+            if !batch.is_empty() && (bytes + size > PUT_BATCH_BYTES_MAX || batch.len() >= PUT_BATCH_MESSAGES_MAX) {
+                ids.extend(self.put_request(std::mem::take(&mut batch)).await?);
+                bytes = 0;
+            }
+            bytes += size;
+            batch.push(content);
+        }
+        if !batch.is_empty() {
+            ids.extend(self.put_request(batch).await?);
+        }
+        Ok(ids)
+    }
+
+    async fn put_request(&mut self, batch: Vec<Content>) -> Result<Vec<MessageId>, ClientError> {
+        match self.call(&Request::Put(batch)).await? {
+            Response::PutOk { source, sequences, created_unix_ms } => Ok(sequences
+                .into_iter()
+                .map(|sequence| MessageId { source: source.clone(), sequence, created_unix_ms })
+                .collect()),
+            other => Err(ClientError::Protocol(format!("unexpected answer to put: {other:?}"))),
+        }
+    }
+
+    /// Takes up to `count_max` messages from the local queue `queue`, waiting up to `wait`
+    /// for the first; an empty result means the wait ran out.
+    ///
+    /// # Errors
+    /// [`ClientError::Refused`] when the queue does not exist.
+    pub async fn get(&mut self, queue: &str, count_max: u32, wait: Duration) -> Result<Vec<Message>, ClientError> {
+        let request = Request::Get {
+            queue: queue.to_owned(),
+            count_max,
+            wait_ms: wait.as_millis() as u64,
+            bytes_max: 16 << 20,
+        };
+        match self.call(&request).await? {
+            Response::Messages(messages) => Ok(messages),
+            other => Err(ClientError::Protocol(format!("unexpected answer to get: {other:?}"))),
+        }
+    }
+
+    /// The node's status: links, queues, store.
+    ///
+    /// # Errors
+    /// [`ClientError`] when the call fails.
+    pub async fn status(&mut self) -> Result<String, ClientError> {
+        match self.call(&Request::Status).await? {
+            Response::Status(text) => Ok(text),
+            other => Err(ClientError::Protocol(format!("unexpected answer to status: {other:?}"))),
+        }
+    }
+}

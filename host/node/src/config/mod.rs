@@ -1,0 +1,225 @@
+//! The node's configuration: one typed tree, read from one YAML file (plus command-line
+//! overrides) by [`load`], with a default for every key.
+//!
+//! The fully commented `examples/config/node.yaml` shows every key with its default; a test
+//! keeps it equal to [`Config::defaults_for`].
+
+mod read;
+
+use std::path::PathBuf;
+
+use linkbus_plugin_api::{ConfigValue, NodeName, QueueName, Reliability};
+
+pub use read::{apply_overrides, from_value, load_file, parse_yaml, Overrides};
+
+/// Bytes a frame needs beyond the message it carries (frame header, sequence, CRC) plus the
+/// largest message envelope (name, recipients, headers); `frame_bytes_max` must leave room.
+pub const FRAME_OVERHEAD_BYTES: u64 = 128 * 1024;
+
+/// Everything a node needs to run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    /// Identity and local resources.
+    pub node: NodeSettings,
+    /// Neighbours this node keeps links to.
+    pub peers: Vec<PeerConfig>,
+    /// Local queues.
+    pub queues: Vec<QueueConfig>,
+    /// Defaults for messages accepted from clients.
+    pub messages: MessageSettings,
+    /// Link protocol limits and timers.
+    pub links: LinkSettings,
+    /// The plugin chosen for each extension point.
+    pub plugins: PluginSettings,
+}
+
+/// `node:` — who this node is and where it keeps things.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NodeSettings {
+    /// The node's name (required).
+    pub name: NodeName,
+    /// Address peers connect to; `None` when this node only dials out.
+    pub listen: Option<String>,
+    /// Unix socket for clients; `None` puts it in the runtime directory as `NAME.sock`.
+    pub client_socket: Option<PathBuf>,
+    /// Directory for the store and other state.
+    pub data_dir: PathBuf,
+}
+
+/// `peers[]:` — one neighbour.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PeerConfig {
+    /// Its node name.
+    pub name: NodeName,
+    /// Where to dial it; `None` when it always dials us.
+    pub address: Option<String>,
+    /// Keep the link up at all times, reconnecting with backoff.
+    pub permanent: bool,
+}
+
+/// Order in which a queue hands out messages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum QueueOrder {
+    /// Strict arrival order.
+    Fifo,
+    /// Higher priority first, arrival order within a level (IBM MQ's default).
+    #[default]
+    Priority,
+}
+
+impl std::str::FromStr for QueueOrder {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "fifo" => Ok(Self::Fifo),
+            "priority" => Ok(Self::Priority),
+            other => Err(format!("unknown order '{other}'; expected fifo or priority")),
+        }
+    }
+}
+
+impl QueueOrder {
+    /// The name used in YAML.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Fifo => "fifo",
+            Self::Priority => "priority",
+        }
+    }
+}
+
+/// `queues[]:` — one local queue.
+#[derive(Debug, Clone, PartialEq)]
+pub struct QueueConfig {
+    /// Its name, unique on this node.
+    pub name: QueueName,
+    /// Hand-out order.
+    pub order: QueueOrder,
+    /// Most messages held; a local put beyond it is refused, a delivery from a link goes
+    /// to the dead-letter queue.
+    pub queue_messages_max: u64,
+    /// Largest payload this queue takes.
+    pub message_bytes_max: u64,
+    /// Reliability of puts that do not choose one.
+    pub reliability: Reliability,
+}
+
+/// Defaults of [`QueueConfig`], also used for the built-in queues.
+pub const QUEUE_MESSAGES_MAX_DEFAULT: u64 = 100_000;
+
+/// `messages:` — node-wide message limits and defaults.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MessageSettings {
+    /// Lifetime of messages whose sender sets none, in seconds (`0`: unlimited).
+    pub lifetime_default_s: u64,
+    /// Largest payload accepted at all, in bytes.
+    pub message_bytes_max: u64,
+    /// Most messages the dead-letter queue `DLQ` holds.
+    pub dead_letter_messages_max: u64,
+}
+
+/// `links:` — the link protocol's limits and timers.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LinkSettings {
+    /// Longest frame sent or accepted, in bytes.
+    pub frame_bytes_max: u64,
+    /// Messages sent to a neighbour and not yet acknowledged.
+    pub in_flight_messages_max: u64,
+    /// Messages waiting for a neighbour (its transmission queue); a put beyond it is refused.
+    pub queue_messages_max: u64,
+    /// First reconnect delay, doubled after each failure.
+    pub reconnect_backoff_min_ms: u64,
+    /// Longest reconnect delay.
+    pub reconnect_backoff_max_ms: u64,
+    /// Time a connection attempt may take.
+    pub connect_timeout_ms: u64,
+    /// Time the peer's hello may take.
+    pub handshake_timeout_ms: u64,
+    /// Silence after which a ping is sent.
+    pub ping_interval_ms: u64,
+    /// Time an unanswered ping may take before the connection is dropped.
+    pub pong_timeout_ms: u64,
+}
+
+/// One extension point's choice: the plugin's name and its own section.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PluginChoice {
+    /// The registered plugin name (`kind:`).
+    pub kind: String,
+    /// The whole section, handed to the plugin.
+    pub section: ConfigValue,
+}
+
+impl PluginChoice {
+    fn named(kind: &str) -> Self {
+        Self { kind: kind.to_owned(), section: ConfigValue::Map(vec![("kind".into(), ConfigValue::Str(kind.into()))]) }
+    }
+}
+
+/// `plugins:` — the plugin set.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PluginSettings {
+    /// How links reach peers.
+    pub transport: PluginChoice,
+    /// Where queues and link state are kept.
+    pub store: PluginChoice,
+}
+
+impl Default for NodeSettings {
+    fn default() -> Self {
+        Self {
+            name: NodeName::new("A").expect("valid"),
+            listen: Some("127.0.0.1:7400".into()),
+            client_socket: None,
+            data_dir: PathBuf::from("linkbus-data"),
+        }
+    }
+}
+
+impl Default for MessageSettings {
+    fn default() -> Self {
+        Self { lifetime_default_s: 86_400, message_bytes_max: 4 << 20, dead_letter_messages_max: 1_000_000 }
+    }
+}
+
+impl Default for LinkSettings {
+    fn default() -> Self {
+        Self {
+            frame_bytes_max: (4 << 20) + FRAME_OVERHEAD_BYTES,
+            in_flight_messages_max: 4096,
+            queue_messages_max: 1_000_000,
+            reconnect_backoff_min_ms: 100,
+            reconnect_backoff_max_ms: 5_000,
+            connect_timeout_ms: 5_000,
+            handshake_timeout_ms: 5_000,
+            ping_interval_ms: 5_000,
+            pong_timeout_ms: 10_000,
+        }
+    }
+}
+
+impl Default for PluginSettings {
+    fn default() -> Self {
+        Self { transport: PluginChoice::named("tcp"), store: PluginChoice::named("memory") }
+    }
+}
+
+impl Config {
+    /// The configuration of a node called `name` with every other key at its default.
+    pub fn defaults_for(name: NodeName) -> Self {
+        Self {
+            node: NodeSettings { name, ..NodeSettings::default() },
+            peers: Vec::new(),
+            queues: Vec::new(),
+            messages: MessageSettings::default(),
+            links: LinkSettings::default(),
+            plugins: PluginSettings::default(),
+        }
+    }
+
+    /// The queue named `name`, if configured.
+    pub fn queue(&self, name: &str) -> Option<&QueueConfig> {
+        self.queues.iter().find(|q| q.name.as_str() == name)
+    }
+}

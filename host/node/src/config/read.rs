@@ -1,0 +1,335 @@
+//! Reading configuration: YAML text to a [`ConfigValue`] tree, command-line overrides applied
+//! to that tree, then the tree read into a [`Config`] with every problem collected and
+//! reported with its YAML path.
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+
+use linkbus_plugin_api::registry::{self, BuildContext, Factory};
+use linkbus_plugin_api::{ConfigErrors, ConfigIssue, ConfigValue, Diagnostics, NodeName, QueueName, Reliability, Section};
+
+use super::{
+    Config, FRAME_OVERHEAD_BYTES, LinkSettings, MessageSettings, NodeSettings, PeerConfig, PluginChoice,
+    PluginSettings, QUEUE_MESSAGES_MAX_DEFAULT, QueueConfig, QueueOrder,
+};
+
+const MS_MAX: u64 = 24 * 3_600_000;
+const BYTES_MAX: u64 = 1 << 40;
+
+/// Command-line values that override (or, without a file, make up) the configuration.
+#[derive(Debug, Clone, Default)]
+pub struct Overrides {
+    /// `--name`.
+    pub name: Option<String>,
+    /// `--listen`.
+    pub listen: Option<String>,
+    /// `--peer NAME=ADDRESS`, repeatable: replaces a peer of that name or adds one.
+    pub peers: Vec<String>,
+    /// `--queue NAME[:fifo|:priority]`, repeatable: replaces a queue or adds one.
+    pub queues: Vec<String>,
+    /// `--data-dir`.
+    pub data_dir: Option<PathBuf>,
+    /// `--socket`.
+    pub client_socket: Option<PathBuf>,
+}
+
+fn one_issue(path: &str, message: impl std::fmt::Display) -> ConfigErrors {
+    ConfigErrors(vec![ConfigIssue { path: path.to_owned(), message: message.to_string() }])
+}
+
+/// Parses YAML text (YAML 1.2 booleans only; duplicate keys refused).
+///
+/// # Errors
+/// The parser's error with line and column.
+pub fn parse_yaml(text: &str) -> Result<ConfigValue, ConfigErrors> {
+    let options = serde_saphyr::options! { strict_booleans: true };
+    serde_saphyr::from_str_with_options::<ConfigValue>(text, options).map_err(|e| one_issue("", e))
+}
+
+/// Reads `path`, applies `overrides`, and reads the result into a [`Config`].
+///
+/// # Errors
+/// Every problem found, each with its YAML path (a read or syntax error is the only one).
+pub fn load_file(path: Option<&Path>, overrides: &Overrides) -> Result<Config, ConfigErrors> {
+    let mut tree = match path {
+        None => ConfigValue::Map(Vec::new()),
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| one_issue("", format!("cannot read {}: {e}", path.display())))?;
+            parse_yaml(&text).map_err(|mut e| {
+                for issue in &mut e.0 {
+                    issue.message = format!("{}: {}", path.display(), issue.message);
+                }
+                e
+            })?
+        }
+    };
+    apply_overrides(&mut tree, overrides);
+    from_value(&tree)
+}
+
+fn entries(value: &mut ConfigValue) -> Option<&mut Vec<(String, ConfigValue)>> {
+    if *value == ConfigValue::Null {
+        *value = ConfigValue::Map(Vec::new());
+    }
+    match value {
+        ConfigValue::Map(entries) => Some(entries),
+        _ => None,
+    }
+}
+
+fn slot<'a>(map: &'a mut Vec<(String, ConfigValue)>, key: &str) -> &'a mut ConfigValue {
+    let index = match map.iter().position(|(k, _)| k == key) {
+        Some(i) => i,
+        None => {
+            map.push((key.to_owned(), ConfigValue::Null));
+            map.len() - 1
+        }
+    };
+    &mut map[index].1
+}
+
+/// Replaces the list item whose `name` is `name`, or appends `item`.
+fn upsert(list: &mut ConfigValue, name: &str, item: ConfigValue) {
+    if *list == ConfigValue::Null {
+        *list = ConfigValue::Seq(Vec::new());
+    }
+    let ConfigValue::Seq(items) = list else { return };
+    let same = |v: &ConfigValue| {
+        matches!(v, ConfigValue::Map(e) if e.iter().any(|(k, v)| k == "name" && *v == ConfigValue::Str(name.into())))
+    };
+    match items.iter_mut().find(|v| same(v)) {
+        Some(existing) => *existing = item,
+        None => items.push(item),
+    }
+}
+
+fn text(s: &str) -> ConfigValue {
+    ConfigValue::Str(s.to_owned())
+}
+
+/// Writes the command-line overrides into the tree, where [`from_value`] then checks them
+/// like any other value. A tree that is not a mapping is left for the reader to report.
+pub fn apply_overrides(tree: &mut ConfigValue, o: &Overrides) {
+    let Some(root) = entries(tree) else { return };
+    if let Some(node) = entries(slot(root, "node")) {
+        let path = |p: &PathBuf| text(&p.to_string_lossy());
+        for (key, value) in [
+            ("name", o.name.as_deref().map(text)),
+            ("listen", o.listen.as_deref().map(text)),
+            ("data_dir", o.data_dir.as_ref().map(path)),
+            ("client_socket", o.client_socket.as_ref().map(path)),
+        ] {
+            if let Some(value) = value {
+                *slot(node, key) = value;
+            }
+        }
+    }
+    for peer in &o.peers {
+        let (name, address) = peer.split_once('=').unwrap_or((peer, ""));
+        let mut item = vec![("name".to_owned(), text(name))];
+        if !address.is_empty() {
+            item.push(("address".to_owned(), text(address)));
+        }
+        upsert(slot(root, "peers"), name, ConfigValue::Map(item));
+    }
+    for queue in &o.queues {
+        let (name, order) = queue.split_once(':').map_or((queue.as_str(), None), |(n, o)| (n, Some(o)));
+        let mut item = vec![("name".to_owned(), text(name))];
+        if let Some(order) = order {
+            item.push(("order".to_owned(), text(order)));
+        }
+        upsert(slot(root, "queues"), name, ConfigValue::Map(item));
+    }
+}
+
+/// Reads a whole configuration tree, collecting every problem.
+///
+/// # Errors
+/// Every problem found, in document order, each with its YAML path.
+pub fn from_value(tree: &ConfigValue) -> Result<Config, ConfigErrors> {
+    let diag = Diagnostics::new();
+    let config = Section::new(&diag, "", tree).and_then(|root| {
+        let node = read_node(&root);
+        let peers = read_peers(&root);
+        let messages = read_messages(&root);
+        let queues = read_queues(&root, &messages);
+        let links = read_links(&root);
+        let plugins = read_plugins(&root);
+        root.finish();
+        let config = Config { node: node?, peers, queues, messages, links, plugins: plugins? };
+        check_relations(&config, &diag);
+        Some(config)
+    });
+    diag.finish()?;
+    config.ok_or_else(|| one_issue("", "configuration is invalid"))
+}
+
+fn read_node(root: &Section<'_>) -> Option<NodeSettings> {
+    let s = root.section("node")?;
+    let d = NodeSettings::default();
+    let name = s.required("name", |s, k| s.parsed::<NodeName>(k));
+    let listen = match s.get("listen") {
+        None => d.listen,
+        Some(ConfigValue::Str(a)) if a == "none" => None,
+        Some(_) => s.string("listen"),
+    };
+    let client_socket = s.string("client_socket").map(PathBuf::from);
+    let data_dir = s.string("data_dir").map_or(d.data_dir, PathBuf::from);
+    s.finish();
+    Some(NodeSettings { name: name?, listen, client_socket, data_dir })
+}
+
+fn read_peers(root: &Section<'_>) -> Vec<PeerConfig> {
+    let diag = root.diagnostics();
+    let mut peers: Vec<PeerConfig> = Vec::new();
+    for (path, value) in root.list("peers") {
+        let Some(s) = Section::new(diag, path.clone(), value) else { continue };
+        let name = s.required("name", |s, k| s.parsed::<NodeName>(k));
+        let address = s.string("address");
+        let permanent = s.bool("permanent", true);
+        s.finish();
+        let Some(name) = name else { continue };
+        if peers.iter().any(|p| p.name == name) {
+            diag.error(format!("{path}.name"), format!("peer '{name}' is listed twice"));
+        }
+        peers.push(PeerConfig { name, address, permanent });
+    }
+    peers
+}
+
+fn read_queues(root: &Section<'_>, messages: &MessageSettings) -> Vec<QueueConfig> {
+    let diag = root.diagnostics();
+    let mut queues: Vec<QueueConfig> = Vec::new();
+    for (path, value) in root.list("queues") {
+        let Some(s) = Section::new(diag, path.clone(), value) else { continue };
+        let name = s.required("name", |s, k| s.parsed::<QueueName>(k));
+        let order = s.parsed::<QueueOrder>("order").unwrap_or_default();
+        let queue_messages_max = s.number("queue_messages_max", QUEUE_MESSAGES_MAX_DEFAULT, 1, 1 << 40);
+        let message_bytes_max =
+            s.number("message_bytes_max", messages.message_bytes_max, 0, messages.message_bytes_max);
+        let reliability = match s.string("reliability").as_deref() {
+            None | Some("volatile") => Reliability::Volatile,
+            Some("persistent") => Reliability::Persistent,
+            Some(other) => {
+                s.error("reliability", format!("unknown reliability '{other}'; expected volatile or persistent"));
+                Reliability::Volatile
+            }
+        };
+        s.finish();
+        let Some(name) = name else { continue };
+        if crate::queue::is_reserved(&name) {
+            diag.error(format!("{path}.name"), format!("queue name '{name}' is reserved for the node"));
+        }
+        if queues.iter().any(|q| q.name == name) {
+            diag.error(format!("{path}.name"), format!("queue '{name}' is declared twice"));
+        }
+        queues.push(QueueConfig { name, order, queue_messages_max, message_bytes_max, reliability });
+    }
+    queues
+}
+
+fn read_messages(root: &Section<'_>) -> MessageSettings {
+    let d = MessageSettings::default();
+    let Some(s) = root.section("messages") else { return d };
+    let settings = MessageSettings {
+        lifetime_default_s: s.number("lifetime_default_s", d.lifetime_default_s, 0, u64::from(u32::MAX)),
+        message_bytes_max: s.number("message_bytes_max", d.message_bytes_max, 0, 1 << 32),
+        dead_letter_messages_max: s.number("dead_letter_messages_max", d.dead_letter_messages_max, 1, 1 << 40),
+    };
+    s.finish();
+    settings
+}
+
+fn read_links(root: &Section<'_>) -> LinkSettings {
+    let d = LinkSettings::default();
+    let Some(s) = root.section("links") else { return d };
+    let settings = LinkSettings {
+        frame_bytes_max: s.number("frame_bytes_max", d.frame_bytes_max, FRAME_OVERHEAD_BYTES, BYTES_MAX),
+        in_flight_messages_max: s.number("in_flight_messages_max", d.in_flight_messages_max, 1, 1 << 20),
+        queue_messages_max: s.number("queue_messages_max", d.queue_messages_max, 1, 1 << 40),
+        reconnect_backoff_min_ms: s.number("reconnect_backoff_min_ms", d.reconnect_backoff_min_ms, 1, MS_MAX),
+        reconnect_backoff_max_ms: s.number("reconnect_backoff_max_ms", d.reconnect_backoff_max_ms, 1, MS_MAX),
+        connect_timeout_ms: s.number("connect_timeout_ms", d.connect_timeout_ms, 1, MS_MAX),
+        handshake_timeout_ms: s.number("handshake_timeout_ms", d.handshake_timeout_ms, 1, MS_MAX),
+        ping_interval_ms: s.number("ping_interval_ms", d.ping_interval_ms, 1, MS_MAX),
+        pong_timeout_ms: s.number("pong_timeout_ms", d.pong_timeout_ms, 1, MS_MAX),
+    };
+    s.finish();
+    settings
+}
+
+fn read_plugins(root: &Section<'_>) -> Option<PluginSettings> {
+    let s = root.section("plugins")?;
+    let d = PluginSettings::default();
+    let transport = read_choice(&s, "transport", d.transport);
+    let store = read_choice(&s, "store", d.store);
+    s.finish();
+    Some(PluginSettings { transport: transport?, store: store? })
+}
+
+fn read_choice(plugins: &Section<'_>, point: &'static str, default: PluginChoice) -> Option<PluginChoice> {
+    let Some(value) = plugins.get(point) else { return Some(default) };
+    let section = Section::new(plugins.diagnostics(), plugins.path_of(point), value)?;
+    let kind = section.required("kind", Section::string)?;
+    let Some(entry) = registry::find(point, &kind) else {
+        let known = registry::names(point).join(", ");
+        section.error("kind", format!("no {point} plugin named '{kind}'; available: {known}"));
+        return None;
+    };
+    (entry.check)(&section);
+    section.finish();
+    Some(PluginChoice { kind, section: value.clone() })
+}
+
+fn check_relations(config: &Config, diag: &Diagnostics) {
+    let frame_needed = config.messages.message_bytes_max + FRAME_OVERHEAD_BYTES;
+    if config.links.frame_bytes_max < frame_needed {
+        diag.error(
+            "links.frame_bytes_max",
+            format!(
+                "{} is too small for messages.message_bytes_max {} plus {FRAME_OVERHEAD_BYTES} bytes of envelope",
+                config.links.frame_bytes_max, config.messages.message_bytes_max
+            ),
+        );
+    }
+    if config.links.reconnect_backoff_min_ms > config.links.reconnect_backoff_max_ms {
+        diag.error("links.reconnect_backoff_min_ms", "is larger than links.reconnect_backoff_max_ms");
+    }
+    if config.links.pong_timeout_ms < config.links.ping_interval_ms {
+        diag.error("links.pong_timeout_ms", "must be at least links.ping_interval_ms");
+    }
+    let transport = build_transport(config);
+    let check = |path: &str, address: &str| {
+        if let Some(Err(e)) = transport.as_ref().map(|t| t.check_address(address)) {
+            diag.error(path, e);
+        }
+    };
+    let mut seen_addresses = HashSet::new();
+    for (i, peer) in config.peers.iter().enumerate() {
+        if peer.name == config.node.name {
+            diag.error(format!("peers[{i}].name"), format!("'{}' is this node's own name", peer.name));
+        }
+        if let Some(address) = &peer.address {
+            check(&format!("peers[{i}].address"), address);
+            if !seen_addresses.insert(address.clone()) {
+                diag.error(format!("peers[{i}].address"), format!("address {address} is used by two peers"));
+            }
+        }
+    }
+    if let Some(listen) = &config.node.listen {
+        check("node.listen", listen);
+    }
+}
+
+/// The configured transport, built only to check addresses (building a transport opens
+/// nothing).
+fn build_transport(config: &Config) -> Option<Box<dyn linkbus_plugin_api::Transport>> {
+    let entry = registry::find("transport", &config.plugins.transport.kind)?;
+    let Factory::Transport(build) = entry.factory else { return None };
+    let ctx = BuildContext { node: config.node.name.clone(), data_dir: config.node.data_dir.clone() };
+    build(&config.plugins.transport.section, &ctx).ok()
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,199 @@
+//! `linkbus demo`: two nodes in one process, from an embedded configuration, over real TCP
+//! and real Unix sockets; node A sends numbered buffer messages to queue `orders` on node B,
+//! a consumer on B checks every byte, and the report says what arrived and how fast.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use linkbus_plugin_api::{Address, Content};
+
+use crate::client::{Client, ClientError};
+use crate::config::{self, Overrides};
+use crate::node::StartError;
+use crate::Node;
+
+/// Node B: listens on a free loopback port and has the `orders` queue.
+const NODE_B: &str = "
+node: { name: B, listen: 127.0.0.1:0 }
+peers: [ { name: A } ]
+queues: [ { name: orders, order: fifo, queue_messages_max: 1000000 } ]
+";
+
+/// Node A: dials B (its address is filled in once B listens) and listens nowhere.
+const NODE_A: &str = "
+node: { name: A, listen: none }
+peers: [ { name: B } ]
+";
+
+/// Why the demo could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum DemoError {
+    /// The embedded configuration was refused (a bug).
+    #[error("embedded configuration: {0}")]
+    Config(#[from] linkbus_plugin_api::ConfigErrors),
+    /// A node did not start.
+    #[error("node: {0}")]
+    Start(#[from] StartError),
+    /// A client call failed.
+    #[error("client: {0}")]
+    Client(#[from] ClientError),
+    /// The scratch directory could not be made.
+    #[error("scratch directory: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// What the demo observed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DemoReport {
+    /// Messages put on A.
+    pub sent: usize,
+    /// Messages taken from B.
+    pub received: usize,
+    /// Received messages whose payload matched what was sent for their number.
+    pub intact: usize,
+    /// Received messages that came before one with a lower number.
+    pub out_of_order: usize,
+    /// Numbers received more than once.
+    pub duplicates: usize,
+    /// Payload bytes per message.
+    pub message_bytes: usize,
+    /// From the first put to the last get.
+    pub elapsed: Duration,
+}
+
+impl DemoReport {
+    /// Whether every message arrived once, intact and in order.
+    pub fn is_perfect(&self) -> bool {
+        self.received == self.sent && self.intact == self.sent && self.out_of_order == 0 && self.duplicates == 0
+    }
+}
+
+impl std::fmt::Display for DemoReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let secs = self.elapsed.as_secs_f64().max(1e-9);
+        let rate = self.received as f64 / secs;
+        writeln!(f, "sent      {} buffer messages of {} bytes from A to B:orders", self.sent, self.message_bytes)?;
+        writeln!(
+            f,
+            "received  {} ({} intact, {} out of order, {} duplicates, {} missing)",
+            self.received,
+            self.intact,
+            self.out_of_order,
+            self.duplicates,
+            self.sent.saturating_sub(self.received.saturating_sub(self.duplicates))
+        )?;
+        write!(
+            f,
+            "time      {:.3} s: {:.0} messages/s, {:.1} MB/s",
+            secs,
+            rate,
+            rate * self.message_bytes as f64 / 1e6
+        )
+    }
+}
+
+/// The payload of message `index`: its number, then bytes derived from it.
+pub fn payload(index: usize, size: usize) -> Bytes {
+    let mut bytes = format!("{index:010}:").into_bytes();
+    let mut x = index as u64 ^ 0x9e37_79b9_7f4a_7c15;
+    while bytes.len() < size.max(11) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        bytes.push(b'a' + (x % 26) as u8);
+    }
+    bytes.truncate(size.max(11));
+    Bytes::from(bytes)
+}
+
+fn index_of(payload: &[u8]) -> Option<usize> {
+    std::str::from_utf8(payload.get(..10)?).ok()?.parse().ok()
+}
+
+struct Scratch(PathBuf);
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Runs the demo with `messages` messages of `size` bytes.
+///
+/// # Errors
+/// [`DemoError`] when a node or client fails; a report with losses is not an error.
+pub async fn run(messages: usize, size: usize) -> Result<DemoReport, DemoError> {
+    let scratch = Scratch(std::env::temp_dir().join(format!("linkbus-demo-{}", std::process::id())));
+    std::fs::create_dir_all(&scratch.0)?;
+    let overrides = |name: &str| Overrides {
+        data_dir: Some(scratch.0.join(name)),
+        client_socket: Some(scratch.0.join(format!("{name}.sock"))),
+        ..Overrides::default()
+    };
+    let mut tree = config::parse_yaml(NODE_B)?;
+    config::apply_overrides(&mut tree, &overrides("B"));
+    let b = Node::start(config::from_value(&tree)?).await?;
+    let b_address = b.listen_address().unwrap_or_default().to_owned();
+    let mut tree = config::parse_yaml(NODE_A)?;
+    config::apply_overrides(&mut tree, &Overrides { peers: vec![format!("B={b_address}")], ..overrides("A") });
+    let a = Node::start(config::from_value(&tree)?).await?;
+
+    let mut producer = Client::connect(a.socket_path()).await?;
+    let mut consumer = Client::connect(b.socket_path()).await?;
+    let to: Address = "B:orders".parse().expect("valid address");
+    let started = Instant::now();
+    let produce = async {
+        let contents = (0..messages).map(|i| Content::buf(to.clone(), payload(i, size))).collect();
+        producer.put_batch(contents).await.map(|_| ())
+    };
+    let consume = async {
+        let mut report = DemoReport {
+            sent: messages,
+            received: 0,
+            intact: 0,
+            out_of_order: 0,
+            duplicates: 0,
+            message_bytes: size.max(11),
+            elapsed: Duration::ZERO,
+        };
+        let mut seen = vec![false; messages];
+        let mut last = None;
+        while report.received < messages {
+            let got = consumer.get("orders", 10_000, Duration::from_secs(10)).await?;
+            if got.is_empty() {
+                break;
+            }
+            for m in got {
+                report.received += 1;
+                let Some(i) = index_of(&m.content.payload).filter(|i| *i < messages) else { continue };
+                report.intact += usize::from(m.content.payload == payload(i, size));
+                report.duplicates += usize::from(std::mem::replace(&mut seen[i], true));
+                report.out_of_order += usize::from(last.is_some_and(|l| l > i));
+                last = Some(i);
+            }
+        }
+        Ok::<_, ClientError>(report)
+    };
+    let (produced, consumed) = tokio::join!(produce, consume);
+    produced?;
+    let mut report = consumed?;
+    report.elapsed = started.elapsed();
+    a.shutdown().await;
+    b.shutdown().await;
+    Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn payloads_carry_their_index() {
+        let p = payload(42, 100);
+        assert_eq!(p.len(), 100);
+        assert_eq!(index_of(&p), Some(42));
+        assert_ne!(payload(43, 100), p);
+        assert_eq!(payload(7, 0).len(), 11);
+    }
+}

@@ -1,0 +1,288 @@
+//! The node: its queues, links and store, and the two ways messages enter it — a client
+//! put (origin) and a delivery from a link (destination).
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+use linkbus_plugin_api::registry::{self, BuildContext, Factory};
+use linkbus_plugin_api::{
+    Batch, Content, Lifetime, Message, MessageId, NodeName, PluginError, QueueName, Store, StoreError, Transport,
+};
+use tracing::warn;
+
+use crate::api::protocol::ErrorCode;
+use crate::config::{Config, QueueConfig, QueueOrder};
+use crate::link::LinkHandle;
+use crate::queue::{DEAD_LETTER_QUEUE, DEAD_LETTER_REASON_HEADER, LocalQueue, QueueError};
+
+/// Why a put was refused: a code for programs, a message for people, and how many of the
+/// batch's contents were accepted before the refused one.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct PutError {
+    /// The cause.
+    pub code: ErrorCode,
+    /// Contents accepted before this error.
+    pub accepted: u32,
+    /// What went wrong.
+    pub message: String,
+}
+
+/// Why a node could not start.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StartError {
+    /// A plugin could not be built.
+    #[error(transparent)]
+    Plugin(#[from] PluginError),
+    /// The store failed while recovering.
+    #[error("store: {0}")]
+    Store(#[from] StoreError),
+    /// A socket or file could not be opened.
+    #[error("{what}: {source}")]
+    Io {
+        /// What was being opened.
+        what: String,
+        /// Why it failed.
+        source: std::io::Error,
+    },
+    /// The transport could not listen.
+    #[error(transparent)]
+    Transport(#[from] linkbus_plugin_api::TransportError),
+}
+
+/// The state shared by every task of one node.
+pub struct NodeState {
+    /// The configuration the node runs with.
+    pub config: Config,
+    /// Random id of this run's state (a memory store forgets everything on restart).
+    pub incarnation: u64,
+    /// Where queues live.
+    pub store: Arc<dyn Store>,
+    /// The transport links use.
+    pub transport: Arc<dyn Transport>,
+    /// Local queues, the dead-letter queue included.
+    pub queues: HashMap<QueueName, Arc<LocalQueue>>,
+    /// One link per configured peer.
+    pub links: HashMap<NodeName, Arc<LinkHandle>>,
+    /// Next per-source message sequence number.
+    next_sequence: AtomicU64,
+}
+
+impl std::fmt::Debug for NodeState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NodeState").field("name", &self.config.node.name).finish_non_exhaustive()
+    }
+}
+
+fn build_plugins(config: &Config) -> Result<(Arc<dyn Transport>, Arc<dyn Store>), StartError> {
+    let ctx = BuildContext { node: config.node.name.clone(), data_dir: config.node.data_dir.clone() };
+    let missing = |kind: &str| PluginError { plugin: kind.to_owned(), reason: "not registered".into() };
+    let t = &config.plugins.transport;
+    let transport = match registry::find("transport", &t.kind).map(|e| e.factory) {
+        Some(Factory::Transport(build)) => Arc::from(build(&t.section, &ctx)?),
+        _ => return Err(missing(&t.kind).into()),
+    };
+    let s = &config.plugins.store;
+    let store = match registry::find("store", &s.kind).map(|e| e.factory) {
+        Some(Factory::Store(build)) => Arc::from(build(&s.section, &ctx)?),
+        _ => return Err(missing(&s.kind).into()),
+    };
+    Ok((transport, store))
+}
+
+fn random_u64() -> u64 {
+    let mut bytes = [0u8; 8];
+    // Without OS randomness, the clock still tells runs apart.
+    if getrandom::fill(&mut bytes).is_err() {
+        return crate::clock::unix_ms() ^ u64::from(std::process::id());
+    }
+    u64::from_le_bytes(bytes).max(1)
+}
+
+const META_SPACE: &str = "meta";
+const INCARNATION_KEY: &[u8] = b"incarnation";
+
+fn incarnation(store: &dyn Store) -> Result<u64, StoreError> {
+    if store.durable()
+        && let Some(bytes) = store.get(META_SPACE, INCARNATION_KEY)?
+        && let Ok(raw) = <[u8; 8]>::try_from(&bytes[..])
+    {
+        return Ok(u64::from_be_bytes(raw));
+    }
+    let fresh = random_u64();
+    let mut batch = Batch::new();
+    batch.put(META_SPACE, INCARNATION_KEY, fresh.to_be_bytes().to_vec());
+    store.write(batch, true)?;
+    Ok(fresh)
+}
+
+impl NodeState {
+    /// Builds the plugins, recovers the queues and prepares (but does not start) the links.
+    ///
+    /// # Errors
+    /// [`StartError`] when a plugin or the store fails.
+    pub fn new(config: Config) -> Result<Arc<Self>, StartError> {
+        let (transport, store) = build_plugins(&config)?;
+        let now = Instant::now();
+        let incarnation = incarnation(store.as_ref())?;
+        let mut queues = HashMap::new();
+        let dead_letters = QueueConfig {
+            name: QueueName::new(DEAD_LETTER_QUEUE).expect("valid"),
+            order: QueueOrder::Fifo,
+            queue_messages_max: config.messages.dead_letter_messages_max,
+            message_bytes_max: config.messages.message_bytes_max,
+            reliability: linkbus_plugin_api::Reliability::Volatile,
+        };
+        for q in config.queues.iter().cloned().chain([dead_letters]) {
+            queues.insert(q.name.clone(), Arc::new(LocalQueue::open(q, store.clone(), now)?));
+        }
+        let links = config
+            .peers
+            .iter()
+            .map(|p| (p.name.clone(), Arc::new(LinkHandle::new(p.clone(), config.links.queue_messages_max))))
+            .collect();
+        // Sequence numbers must not repeat across restarts of a node whose store forgets:
+        // start from the clock (microsecond resolution leaves room for 1 M puts a second).
+        let next_sequence = AtomicU64::new(crate::clock::unix_ms().saturating_mul(1000));
+        Ok(Arc::new(Self { config, incarnation, store, transport, queues, links, next_sequence }))
+    }
+
+    /// This node's name.
+    pub fn name(&self) -> &NodeName {
+        &self.config.node.name
+    }
+
+    /// The client socket path.
+    pub fn socket_path(&self) -> PathBuf {
+        self.config.node.client_socket.clone().unwrap_or_else(|| crate::runtime_dir::socket_for(self.name().as_str()))
+    }
+
+    /// Checks a content against this node's limits and topology, without side effects.
+    fn check_content(&self, content: &Content) -> Result<(), (ErrorCode, String)> {
+        content.validate().map_err(|e| (ErrorCode::Invalid, e.to_string()))?;
+        if content.priority.is_system() {
+            return Err((ErrorCode::Invalid, "the system priority is reserved for the node".into()));
+        }
+        let size = content.payload.len() as u64;
+        let max = self.config.messages.message_bytes_max;
+        if size > max {
+            return Err((ErrorCode::TooLarge, format!("payload of {size} bytes is over messages.message_bytes_max {max}")));
+        }
+        for to in &content.recipients {
+            if &to.node == self.name() {
+                let queue = self.queues.get(&to.queue).ok_or_else(|| {
+                    (ErrorCode::UnknownQueue, format!("queue '{}' does not exist on node {}", to.queue, to.node))
+                })?;
+                let max = queue.config().message_bytes_max;
+                if size > max {
+                    let msg = format!("payload of {size} bytes is over queue {to}'s message_bytes_max {max}");
+                    return Err((ErrorCode::TooLarge, msg));
+                }
+            } else if !self.links.contains_key(&to.node) {
+                return Err((ErrorCode::NoRoute, format!("no route to node '{}' (not a configured peer)", to.node)));
+            }
+        }
+        Ok(())
+    }
+
+    /// Accepts a batch of contents from a client, in order: each is checked, stamped with an
+    /// id, and queued locally or on the link to its destination.
+    ///
+    /// # Errors
+    /// [`PutError`] for the first content refused; those before it stay accepted.
+    pub fn put(&self, contents: Vec<Content>) -> Result<(Vec<u64>, u64), PutError> {
+        let created_unix_ms = crate::clock::unix_ms();
+        let now = Instant::now();
+        let mut sequences = Vec::with_capacity(contents.len());
+        for (index, mut content) in contents.into_iter().enumerate() {
+            let fail = |(code, message): (ErrorCode, String)| PutError {
+                code,
+                accepted: index as u32,
+                message: format!("message {}: {message}", index + 1),
+            };
+            self.check_content(&content).map_err(fail)?;
+            if content.lifetime.is_none() {
+                content.lifetime = Some(match self.config.messages.lifetime_default_s {
+                    0 => Lifetime::UNLIMITED,
+                    s => Lifetime::from_secs(s),
+                });
+            }
+            let sequence = self.next_sequence.fetch_add(1, Ordering::Relaxed);
+            let id = MessageId { source: self.name().clone(), sequence, created_unix_ms };
+            let message = Message { id, hop_count: 0, redelivered: false, content };
+            self.dispatch(message, now).map_err(fail)?;
+            sequences.push(sequence);
+        }
+        Ok((sequences, created_unix_ms))
+    }
+
+    /// Queues one accepted message: into local queues for recipients on this node, and once
+    /// onto each link whose node has recipients.
+    fn dispatch(&self, message: Message, now: Instant) -> Result<(), (ErrorCode, String)> {
+        let mut remote: Vec<&NodeName> = Vec::new();
+        for to in &message.content.recipients {
+            if &to.node == self.name() {
+                let queue = self.queues.get(&to.queue).ok_or((ErrorCode::UnknownQueue, to.to_string()))?;
+                queue.push(message.clone(), now).map_err(|e| queue_error(&e))?;
+            } else if !remote.contains(&&to.node) {
+                remote.push(&to.node);
+            }
+        }
+        for node in remote {
+            let link = self.links.get(node).ok_or((ErrorCode::NoRoute, node.to_string()))?;
+            link.enqueue(message.clone(), now).map_err(|e| (ErrorCode::Full, e.to_string()))?;
+        }
+        Ok(())
+    }
+
+    /// Delivers a message that arrived on a link to its recipients on this node; what cannot
+    /// be delivered goes to the dead-letter queue with the reason.
+    ///
+    /// # Errors
+    /// When even the dead-letter queue refuses (full, or store failure): the caller must not
+    /// acknowledge the message.
+    pub fn deliver(&self, message: Message, now: Instant) -> Result<(), QueueError> {
+        let mut delivered_any = false;
+        for to in message.content.recipients.iter().filter(|to| &to.node == self.name()) {
+            delivered_any = true;
+            let result = match self.queues.get(&to.queue) {
+                None => Err(format!("queue '{}' does not exist on node {}", to.queue, to.node)),
+                Some(q) if message.content.payload.len() as u64 > q.config().message_bytes_max => {
+                    Err(format!("payload is over queue {to}'s message_bytes_max"))
+                }
+                Some(q) => match q.push(message.clone(), now) {
+                    Err(QueueError::Full { .. }) => Err(format!("queue {to} is full")),
+                    other => other.map_err(|e| e.to_string()),
+                },
+            };
+            if let Err(reason) = result {
+                self.dead_letter(message.clone(), &reason, now)?;
+            }
+        }
+        if !delivered_any {
+            self.dead_letter(message, &format!("no recipient on node {}", self.name()), now)?;
+        }
+        Ok(())
+    }
+
+    fn dead_letter(&self, mut message: Message, reason: &str, now: Instant) -> Result<(), QueueError> {
+        warn!(id = %message.id, reason, "Message dead-lettered.");
+        if message.content.headers.len() < linkbus_plugin_api::message::HEADERS_MAX {
+            let reason = reason.get(..linkbus_plugin_api::message::HEADER_VALUE_BYTES_MAX).unwrap_or(reason);
+            message.content.headers.push((DEAD_LETTER_REASON_HEADER.into(), reason.to_owned()));
+        }
+        let dlq = self.queues.get(DEAD_LETTER_QUEUE).expect("the dead-letter queue always exists");
+        dlq.push(message, now)
+    }
+}
+
+fn queue_error(e: &QueueError) -> (ErrorCode, String) {
+    match e {
+        QueueError::Full { .. } => (ErrorCode::Full, e.to_string()),
+        QueueError::Store(_) => (ErrorCode::Internal, e.to_string()),
+    }
+}

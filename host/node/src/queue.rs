@@ -1,0 +1,329 @@
+//! Local queues: where delivered messages wait for a client `get`.
+//!
+//! A queue keeps its messages in memory in hand-out order (one FIFO, or one FIFO per
+//! priority level) and writes each through to the store, keyed by an increasing number, so
+//! a durable store recovers it on start. Expired messages are dropped when they reach the
+//! head, never handed out.
+
+use std::collections::VecDeque;
+use std::ops::Bound;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Instant;
+
+use bytes::Bytes;
+use linkbus_plugin_api::message::PRIORITY_LEVEL_MAX;
+use linkbus_plugin_api::{Batch, Lifetime, Message, QueueName, Store, StoreError};
+use linkbus_proto::wire::{decode_message, message_bytes};
+use tokio::sync::Notify;
+
+use crate::config::{QueueConfig, QueueOrder};
+
+/// The dead-letter queue every node has: messages that could not be delivered, with the
+/// reason in the `linkbus.dead_letter_reason` header.
+pub const DEAD_LETTER_QUEUE: &str = "DLQ";
+/// Reserved for node events (a later version fills it).
+pub const EVENT_QUEUE: &str = "EVENT";
+/// Header naming why a message was dead-lettered.
+pub const DEAD_LETTER_REASON_HEADER: &str = "linkbus.dead_letter_reason";
+
+/// Whether `name` belongs to the node rather than to users' configuration.
+pub fn is_reserved(name: &QueueName) -> bool {
+    matches!(name.as_str(), DEAD_LETTER_QUEUE | EVENT_QUEUE)
+}
+
+/// Why a message was not queued.
+#[derive(Debug, thiserror::Error)]
+pub enum QueueError {
+    /// The queue holds `queue_messages_max` messages.
+    #[error("queue '{queue}' is full ({max} messages)")]
+    Full {
+        /// The queue.
+        queue: QueueName,
+        /// Its limit.
+        max: u64,
+    },
+    /// The store failed; the message was not queued.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+struct Entry {
+    key: u64,
+    message: Message,
+    /// When the message entered the queue, to count its residence against its lifetime.
+    enqueued_at: Instant,
+}
+
+struct Levels {
+    /// One FIFO per level; a `fifo` queue has a single level.
+    levels: Vec<VecDeque<Entry>>,
+    len: usize,
+    next_key: u64,
+}
+
+/// One local queue; see the module doc.
+pub struct LocalQueue {
+    config: QueueConfig,
+    space: String,
+    store: Arc<dyn Store>,
+    inner: Mutex<Levels>,
+    /// Woken on every push, for waiting gets.
+    notify: Notify,
+}
+
+impl std::fmt::Debug for LocalQueue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LocalQueue").field("name", &self.config.name).field("len", &self.len()).finish()
+    }
+}
+
+/// What a pop found.
+#[derive(Debug, Default)]
+pub struct Popped {
+    /// Messages handed out, with their remaining lifetime updated.
+    pub messages: Vec<Message>,
+    /// Messages dropped because their lifetime ran out.
+    pub expired: usize,
+}
+
+impl LocalQueue {
+    /// Opens the queue, recovering what `store` holds for it.
+    ///
+    /// # Errors
+    /// [`StoreError`] when the store cannot be read; a stored record that does not decode
+    /// is reported as a backend error naming the queue and key (never silently skipped).
+    pub fn open(config: QueueConfig, store: Arc<dyn Store>, now: Instant) -> Result<Self, StoreError> {
+        let level_count = match config.order {
+            QueueOrder::Fifo => 1,
+            QueueOrder::Priority => PRIORITY_LEVEL_MAX as usize + 2,
+        };
+        let space = format!("q.{}", config.name);
+        let mut levels = Levels { levels: (0..level_count).map(|_| VecDeque::new()).collect(), len: 0, next_key: 1 };
+        let stored = store.scan(&space, Bound::Unbounded, Bound::Unbounded, usize::MAX)?;
+        for (key, value) in stored {
+            let key = key_number(&key).ok_or_else(|| corrupt(&space, &key, "bad key"))?;
+            let message = decode_message(value).map_err(|e| corrupt(&space, &key.to_be_bytes(), &e.to_string()))?;
+            levels.next_key = key + 1;
+            push_entry(&mut levels, config.order, Entry { key, message, enqueued_at: now });
+        }
+        Ok(Self { config, space, store, inner: Mutex::new(levels), notify: Notify::new() })
+    }
+
+    /// The queue's configuration.
+    pub fn config(&self) -> &QueueConfig {
+        &self.config
+    }
+
+    /// Messages waiting.
+    pub fn len(&self) -> usize {
+        self.lock().len
+    }
+
+    /// Whether nothing waits.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Levels> {
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Queues `message`, stored before it becomes visible.
+    ///
+    /// # Errors
+    /// [`QueueError::Full`] at `queue_messages_max`; [`QueueError::Store`] when the store fails.
+    pub fn push(&self, message: Message, now: Instant) -> Result<(), QueueError> {
+        self.push_bounded(message, now, self.config.queue_messages_max)
+    }
+
+    /// Like [`LocalQueue::push`] with an explicit limit (the dead-letter queue's).
+    ///
+    /// # Errors
+    /// As [`LocalQueue::push`].
+    pub fn push_bounded(&self, message: Message, now: Instant, max: u64) -> Result<(), QueueError> {
+        let mut levels = self.lock();
+        if levels.len as u64 >= max {
+            return Err(QueueError::Full { queue: self.config.name.clone(), max });
+        }
+        let key = levels.next_key;
+        let mut batch = Batch::new();
+        batch.put(&self.space, Bytes::copy_from_slice(&key.to_be_bytes()), message_bytes(&message));
+        // Under the lock, so the store's order of puts and deletes matches the queue's.
+        self.store.write(batch, false)?;
+        levels.next_key += 1;
+        push_entry(&mut levels, self.config.order, Entry { key, message, enqueued_at: now });
+        drop(levels);
+        self.notify.notify_waiters();
+        Ok(())
+    }
+
+    /// Takes up to `count_max` messages (stopping before the total payload passes
+    /// `bytes_max`, but always taking at least one), dropping expired ones on the way.
+    ///
+    /// # Errors
+    /// [`StoreError`] when removing them from the store fails (they stay queued then).
+    pub fn pop(&self, count_max: usize, bytes_max: usize, now: Instant) -> Result<Popped, StoreError> {
+        let mut levels = self.lock();
+        let mut popped = Popped::default();
+        let mut taken: Vec<Entry> = Vec::new();
+        let mut bytes = 0usize;
+        let mut batch = Batch::new();
+        while popped.messages.len() < count_max {
+            let Some(level) = levels.levels.iter_mut().rev().find(|l| !l.is_empty()) else { break };
+            let Some(front) = level.front() else { break };
+            let size = front.message.content.payload.len();
+            if !popped.messages.is_empty() && bytes + size > bytes_max {
+                break;
+            }
+            let Some(entry) = level.pop_front() else { break };
+            batch.delete(&self.space, Bytes::copy_from_slice(&entry.key.to_be_bytes()));
+            let elapsed = now.saturating_duration_since(entry.enqueued_at).as_millis() as u64;
+            match entry.message.content.lifetime.unwrap_or(Lifetime::UNLIMITED).after(elapsed) {
+                None => popped.expired += 1,
+                Some(left) => {
+                    bytes += size;
+                    let mut message = entry.message.clone();
+                    message.content.lifetime = Some(left);
+                    popped.messages.push(message);
+                }
+            }
+            taken.push(entry);
+        }
+        if let Err(e) = self.store.write(batch, false) {
+            for entry in taken.into_iter().rev() {
+                unpop_entry(&mut levels, self.config.order, entry);
+            }
+            return Err(e);
+        }
+        levels.len -= taken.len();
+        Ok(popped)
+    }
+
+    /// Waits until a push happens (or `deadline` passes); callers re-check with `pop`.
+    pub async fn wait(&self, deadline: tokio::time::Instant) {
+        let notified = self.notify.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        if !self.is_empty() {
+            return;
+        }
+        let _ = tokio::time::timeout_at(deadline, notified).await;
+    }
+}
+
+fn level_of(order: QueueOrder, message: &Message) -> usize {
+    match order {
+        QueueOrder::Fifo => 0,
+        QueueOrder::Priority => message.content.priority.code() as usize,
+    }
+}
+
+fn push_entry(levels: &mut Levels, order: QueueOrder, entry: Entry) {
+    let level = level_of(order, &entry.message);
+    if let Some(l) = levels.levels.get_mut(level) {
+        l.push_back(entry);
+        levels.len += 1;
+    }
+}
+
+fn unpop_entry(levels: &mut Levels, order: QueueOrder, entry: Entry) {
+    let level = level_of(order, &entry.message);
+    if let Some(l) = levels.levels.get_mut(level) {
+        l.push_front(entry);
+    }
+}
+
+fn key_number(key: &[u8]) -> Option<u64> {
+    Some(u64::from_be_bytes(key.try_into().ok()?))
+}
+
+fn corrupt(space: &str, key: &[u8], why: &str) -> StoreError {
+    StoreError::Backend { op: "recover", reason: format!("corrupt record in {space} at key {key:02x?}: {why}") }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use linkbus_plugin_api::{Content, MessageId, NodeName, Priority, Reliability};
+    use linkbus_store_memory::MemoryStore;
+    use std::time::Duration;
+
+    fn queue(order: QueueOrder, max: u64, store: Arc<dyn Store>) -> LocalQueue {
+        let config = QueueConfig {
+            name: QueueName::new("q").unwrap(),
+            order,
+            queue_messages_max: max,
+            message_bytes_max: 1024,
+            reliability: Reliability::Volatile,
+        };
+        LocalQueue::open(config, store, Instant::now()).unwrap()
+    }
+
+    fn message(n: u64, priority: u8, lifetime_ms: u64) -> Message {
+        let content = Content::buf("A:q".parse().unwrap(), n.to_string())
+            .with_priority(Priority::level(priority).unwrap())
+            .with_lifetime(Lifetime::from_ms(lifetime_ms));
+        Message {
+            id: MessageId { source: NodeName::new("A").unwrap(), sequence: n, created_unix_ms: 0 },
+            hop_count: 0,
+            redelivered: false,
+            content,
+        }
+    }
+
+    fn sequences(p: &Popped) -> Vec<u64> {
+        p.messages.iter().map(|m| m.id.sequence).collect()
+    }
+
+    #[test]
+    fn priority_order_and_fifo_within_a_level() {
+        let q = queue(QueueOrder::Priority, 10, Arc::new(MemoryStore::new()));
+        let now = Instant::now();
+        for (n, p) in [(1, 1), (2, 9), (3, 1), (4, 9), (5, 4)] {
+            q.push(message(n, p, 60_000), now).unwrap();
+        }
+        assert_eq!(sequences(&q.pop(10, usize::MAX, now).unwrap()), [2, 4, 5, 1, 3]);
+        let f = queue(QueueOrder::Fifo, 10, Arc::new(MemoryStore::new()));
+        for (n, p) in [(1, 1), (2, 9), (3, 1)] {
+            f.push(message(n, p, 60_000), now).unwrap();
+        }
+        assert_eq!(sequences(&f.pop(10, usize::MAX, now).unwrap()), [1, 2, 3]);
+    }
+
+    #[test]
+    fn full_queue_refuses_and_expired_messages_are_dropped() {
+        let q = queue(QueueOrder::Fifo, 2, Arc::new(MemoryStore::new()));
+        let now = Instant::now();
+        q.push(message(1, 4, 100), now).unwrap();
+        q.push(message(2, 4, 60_000), now).unwrap();
+        assert!(matches!(q.push(message(3, 4, 100), now), Err(QueueError::Full { max: 2, .. })));
+        let popped = q.pop(10, usize::MAX, now + Duration::from_millis(500)).unwrap();
+        assert_eq!((sequences(&popped), popped.expired), (vec![2], 1));
+        assert_eq!(popped.messages[0].content.lifetime, Some(Lifetime::from_ms(59_500)));
+        assert!(q.is_empty());
+    }
+
+    #[test]
+    fn messages_are_written_through_and_recovered() {
+        let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+        let now = Instant::now();
+        let q = queue(QueueOrder::Fifo, 10, store.clone());
+        for n in 1..=3 {
+            q.push(message(n, 4, 60_000), now).unwrap();
+        }
+        assert_eq!(sequences(&q.pop(1, usize::MAX, now).unwrap()), [1]);
+        let reopened = queue(QueueOrder::Fifo, 10, store);
+        assert_eq!(sequences(&reopened.pop(10, usize::MAX, now).unwrap()), [2, 3]);
+    }
+
+    #[test]
+    fn pop_respects_the_byte_budget_but_always_takes_one() {
+        let q = queue(QueueOrder::Fifo, 10, Arc::new(MemoryStore::new()));
+        let now = Instant::now();
+        for n in 10..13 {
+            q.push(message(n, 4, 60_000), now).unwrap();
+        }
+        assert_eq!(sequences(&q.pop(10, 1, now).unwrap()), [10]);
+        assert_eq!(sequences(&q.pop(10, 4, now).unwrap()), [11, 12]);
+    }
+}
