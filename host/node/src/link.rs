@@ -307,13 +307,12 @@ impl Link {
         if self.active.take().is_none() {
             return;
         }
-        if self.session.is_established() {
+        if self.handle.up.swap(false, Ordering::Relaxed) {
             info!(peer = self.peer(), reason, "Link down.");
         } else {
             debug!(peer = self.peer(), reason, "Connection closed.");
         }
         self.session.handle_disconnected();
-        self.handle.up.store(false, Ordering::Relaxed);
         if self.handle.peer.address.is_some() {
             self.next_dial = Some(tokio::time::Instant::now() + self.backoff.take());
         }

@@ -10,7 +10,8 @@ fn main() -> ExitCode {
     let args = Cli::parse();
     let default_level = if matches!(args.command, Command::Node(_)) { "info" } else { "warn" };
     let filter = args.log.as_deref().map_or_else(|| EnvFilter::new(default_level), EnvFilter::new);
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    tracing_subscriber::fmt().with_env_filter(filter).with_ansi(ansi).with_writer(std::io::stderr).init();
     if let Command::Config(ConfigCommand::Check { files }) = &args.command {
         return cli::config_check(files);
     }

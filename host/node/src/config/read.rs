@@ -157,7 +157,9 @@ pub fn from_value(tree: &ConfigValue) -> Result<Config, ConfigErrors> {
         let links = read_links(&root);
         let plugins = read_plugins(&root);
         root.finish();
-        let config = Config { node: node?, peers, queues, messages, links, plugins: plugins? };
+        // Invalid parts were reported and replaced by defaults, so the relations between the
+        // valid parts are still checked and every error comes out at once.
+        let config = Config { node, peers, queues, messages, links, plugins };
         check_relations(&config, &diag);
         Some(config)
     });
@@ -165,9 +167,9 @@ pub fn from_value(tree: &ConfigValue) -> Result<Config, ConfigErrors> {
     config.ok_or_else(|| one_issue("", "configuration is invalid"))
 }
 
-fn read_node(root: &Section<'_>) -> Option<NodeSettings> {
-    let s = root.section("node")?;
+fn read_node(root: &Section<'_>) -> NodeSettings {
     let d = NodeSettings::default();
+    let Some(s) = root.section("node") else { return d };
     let name = s.required("name", |s, k| s.parsed::<NodeName>(k));
     let listen = match s.get("listen") {
         None => d.listen,
@@ -177,7 +179,7 @@ fn read_node(root: &Section<'_>) -> Option<NodeSettings> {
     let client_socket = s.string("client_socket").map(PathBuf::from);
     let data_dir = s.string("data_dir").map_or(d.data_dir, PathBuf::from);
     s.finish();
-    Some(NodeSettings { name: name?, listen, client_socket, data_dir })
+    NodeSettings { name: name.unwrap_or(d.name), listen, client_socket, data_dir }
 }
 
 fn read_peers(root: &Section<'_>) -> Vec<PeerConfig> {
@@ -259,13 +261,13 @@ fn read_links(root: &Section<'_>) -> LinkSettings {
     settings
 }
 
-fn read_plugins(root: &Section<'_>) -> Option<PluginSettings> {
-    let s = root.section("plugins")?;
+fn read_plugins(root: &Section<'_>) -> PluginSettings {
     let d = PluginSettings::default();
-    let transport = read_choice(&s, "transport", d.transport);
-    let store = read_choice(&s, "store", d.store);
+    let Some(s) = root.section("plugins") else { return d };
+    let transport = read_choice(&s, "transport", d.transport.clone()).unwrap_or(d.transport);
+    let store = read_choice(&s, "store", d.store.clone()).unwrap_or(d.store);
     s.finish();
-    Some(PluginSettings { transport: transport?, store: store? })
+    PluginSettings { transport, store }
 }
 
 fn read_choice(plugins: &Section<'_>, point: &'static str, default: PluginChoice) -> Option<PluginChoice> {

@@ -1,1 +1,151 @@
-//! Tests of the configuration reader.
+//! The configuration reader: defaults, the commented example, overrides, and every kind of
+//! bad input reported at once with its path.
+
+use super::*;
+
+fn load(text: &str) -> Result<Config, ConfigErrors> {
+    from_value(&parse_yaml(text)?)
+}
+
+fn messages(text: &str) -> Vec<String> {
+    load(text).unwrap_err().0.iter().map(ToString::to_string).collect()
+}
+
+#[test]
+fn the_commented_example_equals_the_defaults() {
+    let text = include_str!("../../../../../examples/config/node.yaml");
+    let example = load(text).unwrap();
+    assert_eq!(example, Config::defaults_for(NodeName::new("A").unwrap()));
+}
+
+#[test]
+fn a_name_is_all_a_node_needs() {
+    let config = load("node: { name: A }").unwrap();
+    assert_eq!(config, Config::defaults_for(NodeName::new("A").unwrap()));
+}
+
+#[test]
+fn every_error_is_reported_at_once_with_its_path() {
+    let errors = messages(
+        "
+node: { name: 1bad, listen: 'localhost' }
+peers:
+  - { name: B, address: 'nope' }
+  - { name: B, address: 127.0.0.1:1 }
+queues:
+  - { name: a }
+  - { name: b, order: lifo }
+  - { name: a, colour: red }
+links: { ping_interval_ms: 0 }
+typo: 1
+",
+    );
+    let expected = [
+        "node.name: node name '1bad' must start with a letter",
+        "peers[1].name: peer 'B' is listed twice",
+        "queues[1].order: unknown order 'lifo'; expected fifo or priority",
+        "queues[2].colour: unknown key",
+        "queues[2].name: queue 'a' is declared twice",
+        "links.ping_interval_ms: 0 is out of range",
+        "typo: unknown key",
+    ];
+    for e in expected {
+        assert!(errors.iter().any(|m| m.starts_with(e)), "missing '{e}' in {errors:#?}");
+    }
+}
+
+#[test]
+fn addresses_and_relations_are_checked() {
+    let errors = messages(
+        "
+node: { name: A, listen: 'localhost' }
+peers: [ { name: B, address: 'nope' }, { name: A } ]
+messages: { message_bytes_max: 100000000 }
+",
+    );
+    for e in [
+        "peers[0].address: bad address 'nope'",
+        "peers[1].name: 'A' is this node's own name",
+        "links.frame_bytes_max: 4325376 is too small",
+        "node.listen: bad address 'localhost'",
+    ] {
+        assert!(errors.iter().any(|m| m.starts_with(e)), "missing '{e}' in {errors:#?}");
+    }
+}
+
+#[test]
+fn bad_yaml_and_wrong_types_are_explained() {
+    let syntax = messages("node: { name: [unclosed");
+    assert!(syntax[0].contains("line"), "{syntax:?}");
+    let strict = messages("node: { name: A }\npeers: [ { name: B, permanent: yes } ]");
+    assert_eq!(strict, ["peers[0].permanent: expected true or false, found a string"]);
+    let types = messages("node: []\nqueues: 3");
+    assert!(types.contains(&"node: expected a mapping, found a list".to_owned()), "{types:?}");
+    assert!(types.contains(&"queues: expected a list, found an integer".to_owned()), "{types:?}");
+    assert_eq!(messages("node: { name: A }\nnode: { name: B }").len(), 1, "duplicate keys are refused");
+    assert_eq!(messages(""), ["node.name: is required"]);
+}
+
+#[test]
+fn unknown_plugins_are_named_with_the_alternatives() {
+    let errors = messages("node: { name: A }\nplugins: { store: { kind: rocks } }");
+    assert_eq!(errors, ["plugins.store.kind: no store plugin named 'rocks'; available: memory"]);
+    let errors = messages("node: { name: A }\nplugins: { transport: { kind: tcp, nagle: on } }");
+    assert!(errors[0].starts_with("plugins.transport.nagle: unknown key"), "{errors:?}");
+}
+
+#[test]
+fn reserved_queue_names_are_refused() {
+    assert_eq!(messages("node: { name: A }\nqueues: [ { name: DLQ } ]"), [
+        "queues[0].name: queue name 'DLQ' is reserved for the node"
+    ]);
+}
+
+#[test]
+fn overrides_build_a_config_without_a_file() {
+    let overrides = Overrides {
+        name: Some("A".into()),
+        listen: Some("127.0.0.1:7401".into()),
+        peers: vec!["B=127.0.0.1:7402".into(), "C".into()],
+        queues: vec!["orders".into(), "audit:fifo".into()],
+        data_dir: Some("/var/lib/x".into()),
+        client_socket: None,
+    };
+    let mut tree = ConfigValue::Null;
+    apply_overrides(&mut tree, &overrides);
+    let c = from_value(&tree).unwrap();
+    assert_eq!(c.node.listen.as_deref(), Some("127.0.0.1:7401"));
+    assert_eq!(c.peers.len(), 2);
+    assert_eq!(c.peers[0].address.as_deref(), Some("127.0.0.1:7402"));
+    assert_eq!(c.peers[1].address, None);
+    assert_eq!(c.queues[1].order, QueueOrder::Fifo);
+    assert_eq!(c.node.data_dir, PathBuf::from("/var/lib/x"));
+}
+
+#[test]
+fn overrides_replace_values_from_the_file() {
+    let mut tree = parse_yaml(
+        "node: { name: A, listen: 127.0.0.1:1 }\npeers: [ { name: B, address: 127.0.0.1:2 } ]\nqueues: [ { name: q, order: fifo } ]",
+    )
+    .unwrap();
+    let overrides = Overrides {
+        listen: Some("127.0.0.1:3".into()),
+        peers: vec!["B=127.0.0.1:4".into()],
+        queues: vec!["q:priority".into()],
+        ..Overrides::default()
+    };
+    apply_overrides(&mut tree, &overrides);
+    let c = from_value(&tree).unwrap();
+    assert_eq!(c.node.listen.as_deref(), Some("127.0.0.1:3"));
+    assert_eq!(c.peers.len(), 1);
+    assert_eq!(c.peers[0].address.as_deref(), Some("127.0.0.1:4"));
+    assert_eq!(c.queues[0].order, QueueOrder::Priority);
+}
+
+#[test]
+fn a_bad_override_is_reported_like_a_bad_key() {
+    let mut tree = ConfigValue::Null;
+    apply_overrides(&mut tree, &Overrides { name: Some("A".into()), peers: vec!["B=x:y".into()], ..Overrides::default() });
+    let errors = from_value(&tree).unwrap_err();
+    assert_eq!(errors.0[0].path, "peers[0].address");
+}

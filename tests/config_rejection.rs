@@ -1,0 +1,61 @@
+//! `linkbus config check` reports every error of a file at once, each with its YAML path,
+//! and `linkbus node run` refuses to start with the same report.
+
+mod support;
+
+use support::{Scratch, stderr, stdout};
+
+const BAD: &str = "
+node: { name: this_name_is_far_too_long, listen: 127.0.0.1:0 }
+peers:
+  - { name: B, address: 'not an address' }
+queues:
+  - { name: orders }
+  - { name: orders, order: sideways }
+  - { nmae: typo }
+colour: blue
+";
+
+#[test]
+fn every_error_is_reported_and_the_node_refuses_to_start() {
+    let s = Scratch::new();
+    let bad = s.write("bad.yaml", BAD);
+    let check = s.run(&["config", "check", bad.to_str().unwrap()]);
+    assert!(!check.status.success(), "config check fails");
+    let report = stdout(&check);
+    for expected in [
+        "node.name: node name 'this_name_is_far_too_long' is 25 characters long, at most 20 are allowed",
+        "peers[0].address: bad address 'not an address'",
+        "queues[1].order: unknown order 'sideways'",
+        "queues[1].name: queue 'orders' is declared twice",
+        "queues[2].nmae: unknown key",
+        "queues[2].name: is required",
+        "colour: unknown key",
+    ] {
+        assert!(report.contains(expected), "missing '{expected}' in:\n{report}");
+    }
+    let run = s.run(&["node", "run", "-c", bad.to_str().unwrap()]);
+    assert!(!run.status.success(), "the node refuses to start");
+    for line in report.lines().skip(1) {
+        assert!(stderr(&run).contains(line.trim()), "node run reports '{line}':\n{}", stderr(&run));
+    }
+}
+
+#[test]
+fn a_good_file_passes_and_syntax_errors_name_the_line() {
+    let s = Scratch::new();
+    let good = s.write("good.yaml", "node: { name: A }\nqueues: [ { name: orders } ]\n");
+    let example = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/config/node.yaml");
+    let check = s.run(&["config", "check", good.to_str().unwrap(), example]);
+    assert!(check.status.success(), "{}", stdout(&check));
+    assert!(stdout(&check).contains("ok (node A, 0 peers, 1 queues)"), "{}", stdout(&check));
+
+    let broken = s.write("broken.yaml", "node:\n  name: A\n  listen: [unclosed\n");
+    let check = s.run(&["config", "check", broken.to_str().unwrap()]);
+    assert!(!check.status.success());
+    assert!(stdout(&check).contains("line 3"), "{}", stdout(&check));
+
+    let missing = s.run(&["config", "check", "/nonexistent/linkbus.yaml"]);
+    assert!(!missing.status.success());
+    assert!(stdout(&missing).contains("cannot read"), "{}", stdout(&missing));
+}

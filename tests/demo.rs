@@ -1,0 +1,16 @@
+//! The newcomer's first command: `linkbus demo` delivers 10,000 messages intact and exits 0.
+
+mod support;
+
+use support::{Scratch, stderr, stdout};
+
+#[test]
+fn demo_delivers_every_message_intact() {
+    let s = Scratch::new();
+    let out = s.run(&["demo", "--messages", "10000"]);
+    assert!(out.status.success(), "{}\n{}", stdout(&out), stderr(&out));
+    let text = stdout(&out);
+    assert!(text.contains("sent      10000 buffer messages"), "{text}");
+    assert!(text.contains("received  10000 (10000 intact, 0 out of order, 0 duplicates, 0 missing)"), "{text}");
+    assert!(text.contains("messages/s"), "{text}");
+}

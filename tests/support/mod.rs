@@ -1,0 +1,236 @@
+//! Shared harness for integration tests: real `linkbus` processes on 127.0.0.1 with
+//! ephemeral ports, a scratch directory per test (configs, data, runtime directory with the
+//! client sockets), bounded waits, and CLI invocations against those nodes.
+//!
+//! Every process a test starts is killed when its handle drops, so a failing test leaves
+//! nothing running.
+#![allow(dead_code, unreachable_pub)]
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+/// The `linkbus` binary, built once per test process (a no-op when it is up to date).
+pub fn linkbus_bin() -> &'static Path {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let status = Command::new(cargo)
+            .args(["build", "--quiet", "-p", "linkbus-host", "--bin", "linkbus"])
+            .current_dir(root)
+            .status()
+            .expect("cargo runs");
+        assert!(status.success(), "building the linkbus binary failed");
+        let target = std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), PathBuf::from);
+        let bin = target.join("debug").join("linkbus");
+        assert!(bin.exists(), "{} missing after build", bin.display());
+        bin
+    })
+}
+
+/// A scratch directory for one test, holding configs, data and the runtime directory.
+pub struct Scratch {
+    dir: tempfile::TempDir,
+}
+
+impl Scratch {
+    /// A fresh, empty scratch directory.
+    pub fn new() -> Self {
+        Self { dir: tempfile::tempdir().expect("tempdir") }
+    }
+
+    /// Its path.
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// The runtime directory clients use to find nodes by name.
+    pub fn runtime_dir(&self) -> PathBuf {
+        self.path().join("run")
+    }
+
+    /// Writes a file and returns its path.
+    pub fn write(&self, name: &str, text: &str) -> PathBuf {
+        let path = self.path().join(name);
+        std::fs::write(&path, text).expect("write file");
+        path
+    }
+
+    /// A `linkbus` command with this scratch's runtime directory.
+    pub fn command(&self, args: &[&str]) -> Command {
+        let mut cmd = Command::new(linkbus_bin());
+        cmd.args(args).env("LINKBUS_RUNTIME_DIR", self.runtime_dir()).env_remove("LINKBUS_LOG");
+        cmd
+    }
+
+    /// Runs `linkbus ARGS` to completion (bounded by `timeout`), with `stdin` as input.
+    pub fn run_with_input(&self, args: &[&str], stdin: &[u8], timeout: Duration) -> Output {
+        let mut child = self
+            .command(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn linkbus");
+        let mut input = child.stdin.take().expect("stdin");
+        let data = stdin.to_vec();
+        let writer = std::thread::spawn(move || {
+            use std::io::Write;
+            let _ = input.write_all(&data);
+        });
+        let output = wait_bounded(child, timeout);
+        let _ = writer.join();
+        output
+    }
+
+    /// Runs `linkbus ARGS` to completion, bounded by 30 s.
+    pub fn run(&self, args: &[&str]) -> Output {
+        self.run_with_input(args, b"", Duration::from_secs(30))
+    }
+
+    /// Starts `linkbus node run ARGS` and waits until its client socket answers.
+    pub fn start_node(&self, name: &str, args: &[&str]) -> NodeProcess {
+        let log = self.path().join(format!("{name}.log"));
+        let log_file = std::fs::OpenOptions::new().create(true).append(true).open(&log).expect("log file");
+        let mut full = vec!["node", "run"];
+        full.extend_from_slice(args);
+        let child = self
+            .command(&full)
+            .env("LINKBUS_LOG", "info,linkbus_host=debug")
+            .stdout(Stdio::null())
+            .stderr(log_file)
+            .spawn()
+            .expect("spawn node");
+        let mut node = NodeProcess { child: Some(child), name: name.to_owned(), log, socket: self.runtime_dir().join(format!("{name}.sock")) };
+        node.wait_ready();
+        node
+    }
+}
+
+fn wait_bounded(mut child: Child, timeout: Duration) -> Output {
+    // Drain both pipes while waiting, or a chatty child blocks on a full pipe.
+    fn drain(pipe: Option<impl Read + Send + 'static>) -> std::thread::JoinHandle<Vec<u8>> {
+        std::thread::spawn(move || {
+            let mut bytes = Vec::new();
+            if let Some(mut pipe) = pipe {
+                let _ = pipe.read_to_end(&mut bytes);
+            }
+            bytes
+        })
+    }
+    let out = drain(child.stdout.take());
+    let err = drain(child.stderr.take());
+    let deadline = Instant::now() + timeout;
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            let stderr = err.join().unwrap_or_default();
+            panic!("command timed out after {timeout:?}; stderr: {}", String::from_utf8_lossy(&stderr));
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    Output { status, stdout: out.join().unwrap_or_default(), stderr: err.join().unwrap_or_default() }
+}
+
+/// A running node process; killed on drop.
+pub struct NodeProcess {
+    child: Option<Child>,
+    /// The node's name.
+    pub name: String,
+    /// Its log (stderr).
+    pub log: PathBuf,
+    /// Its client socket.
+    pub socket: PathBuf,
+}
+
+impl NodeProcess {
+    fn wait_ready(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline {
+            if self.log_text().contains("Node started.") && std::os::unix::net::UnixStream::connect(&self.socket).is_ok() {
+                return;
+            }
+            if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+                panic!("node {} exited with {status} during start:\n{}", self.name, self.log_text());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!("node {} did not start within 20 s:\n{}", self.name, self.log_text());
+    }
+
+    /// Everything the node logged so far.
+    pub fn log_text(&self) -> String {
+        let mut text = String::new();
+        if let Ok(mut f) = std::fs::File::open(&self.log) {
+            let _ = f.read_to_string(&mut text);
+        }
+        text
+    }
+
+    /// The link address the node listens on, read from its start line.
+    pub fn listen_address(&self) -> String {
+        let text = self.log_text();
+        let line = text.lines().rev().find(|l| l.contains("Node started.")).expect("start line");
+        let field = line.split_whitespace().find_map(|w| w.strip_prefix("listen=")).expect("listen field");
+        field.trim_matches('"').to_owned()
+    }
+
+    /// Waits (bounded) until the log contains `needle` `count` times.
+    pub fn wait_for_log(&self, needle: &str, count: usize, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if self.log_text().matches(needle).count() >= count {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!("node {}: '{needle}' not logged {count} times within {timeout:?}:\n{}", self.name, self.log_text());
+    }
+
+    /// Sends SIGTERM and waits (bounded) for a clean exit; returns whether it exited 0.
+    pub fn stop(&mut self) -> bool {
+        let Some(mut child) = self.child.take() else { return false };
+        let _ = Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = child.try_wait() {
+                return status.success();
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        false
+    }
+
+    /// Kills the process with SIGKILL.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for NodeProcess {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Standard output as text.
+pub fn stdout(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+/// Standard error as text.
+pub fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
