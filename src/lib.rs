@@ -17,5 +17,7 @@
 
 pub use linkbus_host::{Client, ClientError, Config, Node, StartError, client, config};
 pub use linkbus_plugin_api as plugin_api;
-pub use linkbus_plugin_api::{Address, Content, Message, MessageId, NodeName, Priority, QueueName, Reliability};
+pub use linkbus_plugin_api::{
+    Address, Content, Message, MessageId, NodeName, Priority, QueueName, Reliability,
+};
 pub use linkbus_proto as proto;

@@ -11,6 +11,9 @@ fn demo_delivers_every_message_intact() {
     assert!(out.status.success(), "{}\n{}", stdout(&out), stderr(&out));
     let text = stdout(&out);
     assert!(text.contains("sent      10000 buffer messages"), "{text}");
-    assert!(text.contains("received  10000 (10000 intact, 0 out of order, 0 duplicates, 0 missing)"), "{text}");
+    assert!(
+        text.contains("received  10000 (10000 intact, 0 out of order, 0 duplicates, 0 missing)"),
+        "{text}"
+    );
     assert!(text.contains("messages/s"), "{text}");
 }

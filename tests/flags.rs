@@ -11,15 +11,44 @@ use support::{Scratch, stderr, stdout};
 fn nodes_run_from_flags_and_clients_find_them() {
     let s = Scratch::new();
     let b_data = s.path().join("b-data");
-    let b = s.start_node("B", &["--name", "B", "--listen", "127.0.0.1:0", "--peer", "A", "--queue", "orders:fifo", "--data-dir", b_data.to_str().unwrap()]);
+    let b = s.start_node(
+        "B",
+        &[
+            "--name",
+            "B",
+            "--listen",
+            "127.0.0.1:0",
+            "--peer",
+            "A",
+            "--queue",
+            "orders:fifo",
+            "--data-dir",
+            b_data.to_str().unwrap(),
+        ],
+    );
     let a_data = s.path().join("a-data");
     let peer = format!("B={}", b.listen_address());
-    let a = s.start_node("A", &["--name", "A", "--listen", "127.0.0.1:0", "--peer", &peer, "--queue", "orders", "--data-dir", a_data.to_str().unwrap()]);
+    let a = s.start_node(
+        "A",
+        &[
+            "--name",
+            "A",
+            "--listen",
+            "127.0.0.1:0",
+            "--peer",
+            &peer,
+            "--queue",
+            "orders",
+            "--data-dir",
+            a_data.to_str().unwrap(),
+        ],
+    );
     a.wait_for_log("Link up.", 1, Duration::from_secs(10));
     assert!(s.runtime_dir().join("A.sock").exists(), "the socket is in the runtime directory");
 
     // A recipient list: one copy to B:orders, one to A's own orders queue.
-    let put = s.run(&["put", "--node", "A", "--to", "B:orders", "--to", "A:orders", "--priority", "7", "fan-out"]);
+    let put =
+        s.run(&["put", "--node", "A", "--to", "B:orders", "--to", "A:orders", "--priority", "7", "fan-out"]);
     assert!(put.status.success(), "{}", stderr(&put));
     let socket = b.socket.to_str().unwrap().to_owned();
     let get_b = s.run(&["get", "--socket", &socket, "orders", "--wait", "5s"]);

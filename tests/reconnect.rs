@@ -33,7 +33,11 @@ fn messages_put_while_the_peer_is_down_arrive_when_it_returns() {
     let short = s.run(&["put", "--node", "A", "--to", "B:orders", "--lifetime", "200ms", "expires"]);
     assert!(short.status.success(), "{}", stderr(&short));
     let lines: String = (0..500).map(|i| format!("while down {i}\n")).collect();
-    let put = s.run_with_input(&["put", "--node", "A", "--to", "B:orders", "-"], lines.as_bytes(), Duration::from_secs(30));
+    let put = s.run_with_input(
+        &["put", "--node", "A", "--to", "B:orders", "-"],
+        lines.as_bytes(),
+        Duration::from_secs(30),
+    );
     assert!(put.status.success(), "A accepts while B is down: {}", stderr(&put));
     // Let the short lifetime run out and A's dialer fail a few times.
     std::thread::sleep(Duration::from_millis(600));

@@ -15,7 +15,10 @@ fn start_pair(s: &Scratch) -> (support::NodeProcess, support::NodeProcess) {
     let b = s.start_node("B", &["-c", b_config.to_str().unwrap()]);
     let a_config = s.write(
         "a.yaml",
-        &format!("node: {{ name: A, listen: 127.0.0.1:0 }}\npeers: [ {{ name: B, address: '{}' }} ]\n", b.listen_address()),
+        &format!(
+            "node: {{ name: A, listen: 127.0.0.1:0 }}\npeers: [ {{ name: B, address: '{}' }} ]\n",
+            b.listen_address()
+        ),
     );
     let a = s.start_node("A", &["-c", a_config.to_str().unwrap()]);
     (a, b)
@@ -38,7 +41,11 @@ fn console_producer_and_consumer_keep_order() {
     let s = Scratch::new();
     let (_a, _b) = start_pair(&s);
     let lines: String = (0..20_000).map(|i| format!("line {i}\n")).collect();
-    let put = s.run_with_input(&["put", "--node", "A", "--to", "B:orders", "-"], lines.as_bytes(), Duration::from_secs(60));
+    let put = s.run_with_input(
+        &["put", "--node", "A", "--to", "B:orders", "-"],
+        lines.as_bytes(),
+        Duration::from_secs(60),
+    );
     assert!(put.status.success(), "{}", stderr(&put));
     assert!(stderr(&put).contains("put 20000 messages"), "{}", stderr(&put));
     let get = s.run(&["get", "--node", "B", "orders", "--count", "20000", "--wait", "20s"]);

@@ -32,5 +32,10 @@ pub trait Compressor: Send + Sync {
     ///
     /// # Errors
     /// [`CodecError::OutputTooLarge`] past the limit, [`CodecError::Corrupt`] on bad input.
-    fn decompress(&self, input: &[u8], output: &mut Vec<u8>, output_bytes_max: usize) -> Result<(), CodecError>;
+    fn decompress(
+        &self,
+        input: &[u8],
+        output: &mut Vec<u8>,
+        output_bytes_max: usize,
+    ) -> Result<(), CodecError>;
 }

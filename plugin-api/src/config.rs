@@ -274,7 +274,11 @@ impl<'a> Section<'a> {
     }
 
     /// A required value read by `read`: absence is reported.
-    pub fn required<T>(&self, key: &'static str, read: impl FnOnce(&Self, &'static str) -> Option<T>) -> Option<T> {
+    pub fn required<T>(
+        &self,
+        key: &'static str,
+        read: impl FnOnce(&Self, &'static str) -> Option<T>,
+    ) -> Option<T> {
         if self.get(key).is_none() {
             self.error(key, "is required");
             return None;
@@ -350,7 +354,7 @@ mod tests {
         let diag = Diagnostics::new();
         let s = Section::new(&diag, "", &doc).unwrap();
         assert_eq!(s.number("a", 1, 0, 3), 1);
-        assert!(s.bool("b", false) == false);
+        assert!(!s.bool("b", false));
         let inner = s.section("inner").unwrap();
         assert_eq!(inner.number("n", 7, 0, 10), 7);
         inner.finish();

@@ -27,9 +27,9 @@ pub mod name;
 pub mod registry;
 pub mod router;
 pub mod store;
-pub mod transport;
 #[cfg(feature = "testing")]
 pub mod testing;
+pub mod transport;
 
 pub use cipher::Cipher;
 pub use compressor::{CodecError, Compressor};

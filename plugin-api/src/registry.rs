@@ -9,14 +9,14 @@
 
 use std::path::PathBuf;
 
+use crate::cipher::Cipher;
 use crate::compressor::Compressor;
 use crate::config::{ConfigValue, Section};
+use crate::handler::MessageHandler;
 use crate::name::NodeName;
 use crate::router::Router;
 use crate::store::Store;
 use crate::transport::Transport;
-use crate::cipher::Cipher;
-use crate::handler::MessageHandler;
 
 /// What a plugin's `build` may need from the node.
 #[derive(Debug, Clone)]

@@ -104,7 +104,12 @@ impl Scratch {
             .stderr(log_file)
             .spawn()
             .expect("spawn node");
-        let mut node = NodeProcess { child: Some(child), name: name.to_owned(), log, socket: self.runtime_dir().join(format!("{name}.sock")) };
+        let mut node = NodeProcess {
+            child: Some(child),
+            name: name.to_owned(),
+            log,
+            socket: self.runtime_dir().join(format!("{name}.sock")),
+        };
         node.wait_ready();
         node
     }
@@ -154,7 +159,9 @@ impl NodeProcess {
     fn wait_ready(&mut self) {
         let deadline = Instant::now() + Duration::from_secs(20);
         while Instant::now() < deadline {
-            if self.log_text().contains("Node started.") && std::os::unix::net::UnixStream::connect(&self.socket).is_ok() {
+            if self.log_text().contains("Node started.")
+                && std::os::unix::net::UnixStream::connect(&self.socket).is_ok()
+            {
                 return;
             }
             if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
@@ -191,7 +198,11 @@ impl NodeProcess {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
-        panic!("node {}: '{needle}' not logged {count} times within {timeout:?}:\n{}", self.name, self.log_text());
+        panic!(
+            "node {}: '{needle}' not logged {count} times within {timeout:?}:\n{}",
+            self.name,
+            self.log_text()
+        );
     }
 
     /// Sends SIGTERM and waits (bounded) for a clean exit; returns whether it exited 0.

@@ -162,7 +162,8 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let text = text.trim();
     let split = text.find(|c: char| !c.is_ascii_digit() && c != '.').unwrap_or(text.len());
     let (number, unit) = text.split_at(split);
-    let value: f64 = number.parse().map_err(|_| format!("'{text}' is not a duration like 500ms, 5s, 2m or 1h"))?;
+    let value: f64 =
+        number.parse().map_err(|_| format!("'{text}' is not a duration like 500ms, 5s, 2m or 1h"))?;
     let secs = match unit {
         "ms" => value / 1000.0,
         "" | "s" => value,
@@ -185,7 +186,10 @@ impl Target {
     async fn connect(&self) -> anyhow::Result<Client> {
         let path = self.socket_path();
         Client::connect(&path).await.with_context(|| match &self.node {
-            Some(name) => format!("is node {name} running? (runtime directory {})", crate::runtime_dir::runtime_dir().display()),
+            Some(name) => format!(
+                "is node {name} running? (runtime directory {})",
+                crate::runtime_dir::runtime_dir().display()
+            ),
             None => "is the node running?".to_owned(),
         })
     }
@@ -266,7 +270,11 @@ pub async fn put(args: PutArgs) -> anyhow::Result<()> {
         }
         batch.push(Content { payload: Bytes::from(line), ..template.clone() });
         if batch.len() >= crate::client::PUT_BATCH_MESSAGES_MAX {
-            sent += client.put_batch(std::mem::take(&mut batch)).await.with_context(|| format!("after {sent} messages"))?.len();
+            sent += client
+                .put_batch(std::mem::take(&mut batch))
+                .await
+                .with_context(|| format!("after {sent} messages"))?
+                .len();
         }
     }
     sent += client.put_batch(batch).await.with_context(|| format!("after {sent} messages"))?.len();
@@ -316,7 +324,13 @@ pub fn config_check(files: &[PathBuf]) -> ExitCode {
     let mut failed = false;
     for file in files {
         match config::load_file(Some(Path::new(file)), &Overrides::default()) {
-            Ok(c) => println!("{}: ok (node {}, {} peers, {} queues)", file.display(), c.node.name, c.peers.len(), c.queues.len()),
+            Ok(c) => println!(
+                "{}: ok (node {}, {} peers, {} queues)",
+                file.display(),
+                c.node.name,
+                c.peers.len(),
+                c.queues.len()
+            ),
             Err(errors) => {
                 failed = true;
                 println!("{}: {errors}", file.display());

@@ -94,8 +94,11 @@ impl Client {
         request.encode(&mut self.out);
         self.stream.write_all(&self.out).await?;
         loop {
-            if let Some((kind, body)) = split_frame(&mut self.buf, RESPONSE_BYTES_MAX).map_err(ClientError::Protocol)? {
-                let response = Response::decode(kind, body).map_err(|e| ClientError::Protocol(e.to_string()))?;
+            if let Some((kind, body)) =
+                split_frame(&mut self.buf, RESPONSE_BYTES_MAX).map_err(ClientError::Protocol)?
+            {
+                let response =
+                    Response::decode(kind, body).map_err(|e| ClientError::Protocol(e.to_string()))?;
                 if let Response::Error { code, accepted, message } = response {
                     return Err(ClientError::Refused { code, accepted, message });
                 }
@@ -128,7 +131,9 @@ impl Client {
         let mut bytes = 0;
         for content in contents {
             let size = content.payload.len() + content.name.len();
-            if !batch.is_empty() && (bytes + size > PUT_BATCH_BYTES_MAX || batch.len() >= PUT_BATCH_MESSAGES_MAX) {
+            if !batch.is_empty()
+                && (bytes + size > PUT_BATCH_BYTES_MAX || batch.len() >= PUT_BATCH_MESSAGES_MAX)
+            {
                 ids.extend(self.put_request(std::mem::take(&mut batch)).await?);
                 bytes = 0;
             }
@@ -156,7 +161,12 @@ impl Client {
     ///
     /// # Errors
     /// [`ClientError::Refused`] when the queue does not exist.
-    pub async fn get(&mut self, queue: &str, count_max: u32, wait: Duration) -> Result<Vec<Message>, ClientError> {
+    pub async fn get(
+        &mut self,
+        queue: &str,
+        count_max: u32,
+        wait: Duration,
+    ) -> Result<Vec<Message>, ClientError> {
         let request = Request::Get {
             queue: queue.to_owned(),
             count_max,

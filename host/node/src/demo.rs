@@ -8,10 +8,10 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use linkbus_plugin_api::{Address, Content};
 
+use crate::Node;
 use crate::client::{Client, ClientError};
 use crate::config::{self, Overrides};
 use crate::node::StartError;
-use crate::Node;
 
 /// Node B: listens on a free loopback port and has the `orders` queue.
 const NODE_B: &str = "
@@ -65,7 +65,10 @@ pub struct DemoReport {
 impl DemoReport {
     /// Whether every message arrived once, intact and in order.
     pub fn is_perfect(&self) -> bool {
-        self.received == self.sent && self.intact == self.sent && self.out_of_order == 0 && self.duplicates == 0
+        self.received == self.sent
+            && self.intact == self.sent
+            && self.out_of_order == 0
+            && self.duplicates == 0
     }
 }
 
@@ -73,7 +76,11 @@ impl std::fmt::Display for DemoReport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let secs = self.elapsed.as_secs_f64().max(1e-9);
         let rate = self.received as f64 / secs;
-        writeln!(f, "sent      {} buffer messages of {} bytes from A to B:orders", self.sent, self.message_bytes)?;
+        writeln!(
+            f,
+            "sent      {} buffer messages of {} bytes from A to B:orders",
+            self.sent, self.message_bytes
+        )?;
         writeln!(
             f,
             "received  {} ({} intact, {} out of order, {} duplicates, {} missing)",
@@ -136,7 +143,10 @@ pub async fn run(messages: usize, size: usize) -> Result<DemoReport, DemoError> 
     let b = Node::start(config::from_value(&tree)?).await?;
     let b_address = b.listen_address().unwrap_or_default().to_owned();
     let mut tree = config::parse_yaml(NODE_A)?;
-    config::apply_overrides(&mut tree, &Overrides { peers: vec![format!("B={b_address}")], ..overrides("A") });
+    config::apply_overrides(
+        &mut tree,
+        &Overrides { peers: vec![format!("B={b_address}")], ..overrides("A") },
+    );
     let a = Node::start(config::from_value(&tree)?).await?;
 
     let mut producer = Client::connect(a.socket_path()).await?;

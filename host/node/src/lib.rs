@@ -130,3 +130,14 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
     node.shutdown().await;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use linkbus_plugin_api::registry;
+
+    #[test]
+    fn every_built_in_plugin_is_registered() {
+        assert_eq!(registry::names("transport"), ["tcp"]);
+        assert_eq!(registry::names("store"), ["memory"]);
+    }
+}

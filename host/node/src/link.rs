@@ -11,8 +11,8 @@
 //! smaller name wins on both sides, so they agree without another round trip.
 
 use std::collections::VecDeque;
-use std::sync::{Arc, Mutex, PoisonError};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
@@ -253,7 +253,9 @@ impl Link {
     fn dialed(&mut self, result: Result<Connection, TransportError>) {
         self.dialing = false;
         match result {
-            Ok(connection) => self.adopt(Incoming { connection, hello: None, leftover: BytesMut::new() }, true),
+            Ok(connection) => {
+                self.adopt(Incoming { connection, hello: None, leftover: BytesMut::new() }, true)
+            }
             Err(e) => {
                 let delay = self.backoff.take();
                 debug!(peer = self.peer(), error = %e, retry_ms = delay.as_millis() as u64, "Dial failed.");
@@ -408,7 +410,8 @@ impl Link {
     async fn shutdown(mut self) {
         if let Some(active) = self.active.take() {
             let mut out = BytesMut::new();
-            Frame::Close { code: CloseCode::Shutdown as u16, reason: "node shutting down".into() }.encode(&mut out);
+            Frame::Close { code: CloseCode::Shutdown as u16, reason: "node shutting down".into() }
+                .encode(&mut out);
             let _ = active.writer.send(out.freeze());
             drop(active);
             // Give the writer a moment to send the close frame.

@@ -7,9 +7,9 @@ use std::time::Duration;
 
 use bytes::BytesMut;
 use linkbus_plugin_api::{Connection, Listener, NodeName};
-use linkbus_proto::FrameDecoder;
 use linkbus_proto::frame::{CloseCode, Hello};
 use linkbus_proto::session::peek_hello;
+use linkbus_proto::{FrameDecoder, PROTOCOL_VERSION};
 use tokio::io::AsyncReadExt;
 use tokio::sync::watch;
 use tracing::{info, warn};
@@ -35,7 +35,10 @@ pub async fn run(node: Arc<NodeState>, mut listener: Box<dyn Listener>, mut shut
     }
 }
 
-async fn read_hello(connection: &mut Connection, frame_bytes_max: usize) -> Result<(Hello, BytesMut), String> {
+async fn read_hello(
+    connection: &mut Connection,
+    frame_bytes_max: usize,
+) -> Result<(Hello, BytesMut), String> {
     let mut decoder = FrameDecoder::new(frame_bytes_max);
     let mut buf = [0u8; 4096];
     loop {
@@ -60,13 +63,26 @@ async fn handshake(node: Arc<NodeState>, mut connection: Connection) {
         Ok(Ok(hello)) => hello,
         Ok(Err(reason)) => {
             warn!(%address, reason, "Refused connection: not a linkbus peer.");
-            return refuse(connection, CloseCode::ProtocolError, &format!("expected a linkbus hello: {reason}"));
+            return refuse(
+                connection,
+                CloseCode::ProtocolError,
+                &format!("expected a linkbus hello: {reason}"),
+            );
         }
         Err(_) => {
             warn!(%address, "Refused connection: no hello in time.");
             return refuse(connection, CloseCode::ProtocolError, "no hello in time");
         }
     };
+    if hello.protocol_version != PROTOCOL_VERSION {
+        // Refused here, so a peer of another version never disturbs the live link.
+        let reason = format!(
+            "peer speaks protocol version {}, this node speaks {PROTOCOL_VERSION}",
+            hello.protocol_version
+        );
+        warn!(%address, from = hello.from, reason, "Refused connection.");
+        return refuse(connection, CloseCode::VersionMismatch, &reason);
+    }
     if hello.to != node.name().as_str() {
         let reason = format!("this is node {}, not {}", node.name(), hello.to);
         warn!(%address, from = hello.from, reason, "Refused connection.");

@@ -9,7 +9,8 @@ use std::time::Instant;
 
 use linkbus_plugin_api::registry::{self, BuildContext, Factory};
 use linkbus_plugin_api::{
-    Batch, Content, Lifetime, Message, MessageId, NodeName, PluginError, QueueName, Store, StoreError, Transport,
+    Batch, Content, Lifetime, Message, MessageId, NodeName, PluginError, QueueName, Store, StoreError,
+    Transport,
 };
 use tracing::warn;
 
@@ -78,7 +79,10 @@ impl std::fmt::Debug for NodeState {
     }
 }
 
-fn build_plugins(config: &Config) -> Result<(Arc<dyn Transport>, Arc<dyn Store>), StartError> {
+/// The plugins a node is built from.
+type Plugins = (Arc<dyn Transport>, Arc<dyn Store>);
+
+fn build_plugins(config: &Config) -> Result<Plugins, StartError> {
     let ctx = BuildContext { node: config.node.name.clone(), data_dir: config.node.data_dir.clone() };
     let missing = |kind: &str| PluginError { plugin: kind.to_owned(), reason: "not registered".into() };
     let t = &config.plugins.transport;
@@ -158,7 +162,11 @@ impl NodeState {
 
     /// The client socket path.
     pub fn socket_path(&self) -> PathBuf {
-        self.config.node.client_socket.clone().unwrap_or_else(|| crate::runtime_dir::socket_for(self.name().as_str()))
+        self.config
+            .node
+            .client_socket
+            .clone()
+            .unwrap_or_else(|| crate::runtime_dir::socket_for(self.name().as_str()))
     }
 
     /// Checks a content against this node's limits and topology, without side effects.
@@ -170,12 +178,18 @@ impl NodeState {
         let size = content.payload.len() as u64;
         let max = self.config.messages.message_bytes_max;
         if size > max {
-            return Err((ErrorCode::TooLarge, format!("payload of {size} bytes is over messages.message_bytes_max {max}")));
+            return Err((
+                ErrorCode::TooLarge,
+                format!("payload of {size} bytes is over messages.message_bytes_max {max}"),
+            ));
         }
         for to in &content.recipients {
             if &to.node == self.name() {
                 let queue = self.queues.get(&to.queue).ok_or_else(|| {
-                    (ErrorCode::UnknownQueue, format!("queue '{}' does not exist on node {}", to.queue, to.node))
+                    (
+                        ErrorCode::UnknownQueue,
+                        format!("queue '{}' does not exist on node {}", to.queue, to.node),
+                    )
                 })?;
                 let max = queue.config().message_bytes_max;
                 if size > max {
@@ -183,7 +197,10 @@ impl NodeState {
                     return Err((ErrorCode::TooLarge, msg));
                 }
             } else if !self.links.contains_key(&to.node) {
-                return Err((ErrorCode::NoRoute, format!("no route to node '{}' (not a configured peer)", to.node)));
+                return Err((
+                    ErrorCode::NoRoute,
+                    format!("no route to node '{}' (not a configured peer)", to.node),
+                ));
             }
         }
         Ok(())

@@ -98,11 +98,13 @@ impl LocalQueue {
             QueueOrder::Priority => PRIORITY_LEVEL_MAX as usize + 2,
         };
         let space = format!("q.{}", config.name);
-        let mut levels = Levels { levels: (0..level_count).map(|_| VecDeque::new()).collect(), len: 0, next_key: 1 };
+        let mut levels =
+            Levels { levels: (0..level_count).map(|_| VecDeque::new()).collect(), len: 0, next_key: 1 };
         let stored = store.scan(&space, Bound::Unbounded, Bound::Unbounded, usize::MAX)?;
         for (key, value) in stored {
             let key = key_number(&key).ok_or_else(|| corrupt(&space, &key, "bad key"))?;
-            let message = decode_message(value).map_err(|e| corrupt(&space, &key.to_be_bytes(), &e.to_string()))?;
+            let message =
+                decode_message(value).map_err(|e| corrupt(&space, &key.to_be_bytes(), &e.to_string()))?;
             levels.next_key = key + 1;
             push_entry(&mut levels, config.order, Entry { key, message, enqueued_at: now });
         }
@@ -238,7 +240,10 @@ fn key_number(key: &[u8]) -> Option<u64> {
 }
 
 fn corrupt(space: &str, key: &[u8], why: &str) -> StoreError {
-    StoreError::Backend { op: "recover", reason: format!("corrupt record in {space} at key {key:02x?}: {why}") }
+    StoreError::Backend {
+        op: "recover",
+        reason: format!("corrupt record in {space} at key {key:02x?}: {why}"),
+    }
 }
 
 #[cfg(test)]

@@ -177,7 +177,9 @@ impl Frame {
             }
         }
         let len = u32::try_from(out.len() - start - LENGTH_BYTES).expect("frame length fits u32");
-        out[start..start + LENGTH_BYTES].copy_from_slice(&len.to_be_bytes());
+        if let Some(prefix) = out.get_mut(start..start + LENGTH_BYTES) {
+            prefix.copy_from_slice(&len.to_be_bytes());
+        }
     }
 
     /// Appends a `Data` frame for `message` (computing its CRC) without building a [`Frame`].
@@ -290,7 +292,11 @@ fn decode_body(body: Bytes) -> Result<Frame, FrameError> {
     };
     let malformed = |source| FrameError::Malformed { frame, source };
     let decoded = match kind {
-        TYPE_DATA => Frame::Data { sequence: r.u64().map_err(malformed)?, crc: r.u32().map_err(malformed)?, message: r.rest() },
+        TYPE_DATA => Frame::Data {
+            sequence: r.u64().map_err(malformed)?,
+            crc: r.u32().map_err(malformed)?,
+            message: r.rest(),
+        },
         TYPE_ACK => Frame::Ack { sequence: r.u64().map_err(malformed)? },
         TYPE_PING => Frame::Ping { nonce: r.u64().map_err(malformed)? },
         TYPE_PONG => Frame::Pong { nonce: r.u64().map_err(malformed)? },

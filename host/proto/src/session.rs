@@ -27,11 +27,9 @@ use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
-use linkbus_plugin_api::{Message, NodeName, API_VERSION};
+use linkbus_plugin_api::{API_VERSION, Message, NodeName};
 
-use crate::frame::{
-    CloseCode, Frame, FrameDecoder, FrameError, HELLO_FLAG_DURABLE, Hello, PROTOCOL_VERSION,
-};
+use crate::frame::{CloseCode, Frame, FrameDecoder, FrameError, HELLO_FLAG_DURABLE, Hello, PROTOCOL_VERSION};
 use crate::wire::decode_message;
 
 /// Settings of one session, from the node's configuration.
@@ -356,7 +354,8 @@ impl Session {
                 return self.close(SessionError::ClaimsMore { expected: hello.expected, last_sent });
             }
             if hello.expected <= self.acked {
-                return self.close(SessionError::WentBackwards { expected: hello.expected, acked: self.acked });
+                return self
+                    .close(SessionError::WentBackwards { expected: hello.expected, acked: self.acked });
             }
             self.complete_through(hello.expected - 1);
             hello.expected
@@ -434,7 +433,11 @@ impl Session {
     /// # Panics
     /// When `through` was never handed to the host.
     pub fn handle_delivered(&mut self, through: u64) {
-        assert!(through <= self.received_through, "delivered {through} beyond received {}", self.received_through);
+        assert!(
+            through <= self.received_through,
+            "delivered {through} beyond received {}",
+            self.received_through
+        );
         if through < self.expected {
             return;
         }
@@ -477,7 +480,9 @@ impl Session {
                 }
             }
             Phase::Established => match self.ping {
-                Some((_, sent)) if now >= sent + self.config.pong_timeout => self.close(SessionError::PongTimeout),
+                Some((_, sent)) if now >= sent + self.config.pong_timeout => {
+                    self.close(SessionError::PongTimeout)
+                }
                 Some(_) => {}
                 None if now >= self.last_received + self.config.ping_interval => {
                     let nonce = self.next_nonce;

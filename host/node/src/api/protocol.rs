@@ -157,7 +157,12 @@ impl Request {
                 }
                 Self::Put(contents)
             }
-            GET => Self::Get { queue: r.short_string()?, count_max: r.u32()?, wait_ms: r.u64()?, bytes_max: r.u64()? },
+            GET => Self::Get {
+                queue: r.short_string()?,
+                count_max: r.u32()?,
+                wait_ms: r.u64()?,
+                bytes_max: r.u64()?,
+            },
             STATUS => Self::Status,
             other => return Err(ReadError::Invalid { field: "request type", detail: other.to_string() }),
         };
@@ -266,7 +271,12 @@ mod tests {
     #[test]
     fn requests_and_responses_round_trip() {
         round_trip_request(Request::Put(vec![Content::buf("B:q".parse().unwrap(), "x"); 3]));
-        round_trip_request(Request::Get { queue: "orders".into(), count_max: 7, wait_ms: 5000, bytes_max: 9 });
+        round_trip_request(Request::Get {
+            queue: "orders".into(),
+            count_max: 7,
+            wait_ms: 5000,
+            bytes_max: 9,
+        });
         round_trip_request(Request::Status);
         let e = Response::Error { code: ErrorCode::NoRoute, accepted: 2, message: "no route".into() };
         let mut out = BytesMut::new();

@@ -44,7 +44,12 @@ pub async fn bind(path: &Path) -> Result<UnixListener, StartError> {
 }
 
 /// Serves clients until `shutdown` turns true, then removes the socket file.
-pub async fn run(node: Arc<NodeState>, listener: UnixListener, path: PathBuf, mut shutdown: watch::Receiver<bool>) {
+pub async fn run(
+    node: Arc<NodeState>,
+    listener: UnixListener,
+    path: PathBuf,
+    mut shutdown: watch::Receiver<bool>,
+) {
     loop {
         tokio::select! {
             _ = shutdown.changed() => break,
@@ -87,7 +92,11 @@ async fn serve(node: Arc<NodeState>, mut stream: UnixStream, mut shutdown: watch
         };
         let response = match Request::decode(kind, body) {
             Ok(request) => handle(&node, request).await,
-            Err(e) => Response::Error { code: ErrorCode::BadRequest, accepted: 0, message: format!("bad request: {e}") },
+            Err(e) => Response::Error {
+                code: ErrorCode::BadRequest,
+                accepted: 0,
+                message: format!("bad request: {e}"),
+            },
         };
         out.clear();
         response.encode(&mut out);
@@ -105,7 +114,9 @@ async fn handle(node: &NodeState, request: Request) -> Response {
             }
             Err(e) => Response::Error { code: e.code, accepted: e.accepted, message: e.message },
         },
-        Request::Get { queue, count_max, wait_ms, bytes_max } => get(node, &queue, count_max, wait_ms, bytes_max).await,
+        Request::Get { queue, count_max, wait_ms, bytes_max } => {
+            get(node, &queue, count_max, wait_ms, bytes_max).await
+        }
         Request::Status => Response::Status(status(node)),
     }
 }
@@ -121,7 +132,9 @@ async fn get(node: &NodeState, queue: &str, count_max: u32, wait_ms: u64, bytes_
     let bytes_max = usize::try_from(bytes_max).unwrap_or(usize::MAX);
     loop {
         match q.pop(count_max, bytes_max, Instant::now()) {
-            Err(e) => return Response::Error { code: ErrorCode::Internal, accepted: 0, message: e.to_string() },
+            Err(e) => {
+                return Response::Error { code: ErrorCode::Internal, accepted: 0, message: e.to_string() };
+            }
             Ok(popped) => {
                 if popped.expired > 0 {
                     debug!(queue, expired = popped.expired, "Expired messages dropped.");

@@ -10,7 +10,7 @@ use std::path::PathBuf;
 
 use linkbus_plugin_api::{ConfigValue, NodeName, QueueName, Reliability};
 
-pub use read::{apply_overrides, from_value, load_file, parse_yaml, Overrides};
+pub use read::{Overrides, apply_overrides, from_value, load_file, parse_yaml};
 
 /// Bytes a frame needs beyond the message it carries (frame header, sequence, CRC) plus the
 /// largest message envelope (name, recipients, headers); `frame_bytes_max` must leave room.
@@ -153,7 +153,10 @@ pub struct PluginChoice {
 
 impl PluginChoice {
     fn named(kind: &str) -> Self {
-        Self { kind: kind.to_owned(), section: ConfigValue::Map(vec![("kind".into(), ConfigValue::Str(kind.into()))]) }
+        Self {
+            kind: kind.to_owned(),
+            section: ConfigValue::Map(vec![("kind".into(), ConfigValue::Str(kind.into()))]),
+        }
     }
 }
 

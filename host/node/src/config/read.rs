@@ -6,7 +6,9 @@ use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
 use linkbus_plugin_api::registry::{self, BuildContext, Factory};
-use linkbus_plugin_api::{ConfigErrors, ConfigIssue, ConfigValue, Diagnostics, NodeName, QueueName, Reliability, Section};
+use linkbus_plugin_api::{
+    ConfigErrors, ConfigIssue, ConfigValue, Diagnostics, NodeName, QueueName, Reliability, Section,
+};
 
 use super::{
     Config, FRAME_OVERHEAD_BYTES, LinkSettings, MessageSettings, NodeSettings, PeerConfig, PluginChoice,
@@ -95,9 +97,7 @@ fn upsert(list: &mut ConfigValue, name: &str, item: ConfigValue) {
         *list = ConfigValue::Seq(Vec::new());
     }
     let ConfigValue::Seq(items) = list else { return };
-    let same = |v: &ConfigValue| {
-        matches!(v, ConfigValue::Map(e) if e.iter().any(|(k, v)| k == "name" && *v == ConfigValue::Str(name.into())))
-    };
+    let same = |v: &ConfigValue| matches!(v, ConfigValue::Map(e) if e.iter().any(|(k, v)| k == "name" && *v == ConfigValue::Str(name.into())));
     match items.iter_mut().find(|v| same(v)) {
         Some(existing) => *existing = item,
         None => items.push(item),
@@ -149,7 +149,7 @@ pub fn apply_overrides(tree: &mut ConfigValue, o: &Overrides) {
 /// Every problem found, in document order, each with its YAML path.
 pub fn from_value(tree: &ConfigValue) -> Result<Config, ConfigErrors> {
     let diag = Diagnostics::new();
-    let config = Section::new(&diag, "", tree).and_then(|root| {
+    let config = Section::new(&diag, "", tree).map(|root| {
         let node = read_node(&root);
         let peers = read_peers(&root);
         let messages = read_messages(&root);
@@ -161,7 +161,7 @@ pub fn from_value(tree: &ConfigValue) -> Result<Config, ConfigErrors> {
         // valid parts are still checked and every error comes out at once.
         let config = Config { node, peers, queues, messages, links, plugins };
         check_relations(&config, &diag);
-        Some(config)
+        config
     });
     diag.finish()?;
     config.ok_or_else(|| one_issue("", "configuration is invalid"))
@@ -214,7 +214,10 @@ fn read_queues(root: &Section<'_>, messages: &MessageSettings) -> Vec<QueueConfi
             None | Some("volatile") => Reliability::Volatile,
             Some("persistent") => Reliability::Persistent,
             Some(other) => {
-                s.error("reliability", format!("unknown reliability '{other}'; expected volatile or persistent"));
+                s.error(
+                    "reliability",
+                    format!("unknown reliability '{other}'; expected volatile or persistent"),
+                );
                 Reliability::Volatile
             }
         };
@@ -237,7 +240,12 @@ fn read_messages(root: &Section<'_>) -> MessageSettings {
     let settings = MessageSettings {
         lifetime_default_s: s.number("lifetime_default_s", d.lifetime_default_s, 0, u64::from(u32::MAX)),
         message_bytes_max: s.number("message_bytes_max", d.message_bytes_max, 0, 1 << 32),
-        dead_letter_messages_max: s.number("dead_letter_messages_max", d.dead_letter_messages_max, 1, 1 << 40),
+        dead_letter_messages_max: s.number(
+            "dead_letter_messages_max",
+            d.dead_letter_messages_max,
+            1,
+            1 << 40,
+        ),
     };
     s.finish();
     settings

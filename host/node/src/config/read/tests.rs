@@ -96,9 +96,10 @@ fn unknown_plugins_are_named_with_the_alternatives() {
 
 #[test]
 fn reserved_queue_names_are_refused() {
-    assert_eq!(messages("node: { name: A }\nqueues: [ { name: DLQ } ]"), [
-        "queues[0].name: queue name 'DLQ' is reserved for the node"
-    ]);
+    assert_eq!(
+        messages("node: { name: A }\nqueues: [ { name: DLQ } ]"),
+        ["queues[0].name: queue name 'DLQ' is reserved for the node"]
+    );
 }
 
 #[test]
@@ -145,7 +146,10 @@ fn overrides_replace_values_from_the_file() {
 #[test]
 fn a_bad_override_is_reported_like_a_bad_key() {
     let mut tree = ConfigValue::Null;
-    apply_overrides(&mut tree, &Overrides { name: Some("A".into()), peers: vec!["B=x:y".into()], ..Overrides::default() });
+    apply_overrides(
+        &mut tree,
+        &Overrides { name: Some("A".into()), peers: vec!["B=x:y".into()], ..Overrides::default() },
+    );
     let errors = from_value(&tree).unwrap_err();
     assert_eq!(errors.0[0].path, "peers[0].address");
 }

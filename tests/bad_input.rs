@@ -1,0 +1,145 @@
+//! Bad input gets a clear error and loses nothing: garbage bytes and strangers on the link
+//! port, a peer of another protocol version, puts to queues or nodes that do not exist, and
+//! messages over the size limit.
+
+mod support;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::Duration;
+
+use bytes::BytesMut;
+use linkbus::proto::frame::{Frame, FrameDecoder, Hello, PROTOCOL_VERSION};
+use support::{Scratch, stderr, stdout};
+
+fn start_pair(s: &Scratch, b_extra: &str) -> (support::NodeProcess, support::NodeProcess) {
+    let b_config = s.write(
+        "b.yaml",
+        &format!("node: {{ name: B, listen: 127.0.0.1:0 }}\npeers: [ {{ name: A }} ]\nqueues: [ {{ name: orders }} ]\n{b_extra}"),
+    );
+    let b = s.start_node("B", &["-c", b_config.to_str().unwrap()]);
+    let a_config = s.write(
+        "a.yaml",
+        &format!(
+            "node: {{ name: A, listen: none }}\npeers: [ {{ name: B, address: '{}' }} ]\nqueues: [ {{ name: local }} ]\nmessages: {{ message_bytes_max: 1000 }}\n",
+            b.listen_address()
+        ),
+    );
+    let a = s.start_node("A", &["-c", a_config.to_str().unwrap()]);
+    a.wait_for_log("Link up.", 1, Duration::from_secs(10));
+    (a, b)
+}
+
+/// Sends `bytes` to `address` and returns the reason of the `Close` frame the node answers
+/// with (a configured peer gets the node's own hello first).
+fn refusal(address: &str, bytes: &[u8]) -> String {
+    let mut stream = TcpStream::connect(address).unwrap();
+    stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    stream.write_all(bytes).unwrap();
+    let mut decoder = FrameDecoder::new(1 << 20);
+    let mut buf = [0u8; 4096];
+    loop {
+        while let Ok(Some(frame)) = decoder.decode() {
+            if let Frame::Close { reason, .. } = frame {
+                return reason;
+            }
+        }
+        match stream.read(&mut buf) {
+            Ok(0) | Err(_) => panic!("connection ended without a close frame"),
+            Ok(n) => decoder.extend(&buf[..n]),
+        }
+    }
+}
+
+fn hello(from: &str, version: u16) -> Vec<u8> {
+    let mut out = BytesMut::new();
+    Frame::Hello(Hello {
+        protocol_version: version,
+        api_version: 1,
+        from: from.into(),
+        to: "B".into(),
+        incarnation: 7,
+        expected: 1,
+        your_incarnation: 0,
+        flags: 0,
+    })
+    .encode(&mut out);
+    out.to_vec()
+}
+
+#[test]
+fn strangers_garbage_and_other_versions_are_refused_and_the_node_stays_up() {
+    let s = Scratch::new();
+    let (a, b) = start_pair(&s, "");
+    let address = b.listen_address();
+
+    let reason = refusal(&address, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n");
+    assert!(reason.contains("expected a linkbus hello"), "{reason}");
+    let reason = refusal(&address, &hello("Z", PROTOCOL_VERSION));
+    assert!(reason.contains("node 'Z' is not a configured peer of B"), "{reason}");
+    let reason = refusal(&address, &hello("A", PROTOCOL_VERSION + 1));
+    assert!(reason.contains(&format!("peer speaks protocol version {}", PROTOCOL_VERSION + 1)), "{reason}");
+    assert!(b.log_text().contains("Refused connection"), "{}", b.log_text());
+
+    // The real link recovers and still carries messages.
+    a.wait_for_log("Link up.", 1, Duration::from_secs(10));
+    assert!(s.run(&["put", "--node", "A", "--to", "B:orders", "still here"]).status.success());
+    let get = s.run(&["get", "--node", "B", "orders", "--wait", "10s"]);
+    assert_eq!(stdout(&get), "still here\n", "{}", stderr(&get));
+}
+
+#[test]
+fn bad_puts_are_refused_with_the_reason() {
+    let s = Scratch::new();
+    let (_a, b) = start_pair(&s, "");
+    let cases: [(&[&str], &str); 5] = [
+        (&["--to", "A:nowhere", "x"], "queue 'nowhere' does not exist on node A"),
+        (&["--to", "Z:orders", "x"], "no route to node 'Z'"),
+        (&["--to", "B:orders", &"x".repeat(1001)], "over messages.message_bytes_max 1000"),
+        (&["--to", "1B:orders", "x"], "must start with a letter"),
+        (&["--to", "B:orders", "--priority", "10", "x"], "10 is not in 0..=9"),
+    ];
+    for (args, expected) in cases {
+        let mut full = vec!["put", "--node", "A"];
+        full.extend_from_slice(args);
+        let out = s.run(&full);
+        assert!(!out.status.success(), "{args:?} must fail");
+        assert!(stderr(&out).contains(expected), "{args:?}: expected '{expected}' in {}", stderr(&out));
+    }
+    // A queue B does not have: A cannot know, so B dead-letters it with the reason.
+    assert!(s.run(&["put", "--node", "A", "--to", "B:missing", "lost?"]).status.success());
+    let dlq = s.run(&["get", "--node", "B", "DLQ", "--wait", "10s"]);
+    assert_eq!(stdout(&dlq), "lost?\n", "{}", stderr(&dlq));
+    assert!(b.log_text().contains("queue 'missing' does not exist on node B"), "{}", b.log_text());
+    let get = s.run(&["get", "--node", "B", "nowhere", "--wait", "1s"]);
+    assert!(stderr(&get).contains("queue 'nowhere' does not exist on node B"), "{}", stderr(&get));
+}
+
+#[test]
+fn a_full_destination_queue_dead_letters_instead_of_losing() {
+    let s = Scratch::new();
+    let b_config = s.write(
+        "b.yaml",
+        "node: { name: B, listen: 127.0.0.1:0 }\npeers: [ { name: A } ]\nqueues: [ { name: small, order: fifo, queue_messages_max: 3 } ]\n",
+    );
+    let b = s.start_node("B", &["-c", b_config.to_str().unwrap()]);
+    let a = s.start_node(
+        "A",
+        &["--name", "A", "--listen", "none", "--peer", &format!("B={}", b.listen_address())],
+    );
+    a.wait_for_log("Link up.", 1, Duration::from_secs(10));
+    let lines = "1\n2\n3\n4\n5\n";
+    assert!(
+        s.run_with_input(
+            &["put", "--node", "A", "--to", "B:small", "-"],
+            lines.as_bytes(),
+            Duration::from_secs(10)
+        )
+        .status
+        .success()
+    );
+    let got = s.run(&["get", "--node", "B", "small", "--count", "3", "--wait", "10s"]);
+    assert_eq!(stdout(&got), "1\n2\n3\n");
+    let dlq = s.run(&["get", "--node", "B", "DLQ", "--count", "2", "--wait", "10s"]);
+    assert_eq!(stdout(&dlq), "4\n5\n", "{}", stderr(&dlq));
+}
