@@ -208,7 +208,8 @@ impl NodeProcess {
     /// Sends SIGTERM and waits (bounded) for a clean exit; returns whether it exited 0.
     pub fn stop(&mut self) -> bool {
         let Some(mut child) = self.child.take() else { return false };
-        let _ = Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
+        // The shell builtin, so no procps package is needed.
+        let _ = Command::new("sh").args(["-c", &format!("kill -TERM {}", child.id())]).status();
         let deadline = Instant::now() + Duration::from_secs(10);
         while Instant::now() < deadline {
             if let Ok(Some(status)) = child.try_wait() {
