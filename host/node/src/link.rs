@@ -385,8 +385,15 @@ impl Link {
                 SessionEvent::Acked { messages, .. } => {
                     self.handle.acked_total.fetch_add(messages as u64, Ordering::Relaxed);
                 }
-                SessionEvent::Closed(SessionError::PeerClosed { code: 0, reason }) => {
-                    info!(peer = self.peer(), reason, "Peer closed the link.");
+                SessionEvent::Closed(SessionError::PeerClosed { code, reason })
+                    if code == CloseCode::Shutdown as u16 || code == CloseCode::Duplicate as u16 =>
+                {
+                    // Orderly: the peer stops, or keeps the other of two simultaneous dials.
+                    if code == CloseCode::Shutdown as u16 {
+                        info!(peer = self.peer(), reason, "Peer closed the link.");
+                    } else {
+                        debug!(peer = self.peer(), reason, "Duplicate connection closed by the peer.");
+                    }
                     closed = Some(reason);
                 }
                 SessionEvent::Closed(error) => {

@@ -183,6 +183,14 @@ impl NodeState {
                 format!("payload of {size} bytes is over messages.message_bytes_max {max}"),
             ));
         }
+        let encoded = linkbus_proto::wire::message_encoded_len(self.name().as_str().len(), content);
+        let frame_max = self.config.links.frame_bytes_max as usize;
+        if encoded + linkbus_proto::frame::DATA_OVERHEAD_BYTES > frame_max {
+            let msg = format!(
+                "message of {encoded} bytes with its name and headers is over links.frame_bytes_max {frame_max}"
+            );
+            return Err((ErrorCode::TooLarge, msg));
+        }
         for to in &content.recipients {
             if &to.node == self.name() {
                 let queue = self.queues.get(&to.queue).ok_or_else(|| {
@@ -301,5 +309,64 @@ fn queue_error(e: &QueueError) -> (ErrorCode, String) {
     match e {
         QueueError::Full { .. } => (ErrorCode::Full, e.to_string()),
         QueueError::Store(_) => (ErrorCode::Internal, e.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{self, Overrides};
+    use linkbus_plugin_api::Priority;
+
+    fn node(extra: &str) -> Arc<NodeState> {
+        let text = format!(
+            "node: {{ name: A, listen: none }}\npeers: [ {{ name: B }} ]\nqueues: [ {{ name: q }} ]\n{extra}"
+        );
+        let mut tree = config::parse_yaml(&text).unwrap();
+        config::apply_overrides(&mut tree, &Overrides::default());
+        NodeState::new(config::from_value(&tree).unwrap()).unwrap()
+    }
+
+    fn refusal(node: &NodeState, content: Content) -> (ErrorCode, String) {
+        let e = node.put(vec![Content::buf("A:q".parse().unwrap(), "ok"), content]).unwrap_err();
+        assert_eq!(e.accepted, 1, "the content before the refused one stays accepted");
+        (e.code, e.message)
+    }
+
+    #[test]
+    fn puts_are_checked_before_anything_is_queued() {
+        let n = node("messages: { message_bytes_max: 1000 }\nlinks: { frame_bytes_max: 140000 }");
+        let to = |a: &str| a.parse().unwrap();
+        assert_eq!(refusal(&n, Content::buf(to("A:none"), "x")).0, ErrorCode::UnknownQueue);
+        assert_eq!(refusal(&n, Content::buf(to("Z:q"), "x")).0, ErrorCode::NoRoute);
+        assert_eq!(refusal(&n, Content::buf(to("B:q"), vec![0u8; 1001])).0, ErrorCode::TooLarge);
+        let system = Content::buf(to("B:q"), "x").with_priority(Priority::SYSTEM);
+        assert_eq!(refusal(&n, system).0, ErrorCode::Invalid);
+        let mut headers = Content::buf(to("B:q"), "x");
+        headers.headers = (0..64).map(|i| (format!("k{i}"), "v".repeat(4000))).collect();
+        let (code, message) = refusal(&n, headers);
+        assert_eq!(code, ErrorCode::TooLarge);
+        assert!(message.contains("links.frame_bytes_max"), "{message}");
+        assert_eq!(n.queues.get("q").unwrap().len(), 5, "one accepted per refused batch");
+    }
+
+    #[test]
+    fn arrivals_for_missing_queues_or_other_nodes_are_dead_lettered() {
+        let n = node("");
+        let now = Instant::now();
+        let message = |to: &str| Message {
+            id: MessageId { source: NodeName::new("B").unwrap(), sequence: 1, created_unix_ms: 0 },
+            hop_count: 0,
+            redelivered: false,
+            content: Content::buf(to.parse().unwrap(), "x"),
+        };
+        n.deliver(message("A:q"), now).unwrap();
+        n.deliver(message("A:missing"), now).unwrap();
+        n.deliver(message("C:q"), now).unwrap();
+        assert_eq!(n.queues.get("q").unwrap().len(), 1);
+        let dead = n.queues.get(DEAD_LETTER_QUEUE).unwrap().pop(10, usize::MAX, now).unwrap();
+        let reasons: Vec<_> =
+            dead.messages.iter().map(|m| m.content.header(DEAD_LETTER_REASON_HEADER).unwrap()).collect();
+        assert_eq!(reasons, ["queue 'missing' does not exist on node A", "no recipient on node A"]);
     }
 }

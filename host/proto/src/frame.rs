@@ -25,6 +25,8 @@ pub const PROTOCOL_VERSION: u16 = 1;
 pub const HELLO_MAGIC: [u8; 4] = *b"LNKB";
 /// Bytes of the length prefix.
 pub const LENGTH_BYTES: usize = 4;
+/// Bytes a `Data` frame adds to its message: length, type, sequence and CRC.
+pub const DATA_OVERHEAD_BYTES: usize = LENGTH_BYTES + 1 + 8 + 4;
 /// Smallest allowed `frame_bytes_max`: a `Hello` with two longest names must fit.
 pub const FRAME_BYTES_MIN: usize = 1024;
 

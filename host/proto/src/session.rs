@@ -29,7 +29,10 @@ use std::time::{Duration, Instant};
 use bytes::{Bytes, BytesMut};
 use linkbus_plugin_api::{API_VERSION, Message, NodeName};
 
-use crate::frame::{CloseCode, Frame, FrameDecoder, FrameError, HELLO_FLAG_DURABLE, Hello, PROTOCOL_VERSION};
+use crate::frame::{
+    CloseCode, DATA_OVERHEAD_BYTES, Frame, FrameDecoder, FrameError, HELLO_FLAG_DURABLE, Hello, LENGTH_BYTES,
+    PROTOCOL_VERSION,
+};
 use crate::wire::decode_message;
 
 /// Settings of one session, from the node's configuration.
@@ -460,7 +463,10 @@ impl Session {
         if !self.has_window() {
             return Err(WindowFull(self.unacked.len()));
         }
-        assert!(message.len() + 13 <= self.config.frame_bytes_max, "message larger than a frame");
+        assert!(
+            message.len() + DATA_OVERHEAD_BYTES - LENGTH_BYTES <= self.config.frame_bytes_max,
+            "message larger than a frame"
+        );
         let sequence = self.next_send;
         self.next_send += 1;
         if self.phase == Phase::Established {

@@ -88,6 +88,34 @@ fn put_short(out: &mut BytesMut, bytes: &[u8]) {
     out.put_slice(bytes);
 }
 
+/// Bytes [`encode_content`] writes for `content`.
+pub fn content_encoded_len(content: &Content) -> usize {
+    let recipients: usize =
+        content.recipients.iter().map(|a| 2 + a.node.as_str().len() + a.queue.as_str().len()).sum();
+    let headers: usize = content.headers.iter().map(|(k, v)| 4 + k.len() + v.len()).sum();
+    let group = content.group.as_ref().map_or(0, |g| 2 + g.id.len() + 4 + 1);
+    let correlation = content.correlation_id.as_ref().map_or(0, |c| 2 + c.len());
+    3 + 8
+        + 4
+        + content.name.len()
+        + 1
+        + recipients
+        + 1
+        + headers
+        + 1
+        + group
+        + 1
+        + correlation
+        + 4
+        + content.payload.len()
+}
+
+/// Bytes [`encode_message`] writes for a message with `content` from a source whose name has
+/// `source_name_len` bytes.
+pub fn message_encoded_len(source_name_len: usize, content: &Content) -> usize {
+    1 + 1 + source_name_len + 8 + 8 + 1 + 1 + content_encoded_len(content)
+}
+
 /// Appends the wire form of `message`.
 ///
 /// # Panics
@@ -239,7 +267,9 @@ mod tests {
     #[test]
     fn every_field_round_trips() {
         let m = sample();
-        assert_eq!(decode_message(message_bytes(&m)).unwrap(), m);
+        let bytes = message_bytes(&m);
+        assert_eq!(bytes.len(), message_encoded_len(1, &m.content), "the length formula matches");
+        assert_eq!(decode_message(bytes).unwrap(), m);
     }
 
     #[test]
