@@ -61,6 +61,7 @@ fn hello(from: &str, version: u16) -> Vec<u8> {
         incarnation: 7,
         expected: 1,
         your_incarnation: 0,
+        frame_bytes_max: 1 << 20,
         flags: 0,
     })
     .encode(&mut out);

@@ -61,7 +61,10 @@ pub enum ClientError {
     },
 }
 
-/// A connection to one local node.
+/// A connection to one local node. Requests are answered in order on the connection, so a
+/// call must not be cancelled halfway (for example by dropping it in a `select!` or a
+/// timeout): the next call would read the abandoned call's answer. Give the node a wait
+/// instead (`get`'s `wait`), or drop the whole `Client` after a cancelled call.
 #[derive(Debug)]
 pub struct Client {
     stream: UnixStream,

@@ -123,10 +123,22 @@ impl Node {
 /// Runs a node until `shutdown` completes, then stops it gracefully.
 ///
 /// # Errors
-/// [`StartError`] when the node cannot start.
+/// [`StartError`] when the node cannot start, or [`StartError::TaskFailed`] when one of its
+/// tasks ended on its own (a bug): the node stops rather than run without, say, a link.
 pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(), StartError> {
-    let node = Node::start(config).await?;
-    shutdown.await;
+    let mut node = Node::start(config).await?;
+    tokio::select! {
+        () = shutdown => {}
+        failure = node.tasks.join_next() => {
+            let reason = match failure {
+                Some(Err(e)) => e.to_string(),
+                _ => "a task ended unexpectedly".to_owned(),
+            };
+            tracing::error!(reason, "Node task failed; stopping.");
+            node.shutdown().await;
+            return Err(StartError::TaskFailed(reason));
+        }
+    }
     node.shutdown().await;
     Ok(())
 }

@@ -11,21 +11,37 @@ use linkbus_proto::frame::{CloseCode, Hello};
 use linkbus_proto::session::peek_hello;
 use linkbus_proto::{FrameDecoder, PROTOCOL_VERSION};
 use tokio::io::AsyncReadExt;
-use tokio::sync::watch;
+use tokio::sync::{Semaphore, watch};
 use tracing::{info, warn};
 
 use crate::link::{Incoming, refuse};
 use crate::node::NodeState;
 
+/// Incoming connections whose hello is being read at once; more are refused at once, so
+/// strangers cannot hold unbounded memory (each may buffer up to 64 KiB for the handshake
+/// timeout).
+pub const HANDSHAKES_MAX: usize = 64;
+
 /// Accepts connections until `shutdown` turns true.
 pub async fn run(node: Arc<NodeState>, mut listener: Box<dyn Listener>, mut shutdown: watch::Receiver<bool>) {
+    let slots = Arc::new(Semaphore::new(HANDSHAKES_MAX));
     loop {
         tokio::select! {
             _ = shutdown.changed() => return,
             accepted = listener.accept() => match accepted {
-                Ok(connection) => {
-                    tokio::spawn(handshake(node.clone(), connection));
-                }
+                Ok(connection) => match slots.clone().try_acquire_owned() {
+                    Ok(slot) => {
+                        let node = node.clone();
+                        tokio::spawn(async move {
+                            handshake(node, connection).await;
+                            drop(slot);
+                        });
+                    }
+                    Err(_) => {
+                        warn!(address = %connection.peer_address, "Refused connection: too many handshakes.");
+                        refuse(connection, CloseCode::ProtocolError, "too many connections in handshake");
+                    }
+                },
                 Err(e) => {
                     warn!(error = %e, "Accept failed.");
                     tokio::time::sleep(Duration::from_millis(50)).await;

@@ -53,6 +53,9 @@ pub enum StartError {
     /// The transport could not listen.
     #[error(transparent)]
     Transport(#[from] linkbus_plugin_api::TransportError),
+    /// A node task ended while the node was running.
+    #[error("node task failed: {0}")]
+    TaskFailed(String),
 }
 
 /// The state shared by every task of one node.
@@ -110,13 +113,10 @@ fn random_u64() -> u64 {
 const META_SPACE: &str = "meta";
 const INCARNATION_KEY: &[u8] = b"incarnation";
 
+/// A fresh incarnation for this run, recorded in the store. Link sequence numbers are not
+/// yet kept across restarts, so every run is a new incarnation to its peers (once they are
+/// stored durably, a durable store will keep its incarnation).
 fn incarnation(store: &dyn Store) -> Result<u64, StoreError> {
-    if store.durable()
-        && let Some(bytes) = store.get(META_SPACE, INCARNATION_KEY)?
-        && let Ok(raw) = <[u8; 8]>::try_from(&bytes[..])
-    {
-        return Ok(u64::from_be_bytes(raw));
-    }
     let fresh = random_u64();
     let mut batch = Batch::new();
     batch.put(META_SPACE, INCARNATION_KEY, fresh.to_be_bytes().to_vec());
@@ -246,19 +246,38 @@ impl NodeState {
     }
 
     /// Queues one accepted message: into local queues for recipients on this node, and once
-    /// onto each link whose node has recipients.
+    /// onto each link whose node has recipients. Room is checked everywhere first, so a
+    /// refusal leaves nothing queued (unless a concurrent put takes the room in between).
     fn dispatch(&self, message: Message, now: Instant) -> Result<(), (ErrorCode, String)> {
-        let mut remote: Vec<&NodeName> = Vec::new();
+        let mut local: Vec<&Arc<LocalQueue>> = Vec::new();
+        let mut remote: Vec<&Arc<LinkHandle>> = Vec::new();
         for to in &message.content.recipients {
             if &to.node == self.name() {
                 let queue = self.queues.get(&to.queue).ok_or((ErrorCode::UnknownQueue, to.to_string()))?;
-                queue.push(message.clone(), now).map_err(|e| queue_error(&e))?;
-            } else if !remote.contains(&&to.node) {
-                remote.push(&to.node);
+                if !local.iter().any(|q| Arc::ptr_eq(q, queue)) {
+                    local.push(queue);
+                }
+            } else {
+                let link = self.links.get(&to.node).ok_or((ErrorCode::NoRoute, to.node.to_string()))?;
+                if !remote.iter().any(|l| Arc::ptr_eq(l, link)) {
+                    remote.push(link);
+                }
             }
         }
-        for node in remote {
-            let link = self.links.get(node).ok_or((ErrorCode::NoRoute, node.to_string()))?;
+        if let Some(full) = local.iter().find(|q| !q.has_room(1)) {
+            let max = full.config().queue_messages_max;
+            return Err((
+                ErrorCode::Full,
+                format!("queue '{}' is full ({max} messages)", full.config().name),
+            ));
+        }
+        if let Some(full) = remote.iter().find(|l| !l.has_room(1)) {
+            return Err((ErrorCode::Full, format!("transmission queue to node {} is full", full.peer.name)));
+        }
+        for queue in local {
+            queue.push(message.clone(), now).map_err(|e| queue_error(&e))?;
+        }
+        for link in remote {
             link.enqueue(message.clone(), now).map_err(|e| (ErrorCode::Full, e.to_string()))?;
         }
         Ok(())
@@ -268,40 +287,58 @@ impl NodeState {
     /// be delivered goes to the dead-letter queue with the reason.
     ///
     /// # Errors
-    /// When even the dead-letter queue refuses (full, or store failure): the caller must not
-    /// acknowledge the message.
+    /// When the dead-letter queue has no room for what must go there (or the store fails):
+    /// nothing was queued then, so the caller may leave the message unacknowledged and take
+    /// it again later without a duplicate.
     pub fn deliver(&self, message: Message, now: Instant) -> Result<(), QueueError> {
-        let mut delivered_any = false;
+        let mut targets: Vec<Result<&Arc<LocalQueue>, String>> = Vec::new();
         for to in message.content.recipients.iter().filter(|to| &to.node == self.name()) {
-            delivered_any = true;
-            let result = match self.queues.get(&to.queue) {
+            targets.push(match self.queues.get(&to.queue) {
                 None => Err(format!("queue '{}' does not exist on node {}", to.queue, to.node)),
                 Some(q) if message.content.payload.len() as u64 > q.config().message_bytes_max => {
                     Err(format!("payload is over queue {to}'s message_bytes_max"))
                 }
-                Some(q) => match q.push(message.clone(), now) {
-                    Err(QueueError::Full { .. }) => Err(format!("queue {to} is full")),
-                    other => other.map_err(|e| e.to_string()),
-                },
-            };
-            if let Err(reason) = result {
-                self.dead_letter(message.clone(), &reason, now)?;
-            }
+                Some(q) if !q.has_room(1) => Err(format!("queue {to} is full")),
+                Some(q) => Ok(q),
+            });
         }
-        if !delivered_any {
-            self.dead_letter(message, &format!("no recipient on node {}", self.name()), now)?;
+        if targets.is_empty() {
+            targets.push(Err(format!("no recipient on node {}", self.name())));
+        }
+        let dead = targets.iter().filter(|t| t.is_err()).count();
+        let dlq = self.dead_letter_queue();
+        if dead > 0 && !dlq.has_room(dead) {
+            let max = dlq.config().queue_messages_max;
+            return Err(QueueError::Full { queue: dlq.config().name.clone(), max });
+        }
+        for target in targets {
+            match target {
+                Ok(queue) => queue.push(message.clone(), now)?,
+                Err(reason) => self.dead_letter(message.clone(), &reason, now)?,
+            }
         }
         Ok(())
     }
 
-    fn dead_letter(&self, mut message: Message, reason: &str, now: Instant) -> Result<(), QueueError> {
+    fn dead_letter_queue(&self) -> &Arc<LocalQueue> {
+        self.queues.get(DEAD_LETTER_QUEUE).expect("the dead-letter queue always exists")
+    }
+
+    /// Puts `message` into the dead-letter queue with `reason` in its
+    /// `linkbus.dead_letter_reason` header.
+    ///
+    /// # Errors
+    /// When the dead-letter queue is full or the store fails.
+    pub fn dead_letter(&self, mut message: Message, reason: &str, now: Instant) -> Result<(), QueueError> {
         warn!(id = %message.id, reason, "Message dead-lettered.");
         if message.content.headers.len() < linkbus_plugin_api::message::HEADERS_MAX {
-            let reason = reason.get(..linkbus_plugin_api::message::HEADER_VALUE_BYTES_MAX).unwrap_or(reason);
-            message.content.headers.push((DEAD_LETTER_REASON_HEADER.into(), reason.to_owned()));
+            let mut cut = reason.len().min(linkbus_plugin_api::message::HEADER_VALUE_BYTES_MAX);
+            while !reason.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            message.content.headers.push((DEAD_LETTER_REASON_HEADER.into(), reason[..cut].to_owned()));
         }
-        let dlq = self.queues.get(DEAD_LETTER_QUEUE).expect("the dead-letter queue always exists");
-        dlq.push(message, now)
+        self.dead_letter_queue().push(message, now)
     }
 }
 
@@ -335,19 +372,22 @@ mod tests {
 
     #[test]
     fn puts_are_checked_before_anything_is_queued() {
-        let n = node("messages: { message_bytes_max: 1000 }\nlinks: { frame_bytes_max: 140000 }");
+        let n = node("messages: { message_bytes_max: 1000 }\nlinks: { frame_bytes_max: 530000 }");
         let to = |a: &str| a.parse().unwrap();
         assert_eq!(refusal(&n, Content::buf(to("A:none"), "x")).0, ErrorCode::UnknownQueue);
         assert_eq!(refusal(&n, Content::buf(to("Z:q"), "x")).0, ErrorCode::NoRoute);
         assert_eq!(refusal(&n, Content::buf(to("B:q"), vec![0u8; 1001])).0, ErrorCode::TooLarge);
         let system = Content::buf(to("B:q"), "x").with_priority(Priority::SYSTEM);
         assert_eq!(refusal(&n, system).0, ErrorCode::Invalid);
-        let mut headers = Content::buf(to("B:q"), "x");
-        headers.headers = (0..64).map(|i| (format!("k{i}"), "v".repeat(4000))).collect();
-        let (code, message) = refusal(&n, headers);
-        assert_eq!(code, ErrorCode::TooLarge);
-        assert!(message.contains("links.frame_bytes_max"), "{message}");
-        assert_eq!(n.queues.get("q").unwrap().len(), 5, "one accepted per refused batch");
+        assert_eq!(n.queues.get("q").unwrap().len(), 4, "one accepted per refused batch");
+        // The largest envelope with the largest payload fits the smallest allowed frame.
+        let mut largest = Content::buf(to("B:q"), vec![0u8; 1000]);
+        largest.headers = (0..64).map(|i| (format!("{i:0>128}"), "v".repeat(4096))).collect();
+        largest.name = "n".repeat(48 * 1024);
+        largest.recipients = vec![to("B:q"); 64];
+        largest.group = Some(linkbus_plugin_api::Group { id: "g".repeat(128), index: 0, last: true });
+        largest.correlation_id = Some(bytes::Bytes::from(vec![1u8; 128]));
+        assert!(n.put(vec![largest]).is_ok());
     }
 
     #[test]

@@ -54,11 +54,18 @@ struct Entry {
     enqueued_at: Instant,
 }
 
+/// Keys of pushed messages grow from here; keys of restored ones shrink from just below, so
+/// store order is queue order either way.
+const KEY_MIDDLE: u64 = 1 << 63;
+
 struct Levels {
     /// One FIFO per level; a `fifo` queue has a single level.
     levels: Vec<VecDeque<Entry>>,
     len: usize,
+    /// Key of the next message pushed at the tail.
     next_key: u64,
+    /// Key of the next message restored at the head.
+    front_key: u64,
 }
 
 /// One local queue; see the module doc.
@@ -98,14 +105,19 @@ impl LocalQueue {
             QueueOrder::Priority => PRIORITY_LEVEL_MAX as usize + 2,
         };
         let space = format!("q.{}", config.name);
-        let mut levels =
-            Levels { levels: (0..level_count).map(|_| VecDeque::new()).collect(), len: 0, next_key: 1 };
+        let mut levels = Levels {
+            levels: (0..level_count).map(|_| VecDeque::new()).collect(),
+            len: 0,
+            next_key: KEY_MIDDLE,
+            front_key: KEY_MIDDLE - 1,
+        };
         let stored = store.scan(&space, Bound::Unbounded, Bound::Unbounded, usize::MAX)?;
         for (key, value) in stored {
             let key = key_number(&key).ok_or_else(|| corrupt(&space, &key, "bad key"))?;
             let message =
                 decode_message(value).map_err(|e| corrupt(&space, &key.to_be_bytes(), &e.to_string()))?;
-            levels.next_key = key + 1;
+            levels.next_key = levels.next_key.max(key + 1);
+            levels.front_key = levels.front_key.min(key.saturating_sub(1));
             push_entry(&mut levels, config.order, Entry { key, message, enqueued_at: now });
         }
         Ok(Self { config, space, store, inner: Mutex::new(levels), notify: Notify::new() })
@@ -128,6 +140,36 @@ impl LocalQueue {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Levels> {
         self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Whether `count` more messages fit now.
+    pub fn has_room(&self, count: usize) -> bool {
+        (self.lock().len + count) as u64 <= self.config.queue_messages_max
+    }
+
+    /// Puts messages taken by [`LocalQueue::pop`] back at the head, in their order (a get
+    /// whose client went away before the answer was written).
+    ///
+    /// # Errors
+    /// [`StoreError`] when the store fails; the messages are not restored then.
+    pub fn restore(&self, messages: Vec<Message>, now: Instant) -> Result<(), StoreError> {
+        let mut levels = self.lock();
+        let mut batch = Batch::new();
+        let mut entries = Vec::with_capacity(messages.len());
+        for message in messages.into_iter().rev() {
+            let key = levels.front_key;
+            levels.front_key -= 1;
+            batch.put(&self.space, Bytes::copy_from_slice(&key.to_be_bytes()), message_bytes(&message));
+            entries.push(Entry { key, message, enqueued_at: now });
+        }
+        self.store.write(batch, false)?;
+        for entry in entries {
+            unpop_entry(&mut levels, self.config.order, entry);
+            levels.len += 1;
+        }
+        drop(levels);
+        self.notify.notify_waiters();
+        Ok(())
     }
 
     /// Queues `message`, stored before it becomes visible.
@@ -319,6 +361,22 @@ mod tests {
         assert_eq!(sequences(&q.pop(1, usize::MAX, now).unwrap()), [1]);
         let reopened = queue(QueueOrder::Fifo, 10, store);
         assert_eq!(sequences(&reopened.pop(10, usize::MAX, now).unwrap()), [2, 3]);
+    }
+
+    #[test]
+    fn restored_messages_come_first_and_survive_reopening() {
+        let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+        let now = Instant::now();
+        let q = queue(QueueOrder::Fifo, 10, store.clone());
+        for n in 1..=4 {
+            q.push(message(n, 4, 60_000), now).unwrap();
+        }
+        let taken = q.pop(2, usize::MAX, now).unwrap();
+        assert!(q.has_room(8) && !q.has_room(9));
+        q.restore(taken.messages, now).unwrap();
+        assert!(!q.has_room(7));
+        let reopened = queue(QueueOrder::Fifo, 10, store);
+        assert_eq!(sequences(&reopened.pop(10, usize::MAX, now).unwrap()), [1, 2, 3, 4]);
     }
 
     #[test]

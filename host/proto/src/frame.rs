@@ -8,8 +8,8 @@
 //!
 //! | type | frame | body |
 //! | --- | --- | --- |
-//! | 1 | `Hello` | magic `LNKB`, protocol version u16, API version u32, from, to (u8-length names), incarnation u64, expected u64, your-incarnation u64, flags u8 |
-//! | 2 | `Data` | sequence u64, CRC32C u32 of the message bytes, message bytes |
+//! | 1 | `Hello` | magic `LNKB`, protocol version u16, API version u32, from, to (u8-length names), incarnation u64, expected u64, your-incarnation u64, frame bytes max u32, flags u8 |
+//! | 2 | `Data` | sequence u64, CRC32C u32 of the message bytes, message bytes (empty: a skip, the message was dropped in transit) |
 //! | 3 | `Ack` | sequence u64: every message up to it is delivered |
 //! | 4 | `Ping` | nonce u64 |
 //! | 5 | `Pong` | nonce u64 |
@@ -58,6 +58,8 @@ pub struct Hello {
     pub expected: u64,
     /// The receiver's incarnation that `expected` refers to (`0`: never met).
     pub your_incarnation: u64,
+    /// The longest frame the sender accepts; messages that do not fit are not sent to it.
+    pub frame_bytes_max: u32,
     /// `HELLO_FLAG_*` bits.
     pub flags: u8,
 }
@@ -220,6 +222,7 @@ fn encode_hello(h: &Hello, out: &mut BytesMut) {
     out.put_u64(h.incarnation);
     out.put_u64(h.expected);
     out.put_u64(h.your_incarnation);
+    out.put_u32(h.frame_bytes_max);
     out.put_u8(h.flags);
 }
 
@@ -325,6 +328,7 @@ fn decode_hello(r: &mut Reader) -> Result<Frame, FrameError> {
         incarnation: r.u64().map_err(malformed)?,
         expected: r.u64().map_err(malformed)?,
         your_incarnation: r.u64().map_err(malformed)?,
+        frame_bytes_max: r.u32().map_err(malformed)?,
         flags: r.u8().map_err(malformed)?,
     };
     r.finish().map_err(malformed)?;

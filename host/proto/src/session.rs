@@ -23,17 +23,20 @@
 //! fresh sequence space, renumbering what is still waiting, instead of mistaking new
 //! messages for duplicates.
 
+mod event;
+
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
-use linkbus_plugin_api::{API_VERSION, Message, NodeName};
+use linkbus_plugin_api::{API_VERSION, NodeName};
+
+pub use event::{DropReason, SendError, SessionError, SessionEvent};
 
 use crate::frame::{
-    CloseCode, DATA_OVERHEAD_BYTES, Frame, FrameDecoder, FrameError, HELLO_FLAG_DURABLE, Hello, LENGTH_BYTES,
-    PROTOCOL_VERSION,
+    DATA_OVERHEAD_BYTES, Frame, FrameDecoder, HELLO_FLAG_DURABLE, Hello, LENGTH_BYTES, PROTOCOL_VERSION,
 };
-use crate::wire::decode_message;
+use crate::wire::{decode_message, with_lifetime};
 
 /// Settings of one session, from the node's configuration.
 #[derive(Debug, Clone)]
@@ -58,143 +61,21 @@ pub struct SessionConfig {
     pub handshake_timeout: Duration,
 }
 
-/// What the session reports to the host.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum SessionEvent {
-    /// The handshake completed; data flows.
-    Established {
-        /// The peer lost its state since the last connection; sequence spaces restarted.
-        peer_restarted: bool,
-        /// Messages resent because the peer had not received them.
-        resent: usize,
-    },
-    /// A message arrived in order; store it, then call [`Session::handle_delivered`].
-    Received {
-        /// Its link sequence number.
-        sequence: u64,
-        /// The message.
-        message: Message,
-    },
-    /// The peer acknowledged messages up to `through`.
-    Acked {
-        /// Highest acknowledged sequence number.
-        through: u64,
-        /// How many messages this acknowledgement completed.
-        messages: usize,
-    },
-    /// The connection must be dropped (after writing the last transmit).
-    Closed(SessionError),
-}
-
-/// Why a connection ended.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum SessionError {
-    /// Bytes that are not a valid frame.
-    #[error("bad frame: {0}")]
-    Frame(#[from] FrameError),
-    /// The peer speaks another protocol version.
-    #[error("peer speaks protocol version {theirs}, this node speaks {ours}")]
-    Version {
-        /// Ours.
-        ours: u16,
-        /// Theirs.
-        theirs: u16,
-    },
-    /// The peer is not the node this link is for, or thinks it talks to another node.
-    #[error("peer introduced itself as '{from}' to '{to}', expected '{expected}' to '{local}'")]
-    WrongPeer {
-        /// The name the peer gave.
-        from: String,
-        /// The name the peer thinks we have.
-        to: String,
-        /// The name configured for this link.
-        expected: String,
-        /// Our name.
-        local: String,
-    },
-    /// A frame that is not allowed in the current phase.
-    #[error("unexpected {0} frame")]
-    Unexpected(&'static str),
-    /// A message whose CRC32C does not match.
-    #[error("message {0} failed its CRC check")]
-    BadCrc(u64),
-    /// A message that passed its CRC but does not decode.
-    #[error("message {sequence} is malformed: {reason}")]
-    BadMessage {
-        /// Its sequence number.
-        sequence: u64,
-        /// Why it does not decode.
-        reason: String,
-    },
-    /// A message beyond the next expected one (the transport lost or reordered bytes).
-    #[error("expected message {expected}, got {got}")]
-    Gap {
-        /// The next expected sequence number.
-        expected: u64,
-        /// The one that arrived.
-        got: u64,
-    },
-    /// An acknowledgement of a message that was never sent.
-    #[error("peer acknowledged {ack}, but only {last_sent} were sent")]
-    AckBeyondSent {
-        /// The acknowledged number.
-        ack: u64,
-        /// The last number sent.
-        last_sent: u64,
-    },
-    /// The peer claims to have received more than was ever sent.
-    #[error("peer expects message {expected}, but only {last_sent} were sent")]
-    ClaimsMore {
-        /// What the peer expects next.
-        expected: u64,
-        /// The last number sent.
-        last_sent: u64,
-    },
-    /// The peer's receive state went backwards behind what it acknowledged.
-    #[error("peer expects message {expected} though it acknowledged {acked}: its state went backwards")]
-    WentBackwards {
-        /// What the peer expects next.
-        expected: u64,
-        /// What it had acknowledged.
-        acked: u64,
-    },
-    /// The peer closed the connection.
-    #[error("peer closed the link ({code}): {reason}")]
-    PeerClosed {
-        /// The peer's close code.
-        code: u16,
-        /// The peer's reason.
-        reason: String,
-    },
-    /// No answer to a `Ping` in time.
-    #[error("no answer within the pong timeout")]
-    PongTimeout,
-    /// No `Hello` in time.
-    #[error("no hello within the handshake timeout")]
-    HandshakeTimeout,
-}
-
-impl SessionError {
-    fn close_code(&self) -> CloseCode {
-        match self {
-            Self::Version { .. } => CloseCode::VersionMismatch,
-            Self::WrongPeer { .. } => CloseCode::UnknownPeer,
-            _ => CloseCode::ProtocolError,
-        }
-    }
-}
-
-/// [`Session::send`] refused a message.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-#[error("{0} messages are awaiting acknowledgement, the window is full")]
-pub struct WindowFull(pub usize);
-
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Phase {
     Disconnected,
     Handshake { deadline: Instant },
     Established,
+}
+
+/// A message handed to the session and not yet acknowledged.
+#[derive(Debug)]
+struct Pending {
+    sequence: u64,
+    /// The encoded message, as first handed over.
+    message: Bytes,
+    /// When its lifetime runs out, so a resend carries the time left, or a skip.
+    expires_at: Option<Instant>,
 }
 
 /// One link's protocol state; see the module doc for the call order.
@@ -207,19 +88,27 @@ pub struct Session {
     /// Highest sequence number the peer acknowledged.
     acked: u64,
     /// Sent (or assigned) messages the peer has not acknowledged, in sequence order.
-    unacked: VecDeque<(u64, Bytes)>,
+    unacked: VecDeque<Pending>,
     /// Next sequence number to deliver durably; advertised in `Hello`.
     expected: u64,
-    /// Highest sequence number handed to the host (it may not be stored yet).
+    /// Highest sequence number handed to the host on this connection (it may not be stored
+    /// yet); reset to `expected - 1` with every connection.
     received_through: u64,
     /// The peer's incarnation from its last `Hello`.
     peer_incarnation: Option<u64>,
+    /// The peer's `frame_bytes_max` from its last `Hello`.
+    peer_frame_bytes_max: Option<usize>,
+    /// Frames received but not yet decoded.
     decoder: FrameDecoder,
+    /// Frames to write, collected until the host takes them (one write per batch).
     transmit: BytesMut,
+    /// Events for the host.
     events: VecDeque<SessionEvent>,
+    /// When the last frame arrived, for the keepalive.
     last_received: Instant,
     /// Nonce and send time of the unanswered `Ping`.
     ping: Option<(u64, Instant)>,
+    /// Next `Ping` nonce.
     next_nonce: u64,
 }
 
@@ -236,6 +125,7 @@ impl Session {
             expected: 1,
             received_through: 0,
             peer_incarnation: None,
+            peer_frame_bytes_max: None,
             decoder,
             transmit: BytesMut::new(),
             events: VecDeque::new(),
@@ -265,11 +155,42 @@ impl Session {
         self.unacked.len() < self.config.in_flight_messages_max
     }
 
-    /// A transport connection is up: resets per-connection state and queues our `Hello`.
-    pub fn handle_connected(&mut self, now: Instant) {
+    /// Largest encoded message the link carries: our frame limit, and the peer's once known.
+    pub fn message_bytes_max(&self) -> usize {
+        let frame = self.peer_frame_bytes_max.unwrap_or(usize::MAX).min(self.config.frame_bytes_max);
+        frame.saturating_sub(DATA_OVERHEAD_BYTES - LENGTH_BYTES)
+    }
+
+    /// Whether a new connection should replace the current one. Both ends decide alike: the
+    /// connection dialed by the node with the smaller name wins; between connections dialed
+    /// by the same side the newer wins; and a peer that comes back with a new incarnation
+    /// (it restarted, so the current connection is dead) always wins.
+    pub fn should_replace(
+        &self,
+        current_dialed_by_us: bool,
+        new_dialed_by_us: bool,
+        new_incarnation: Option<u64>,
+    ) -> bool {
+        if new_incarnation.is_some_and(|i| self.peer_incarnation.is_some_and(|known| known != i)) {
+            return true;
+        }
+        let preferred = |by_us: bool| by_us == (self.config.local < self.config.peer);
+        !preferred(current_dialed_by_us) || preferred(new_dialed_by_us)
+    }
+
+    /// Forgets everything about the previous connection: bytes in and out, the keepalive,
+    /// and received messages the host has not confirmed (the peer sends them again).
+    fn reset_connection(&mut self) {
         self.decoder.clear();
         self.transmit.clear();
         self.ping = None;
+        self.received_through = self.expected - 1;
+        self.events.retain(|e| !matches!(e, SessionEvent::Received { .. } | SessionEvent::Skipped { .. }));
+    }
+
+    /// A transport connection is up: resets per-connection state and queues our `Hello`.
+    pub fn handle_connected(&mut self, now: Instant) {
+        self.reset_connection();
         self.last_received = now;
         self.phase = Phase::Handshake { deadline: now + self.config.handshake_timeout };
         let hello = Hello {
@@ -280,18 +201,18 @@ impl Session {
             incarnation: self.config.incarnation,
             expected: self.expected,
             your_incarnation: self.peer_incarnation.unwrap_or(0),
+            frame_bytes_max: u32::try_from(self.config.frame_bytes_max).unwrap_or(u32::MAX),
             flags: if self.config.durable { HELLO_FLAG_DURABLE } else { 0 },
         };
         Frame::Hello(hello).encode(&mut self.transmit);
     }
 
     /// The transport connection is gone; messages awaiting acknowledgement are kept and
-    /// resent after the next handshake.
+    /// resent after the next handshake, and received messages not yet confirmed by
+    /// [`Session::handle_delivered`] are forgotten (the peer resends them).
     pub fn handle_disconnected(&mut self) {
         self.phase = Phase::Disconnected;
-        self.decoder.clear();
-        self.transmit.clear();
-        self.ping = None;
+        self.reset_connection();
     }
 
     /// Feeds received bytes.
@@ -316,7 +237,7 @@ impl Session {
         self.ping = None;
         match (self.phase, frame) {
             (Phase::Disconnected, _) => {}
-            (Phase::Handshake { .. }, Frame::Hello(hello)) => self.handle_hello(&hello),
+            (Phase::Handshake { .. }, Frame::Hello(hello)) => self.handle_hello(&hello, now),
             (_, Frame::Close { code, reason }) => {
                 self.phase = Phase::Disconnected;
                 self.events.push_back(SessionEvent::Closed(SessionError::PeerClosed { code, reason }));
@@ -331,7 +252,7 @@ impl Session {
         }
     }
 
-    fn handle_hello(&mut self, hello: &Hello) {
+    fn handle_hello(&mut self, hello: &Hello, now: Instant) {
         if hello.protocol_version != PROTOCOL_VERSION {
             let theirs = hello.protocol_version;
             return self.close(SessionError::Version { ours: PROTOCOL_VERSION, theirs });
@@ -351,6 +272,7 @@ impl Session {
             self.received_through = 0;
         }
         self.peer_incarnation = Some(hello.incarnation);
+        self.peer_frame_bytes_max = Some(hello.frame_bytes_max as usize);
         let resend_from = if hello.your_incarnation == self.config.incarnation {
             let last_sent = self.next_send - 1;
             if hello.expected > self.next_send {
@@ -369,19 +291,42 @@ impl Session {
             1
         };
         self.phase = Phase::Established;
-        let mut resent = 0;
-        for (sequence, message) in &self.unacked {
-            if *sequence >= resend_from {
-                Frame::encode_data(*sequence, message, &mut self.transmit);
-                resent += 1;
-            }
-        }
+        let resent = self.resend(resend_from, now);
         self.events.push_back(SessionEvent::Established { peer_restarted, resent });
     }
 
+    /// Writes every waiting message from `from` on: with the lifetime it has left, or as an
+    /// empty skip message when it expired or is too large for the peer. Returns how many.
+    fn resend(&mut self, from: u64, now: Instant) -> usize {
+        let max = self.message_bytes_max();
+        let mut resent = 0;
+        for pending in self.unacked.iter_mut().filter(|p| p.sequence >= from) {
+            resent += 1;
+            let left = pending.expires_at.map(|at| at.saturating_duration_since(now).as_millis() as u64);
+            let reason = match left {
+                Some(0) => Some(DropReason::Expired),
+                _ if pending.message.len() > max => Some(DropReason::TooLargeForPeer),
+                _ => None,
+            };
+            if let Some(reason) = reason {
+                Frame::encode_data(pending.sequence, &[], &mut self.transmit);
+                let message = std::mem::take(&mut pending.message);
+                self.events.push_back(SessionEvent::Dropped { message, reason });
+                pending.expires_at = None;
+                continue;
+            }
+            if let Some(ms) = left {
+                pending.message =
+                    with_lifetime(&pending.message, ms).unwrap_or_else(|| pending.message.clone());
+            }
+            Frame::encode_data(pending.sequence, &pending.message, &mut self.transmit);
+        }
+        resent
+    }
+
     fn renumber(&mut self) {
-        for (index, entry) in self.unacked.iter_mut().enumerate() {
-            entry.0 = index as u64 + 1;
+        for (index, pending) in self.unacked.iter_mut().enumerate() {
+            pending.sequence = index as u64 + 1;
         }
         self.next_send = self.unacked.len() as u64 + 1;
         self.acked = 0;
@@ -400,6 +345,11 @@ impl Session {
         }
         if sequence != self.received_through + 1 {
             return self.close(SessionError::Gap { expected: self.received_through + 1, got: sequence });
+        }
+        if message.is_empty() {
+            self.received_through = sequence;
+            self.events.push_back(SessionEvent::Skipped { sequence });
+            return;
         }
         match decode_message(message) {
             Ok(message) => {
@@ -423,7 +373,7 @@ impl Session {
             return;
         }
         let mut messages = 0;
-        while self.unacked.front().is_some_and(|(seq, _)| *seq <= through) {
+        while self.unacked.front().is_some_and(|p| p.sequence <= through) {
             self.unacked.pop_front();
             messages += 1;
         }
@@ -431,17 +381,10 @@ impl Session {
         self.events.push_back(SessionEvent::Acked { through, messages });
     }
 
-    /// The host stored every received message up to `through`: acknowledge them.
-    ///
-    /// # Panics
-    /// When `through` was never handed to the host.
+    /// The host stored every received message up to `through`: acknowledge them. Numbers
+    /// from an earlier connection (already forgotten) are ignored.
     pub fn handle_delivered(&mut self, through: u64) {
-        assert!(
-            through <= self.received_through,
-            "delivered {through} beyond received {}",
-            self.received_through
-        );
-        if through < self.expected {
+        if through < self.expected || through > self.received_through {
             return;
         }
         self.expected = through + 1;
@@ -450,29 +393,28 @@ impl Session {
         }
     }
 
-    /// Hands over one encoded message (see [`crate::wire`]); it is written now if the link is
-    /// up, else after the next handshake. Returns its sequence number.
+    /// Hands over one encoded message (see [`crate::wire`]) whose lifetime ends at
+    /// `expires_at` (`None`: never); it is written now if the link is up, else after the
+    /// next handshake. Returns its sequence number.
     ///
     /// # Errors
-    /// [`WindowFull`] when `in_flight_messages_max` messages await acknowledgement.
-    ///
-    /// # Panics
-    /// When the message does not fit in a frame (the host checks `message_bytes_max`, which
-    /// configuration keeps below `frame_bytes_max`).
-    pub fn send(&mut self, message: Bytes) -> Result<u64, WindowFull> {
+    /// [`SendError::WindowFull`] when `in_flight_messages_max` messages await
+    /// acknowledgement; [`SendError::TooLarge`] when it does not fit in a frame of this node
+    /// or (once known) of the peer.
+    pub fn send(&mut self, message: Bytes, expires_at: Option<Instant>) -> Result<u64, SendError> {
         if !self.has_window() {
-            return Err(WindowFull(self.unacked.len()));
+            return Err(SendError::WindowFull(self.unacked.len()));
         }
-        assert!(
-            message.len() + DATA_OVERHEAD_BYTES - LENGTH_BYTES <= self.config.frame_bytes_max,
-            "message larger than a frame"
-        );
+        let max = self.message_bytes_max();
+        if message.len() > max || message.is_empty() {
+            return Err(SendError::TooLarge { len: message.len(), max });
+        }
         let sequence = self.next_send;
         self.next_send += 1;
         if self.phase == Phase::Established {
             Frame::encode_data(sequence, &message, &mut self.transmit);
         }
-        self.unacked.push_back((sequence, message));
+        self.unacked.push_back(Pending { sequence, message, expires_at });
         Ok(sequence)
     }
 
@@ -516,6 +458,11 @@ impl Session {
     /// Bytes to write to the connection, all frames since the last call in one buffer.
     pub fn poll_transmit(&mut self) -> Option<Bytes> {
         (!self.transmit.is_empty()).then(|| self.transmit.split().freeze())
+    }
+
+    /// Bytes waiting for [`Session::poll_transmit`].
+    pub fn transmit_len(&self) -> usize {
+        self.transmit.len()
     }
 
     /// The next event for the host.

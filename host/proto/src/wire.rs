@@ -130,6 +130,17 @@ pub fn encode_message(message: &Message, out: &mut BytesMut) {
     encode_content(&message.content, out);
 }
 
+/// A copy of the encoded `message` with its remaining lifetime set to `lifetime_ms`, or
+/// `None` when the bytes are not an encoded message.
+pub fn with_lifetime(message: &Bytes, lifetime_ms: u64) -> Option<Bytes> {
+    let source_len = *message.get(1)? as usize;
+    // format, name length, name, sequence, created, hop count, flags, kind, priority, reliability
+    let at = 2 + source_len + 8 + 8 + 1 + 1 + 3;
+    let mut copy = BytesMut::from(&message[..]);
+    copy.get_mut(at..at + 8)?.copy_from_slice(&lifetime_ms.max(1).to_be_bytes());
+    Some(copy.freeze())
+}
+
 /// The wire form of `message` as one buffer.
 pub fn message_bytes(message: &Message) -> Bytes {
     let mut out = BytesMut::new();
@@ -270,6 +281,16 @@ mod tests {
         let bytes = message_bytes(&m);
         assert_eq!(bytes.len(), message_encoded_len(1, &m.content), "the length formula matches");
         assert_eq!(decode_message(bytes).unwrap(), m);
+    }
+
+    #[test]
+    fn lifetime_is_patched_in_place() {
+        let m = sample();
+        let patched = with_lifetime(&message_bytes(&m), 1234).unwrap();
+        let decoded = decode_message(patched).unwrap();
+        assert_eq!(decoded.content.lifetime, Some(Lifetime::from_ms(1234)));
+        assert_eq!(decoded.content.payload, m.content.payload);
+        assert_eq!(with_lifetime(&Bytes::from_static(b"\x01"), 5), None);
     }
 
     #[test]

@@ -14,7 +14,7 @@ use tracing::{debug, warn};
 
 use super::protocol::{ErrorCode, Request, Response, split_frame};
 use crate::node::{NodeState, StartError};
-use crate::queue::DEAD_LETTER_QUEUE;
+use crate::queue::{DEAD_LETTER_QUEUE, LocalQueue};
 
 /// Most messages one `get` returns.
 pub const GET_MESSAGES_MAX: u32 = 100_000;
@@ -76,6 +76,7 @@ async fn serve(node: Arc<NodeState>, mut stream: UnixStream, mut shutdown: watch
             Ok(frame) => frame,
             Err(reason) => {
                 let response = Response::Error { code: ErrorCode::BadRequest, accepted: 0, message: reason };
+                out.clear();
                 response.encode(&mut out);
                 let _ = stream.write_all(&out).await;
                 return;
@@ -90,43 +91,56 @@ async fn serve(node: Arc<NodeState>, mut stream: UnixStream, mut shutdown: watch
                 },
             }
         };
-        let response = match Request::decode(kind, body) {
+        let (response, taken_from) = match Request::decode(kind, body) {
             Ok(request) => handle(&node, request).await,
-            Err(e) => Response::Error {
-                code: ErrorCode::BadRequest,
-                accepted: 0,
-                message: format!("bad request: {e}"),
-            },
+            Err(e) => {
+                let message = format!("bad request: {e}");
+                (Response::Error { code: ErrorCode::BadRequest, accepted: 0, message }, None)
+            }
         };
         out.clear();
         response.encode(&mut out);
-        if stream.write_all(&out).await.is_err() {
+        if let Err(e) = stream.write_all(&out).await {
+            // The client is gone: messages it never received go back to the head of the queue.
+            if let (Response::Messages(messages), Some(queue)) = (response, taken_from)
+                && !messages.is_empty()
+                && let Err(store) = queue.restore(messages, Instant::now())
+            {
+                warn!(error = %store, "Could not restore the messages of a failed get.");
+            }
+            debug!(error = %e, "Client connection lost.");
             return;
         }
     }
 }
 
-async fn handle(node: &NodeState, request: Request) -> Response {
+/// Answers one request; for a get, also the queue the messages came from.
+async fn handle(node: &NodeState, request: Request) -> (Response, Option<Arc<LocalQueue>>) {
     match request {
-        Request::Put(contents) => match node.put(contents) {
-            Ok((sequences, created_unix_ms)) => {
-                Response::PutOk { source: node.name().clone(), sequences, created_unix_ms }
-            }
-            Err(e) => Response::Error { code: e.code, accepted: e.accepted, message: e.message },
-        },
-        Request::Get { queue, count_max, wait_ms, bytes_max } => {
-            get(node, &queue, count_max, wait_ms, bytes_max).await
+        Request::Put(contents) => {
+            let response = match node.put(contents) {
+                Ok((sequences, created_unix_ms)) => {
+                    Response::PutOk { source: node.name().clone(), sequences, created_unix_ms }
+                }
+                Err(e) => Response::Error { code: e.code, accepted: e.accepted, message: e.message },
+            };
+            (response, None)
         }
-        Request::Status => Response::Status(status(node)),
+        Request::Get { queue, count_max, wait_ms, bytes_max } => {
+            let found =
+                linkbus_plugin_api::QueueName::new(&queue).ok().and_then(|name| node.queues.get(&name));
+            let Some(q) = found else {
+                let message = format!("queue '{queue}' does not exist on node {}", node.name());
+                return (Response::Error { code: ErrorCode::UnknownQueue, accepted: 0, message }, None);
+            };
+            (get(q, count_max, wait_ms, bytes_max).await, Some(q.clone()))
+        }
+        Request::Status => (Response::Status(status(node)), None),
     }
 }
 
-async fn get(node: &NodeState, queue: &str, count_max: u32, wait_ms: u64, bytes_max: u64) -> Response {
-    let found = linkbus_plugin_api::QueueName::new(queue).ok().and_then(|name| node.queues.get(&name));
-    let Some(q) = found else {
-        let message = format!("queue '{queue}' does not exist on node {}", node.name());
-        return Response::Error { code: ErrorCode::UnknownQueue, accepted: 0, message };
-    };
+async fn get(q: &LocalQueue, count_max: u32, wait_ms: u64, bytes_max: u64) -> Response {
+    let queue = q.config().name.as_str();
     let count_max = count_max.clamp(1, GET_MESSAGES_MAX) as usize;
     let deadline = tokio::time::Instant::now() + Duration::from_millis(wait_ms.min(GET_WAIT_MS_MAX));
     let bytes_max = usize::try_from(bytes_max).unwrap_or(usize::MAX);

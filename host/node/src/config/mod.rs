@@ -12,9 +12,11 @@ use linkbus_plugin_api::{ConfigValue, NodeName, QueueName, Reliability};
 
 pub use read::{Overrides, apply_overrides, from_value, load_file, parse_yaml};
 
-/// Bytes a frame needs beyond the message it carries (frame header, sequence, CRC) plus the
-/// largest message envelope (name, recipients, headers); `frame_bytes_max` must leave room.
-pub const FRAME_OVERHEAD_BYTES: u64 = 128 * 1024;
+/// Bytes a frame needs beyond the payload it carries: frame header, sequence and CRC, plus
+/// the largest envelope a message can have (48 KiB name, 64 recipients, 64 headers of 4 KiB:
+/// about 330 KiB). With `frame_bytes_max` at least `message_bytes_max` plus this, every
+/// message a node accepts fits in one frame.
+pub const FRAME_OVERHEAD_BYTES: u64 = 512 * 1024;
 
 /// Everything a node needs to run.
 #[derive(Debug, Clone, PartialEq)]

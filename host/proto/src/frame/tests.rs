@@ -17,6 +17,7 @@ fn frame_strategy() -> impl Strategy<Value = Frame> {
                 incarnation,
                 expected,
                 your_incarnation,
+                frame_bytes_max: 1 << 20,
                 flags,
             })
         ),

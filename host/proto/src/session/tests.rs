@@ -4,7 +4,8 @@
 
 use super::*;
 use crate::wire::message_bytes;
-use linkbus_plugin_api::{Content, MessageId};
+use linkbus_plugin_api::{Content, Lifetime, Message, MessageId};
+use proptest::prelude::*;
 
 fn config(local: &str, peer: &str, incarnation: u64) -> SessionConfig {
     SessionConfig {
@@ -106,7 +107,7 @@ fn messages_flow_in_order_and_are_acknowledged() {
     p.connect();
     assert!(p.a.is_established() && p.b.is_established());
     for n in 1..=5 {
-        p.a.send(message(n)).unwrap();
+        p.a.send(message(n), None).unwrap();
     }
     p.pump();
     assert_eq!(p.received_by_b, [1, 2, 3, 4, 5]);
@@ -117,8 +118,8 @@ fn messages_flow_in_order_and_are_acknowledged() {
 #[test]
 fn messages_sent_while_down_arrive_after_reconnect() {
     let mut p = Pair::new();
-    p.a.send(message(1)).unwrap();
-    p.a.send(message(2)).unwrap();
+    p.a.send(message(1), None).unwrap();
+    p.a.send(message(2), None).unwrap();
     p.connect();
     assert_eq!(p.received_by_b, [1, 2]);
 }
@@ -127,15 +128,15 @@ fn messages_sent_while_down_arrive_after_reconnect() {
 fn unacknowledged_messages_are_resent_exactly_once() {
     let mut p = Pair::new();
     p.connect();
-    p.a.send(message(1)).unwrap();
+    p.a.send(message(1), None).unwrap();
     p.pump();
     // Message 2 is written but the connection breaks before it arrives.
-    p.a.send(message(2)).unwrap();
+    p.a.send(message(2), None).unwrap();
     let _lost = p.a.poll_transmit();
     // Message 3 arrives at B, but B's ACK is lost.
     p.disconnect();
     p.connect();
-    p.a.send(message(3)).unwrap();
+    p.a.send(message(3), None).unwrap();
     let to_b = p.a.poll_transmit().unwrap();
     p.b.handle_bytes(&to_b, p.now);
     p.drain();
@@ -151,20 +152,20 @@ fn a_peer_that_lost_its_state_gets_a_fresh_sequence_space() {
     let mut p = Pair::new();
     p.connect();
     for n in 1..=3 {
-        p.a.send(message(n)).unwrap();
+        p.a.send(message(n), None).unwrap();
     }
     p.pump();
     p.disconnect();
     // B restarts with a new incarnation and nothing remembered.
     p.b = Session::new(config("B", "A", 33), p.now);
-    p.a.send(message(4)).unwrap();
+    p.a.send(message(4), None).unwrap();
     p.connect();
     assert_eq!(p.received_by_b, [1, 2, 3, 4]);
     assert!(p.closed.is_empty(), "{:?}", p.closed);
     // And A restarting is handled the same way by B.
     p.disconnect();
     p.a = Session::new(config("A", "B", 44), p.now);
-    p.a.send(message(5)).unwrap();
+    p.a.send(message(5), None).unwrap();
     p.connect();
     assert_eq!(p.received_by_b, [1, 2, 3, 4, 5]);
     assert!(p.closed.is_empty(), "{:?}", p.closed);
@@ -174,9 +175,9 @@ fn a_peer_that_lost_its_state_gets_a_fresh_sequence_space() {
 fn window_bounds_messages_in_flight() {
     let mut p = Pair::new();
     for n in 1..=8 {
-        p.a.send(message(n)).unwrap();
+        p.a.send(message(n), None).unwrap();
     }
-    assert_eq!(p.a.send(message(9)), Err(WindowFull(8)));
+    assert_eq!(p.a.send(message(9), None), Err(SendError::WindowFull(8)));
     p.connect();
     assert!(p.a.has_window());
 }
@@ -202,6 +203,7 @@ fn wrong_peer_and_wrong_version_are_refused() {
         incarnation: 5,
         expected: 1,
         your_incarnation: 0,
+        frame_bytes_max: 1 << 20,
         flags: 0,
     })
     .encode(&mut wire);
@@ -257,4 +259,207 @@ fn handshake_times_out() {
     a.handle_connected(now);
     a.handle_timeout(now + Duration::from_secs(5));
     assert_eq!(a.poll_event(), Some(SessionEvent::Closed(SessionError::HandshakeTimeout)));
+}
+
+#[test]
+fn unconfirmed_deliveries_are_resent_after_a_reconnect() {
+    let mut p = Pair::new();
+    p.connect();
+    for n in 1..=3 {
+        p.a.send(message(n), None).unwrap();
+    }
+    // B receives all three but the host stores only the first, then the link drops.
+    let bytes = p.a.poll_transmit().unwrap();
+    p.b.handle_bytes(&bytes, p.now);
+    let mut got = Vec::new();
+    while let Some(e) = p.b.poll_event() {
+        if let SessionEvent::Received { sequence, .. } = e {
+            got.push(sequence);
+        }
+    }
+    assert_eq!(got, [1, 2, 3]);
+    p.b.handle_delivered(1);
+    p.received_by_b.push(1);
+    p.disconnect();
+    p.connect();
+    assert_eq!(p.received_by_b, [1, 2, 3], "2 and 3 come again, 1 does not");
+    assert_eq!(p.a.in_flight(), 0);
+}
+
+#[test]
+fn a_message_that_expired_while_waiting_is_skipped_not_sent() {
+    let mut p = Pair::new();
+    p.a.send(message(1), Some(p.now + Duration::from_millis(100))).unwrap();
+    p.a.send(message(2), Some(p.now + Duration::from_secs(60))).unwrap();
+    p.now += Duration::from_secs(1);
+    p.a.handle_connected(p.now);
+    p.b.handle_connected(p.now);
+    let bytes = p.b.poll_transmit().unwrap();
+    p.a.handle_bytes(&bytes, p.now);
+    let mut dropped = Vec::new();
+    while let Some(e) = p.a.poll_event() {
+        if let SessionEvent::Dropped { reason, .. } = e {
+            dropped.push(reason);
+        }
+    }
+    assert_eq!(dropped, [DropReason::Expired]);
+    let bytes = p.a.poll_transmit().unwrap();
+    p.b.handle_bytes(&bytes, p.now);
+    let mut b_events = Vec::new();
+    while let Some(e) = p.b.poll_event() {
+        match e {
+            SessionEvent::Skipped { sequence } => b_events.push((sequence, None)),
+            SessionEvent::Received { sequence, message } => {
+                b_events.push((sequence, message.content.lifetime))
+            }
+            _ => {}
+        }
+    }
+    assert_eq!(
+        b_events,
+        [(1, None), (2, Some(Lifetime::from_ms(59_000)))],
+        "the resend carries the time left"
+    );
+}
+
+#[test]
+fn messages_too_large_for_the_peer_are_refused_or_dropped() {
+    let now = Instant::now();
+    let mut a = Session::new(config("A", "B", 1), now);
+    let mut small = config("B", "A", 2);
+    small.frame_bytes_max = 64;
+    let mut b = Session::new(small, now);
+    let mut large = BytesMut::from(&message(1)[..]);
+    large.extend_from_slice(&[0u8; 100]);
+    a.send(large.freeze(), None).unwrap();
+    a.handle_connected(now);
+    b.handle_connected(now);
+    a.handle_bytes(&b.poll_transmit().unwrap(), now);
+    assert!(matches!(
+        a.poll_event(),
+        Some(SessionEvent::Dropped { reason: DropReason::TooLargeForPeer, .. })
+    ));
+    let mut large = BytesMut::from(&message(2)[..]);
+    large.extend_from_slice(&[0u8; 100]);
+    assert!(matches!(a.send(large.freeze(), None), Err(SendError::TooLarge { max: 51, .. })));
+}
+
+#[test]
+fn the_tie_break_is_the_same_on_both_sides() {
+    let now = Instant::now();
+    let a = Session::new(config("A", "B", 1), now);
+    let b = Session::new(config("B", "A", 2), now);
+    // A's dial (current at A, dialed by A) against B's dial (new at A).
+    assert!(!a.should_replace(true, false, None));
+    // The same two connections seen from B: B's own dial is current, A's arrives.
+    assert!(b.should_replace(true, false, None));
+    // Same dialer: the newer wins.
+    assert!(a.should_replace(false, false, None));
+}
+
+#[test]
+fn a_restarted_peer_replaces_a_dead_preferred_connection() {
+    let mut p = Pair::new();
+    p.connect();
+    assert!(!p.a.should_replace(true, false, Some(22)), "same incarnation: the tie-break holds");
+    assert!(p.a.should_replace(true, false, Some(99)), "new incarnation: the old connection is dead");
+}
+
+/// What the randomized link does next.
+#[derive(Debug, Clone)]
+enum Step {
+    Send,
+    /// Moves up to this many bytes from A to B.
+    AtoB(usize),
+    BtoA,
+    /// B's host stores what it received, or refuses.
+    Deliver(bool),
+    Reconnect,
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    prop_oneof![
+        3 => Just(Step::Send),
+        3 => (1usize..400).prop_map(Step::AtoB),
+        2 => Just(Step::BtoA),
+        2 => any::<bool>().prop_map(Step::Deliver),
+        1 => Just(Step::Reconnect),
+    ]
+}
+
+proptest! {
+    /// Whatever the order of sends, partial transfers, refused deliveries and reconnects,
+    /// B stores every message exactly once and in order, and after a final clean exchange
+    /// everything sent was stored.
+    #[test]
+    fn no_loss_no_duplicate_no_reordering(steps in proptest::collection::vec(step(), 1..120)) {
+        let now = Instant::now();
+        let mut a = Session::new(config("A", "B", 1), now);
+        let mut b = Session::new(config("B", "A", 2), now);
+        let (mut sent, mut stored, mut pending_b) = (0u64, Vec::<u64>::new(), Vec::<(u64, u64)>::new());
+        let mut in_transit: Vec<u8> = Vec::new();
+        a.handle_connected(now);
+        b.handle_connected(now);
+        for s in steps.into_iter().chain([Step::Reconnect]) {
+            match s {
+                Step::Send => {
+                    if a.send(message(sent + 1), None).is_ok() {
+                        sent += 1;
+                    }
+                }
+                Step::AtoB(n) => {
+                    if let Some(bytes) = a.poll_transmit() { in_transit.extend_from_slice(&bytes); }
+                    let n = n.min(in_transit.len());
+                    let chunk: Vec<u8> = in_transit.drain(..n).collect();
+                    b.handle_bytes(&chunk, now);
+                }
+                Step::BtoA => {
+                    if let Some(bytes) = b.poll_transmit() { a.handle_bytes(&bytes, now); }
+                }
+                Step::Deliver(ok) => {
+                    while let Some(e) = b.poll_event() {
+                        if let SessionEvent::Received { sequence, message } = e { pending_b.push((sequence, message.id.sequence)); }
+                    }
+                    if ok {
+                        if let Some(&(last, _)) = pending_b.last() {
+                            stored.extend(pending_b.drain(..).map(|(_, id)| id));
+                            b.handle_delivered(last);
+                        }
+                    } else {
+                        pending_b.clear();
+                        a.handle_disconnected();
+                        b.handle_disconnected();
+                        in_transit.clear();
+                        a.handle_connected(now);
+                        b.handle_connected(now);
+                    }
+                }
+                Step::Reconnect => {
+                    pending_b.clear();
+                    a.handle_disconnected();
+                    b.handle_disconnected();
+                    in_transit.clear();
+                    a.handle_connected(now);
+                    b.handle_connected(now);
+                }
+            }
+            while a.poll_event().is_some() {}
+            prop_assert!(stored.windows(2).all(|w| w[1] == w[0] + 1), "in order, no duplicate: {:?}", stored);
+            prop_assert!(stored.first().is_none_or(|f| *f == 1));
+        }
+        // A final clean exchange delivers everything.
+        for _ in 0..50 {
+            if let Some(bytes) = a.poll_transmit() { b.handle_bytes(&bytes, now); }
+            while let Some(e) = b.poll_event() {
+                if let SessionEvent::Received { sequence, message } = e {
+                    stored.push(message.id.sequence);
+                    b.handle_delivered(sequence);
+                }
+            }
+            if let Some(bytes) = b.poll_transmit() { a.handle_bytes(&bytes, now); }
+            while a.poll_event().is_some() {}
+        }
+        prop_assert_eq!(stored, (1..=sent).collect::<Vec<_>>());
+        prop_assert_eq!(a.in_flight(), 0);
+    }
 }

@@ -66,7 +66,7 @@ messages: { message_bytes_max: 100000000 }
     for e in [
         "peers[0].address: bad address 'nope'",
         "peers[1].name: 'A' is this node's own name",
-        "links.frame_bytes_max: 4325376 is too small",
+        "links.frame_bytes_max: 4718592 is too small",
         "node.listen: bad address 'localhost'",
     ] {
         assert!(errors.iter().any(|m| m.starts_with(e)), "missing '{e}' in {errors:#?}");

@@ -1,0 +1,121 @@
+//! The shared side of a link: the transmission queue that puts fill and the link task
+//! drains, the channel that hands it connections, and its counters.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::{Mutex, PoisonError};
+use std::time::Instant;
+
+use bytes::BytesMut;
+use linkbus_plugin_api::{Connection, Message};
+use linkbus_proto::frame::{CloseCode, Hello};
+use tokio::sync::{Notify, mpsc};
+use tracing::debug;
+
+use super::io::refuse;
+use crate::config::PeerConfig;
+
+/// Connections waiting for the link task; more are refused as busy.
+const INCOMING_QUEUE_MAX: usize = 4;
+
+/// A connection handed to a link: by the listener (with the peer's `Hello` already read) or
+/// by the link's own dialer.
+pub(crate) struct Incoming {
+    /// The byte stream.
+    pub(crate) connection: Connection,
+    /// The peer's `Hello`, for accepted connections.
+    pub(crate) hello: Option<Hello>,
+    /// Bytes read after the `Hello`.
+    pub(crate) leftover: BytesMut,
+}
+
+/// The transmission queue for a peer is full.
+#[derive(Debug, Clone, Copy, thiserror::Error)]
+#[error("transmission queue is full ({0} messages)")]
+pub struct TransmissionQueueFull(pub u64);
+
+/// The shared side of one link; the link task holds the rest.
+pub struct LinkHandle {
+    /// The peer's configuration.
+    pub peer: PeerConfig,
+    /// Messages waiting for the peer, with the time they were queued (for their lifetime).
+    pub(crate) queue: Mutex<VecDeque<(Message, Instant)>>,
+    /// Limit of `queue` (`links.queue_messages_max`).
+    queue_messages_max: u64,
+    /// Wakes the link task: the queue gained a message, or the writer drained.
+    pub(crate) wake: Notify,
+    /// Connections for the link task; created here so none is lost before the task starts.
+    incoming_tx: mpsc::Sender<Incoming>,
+    /// The receiving end, taken once by the link task.
+    pub(crate) incoming_rx: Mutex<Option<mpsc::Receiver<Incoming>>>,
+    /// Whether the session is established.
+    pub up: AtomicBool,
+    /// Messages acknowledged by the peer.
+    pub acked_total: AtomicU64,
+    /// Messages received from the peer.
+    pub received_total: AtomicU64,
+}
+
+impl std::fmt::Debug for LinkHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LinkHandle").field("peer", &self.peer.name).finish_non_exhaustive()
+    }
+}
+
+impl LinkHandle {
+    /// A handle with an empty transmission queue.
+    pub fn new(peer: PeerConfig, queue_messages_max: u64) -> Self {
+        let (incoming_tx, incoming_rx) = mpsc::channel(INCOMING_QUEUE_MAX);
+        Self {
+            peer,
+            queue: Mutex::new(VecDeque::new()),
+            queue_messages_max,
+            wake: Notify::new(),
+            incoming_tx,
+            incoming_rx: Mutex::new(Some(incoming_rx)),
+            up: AtomicBool::new(false),
+            acked_total: AtomicU64::new(0),
+            received_total: AtomicU64::new(0),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<(Message, Instant)>> {
+        self.queue.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Whether `count` more messages fit in the transmission queue now.
+    pub fn has_room(&self, count: usize) -> bool {
+        (self.lock().len() + count) as u64 <= self.queue_messages_max
+    }
+
+    /// Queues a message for the peer.
+    ///
+    /// # Errors
+    /// [`TransmissionQueueFull`] at `links.queue_messages_max`.
+    pub fn enqueue(&self, message: Message, now: Instant) -> Result<(), TransmissionQueueFull> {
+        let mut queue = self.lock();
+        if queue.len() as u64 >= self.queue_messages_max {
+            return Err(TransmissionQueueFull(self.queue_messages_max));
+        }
+        queue.push_back((message, now));
+        drop(queue);
+        self.wake.notify_one();
+        Ok(())
+    }
+
+    /// Messages waiting for the peer (not yet handed to the session).
+    pub fn queued(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// Hands an accepted connection to the link task, or refuses it when the task is busy.
+    pub(crate) fn offer(&self, incoming: Incoming) {
+        if let Err(e) = self.incoming_tx.try_send(incoming) {
+            debug!(peer = %self.peer.name, "Link busy; incoming connection refused.");
+            let incoming = match e {
+                mpsc::error::TrySendError::Full(i) | mpsc::error::TrySendError::Closed(i) => i,
+            };
+            refuse(incoming.connection, CloseCode::Duplicate, "the link is busy with other connections");
+        }
+    }
+}

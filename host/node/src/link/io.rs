@@ -1,0 +1,76 @@
+//! The byte movers of a connection: a reader task and a writer task, so that reading never
+//! waits on writing; and refusing a connection with a `Close` frame.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use bytes::{Bytes, BytesMut};
+use linkbus_plugin_api::Connection;
+use linkbus_proto::frame::{CloseCode, Frame};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::sync::{Notify, mpsc};
+
+/// What a connection's tasks report to the link task.
+pub(crate) enum ConnEvent {
+    /// Bytes read.
+    Bytes(Bytes),
+    /// The connection ended, and why.
+    Closed(String),
+}
+
+/// Reads until the connection ends, handing chunks to the link task (bounded channel, so
+/// a slow link task slows the peer down through TCP).
+pub(crate) async fn read_loop(
+    mut reader: Box<dyn AsyncRead + Send + Unpin>,
+    id: u64,
+    events: mpsc::Sender<(u64, ConnEvent)>,
+) {
+    let mut buf = BytesMut::with_capacity(64 * 1024);
+    loop {
+        if buf.capacity() < 16 * 1024 {
+            buf.reserve(64 * 1024);
+        }
+        let event = match reader.read_buf(&mut buf).await {
+            Ok(0) => ConnEvent::Closed("connection closed by peer".into()),
+            Ok(_) => ConnEvent::Bytes(buf.split().freeze()),
+            Err(e) => ConnEvent::Closed(format!("read failed: {e}")),
+        };
+        let last = matches!(event, ConnEvent::Closed(_));
+        if events.send((id, event)).await.is_err() || last {
+            return;
+        }
+    }
+}
+
+/// Writes what the link task sends, counting the bytes not yet written in `backlog` (the
+/// link task stops producing above its limit) and waking the link task as it drains.
+pub(crate) async fn write_loop(
+    mut writer: Box<dyn AsyncWrite + Send + Unpin>,
+    mut rx: mpsc::UnboundedReceiver<Bytes>,
+    backlog: Arc<AtomicUsize>,
+    wake: Arc<Notify>,
+    id: u64,
+    events: mpsc::Sender<(u64, ConnEvent)>,
+) {
+    while let Some(bytes) = rx.recv().await {
+        let result = writer.write_all(&bytes).await;
+        backlog.fetch_sub(bytes.len(), Ordering::Relaxed);
+        wake.notify_one();
+        if let Err(e) = result {
+            let _ = events.send((id, ConnEvent::Closed(format!("write failed: {e}")))).await;
+            return;
+        }
+    }
+    let _ = writer.shutdown().await;
+}
+
+/// Writes a `Close` frame on a connection that will not be used, then drops it.
+pub(crate) fn refuse(connection: Connection, code: CloseCode, reason: &str) {
+    let mut out = BytesMut::new();
+    Frame::Close { code: code as u16, reason: reason.to_owned() }.encode(&mut out);
+    let mut writer = connection.writer;
+    tokio::spawn(async move {
+        let _ = writer.write_all(&out).await;
+        let _ = writer.shutdown().await;
+    });
+}

@@ -1,0 +1,401 @@
+//! Links: one task per configured peer pumps a `linkbus_proto::Session` between the
+//! transport, the node's transmission queue for that peer, and local delivery.
+//!
+//! The task owns the session and decides nothing about the protocol: the session says which
+//! connection wins when two exist, what to resend, and what to acknowledge. The task moves
+//! bytes from a reader task and to a writer task (so reading never waits on writing), and
+//! messages from the transmission queue into the session's window. Links are permanent:
+//! when a connection fails, the task dials again with bounded exponential backoff (if the
+//! peer has an address), while messages keep waiting in the transmission queue.
+//!
+//! Memory stays bounded when the peer stops reading: above `WRITE_BACKLOG_BYTES_MAX` bytes
+//! not yet written, the task stops filling the window and stops reading (so the peer's own
+//! writes stall) until the writer drains.
+
+mod backoff;
+mod handle;
+mod io;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+use linkbus_plugin_api::{Connection, Lifetime, TransportError};
+use linkbus_proto::frame::{CloseCode, Frame};
+use linkbus_proto::wire::message_bytes;
+use linkbus_proto::{DropReason, SendError, Session, SessionConfig, SessionError, SessionEvent};
+use tokio::sync::{Notify, mpsc, watch};
+use tracing::{debug, info, warn};
+
+use crate::node::NodeState;
+use backoff::Backoff;
+pub(crate) use handle::Incoming;
+pub use handle::{LinkHandle, TransmissionQueueFull};
+pub(crate) use io::refuse;
+use io::{ConnEvent, read_loop, write_loop};
+
+/// Bytes handed to the writer and not yet written, above which the link stops producing.
+pub const WRITE_BACKLOG_BYTES_MAX: usize = 16 << 20;
+
+struct Active {
+    id: u64,
+    dialed_by_us: bool,
+    writer: mpsc::UnboundedSender<Bytes>,
+    /// Bytes sent to `writer` and not yet written.
+    backlog: Arc<AtomicUsize>,
+    reader: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Active {
+    fn drop(&mut self) {
+        self.reader.abort();
+    }
+}
+
+/// The link task's state.
+struct Link {
+    node: Arc<NodeState>,
+    handle: Arc<LinkHandle>,
+    session: Session,
+    active: Option<Active>,
+    next_conn_id: u64,
+    conn_tx: mpsc::Sender<(u64, ConnEvent)>,
+    dial_tx: mpsc::Sender<Result<Connection, TransportError>>,
+    /// Woken by writers as they drain.
+    drained: Arc<Notify>,
+    dialing: bool,
+    next_dial: Option<tokio::time::Instant>,
+    backoff: Backoff,
+}
+
+fn session_config(node: &NodeState, handle: &LinkHandle) -> SessionConfig {
+    let links = &node.config.links;
+    SessionConfig {
+        local: node.name().clone(),
+        peer: handle.peer.name.clone(),
+        incarnation: node.incarnation,
+        durable: node.store.durable(),
+        frame_bytes_max: links.frame_bytes_max as usize,
+        in_flight_messages_max: links.in_flight_messages_max as usize,
+        ping_interval: Duration::from_millis(links.ping_interval_ms),
+        pong_timeout: Duration::from_millis(links.pong_timeout_ms),
+        handshake_timeout: Duration::from_millis(links.handshake_timeout_ms),
+    }
+}
+
+/// Runs the link for `handle.peer` until `shutdown` turns true.
+pub async fn run(node: Arc<NodeState>, handle: Arc<LinkHandle>, mut shutdown: watch::Receiver<bool>) {
+    let Some(mut incoming_rx) = handle.incoming_rx.lock().ok().and_then(|mut rx| rx.take()) else {
+        warn!(peer = %handle.peer.name, "Link task started twice.");
+        return;
+    };
+    let (conn_tx, mut conn_rx) = mpsc::channel(64);
+    let (dial_tx, mut dial_rx) = mpsc::channel(1);
+    let links = &node.config.links;
+    let mut link = Link {
+        session: Session::new(session_config(&node, &handle), Instant::now()),
+        next_dial: handle.peer.address.as_ref().map(|_| tokio::time::Instant::now()),
+        backoff: Backoff::new(links.reconnect_backoff_min_ms, links.reconnect_backoff_max_ms),
+        node,
+        handle,
+        active: None,
+        next_conn_id: 1,
+        conn_tx,
+        dial_tx,
+        drained: Arc::new(Notify::new()),
+        dialing: false,
+    };
+    loop {
+        let timeout = link.session.poll_timeout().map(tokio::time::Instant::from_std);
+        let dial_at = link.dial_due();
+        let reading = link.backlog() < 2 * WRITE_BACKLOG_BYTES_MAX;
+        tokio::select! {
+            _ = shutdown.changed() => break,
+            Some(incoming) = incoming_rx.recv() => link.adopt(incoming, false),
+            Some(result) = dial_rx.recv() => link.dialed(result),
+            Some((id, event)) = conn_rx.recv(), if reading => link.connection_event(id, event),
+            () = link.handle.wake.notified() => {}
+            () = link.drained.notified() => {}
+            () = sleep_until(timeout) => link.session.handle_timeout(Instant::now()),
+            () = sleep_until(dial_at) => link.start_dial(),
+        }
+        link.pump();
+    }
+    link.shutdown().await;
+}
+
+async fn sleep_until(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+impl Link {
+    fn peer(&self) -> &str {
+        self.handle.peer.name.as_str()
+    }
+
+    fn backlog(&self) -> usize {
+        self.active.as_ref().map_or(0, |a| a.backlog.load(Ordering::Relaxed))
+    }
+
+    fn dial_due(&self) -> Option<tokio::time::Instant> {
+        if self.active.is_some() || self.dialing {
+            return None;
+        }
+        let wanted = self.handle.peer.permanent || self.handle.queued() > 0 || self.session.in_flight() > 0;
+        self.next_dial.filter(|_| wanted)
+    }
+
+    fn start_dial(&mut self) {
+        let Some(address) = self.handle.peer.address.clone() else { return };
+        self.dialing = true;
+        let transport = self.node.transport.clone();
+        let tx = self.dial_tx.clone();
+        let timeout = Duration::from_millis(self.node.config.links.connect_timeout_ms);
+        tokio::spawn(async move {
+            let result = match tokio::time::timeout(timeout, transport.connect(&address)).await {
+                Ok(result) => result,
+                Err(_) => Err(TransportError::Io {
+                    op: "connect",
+                    address,
+                    source: std::io::Error::new(std::io::ErrorKind::TimedOut, "connect timed out"),
+                }),
+            };
+            let _ = tx.send(result).await;
+        });
+    }
+
+    fn dialed(&mut self, result: Result<Connection, TransportError>) {
+        self.dialing = false;
+        match result {
+            Ok(connection) => {
+                self.adopt(Incoming { connection, hello: None, leftover: BytesMut::new() }, true)
+            }
+            Err(e) => {
+                let delay = self.backoff.take();
+                debug!(peer = self.peer(), error = %e, retry_ms = delay.as_millis() as u64, "Dial failed.");
+                self.next_dial = Some(tokio::time::Instant::now() + delay);
+            }
+        }
+    }
+
+    /// Takes a new connection, unless the session prefers the current one.
+    fn adopt(&mut self, incoming: Incoming, dialed_by_us: bool) {
+        if let Some(current) = &self.active {
+            let incarnation = incoming.hello.as_ref().map(|h| h.incarnation);
+            if !self.session.should_replace(current.dialed_by_us, dialed_by_us, incarnation) {
+                debug!(peer = self.peer(), "Duplicate connection refused.");
+                refuse(incoming.connection, CloseCode::Duplicate, "a connection to this peer already exists");
+                return;
+            }
+            debug!(peer = self.peer(), "Connection replaced by a newer one.");
+            self.active = None;
+            self.session.handle_disconnected();
+        }
+        let Incoming { connection, hello, leftover } = incoming;
+        let id = self.next_conn_id;
+        self.next_conn_id += 1;
+        debug!(peer = self.peer(), address = %connection.peer_address, dialed_by_us, "Connection open.");
+        let (writer_tx, writer_rx) = mpsc::unbounded_channel();
+        let backlog = Arc::new(AtomicUsize::new(0));
+        let events = self.conn_tx.clone();
+        tokio::spawn(write_loop(
+            connection.writer,
+            writer_rx,
+            backlog.clone(),
+            self.drained.clone(),
+            id,
+            events,
+        ));
+        let reader = tokio::spawn(read_loop(connection.reader, id, self.conn_tx.clone()));
+        self.active = Some(Active { id, dialed_by_us, writer: writer_tx, backlog, reader });
+        let now = Instant::now();
+        self.session.handle_connected(now);
+        if let Some(hello) = hello {
+            self.session.handle_frame(Frame::Hello(hello), now);
+        }
+        if !leftover.is_empty() {
+            self.session.handle_bytes(&leftover, now);
+        }
+    }
+
+    fn connection_event(&mut self, id: u64, event: ConnEvent) {
+        if self.active.as_ref().is_none_or(|a| a.id != id) {
+            return;
+        }
+        match event {
+            ConnEvent::Bytes(bytes) => self.session.handle_bytes(&bytes, Instant::now()),
+            ConnEvent::Closed(reason) => self.drop_connection(&reason),
+        }
+    }
+
+    fn drop_connection(&mut self, reason: &str) {
+        if self.active.take().is_none() {
+            return;
+        }
+        if self.handle.up.swap(false, Ordering::Relaxed) {
+            info!(peer = self.peer(), reason, "Link down.");
+        } else {
+            debug!(peer = self.peer(), reason, "Connection closed.");
+        }
+        self.session.handle_disconnected();
+        if self.handle.peer.address.is_some() {
+            self.next_dial = Some(tokio::time::Instant::now() + self.backoff.take());
+        }
+    }
+
+    fn write(&self, bytes: Bytes) {
+        if let Some(active) = &self.active {
+            active.backlog.fetch_add(bytes.len(), Ordering::Relaxed);
+            let _ = active.writer.send(bytes);
+        }
+    }
+
+    /// Moves messages into the session, handles its events and writes its output, until
+    /// nothing changes.
+    fn pump(&mut self) {
+        for _ in 0..4 {
+            self.fill_window();
+            let progressed = self.handle_events();
+            if let Some(bytes) = self.session.poll_transmit() {
+                self.write(bytes);
+            }
+            if !progressed {
+                break;
+            }
+        }
+    }
+
+    fn fill_window(&mut self) {
+        if !self.session.is_established() {
+            return;
+        }
+        let now = Instant::now();
+        let mut too_large = Vec::new();
+        {
+            let mut queue = self.handle.queue.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            while self.session.has_window()
+                && self.backlog() + self.session.transmit_len() < WRITE_BACKLOG_BYTES_MAX
+            {
+                let Some((mut message, queued_at)) = queue.pop_front() else { break };
+                let elapsed = now.saturating_duration_since(queued_at);
+                let lifetime = message.content.lifetime.unwrap_or(Lifetime::UNLIMITED);
+                let Some(left) = lifetime.after(elapsed.as_millis() as u64) else {
+                    warn!(peer = self.peer(), id = %message.id, "Message expired before it was sent.");
+                    continue;
+                };
+                message.content.lifetime = Some(left);
+                let expires_at = (!left.is_unlimited()).then(|| now + Duration::from_millis(left.as_ms()));
+                match self.session.send(message_bytes(&message), expires_at) {
+                    Ok(_) => {}
+                    Err(SendError::TooLarge { max, .. }) => too_large.push((message, max)),
+                    Err(_) => {
+                        queue.push_front((message, queued_at));
+                        break;
+                    }
+                }
+            }
+        }
+        for (message, max) in too_large {
+            let reason = format!("message is larger than peer {}'s frame limit ({max} bytes)", self.peer());
+            self.dead_letter_local(message, &reason, now);
+        }
+    }
+
+    fn dead_letter_local(&self, message: linkbus_plugin_api::Message, reason: &str, now: Instant) {
+        if let Err(e) = self.node.dead_letter(message, reason, now) {
+            warn!(peer = self.peer(), error = %e, "Dead-letter queue refused a message; it is lost.");
+        }
+    }
+
+    /// Returns whether anything happened that may let more work through.
+    fn handle_events(&mut self) -> bool {
+        let mut progressed = false;
+        let mut delivered = None;
+        let mut closed = None;
+        let now = Instant::now();
+        while let Some(event) = self.session.poll_event() {
+            progressed = true;
+            match event {
+                SessionEvent::Established { peer_restarted, resent } => {
+                    info!(peer = self.peer(), peer_restarted, resent, "Link up.");
+                    self.handle.up.store(true, Ordering::Relaxed);
+                }
+                SessionEvent::Received { sequence, message } => {
+                    self.handle.received_total.fetch_add(1, Ordering::Relaxed);
+                    if let Err(e) = self.node.deliver(message, now) {
+                        warn!(peer = self.peer(), error = %e, "Cannot take delivery; dropping the connection.");
+                        closed = Some(e.to_string());
+                        break;
+                    }
+                    delivered = Some(sequence);
+                }
+                SessionEvent::Skipped { sequence } => delivered = Some(sequence),
+                SessionEvent::Dropped { message, reason } => self.dropped(message, reason, now),
+                SessionEvent::Acked { messages, .. } => {
+                    self.handle.acked_total.fetch_add(messages as u64, Ordering::Relaxed);
+                    if messages > 0 {
+                        self.backoff.reset();
+                    }
+                }
+                SessionEvent::Closed(error) => {
+                    closed = Some(self.closed(&error));
+                    break;
+                }
+            }
+        }
+        if let Some(through) = delivered {
+            self.session.handle_delivered(through);
+            self.backoff.reset();
+        }
+        if let Some(reason) = closed {
+            if let Some(bytes) = self.session.poll_transmit() {
+                self.write(bytes);
+            }
+            self.drop_connection(&reason);
+        }
+        progressed
+    }
+
+    fn dropped(&self, message: Bytes, reason: DropReason, now: Instant) {
+        let decoded = linkbus_proto::wire::decode_message(message);
+        match (reason, decoded) {
+            (DropReason::Expired, Ok(m)) => {
+                warn!(peer = self.peer(), id = %m.id, "Message expired before it was resent.")
+            }
+            (DropReason::TooLargeForPeer, Ok(m)) => {
+                let reason = format!("message is larger than peer {}'s frame limit", self.peer());
+                self.dead_letter_local(m, &reason, now);
+            }
+            (_, Err(e)) => warn!(peer = self.peer(), error = %e, "Dropped message does not decode."),
+        }
+    }
+
+    fn closed(&self, error: &SessionError) -> String {
+        match error {
+            SessionError::PeerClosed { code, reason } if *code == CloseCode::Shutdown as u16 => {
+                info!(peer = self.peer(), reason, "Peer closed the link.");
+            }
+            SessionError::PeerClosed { code, reason } if *code == CloseCode::Duplicate as u16 => {
+                debug!(peer = self.peer(), reason, "Duplicate connection closed by the peer.");
+            }
+            error => warn!(peer = self.peer(), %error, "Link closed."),
+        }
+        error.to_string()
+    }
+
+    async fn shutdown(mut self) {
+        if let Some(active) = self.active.take() {
+            let mut out = BytesMut::new();
+            Frame::Close { code: CloseCode::Shutdown as u16, reason: "node shutting down".into() }
+                .encode(&mut out);
+            let _ = active.writer.send(out.freeze());
+            drop(active);
+            // Give the writer a moment to send the close frame.
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}

@@ -1,0 +1,174 @@
+//! What a [`super::Session`] reports: events for the host, and why connections end or
+//! messages are refused.
+
+use bytes::Bytes;
+use linkbus_plugin_api::Message;
+
+use crate::frame::{CloseCode, FrameError};
+
+/// What the session reports to the host.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SessionEvent {
+    /// The handshake completed; data flows.
+    Established {
+        /// The peer lost its state since the last connection; sequence spaces restarted.
+        peer_restarted: bool,
+        /// Messages resent because the peer had not received them.
+        resent: usize,
+    },
+    /// A message arrived in order; store it, then call [`super::Session::handle_delivered`].
+    Received {
+        /// Its link sequence number.
+        sequence: u64,
+        /// The message.
+        message: Message,
+    },
+    /// An empty (skip) message arrived in order: the sender dropped the message with this
+    /// number in transit. Call [`super::Session::handle_delivered`] for it like for any other.
+    Skipped {
+        /// Its link sequence number.
+        sequence: u64,
+    },
+    /// A message handed over earlier was not sent after a reconnect: its lifetime ran out,
+    /// or it is larger than the peer accepts. Its number travelled as an empty skip message.
+    Dropped {
+        /// The encoded message.
+        message: Bytes,
+        /// Why.
+        reason: DropReason,
+    },
+    /// The peer acknowledged messages up to `through`.
+    Acked {
+        /// Highest acknowledged sequence number.
+        through: u64,
+        /// How many messages this acknowledgement completed.
+        messages: usize,
+    },
+    /// The connection must be dropped (after writing the last transmit).
+    Closed(SessionError),
+}
+
+/// Why a connection ended.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum SessionError {
+    /// Bytes that are not a valid frame.
+    #[error("bad frame: {0}")]
+    Frame(#[from] FrameError),
+    /// The peer speaks another protocol version.
+    #[error("peer speaks protocol version {theirs}, this node speaks {ours}")]
+    Version {
+        /// Ours.
+        ours: u16,
+        /// Theirs.
+        theirs: u16,
+    },
+    /// The peer is not the node this link is for, or thinks it talks to another node.
+    #[error("peer introduced itself as '{from}' to '{to}', expected '{expected}' to '{local}'")]
+    WrongPeer {
+        /// The name the peer gave.
+        from: String,
+        /// The name the peer thinks we have.
+        to: String,
+        /// The name configured for this link.
+        expected: String,
+        /// Our name.
+        local: String,
+    },
+    /// A frame that is not allowed in the current phase.
+    #[error("unexpected {0} frame")]
+    Unexpected(&'static str),
+    /// A message whose CRC32C does not match.
+    #[error("message {0} failed its CRC check")]
+    BadCrc(u64),
+    /// A message that passed its CRC but does not decode.
+    #[error("message {sequence} is malformed: {reason}")]
+    BadMessage {
+        /// Its sequence number.
+        sequence: u64,
+        /// Why it does not decode.
+        reason: String,
+    },
+    /// A message beyond the next expected one (the transport lost or reordered bytes).
+    #[error("expected message {expected}, got {got}")]
+    Gap {
+        /// The next expected sequence number.
+        expected: u64,
+        /// The one that arrived.
+        got: u64,
+    },
+    /// An acknowledgement of a message that was never sent.
+    #[error("peer acknowledged {ack}, but only {last_sent} were sent")]
+    AckBeyondSent {
+        /// The acknowledged number.
+        ack: u64,
+        /// The last number sent.
+        last_sent: u64,
+    },
+    /// The peer claims to have received more than was ever sent.
+    #[error("peer expects message {expected}, but only {last_sent} were sent")]
+    ClaimsMore {
+        /// What the peer expects next.
+        expected: u64,
+        /// The last number sent.
+        last_sent: u64,
+    },
+    /// The peer's receive state went backwards behind what it acknowledged.
+    #[error("peer expects message {expected} though it acknowledged {acked}: its state went backwards")]
+    WentBackwards {
+        /// What the peer expects next.
+        expected: u64,
+        /// What it had acknowledged.
+        acked: u64,
+    },
+    /// The peer closed the connection.
+    #[error("peer closed the link ({code}): {reason}")]
+    PeerClosed {
+        /// The peer's close code.
+        code: u16,
+        /// The peer's reason.
+        reason: String,
+    },
+    /// No answer to a `Ping` in time.
+    #[error("no answer within the pong timeout")]
+    PongTimeout,
+    /// No `Hello` in time.
+    #[error("no hello within the handshake timeout")]
+    HandshakeTimeout,
+}
+
+/// Why a message handed to the session was not sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DropReason {
+    /// Its lifetime ran out while it waited for a connection.
+    Expired,
+    /// It is larger than the peer's `frame_bytes_max`.
+    TooLargeForPeer,
+}
+
+impl SessionError {
+    pub(crate) fn close_code(&self) -> CloseCode {
+        match self {
+            Self::Version { .. } => CloseCode::VersionMismatch,
+            Self::WrongPeer { .. } => CloseCode::UnknownPeer,
+            _ => CloseCode::ProtocolError,
+        }
+    }
+}
+
+/// [`super::Session::send`] refused a message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum SendError {
+    /// `in_flight_messages_max` messages await acknowledgement.
+    #[error("{0} messages are awaiting acknowledgement, the window is full")]
+    WindowFull(usize),
+    /// The message does not fit in a frame this node or the peer accepts.
+    #[error("message of {len} bytes does not fit in a frame of at most {max} bytes")]
+    TooLarge {
+        /// The encoded message length.
+        len: usize,
+        /// The largest message the link carries.
+        max: usize,
+    },
+}
