@@ -45,8 +45,10 @@ fn every_error_is_reported_and_the_node_refuses_to_start() {
 fn a_good_file_passes_and_syntax_errors_name_the_line() {
     let s = Scratch::new();
     let good = s.write("good.yaml", "node: { name: A }\nqueues: [ { name: orders } ]\n");
-    let example = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/config/node.yaml");
-    let check = s.run(&["config", "check", good.to_str().unwrap(), example]);
+    let examples = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/config");
+    let (node, a, b) =
+        (format!("{examples}/node.yaml"), format!("{examples}/a.yaml"), format!("{examples}/b.yaml"));
+    let check = s.run(&["config", "check", good.to_str().unwrap(), &node, &a, &b]);
     assert!(check.status.success(), "{}", stdout(&check));
     assert!(stdout(&check).contains("ok (node A, 0 peers, 1 queues)"), "{}", stdout(&check));
 

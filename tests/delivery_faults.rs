@@ -30,7 +30,11 @@ fn a_full_destination_holds_messages_back_instead_of_losing_them() {
     let a = s.start_node("A", &["-c", a_config.to_str().unwrap()]);
     a.wait_for_log("Link up.", 1, Duration::from_secs(10));
     let lines: String = (1..=8).map(|i| format!("{i}\n")).collect();
-    let put = s.run_with_input(&["put", "--node", "A", "--to", "B:orders", "-"], lines.as_bytes(), Duration::from_secs(10));
+    let put = s.run_with_input(
+        &["put", "--node", "A", "--to", "B:orders", "-"],
+        lines.as_bytes(),
+        Duration::from_secs(10),
+    );
     assert!(put.status.success(), "{}", stderr(&put));
 
     let mut got: Vec<u32> = Vec::new();
@@ -63,5 +67,9 @@ fn messages_taken_by_a_vanished_consumer_go_back_to_the_queue() {
     assert!(put.status.success(), "{}", stderr(&put));
     let get = s.run(&["get", "--node", "B", "orders", "--wait", "5s"]);
     assert_eq!(stdout(&get), "m1\n", "{}", stderr(&get));
-    assert!(b.log_text().contains("Client connection lost."), "the vanished get took m1 first:\n{}", b.log_text());
+    assert!(
+        b.log_text().contains("Client connection lost."),
+        "the vanished get took m1 first:\n{}",
+        b.log_text()
+    );
 }

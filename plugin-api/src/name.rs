@@ -206,6 +206,17 @@ mod tests {
         assert!(matches!(NodeName::new("é"), Err(NameError::BadStart { .. })));
     }
 
+    proptest::proptest! {
+        #[test]
+        fn node_names_are_accepted_exactly_by_the_rule(name in "\\PC{0,24}") {
+            let mut chars = name.chars();
+            let rule = chars.next().is_some_and(|c| c.is_ascii_alphabetic())
+                && chars.all(|c| c.is_ascii_alphanumeric() || c == '.' || c == '_')
+                && name.chars().count() <= NODE_NAME_CHARS_MAX;
+            proptest::prop_assert_eq!(NodeName::new(&name).is_ok(), rule);
+        }
+    }
+
     #[test]
     fn addresses_parse_and_print() {
         let a: Address = "B:orders-eu".parse().unwrap();

@@ -193,6 +193,7 @@ impl Link {
             }
             debug!(peer = self.peer(), "Connection replaced by a newer one.");
             self.active = None;
+            self.handle.up.store(false, Ordering::Relaxed);
             self.session.handle_disconnected();
         }
         let Incoming { connection, hello, leftover } = incoming;

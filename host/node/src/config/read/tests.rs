@@ -153,3 +153,46 @@ fn a_bad_override_is_reported_like_a_bad_key() {
     let errors = from_value(&tree).unwrap_err();
     assert_eq!(errors.0[0].path, "peers[0].address");
 }
+
+fn tree() -> impl proptest::strategy::Strategy<Value = ConfigValue> {
+    use proptest::prelude::*;
+    let keys = prop_oneof![
+        Just("node".to_owned()),
+        Just("name".to_owned()),
+        Just("peers".to_owned()),
+        Just("queues".to_owned()),
+        Just("links".to_owned()),
+        Just("plugins".to_owned()),
+        Just("kind".to_owned()),
+        Just("address".to_owned()),
+        "[a-z_]{1,12}",
+    ];
+    let leaf = prop_oneof![
+        Just(ConfigValue::Null),
+        any::<bool>().prop_map(ConfigValue::Bool),
+        any::<u64>().prop_map(ConfigValue::Uint),
+        any::<i64>().prop_map(ConfigValue::Int),
+        "[ -~]{0,24}".prop_map(ConfigValue::Str),
+    ];
+    leaf.prop_recursive(4, 64, 6, move |inner| {
+        prop_oneof![
+            proptest::collection::vec(inner.clone(), 0..6).prop_map(ConfigValue::Seq),
+            proptest::collection::vec((keys.clone(), inner), 0..6).prop_map(|mut entries| {
+                entries.sort_by(|a, b| a.0.cmp(&b.0));
+                entries.dedup_by(|a, b| a.0 == b.0);
+                ConfigValue::Map(entries)
+            }),
+        ]
+    })
+}
+
+proptest::proptest! {
+    /// Any document, however wrong, is read without a panic: a configuration or a list of
+    /// errors, each with a path.
+    #[test]
+    fn any_tree_reads_without_panicking(tree in tree()) {
+        if let Err(errors) = from_value(&tree) {
+            proptest::prop_assert!(!errors.0.is_empty());
+        }
+    }
+}
