@@ -12,23 +12,8 @@ use bytes::BytesMut;
 use linkbus::proto::frame::{Frame, FrameDecoder, Hello, PROTOCOL_VERSION};
 use support::{Scratch, stderr, stdout};
 
-fn start_pair(s: &Scratch, b_extra: &str) -> (support::NodeProcess, support::NodeProcess) {
-    let b_config = s.write(
-        "b.yaml",
-        &format!("node: {{ name: B, listen: 127.0.0.1:0 }}\npeers: [ {{ name: A }} ]\nqueues: [ {{ name: orders }} ]\n{b_extra}"),
-    );
-    let b = s.start_node("B", &["-c", b_config.to_str().unwrap()]);
-    let a_config = s.write(
-        "a.yaml",
-        &format!(
-            "node: {{ name: A, listen: none }}\npeers: [ {{ name: B, address: '{}' }} ]\nqueues: [ {{ name: local }} ]\nmessages: {{ message_bytes_max: 1000 }}\n",
-            b.listen_address()
-        ),
-    );
-    let a = s.start_node("A", &["-c", a_config.to_str().unwrap()]);
-    a.wait_for_log("Link up.", 1, Duration::from_secs(10));
-    (a, b)
-}
+/// Node A has a local queue and a small message limit.
+const A_EXTRA: &str = "queues: [ { name: local } ]\nmessages: { message_bytes_max: 1000 }";
 
 /// Sends `bytes` to `address` and returns the reason of the `Close` frame the node answers
 /// with (a configured peer gets the node's own hello first).
@@ -71,7 +56,7 @@ fn hello(from: &str, version: u16) -> Vec<u8> {
 #[test]
 fn strangers_garbage_and_other_versions_are_refused_and_the_node_stays_up() {
     let s = Scratch::new();
-    let (a, b) = start_pair(&s, "");
+    let (a, b) = s.start_pair(A_EXTRA, "queues: [ { name: orders } ]");
     let address = b.listen_address();
 
     let reason = refusal(&address, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n");
@@ -92,7 +77,7 @@ fn strangers_garbage_and_other_versions_are_refused_and_the_node_stays_up() {
 #[test]
 fn bad_puts_are_refused_with_the_reason() {
     let s = Scratch::new();
-    let (_a, b) = start_pair(&s, "");
+    let (_a, b) = s.start_pair(A_EXTRA, "queues: [ { name: orders } ]");
     let cases: [(&[&str], &str); 5] = [
         (&["--to", "A:nowhere", "x"], "queue 'nowhere' does not exist on node A"),
         (&["--to", "Z:orders", "x"], "no route to node 'Z'"),

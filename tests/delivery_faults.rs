@@ -12,23 +12,10 @@ use support::{Scratch, stderr, stdout};
 #[test]
 fn a_full_destination_holds_messages_back_instead_of_losing_them() {
     let s = Scratch::new();
-    let b_config = s.write(
-        "b.yaml",
-        "node: { name: B, listen: 127.0.0.1:0 }\npeers: [ { name: A } ]\n\
-         queues: [ { name: orders, order: fifo, queue_messages_max: 2 } ]\n\
-         messages: { dead_letter_messages_max: 1 }\n",
+    let (_a, b) = s.start_pair(
+        "links: { reconnect_backoff_min_ms: 20, reconnect_backoff_max_ms: 200 }",
+        "queues: [ { name: orders, order: fifo, queue_messages_max: 2 } ]\nmessages: { dead_letter_messages_max: 1 }",
     );
-    let b = s.start_node("B", &["-c", b_config.to_str().unwrap()]);
-    let a_config = s.write(
-        "a.yaml",
-        &format!(
-            "node: {{ name: A, listen: none }}\npeers: [ {{ name: B, address: '{}' }} ]\n\
-             links: {{ reconnect_backoff_min_ms: 20, reconnect_backoff_max_ms: 200 }}\n",
-            b.listen_address()
-        ),
-    );
-    let a = s.start_node("A", &["-c", a_config.to_str().unwrap()]);
-    a.wait_for_log("Link up.", 1, Duration::from_secs(10));
     let lines: String = (1..=8).map(|i| format!("{i}\n")).collect();
     let put = s.run_with_input(
         &["put", "--node", "A", "--to", "B:orders", "-"],

@@ -11,18 +11,12 @@ use support::{Scratch, stderr, stdout};
 #[test]
 fn messages_put_while_the_peer_is_down_arrive_when_it_returns() {
     let s = Scratch::new();
-    let b_config = s.write("b.yaml", "node: { name: B, listen: 127.0.0.1:0 }\npeers: [ { name: A } ]\nqueues: [ { name: orders, order: fifo } ]\n");
-    let mut b = s.start_node("B", &["-c", b_config.to_str().unwrap()]);
-    let b_address = b.listen_address();
-    let a_config = s.write(
-        "a.yaml",
-        &format!(
-            "node: {{ name: A, listen: none }}\npeers: [ {{ name: B, address: '{b_address}' }} ]\n\
-             links: {{ reconnect_backoff_min_ms: 50, reconnect_backoff_max_ms: 300 }}\n"
-        ),
+    let (a, mut b) = s.start_pair(
+        "links: { reconnect_backoff_min_ms: 50, reconnect_backoff_max_ms: 300 }",
+        "queues: [ { name: orders, order: fifo } ]",
     );
-    let a = s.start_node("A", &["-c", a_config.to_str().unwrap()]);
-    a.wait_for_log("Link up.", 1, Duration::from_secs(10));
+    let b_address = b.listen_address();
+    let b_config = s.path().join("b.yaml");
 
     assert!(s.run(&["put", "--node", "A", "--to", "B:orders", "before"]).status.success());
     let get = s.run(&["get", "--node", "B", "orders", "--wait", "5s"]);

@@ -7,27 +7,12 @@ use std::time::Duration;
 
 use support::{Scratch, stderr, stdout};
 
-fn start_pair(s: &Scratch) -> (support::NodeProcess, support::NodeProcess) {
-    let b_config = s.write(
-        "b.yaml",
-        "node: { name: B, listen: 127.0.0.1:0 }\npeers: [ { name: A } ]\nqueues: [ { name: orders, order: fifo } ]\n",
-    );
-    let b = s.start_node("B", &["-c", b_config.to_str().unwrap()]);
-    let a_config = s.write(
-        "a.yaml",
-        &format!(
-            "node: {{ name: A, listen: 127.0.0.1:0 }}\npeers: [ {{ name: B, address: '{}' }} ]\n",
-            b.listen_address()
-        ),
-    );
-    let a = s.start_node("A", &["-c", a_config.to_str().unwrap()]);
-    (a, b)
-}
+const B_QUEUES: &str = "queues: [ { name: orders, order: fifo } ]";
 
 #[test]
 fn hello_goes_from_a_to_b() {
     let s = Scratch::new();
-    let (_a, _b) = start_pair(&s);
+    let (_a, _b) = s.start_pair("", B_QUEUES);
     let put = s.run(&["put", "--node", "A", "--to", "B:orders", "hello"]);
     assert!(put.status.success(), "{}", stderr(&put));
     assert!(stdout(&put).starts_with("A/"), "put prints the message id: {}", stdout(&put));
@@ -39,7 +24,7 @@ fn hello_goes_from_a_to_b() {
 #[test]
 fn console_producer_and_consumer_keep_order() {
     let s = Scratch::new();
-    let (_a, _b) = start_pair(&s);
+    let (_a, _b) = s.start_pair("", B_QUEUES);
     let lines: String = (0..20_000).map(|i| format!("line {i}\n")).collect();
     let put = s.run_with_input(
         &["put", "--node", "A", "--to", "B:orders", "-"],
@@ -59,7 +44,7 @@ fn console_producer_and_consumer_keep_order() {
 #[test]
 fn status_shows_links_and_queues() {
     let s = Scratch::new();
-    let (a, _b) = start_pair(&s);
+    let (a, _b) = s.start_pair("", B_QUEUES);
     a.wait_for_log("Link up.", 1, Duration::from_secs(10));
     let status = s.run(&["status", "--node", "A"]);
     assert!(status.status.success(), "{}", stderr(&status));

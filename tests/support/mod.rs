@@ -91,6 +91,24 @@ impl Scratch {
         self.run_with_input(args, b"", Duration::from_secs(30))
     }
 
+    /// Starts node B (listening on a free port, writing `b.yaml`) and node A (dialing B,
+    /// writing `a.yaml`), each configuration extended by the given top-level YAML keys, and
+    /// waits until A's link to B is up.
+    pub fn start_pair(&self, a_extra: &str, b_extra: &str) -> (NodeProcess, NodeProcess) {
+        let b_yaml =
+            format!("node: {{ name: B, listen: 127.0.0.1:0 }}\npeers: [ {{ name: A }} ]\n{b_extra}\n");
+        let b_config = self.write("b.yaml", &b_yaml);
+        let b = self.start_node("B", &["-c", b_config.to_str().expect("utf-8 path")]);
+        let a_yaml = format!(
+            "node: {{ name: A, listen: none }}\npeers: [ {{ name: B, address: '{}' }} ]\n{a_extra}\n",
+            b.listen_address()
+        );
+        let a_config = self.write("a.yaml", &a_yaml);
+        let a = self.start_node("A", &["-c", a_config.to_str().expect("utf-8 path")]);
+        a.wait_for_log("Link up.", 1, Duration::from_secs(10));
+        (a, b)
+    }
+
     /// Starts `linkbus node run ARGS` and waits until its client socket answers.
     pub fn start_node(&self, name: &str, args: &[&str]) -> NodeProcess {
         let log = self.path().join(format!("{name}.log"));

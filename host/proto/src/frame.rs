@@ -152,8 +152,10 @@ impl Frame {
     /// # Panics
     /// When a `Hello` name is longer than 255 bytes (names are validated long before).
     pub fn encode(&self, out: &mut BytesMut) {
-        let start = out.len();
-        out.put_u32(0);
+        put_length_prefixed(out, |out| self.encode_body(out));
+    }
+
+    fn encode_body(&self, out: &mut BytesMut) {
         match self {
             Self::Hello(h) => encode_hello(h, out),
             Self::Data { sequence, crc, message } => {
@@ -180,10 +182,6 @@ impl Frame {
                 out.put_slice(reason.as_bytes());
             }
         }
-        let len = u32::try_from(out.len() - start - LENGTH_BYTES).expect("frame length fits u32");
-        if let Some(prefix) = out.get_mut(start..start + LENGTH_BYTES) {
-            prefix.copy_from_slice(&len.to_be_bytes());
-        }
     }
 
     /// Appends a `Data` frame for `message` (computing its CRC) without building a [`Frame`].
@@ -207,6 +205,21 @@ impl Frame {
             Self::Pong { .. } => "pong",
             Self::Close { .. } => "close",
         }
+    }
+}
+
+/// Appends what `body` writes, preceded by its length as a big-endian `u32` (the framing of
+/// links and of the client protocol).
+///
+/// # Panics
+/// When the body is 4 GiB or more (every caller writes bounded bodies).
+pub fn put_length_prefixed(out: &mut BytesMut, body: impl FnOnce(&mut BytesMut)) {
+    let start = out.len();
+    out.put_u32(0);
+    body(out);
+    let len = u32::try_from(out.len() - start - LENGTH_BYTES).expect("bodies are bounded below 4 GiB");
+    if let Some(prefix) = out.get_mut(start..start + LENGTH_BYTES) {
+        prefix.copy_from_slice(&len.to_be_bytes());
     }
 }
 

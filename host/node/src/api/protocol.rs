@@ -8,6 +8,7 @@
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use linkbus_plugin_api::{Content, Message, NodeName};
+use linkbus_proto::frame::put_length_prefixed;
 use linkbus_proto::reader::{ReadError, Reader};
 use linkbus_proto::wire::{decode_message, encode_content, encode_message, read_content};
 
@@ -101,20 +102,10 @@ pub enum Response {
 }
 
 fn frame(kind: u8, out: &mut BytesMut, body: impl FnOnce(&mut BytesMut)) {
-    let start = out.len();
-    out.put_u32(0);
-    out.put_u8(kind);
-    body(out);
-    let len = u32::try_from(out.len() - start - 4).unwrap_or(u32::MAX);
-    out[start..start + 4].copy_from_slice(&len.to_be_bytes());
-}
-
-fn put_len_prefixed(out: &mut BytesMut, body: impl FnOnce(&mut BytesMut)) {
-    let start = out.len();
-    out.put_u32(0);
-    body(out);
-    let len = u32::try_from(out.len() - start - 4).unwrap_or(u32::MAX);
-    out[start..start + 4].copy_from_slice(&len.to_be_bytes());
+    put_length_prefixed(out, |out| {
+        out.put_u8(kind);
+        body(out);
+    });
 }
 
 impl Request {
@@ -124,7 +115,7 @@ impl Request {
             Self::Put(contents) => frame(PUT, out, |out| {
                 out.put_u32(contents.len() as u32);
                 for c in contents {
-                    put_len_prefixed(out, |out| encode_content(c, out));
+                    put_length_prefixed(out, |out| encode_content(c, out));
                 }
             }),
             Self::Get { queue, count_max, wait_ms, bytes_max } => frame(GET, out, |out| {
@@ -185,7 +176,7 @@ impl Response {
             Self::Messages(messages) => frame(MESSAGES, out, |out| {
                 out.put_u32(messages.len() as u32);
                 for m in messages {
-                    put_len_prefixed(out, |out| encode_message(m, out));
+                    put_length_prefixed(out, |out| encode_message(m, out));
                 }
             }),
             Self::Status(text) => frame(STATUS_TEXT, out, |out| out.put_slice(text.as_bytes())),
