@@ -168,9 +168,26 @@ impl Drop for Scratch {
 pub async fn run(messages: usize, size: usize) -> Result<DemoReport, DemoError> {
     let scratch = Scratch(std::env::temp_dir().join(format!("linkbus-demo-{}", std::process::id())));
     std::fs::create_dir_all(&scratch.0)?;
+    let (a, b) = start_nodes(&scratch.0).await?;
+    let mut producer = Client::connect(a.socket_path()).await?;
+    let mut consumer = Client::connect(b.socket_path()).await?;
+    let started = Instant::now();
+    let (produced, consumed) =
+        tokio::join!(produce(&mut producer, messages, size), consume(&mut consumer, messages, size));
+    produced?;
+    let mut report = consumed?;
+    report.elapsed = started.elapsed();
+    a.shutdown().await;
+    b.shutdown().await;
+    Ok(report)
+}
+
+/// Starts B from [`NODE_B`], then A from [`NODE_A`] pointed at B's port, both keeping
+/// their sockets and data under `scratch`.
+async fn start_nodes(scratch: &std::path::Path) -> Result<(Node, Node), DemoError> {
     let overrides = |name: &str| Overrides {
-        data_dir: Some(scratch.0.join(name)),
-        client_socket: Some(scratch.0.join(format!("{name}.sock"))),
+        data_dir: Some(scratch.join(name)),
+        client_socket: Some(scratch.join(format!("{name}.sock"))),
         ..Overrides::default()
     };
     let mut tree = config::parse_yaml(NODE_B)?;
@@ -178,64 +195,54 @@ pub async fn run(messages: usize, size: usize) -> Result<DemoReport, DemoError> 
     let b = Node::start(config::from_value(&tree)?).await?;
     let b_address = b.listen_address().unwrap_or_default().to_owned();
     let mut tree = config::parse_yaml(NODE_A)?;
-    config::apply_overrides(
-        &mut tree,
-        &Overrides { peers: vec![format!("B={b_address}")], ..overrides("A") },
-    );
+    let a_overrides = Overrides { peers: vec![format!("B={b_address}")], ..overrides("A") };
+    config::apply_overrides(&mut tree, &a_overrides);
     let a = Node::start(config::from_value(&tree)?).await?;
+    Ok((a, b))
+}
 
-    let mut producer = Client::connect(a.socket_path()).await?;
-    let mut consumer = Client::connect(b.socket_path()).await?;
+/// Puts the numbered messages in slices, so the demo never holds more than a slice of
+/// payloads in memory.
+async fn produce(producer: &mut Client, messages: usize, size: usize) -> Result<(), ClientError> {
     let to: Address = "B:orders".parse().expect("valid address");
-    let started = Instant::now();
-    let produce = async {
-        // In slices, so the demo never holds more than a slice of payloads in memory.
-        let slice = (crate::client::PUT_BATCH_BYTES_MAX / size.max(1))
-            .clamp(1, crate::client::PUT_BATCH_MESSAGES_MAX);
-        let mut next = 0;
-        while next < messages {
-            let end = (next + slice).min(messages);
-            producer
-                .put_batch((next..end).map(|i| Content::buf(to.clone(), payload(i, size))).collect())
-                .await?;
-            next = end;
-        }
-        Ok::<_, ClientError>(())
+    let slice =
+        (crate::client::PUT_BATCH_BYTES_MAX / size.max(1)).clamp(1, crate::client::PUT_BATCH_MESSAGES_MAX);
+    let mut next = 0;
+    while next < messages {
+        let end = (next + slice).min(messages);
+        producer.put_batch((next..end).map(|i| Content::buf(to.clone(), payload(i, size))).collect()).await?;
+        next = end;
+    }
+    Ok(())
+}
+
+/// Takes messages until all arrived or none came for 10 s, checking each.
+async fn consume(consumer: &mut Client, messages: usize, size: usize) -> Result<DemoReport, ClientError> {
+    let mut report = DemoReport {
+        sent: messages,
+        received: 0,
+        intact: 0,
+        out_of_order: 0,
+        duplicates: 0,
+        message_bytes: size.max(INDEX_BYTES),
+        elapsed: Duration::ZERO,
     };
-    let consume = async {
-        let mut report = DemoReport {
-            sent: messages,
-            received: 0,
-            intact: 0,
-            out_of_order: 0,
-            duplicates: 0,
-            message_bytes: size.max(11),
-            elapsed: Duration::ZERO,
-        };
-        let mut seen = vec![false; messages];
-        let mut last = None;
-        while report.received < messages {
-            let got = consumer.get("orders", 10_000, Duration::from_secs(10)).await?;
-            if got.is_empty() {
-                break;
-            }
-            for m in got {
-                report.received += 1;
-                let Some(i) = index_of(&m.content.payload).filter(|i| *i < messages) else { continue };
-                report.intact += usize::from(is_payload(i, size, &m.content.payload));
-                report.duplicates += usize::from(std::mem::replace(&mut seen[i], true));
-                report.out_of_order += usize::from(last.is_some_and(|l| l > i));
-                last = Some(i);
-            }
+    let mut seen = vec![false; messages];
+    let mut last = None;
+    while report.received < messages {
+        let got = consumer.get("orders", 10_000, Duration::from_secs(10)).await?;
+        if got.is_empty() {
+            break;
         }
-        Ok::<_, ClientError>(report)
-    };
-    let (produced, consumed) = tokio::join!(produce, consume);
-    produced?;
-    let mut report = consumed?;
-    report.elapsed = started.elapsed();
-    a.shutdown().await;
-    b.shutdown().await;
+        for m in got {
+            report.received += 1;
+            let Some(i) = index_of(&m.content.payload).filter(|i| *i < messages) else { continue };
+            report.intact += usize::from(is_payload(i, size, &m.content.payload));
+            report.duplicates += usize::from(seen.get_mut(i).is_some_and(|s| std::mem::replace(s, true)));
+            report.out_of_order += usize::from(last.is_some_and(|l| l > i));
+            last = Some(i);
+        }
+    }
     Ok(report)
 }
 
