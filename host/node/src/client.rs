@@ -23,8 +23,8 @@ use tokio::net::UnixStream;
 
 use crate::api::protocol::{ErrorCode, Request, Response, split_frame};
 
-/// Payload bytes [`Client::put_batch`] packs into one request at most (larger single
-/// messages go alone).
+/// Encoded bytes [`Client::put_batch`] packs into one request at most (a larger single
+/// message goes alone).
 pub const PUT_BATCH_BYTES_MAX: usize = 1 << 20;
 /// Contents [`Client::put_batch`] packs into one request at most.
 pub const PUT_BATCH_MESSAGES_MAX: usize = 4096;
@@ -133,7 +133,7 @@ impl Client {
         let mut batch = Vec::new();
         let mut bytes = 0;
         for content in contents {
-            let size = content.payload.len() + content.name.len();
+            let size = linkbus_proto::wire::content_encoded_len(&content);
             if !batch.is_empty()
                 && (bytes + size > PUT_BATCH_BYTES_MAX || batch.len() >= PUT_BATCH_MESSAGES_MAX)
             {

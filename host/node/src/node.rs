@@ -271,11 +271,21 @@ impl NodeState {
                 format!("queue '{}' is full ({max} messages)", full.config().name),
             ));
         }
+        let encoded = message_bytes_len(&message);
+        if let Some(small) = remote.iter().find(|l| {
+            let max = l.peer_message_bytes_max.load(std::sync::atomic::Ordering::Relaxed);
+            max != 0 && encoded > max
+        }) {
+            let msg = format!("message of {encoded} bytes is larger than node {} accepts", small.peer.name);
+            return Err((ErrorCode::TooLarge, msg));
+        }
         if let Some(full) = remote.iter().find(|l| !l.has_room(1)) {
             return Err((ErrorCode::Full, format!("transmission queue to node {} is full", full.peer.name)));
         }
+        // Room was checked: a concurrent put may overfill a queue by a message, but a
+        // message is never queued in some places and refused in others.
         for queue in local {
-            queue.push(message.clone(), now).map_err(|e| queue_error(&e))?;
+            queue.push_bounded(message.clone(), now, u64::MAX).map_err(|e| queue_error(&e))?;
         }
         for link in remote {
             link.enqueue(message.clone(), now).map_err(|e| (ErrorCode::Full, e.to_string()))?;
@@ -292,7 +302,13 @@ impl NodeState {
     /// it again later without a duplicate.
     pub fn deliver(&self, message: Message, now: Instant) -> Result<(), QueueError> {
         let mut targets: Vec<Result<&Arc<LocalQueue>, String>> = Vec::new();
+        let mut seen: Vec<&QueueName> = Vec::new();
         for to in message.content.recipients.iter().filter(|to| &to.node == self.name()) {
+            // A queue named twice among the recipients still gets one copy.
+            if seen.contains(&&to.queue) {
+                continue;
+            }
+            seen.push(&to.queue);
             targets.push(match self.queues.get(&to.queue) {
                 None => Err(format!("queue '{}' does not exist on node {}", to.queue, to.node)),
                 Some(q) if message.content.payload.len() as u64 > q.config().message_bytes_max => {
@@ -311,10 +327,11 @@ impl NodeState {
             let max = dlq.config().queue_messages_max;
             return Err(QueueError::Full { queue: dlq.config().name.clone(), max });
         }
+        // Room was checked everywhere: push past the limits rather than deliver partly.
         for target in targets {
             match target {
-                Ok(queue) => queue.push(message.clone(), now)?,
-                Err(reason) => self.dead_letter(message.clone(), &reason, now)?,
+                Ok(queue) => queue.push_bounded(message.clone(), now, u64::MAX)?,
+                Err(reason) => self.dead_letter_unbounded(message.clone(), &reason, now)?,
             }
         }
         Ok(())
@@ -329,7 +346,22 @@ impl NodeState {
     ///
     /// # Errors
     /// When the dead-letter queue is full or the store fails.
-    pub fn dead_letter(&self, mut message: Message, reason: &str, now: Instant) -> Result<(), QueueError> {
+    pub fn dead_letter(&self, message: Message, reason: &str, now: Instant) -> Result<(), QueueError> {
+        let max = self.dead_letter_queue().config().queue_messages_max;
+        self.dead_letter_bounded(message, reason, now, max)
+    }
+
+    fn dead_letter_unbounded(&self, message: Message, reason: &str, now: Instant) -> Result<(), QueueError> {
+        self.dead_letter_bounded(message, reason, now, u64::MAX)
+    }
+
+    fn dead_letter_bounded(
+        &self,
+        mut message: Message,
+        reason: &str,
+        now: Instant,
+        max: u64,
+    ) -> Result<(), QueueError> {
         warn!(id = %message.id, reason, "Message dead-lettered.");
         if message.content.headers.len() < linkbus_plugin_api::message::HEADERS_MAX {
             let mut cut = reason.len().min(linkbus_plugin_api::message::HEADER_VALUE_BYTES_MAX);
@@ -338,8 +370,12 @@ impl NodeState {
             }
             message.content.headers.push((DEAD_LETTER_REASON_HEADER.into(), reason[..cut].to_owned()));
         }
-        self.dead_letter_queue().push(message, now)
+        self.dead_letter_queue().push_bounded(message, now, max)
     }
+}
+
+fn message_bytes_len(message: &Message) -> usize {
+    linkbus_proto::wire::message_encoded_len(message.id.source.as_str().len(), &message.content)
 }
 
 fn queue_error(e: &QueueError) -> (ErrorCode, String) {
@@ -400,10 +436,12 @@ mod tests {
             redelivered: false,
             content: Content::buf(to.parse().unwrap(), "x"),
         };
-        n.deliver(message("A:q"), now).unwrap();
+        let mut twice = message("A:q");
+        twice.content.recipients.push("A:q".parse().unwrap());
+        n.deliver(twice, now).unwrap();
         n.deliver(message("A:missing"), now).unwrap();
         n.deliver(message("C:q"), now).unwrap();
-        assert_eq!(n.queues.get("q").unwrap().len(), 1);
+        assert_eq!(n.queues.get("q").unwrap().len(), 1, "a queue named twice gets one copy");
         let dead = n.queues.get(DEAD_LETTER_QUEUE).unwrap().pop(10, usize::MAX, now).unwrap();
         let reasons: Vec<_> =
             dead.messages.iter().map(|m| m.content.header(DEAD_LETTER_REASON_HEADER).unwrap()).collect();

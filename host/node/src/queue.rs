@@ -156,7 +156,9 @@ impl LocalQueue {
         let mut levels = self.lock();
         let mut batch = Batch::new();
         let mut entries = Vec::with_capacity(messages.len());
-        for message in messages.into_iter().rev() {
+        for mut message in messages.into_iter().rev() {
+            // The client may have seen part of it before it went away.
+            message.redelivered = true;
             let key = levels.front_key;
             levels.front_key -= 1;
             batch.put(&self.space, Bytes::copy_from_slice(&key.to_be_bytes()), message_bytes(&message));
@@ -201,7 +203,7 @@ impl LocalQueue {
         Ok(())
     }
 
-    /// Takes up to `count_max` messages (stopping before the total payload passes
+    /// Takes up to `count_max` messages (stopping before their total encoded size passes
     /// `bytes_max`, but always taking at least one), dropping expired ones on the way.
     ///
     /// # Errors
@@ -215,7 +217,10 @@ impl LocalQueue {
         while popped.messages.len() < count_max {
             let Some(level) = levels.levels.iter_mut().rev().find(|l| !l.is_empty()) else { break };
             let Some(front) = level.front() else { break };
-            let size = front.message.content.payload.len();
+            let size = linkbus_proto::wire::message_encoded_len(
+                front.message.id.source.as_str().len(),
+                &front.message.content,
+            );
             if !popped.messages.is_empty() && bytes + size > bytes_max {
                 break;
             }
@@ -386,7 +391,8 @@ mod tests {
         for n in 10..13 {
             q.push(message(n, 4, 60_000), now).unwrap();
         }
+        let one = linkbus_proto::wire::message_encoded_len(1, &message(10, 4, 60_000).content);
         assert_eq!(sequences(&q.pop(10, 1, now).unwrap()), [10]);
-        assert_eq!(sequences(&q.pop(10, 4, now).unwrap()), [11, 12]);
+        assert_eq!(sequences(&q.pop(10, 2 * one, now).unwrap()), [11, 12]);
     }
 }

@@ -34,7 +34,8 @@ use linkbus_plugin_api::{API_VERSION, NodeName};
 pub use event::{DropReason, SendError, SessionError, SessionEvent};
 
 use crate::frame::{
-    DATA_OVERHEAD_BYTES, Frame, FrameDecoder, HELLO_FLAG_DURABLE, Hello, LENGTH_BYTES, PROTOCOL_VERSION,
+    DATA_OVERHEAD_BYTES, FRAME_BYTES_MIN, Frame, FrameDecoder, HELLO_FLAG_DURABLE, Hello, LENGTH_BYTES,
+    PROTOCOL_VERSION,
 };
 use crate::wire::{decode_message, with_lifetime};
 
@@ -76,7 +77,13 @@ struct Pending {
     message: Bytes,
     /// When its lifetime runs out, so a resend carries the time left, or a skip.
     expires_at: Option<Instant>,
+    /// When it was handed over, to tell whether it waited long enough to need its lifetime
+    /// rewritten.
+    handed_at: Instant,
 }
+
+/// A message written this long after it was handed over carries its lifetime rewritten.
+const LIFETIME_PATCH_AFTER: Duration = Duration::from_millis(100);
 
 /// One link's protocol state; see the module doc for the call order.
 #[derive(Debug)]
@@ -89,6 +96,8 @@ pub struct Session {
     acked: u64,
     /// Sent (or assigned) messages the peer has not acknowledged, in sequence order.
     unacked: VecDeque<Pending>,
+    /// Sequence number of the next message to write on the current connection.
+    next_write: u64,
     /// Next sequence number to deliver durably; advertised in `Hello`.
     expected: u64,
     /// Highest sequence number handed to the host on this connection (it may not be stored
@@ -122,6 +131,7 @@ impl Session {
             next_send: 1,
             acked: 0,
             unacked: VecDeque::new(),
+            next_write: 1,
             expected: 1,
             received_through: 0,
             peer_incarnation: None,
@@ -237,7 +247,7 @@ impl Session {
         self.ping = None;
         match (self.phase, frame) {
             (Phase::Disconnected, _) => {}
-            (Phase::Handshake { .. }, Frame::Hello(hello)) => self.handle_hello(&hello, now),
+            (Phase::Handshake { .. }, Frame::Hello(hello)) => self.handle_hello(&hello),
             (_, Frame::Close { code, reason }) => {
                 self.phase = Phase::Disconnected;
                 self.events.push_back(SessionEvent::Closed(SessionError::PeerClosed { code, reason }));
@@ -252,7 +262,7 @@ impl Session {
         }
     }
 
-    fn handle_hello(&mut self, hello: &Hello, now: Instant) {
+    fn handle_hello(&mut self, hello: &Hello) {
         if hello.protocol_version != PROTOCOL_VERSION {
             let theirs = hello.protocol_version;
             return self.close(SessionError::Version { ours: PROTOCOL_VERSION, theirs });
@@ -264,6 +274,9 @@ impl Session {
                 expected: self.config.peer.to_string(),
                 local: self.config.local.to_string(),
             });
+        }
+        if hello.frame_bytes_max < FRAME_BYTES_MIN as u32 {
+            return self.close(SessionError::FrameLimit(hello.frame_bytes_max));
         }
         let peer_restarted = self.peer_incarnation.is_some_and(|known| known != hello.incarnation);
         if peer_restarted {
@@ -291,17 +304,31 @@ impl Session {
             1
         };
         self.phase = Phase::Established;
-        let resent = self.resend(resend_from, now);
+        self.next_write = resend_from;
+        let resent = self.unacked.iter().filter(|p| p.sequence >= resend_from).count();
         self.events.push_back(SessionEvent::Established { peer_restarted, resent });
     }
 
-    /// Writes every waiting message from `from` on: with the lifetime it has left, or as an
-    /// empty skip message when it expired or is too large for the peer. Returns how many.
-    fn resend(&mut self, from: u64, now: Instant) -> usize {
+    /// Writes waiting messages in sequence order — first those to resend after a
+    /// reconnect, then new ones — until about `budget` bytes are written (at least one
+    /// message when the budget is not zero). A message written after it waited carries the
+    /// lifetime it has left; one that expired, or that is larger than the peer accepts,
+    /// goes as an empty skip message and is reported as [`SessionEvent::Dropped`]. Returns
+    /// how many messages were written.
+    pub fn write_pending(&mut self, now: Instant, budget: usize) -> usize {
+        if self.phase != Phase::Established || budget == 0 {
+            return 0;
+        }
         let max = self.message_bytes_max();
-        let mut resent = 0;
-        for pending in self.unacked.iter_mut().filter(|p| p.sequence >= from) {
-            resent += 1;
+        let skip = self.unacked.front().map_or(0, |p| self.next_write.saturating_sub(p.sequence)) as usize;
+        let start = self.transmit.len();
+        let mut written = 0;
+        for pending in self.unacked.iter_mut().skip(skip) {
+            if self.transmit.len() - start >= budget {
+                break;
+            }
+            written += 1;
+            self.next_write = pending.sequence + 1;
             let left = pending.expires_at.map(|at| at.saturating_duration_since(now).as_millis() as u64);
             let reason = match left {
                 Some(0) => Some(DropReason::Expired),
@@ -315,13 +342,21 @@ impl Session {
                 pending.expires_at = None;
                 continue;
             }
-            if let Some(ms) = left {
+            // Only a message that waited is copied to carry its new lifetime.
+            if let Some(ms) = left
+                && now.saturating_duration_since(pending.handed_at) >= LIFETIME_PATCH_AFTER
+            {
                 pending.message =
                     with_lifetime(&pending.message, ms).unwrap_or_else(|| pending.message.clone());
             }
             Frame::encode_data(pending.sequence, &pending.message, &mut self.transmit);
         }
-        resent
+        written
+    }
+
+    /// Messages handed over but not yet written on the current connection.
+    pub fn unwritten(&self) -> usize {
+        self.unacked.iter().filter(|p| p.sequence >= self.next_write).count()
     }
 
     fn renumber(&mut self) {
@@ -394,14 +429,19 @@ impl Session {
     }
 
     /// Hands over one encoded message (see [`crate::wire`]) whose lifetime ends at
-    /// `expires_at` (`None`: never); it is written now if the link is up, else after the
-    /// next handshake. Returns its sequence number.
+    /// `expires_at` (`None`: never); [`Session::write_pending`] writes it once the link is
+    /// up and the messages before it are written. Returns its sequence number.
     ///
     /// # Errors
     /// [`SendError::WindowFull`] when `in_flight_messages_max` messages await
     /// acknowledgement; [`SendError::TooLarge`] when it does not fit in a frame of this node
     /// or (once known) of the peer.
-    pub fn send(&mut self, message: Bytes, expires_at: Option<Instant>) -> Result<u64, SendError> {
+    pub fn send(
+        &mut self,
+        message: Bytes,
+        expires_at: Option<Instant>,
+        now: Instant,
+    ) -> Result<u64, SendError> {
         if !self.has_window() {
             return Err(SendError::WindowFull(self.unacked.len()));
         }
@@ -411,10 +451,7 @@ impl Session {
         }
         let sequence = self.next_send;
         self.next_send += 1;
-        if self.phase == Phase::Established {
-            Frame::encode_data(sequence, &message, &mut self.transmit);
-        }
-        self.unacked.push_back(Pending { sequence, message, expires_at });
+        self.unacked.push_back(Pending { sequence, message, expires_at, handed_at: now });
         Ok(sequence)
     }
 

@@ -20,6 +20,20 @@ use crate::queue::{DEAD_LETTER_QUEUE, LocalQueue};
 pub const GET_MESSAGES_MAX: u32 = 100_000;
 /// Longest a `get` may wait.
 pub const GET_WAIT_MS_MAX: u64 = 3_600_000;
+/// Most encoded message bytes one `get` returns (at least one message is always returned).
+pub const GET_BYTES_MAX: usize = 64 << 20;
+
+/// Completes when the client closes its connection (or sends more than a frame while a
+/// request waits); bytes of a pipelined request are kept in `buf` for later.
+async fn client_gone(stream: &mut UnixStream, buf: &mut BytesMut, frame_bytes_max: usize) {
+    loop {
+        match stream.read_buf(buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(_) if buf.len() > frame_bytes_max => return,
+            Ok(_) => {}
+        }
+    }
+}
 
 /// Binds the client socket, refusing to take over the socket of a running node.
 ///
@@ -92,7 +106,17 @@ async fn serve(node: Arc<NodeState>, mut stream: UnixStream, mut shutdown: watch
             }
         };
         let (response, taken_from) = match Request::decode(kind, body) {
-            Ok(request) => handle(&node, request).await,
+            Ok(request) => {
+                // A get may wait long: stop it, before it takes anything, if the client leaves.
+                tokio::select! {
+                    biased;
+                    answer = handle(&node, request) => answer,
+                    () = client_gone(&mut stream, &mut buf, frame_bytes_max) => {
+                        debug!("Client left while its request waited.");
+                        return;
+                    }
+                }
+            }
             Err(e) => {
                 let message = format!("bad request: {e}");
                 (Response::Error { code: ErrorCode::BadRequest, accepted: 0, message }, None)
@@ -143,7 +167,7 @@ async fn get(q: &LocalQueue, count_max: u32, wait_ms: u64, bytes_max: u64) -> Re
     let queue = q.config().name.as_str();
     let count_max = count_max.clamp(1, GET_MESSAGES_MAX) as usize;
     let deadline = tokio::time::Instant::now() + Duration::from_millis(wait_ms.min(GET_WAIT_MS_MAX));
-    let bytes_max = usize::try_from(bytes_max).unwrap_or(usize::MAX);
+    let bytes_max = usize::try_from(bytes_max).unwrap_or(usize::MAX).min(GET_BYTES_MAX);
     loop {
         match q.pop(count_max, bytes_max, Instant::now()) {
             Err(e) => {

@@ -2,7 +2,7 @@
 //! drains, the channel that hands it connections, and its counters.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
 use std::sync::{Mutex, PoisonError};
 use std::time::Instant;
 
@@ -50,9 +50,11 @@ pub struct LinkHandle {
     pub(crate) incoming_rx: Mutex<Option<mpsc::Receiver<Incoming>>>,
     /// Whether the session is established.
     pub up: AtomicBool,
-    /// Messages acknowledged by the peer.
+    /// Largest encoded message the peer takes, from its last hello (0: not known yet).
+    pub peer_message_bytes_max: AtomicUsize,
+    /// Sequence numbers acknowledged by the peer (skipped messages included).
     pub acked_total: AtomicU64,
-    /// Messages received from the peer.
+    /// Messages received from the peer and delivered here.
     pub received_total: AtomicU64,
 }
 
@@ -74,6 +76,7 @@ impl LinkHandle {
             incoming_tx,
             incoming_rx: Mutex::new(Some(incoming_rx)),
             up: AtomicBool::new(false),
+            peer_message_bytes_max: AtomicUsize::new(0),
             acked_total: AtomicU64::new(0),
             received_total: AtomicU64::new(0),
         }

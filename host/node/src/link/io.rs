@@ -55,11 +55,18 @@ pub(crate) async fn write_loop(
     while let Some(bytes) = rx.recv().await {
         let result = writer.write_all(&bytes).await;
         backlog.fetch_sub(bytes.len(), Ordering::Relaxed);
-        wake.notify_one();
         if let Err(e) = result {
+            // Nothing queued behind the failed write will be written: uncount it, so the
+            // link task reads again and sees this connection's end.
+            rx.close();
+            while let Ok(rest) = rx.try_recv() {
+                backlog.fetch_sub(rest.len(), Ordering::Relaxed);
+            }
+            wake.notify_one();
             let _ = events.send((id, ConnEvent::Closed(format!("write failed: {e}")))).await;
             return;
         }
+        wake.notify_one();
     }
     let _ = writer.shutdown().await;
 }

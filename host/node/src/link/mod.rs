@@ -250,8 +250,12 @@ impl Link {
 
     fn write(&self, bytes: Bytes) {
         if let Some(active) = &self.active {
-            active.backlog.fetch_add(bytes.len(), Ordering::Relaxed);
-            let _ = active.writer.send(bytes);
+            let len = bytes.len();
+            active.backlog.fetch_add(len, Ordering::Relaxed);
+            if active.writer.send(bytes).is_err() {
+                // The writer is gone (its connection failed): nothing will drain these bytes.
+                active.backlog.fetch_sub(len, Ordering::Relaxed);
+            }
         }
     }
 
@@ -260,6 +264,10 @@ impl Link {
     fn pump(&mut self) {
         for _ in 0..4 {
             self.fill_window();
+            // Bounded, so a large resend after a reconnect never stops the reading that
+            // brings the acknowledgements.
+            let budget = WRITE_BACKLOG_BYTES_MAX.saturating_sub(self.backlog() + self.session.transmit_len());
+            self.session.write_pending(Instant::now(), budget);
             let progressed = self.handle_events();
             if let Some(bytes) = self.session.poll_transmit() {
                 self.write(bytes);
@@ -278,9 +286,7 @@ impl Link {
         let mut too_large = Vec::new();
         {
             let mut queue = self.handle.queue.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-            while self.session.has_window()
-                && self.backlog() + self.session.transmit_len() < WRITE_BACKLOG_BYTES_MAX
-            {
+            while self.session.has_window() {
                 let Some((mut message, queued_at)) = queue.pop_front() else { break };
                 let elapsed = now.saturating_duration_since(queued_at);
                 let lifetime = message.content.lifetime.unwrap_or(Lifetime::UNLIMITED);
@@ -290,7 +296,7 @@ impl Link {
                 };
                 message.content.lifetime = Some(left);
                 let expires_at = (!left.is_unlimited()).then(|| now + Duration::from_millis(left.as_ms()));
-                match self.session.send(message_bytes(&message), expires_at) {
+                match self.session.send(message_bytes(&message), expires_at, now) {
                     Ok(_) => {}
                     Err(SendError::TooLarge { max, .. }) => too_large.push((message, max)),
                     Err(_) => {
@@ -324,14 +330,17 @@ impl Link {
                 SessionEvent::Established { peer_restarted, resent } => {
                     info!(peer = self.peer(), peer_restarted, resent, "Link up.");
                     self.handle.up.store(true, Ordering::Relaxed);
+                    self.handle
+                        .peer_message_bytes_max
+                        .store(self.session.message_bytes_max(), Ordering::Relaxed);
                 }
                 SessionEvent::Received { sequence, message } => {
-                    self.handle.received_total.fetch_add(1, Ordering::Relaxed);
                     if let Err(e) = self.node.deliver(message, now) {
                         warn!(peer = self.peer(), error = %e, "Cannot take delivery; dropping the connection.");
                         closed = Some(e.to_string());
                         break;
                     }
+                    self.handle.received_total.fetch_add(1, Ordering::Relaxed);
                     delivered = Some(sequence);
                 }
                 SessionEvent::Skipped { sequence } => delivered = Some(sequence),

@@ -13,7 +13,7 @@ pub enum SessionEvent {
     Established {
         /// The peer lost its state since the last connection; sequence spaces restarted.
         peer_restarted: bool,
-        /// Messages resent because the peer had not received them.
+        /// Messages to resend because the peer had not received them.
         resent: usize,
     },
     /// A message arrived in order; store it, then call [`super::Session::handle_delivered`].
@@ -129,6 +129,9 @@ pub enum SessionError {
         /// The peer's reason.
         reason: String,
     },
+    /// The peer advertises a frame limit below the protocol's minimum.
+    #[error("peer accepts frames of only {0} bytes")]
+    FrameLimit(u32),
     /// No answer to a `Ping` in time.
     #[error("no answer within the pong timeout")]
     PongTimeout,

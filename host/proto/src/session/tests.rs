@@ -30,6 +30,12 @@ fn message(n: u64) -> Bytes {
     })
 }
 
+/// Everything `s` has to write: waiting messages, then the frames.
+fn out(s: &mut Session, now: Instant) -> Option<Bytes> {
+    s.write_pending(now, usize::MAX);
+    s.poll_transmit()
+}
+
 /// Two sessions joined by an in-memory connection; `deliver` stores everything received.
 struct Pair {
     a: Session,
@@ -61,6 +67,8 @@ impl Pair {
     fn pump(&mut self) {
         for _ in 0..100 {
             let mut moved = false;
+            self.a.write_pending(self.now, usize::MAX);
+            self.b.write_pending(self.now, usize::MAX);
             if let Some(bytes) = self.a.poll_transmit() {
                 self.b.handle_bytes(&bytes, self.now);
                 moved = true;
@@ -107,7 +115,7 @@ fn messages_flow_in_order_and_are_acknowledged() {
     p.connect();
     assert!(p.a.is_established() && p.b.is_established());
     for n in 1..=5 {
-        p.a.send(message(n), None).unwrap();
+        p.a.send(message(n), None, p.now).unwrap();
     }
     p.pump();
     assert_eq!(p.received_by_b, [1, 2, 3, 4, 5]);
@@ -118,8 +126,8 @@ fn messages_flow_in_order_and_are_acknowledged() {
 #[test]
 fn messages_sent_while_down_arrive_after_reconnect() {
     let mut p = Pair::new();
-    p.a.send(message(1), None).unwrap();
-    p.a.send(message(2), None).unwrap();
+    p.a.send(message(1), None, p.now).unwrap();
+    p.a.send(message(2), None, p.now).unwrap();
     p.connect();
     assert_eq!(p.received_by_b, [1, 2]);
 }
@@ -128,16 +136,16 @@ fn messages_sent_while_down_arrive_after_reconnect() {
 fn unacknowledged_messages_are_resent_exactly_once() {
     let mut p = Pair::new();
     p.connect();
-    p.a.send(message(1), None).unwrap();
+    p.a.send(message(1), None, p.now).unwrap();
     p.pump();
     // Message 2 is written but the connection breaks before it arrives.
-    p.a.send(message(2), None).unwrap();
-    let _lost = p.a.poll_transmit();
+    p.a.send(message(2), None, p.now).unwrap();
+    let _lost = out(&mut p.a, p.now);
     // Message 3 arrives at B, but B's ACK is lost.
     p.disconnect();
     p.connect();
-    p.a.send(message(3), None).unwrap();
-    let to_b = p.a.poll_transmit().unwrap();
+    p.a.send(message(3), None, p.now).unwrap();
+    let to_b = out(&mut p.a, p.now).unwrap();
     p.b.handle_bytes(&to_b, p.now);
     p.drain();
     let _lost_ack = p.b.poll_transmit();
@@ -152,20 +160,20 @@ fn a_peer_that_lost_its_state_gets_a_fresh_sequence_space() {
     let mut p = Pair::new();
     p.connect();
     for n in 1..=3 {
-        p.a.send(message(n), None).unwrap();
+        p.a.send(message(n), None, p.now).unwrap();
     }
     p.pump();
     p.disconnect();
     // B restarts with a new incarnation and nothing remembered.
     p.b = Session::new(config("B", "A", 33), p.now);
-    p.a.send(message(4), None).unwrap();
+    p.a.send(message(4), None, p.now).unwrap();
     p.connect();
     assert_eq!(p.received_by_b, [1, 2, 3, 4]);
     assert!(p.closed.is_empty(), "{:?}", p.closed);
     // And A restarting is handled the same way by B.
     p.disconnect();
     p.a = Session::new(config("A", "B", 44), p.now);
-    p.a.send(message(5), None).unwrap();
+    p.a.send(message(5), None, p.now).unwrap();
     p.connect();
     assert_eq!(p.received_by_b, [1, 2, 3, 4, 5]);
     assert!(p.closed.is_empty(), "{:?}", p.closed);
@@ -175,9 +183,9 @@ fn a_peer_that_lost_its_state_gets_a_fresh_sequence_space() {
 fn window_bounds_messages_in_flight() {
     let mut p = Pair::new();
     for n in 1..=8 {
-        p.a.send(message(n), None).unwrap();
+        p.a.send(message(n), None, p.now).unwrap();
     }
-    assert_eq!(p.a.send(message(9), None), Err(SendError::WindowFull(8)));
+    assert_eq!(p.a.send(message(9), None, p.now), Err(SendError::WindowFull(8)));
     p.connect();
     assert!(p.a.has_window());
 }
@@ -266,10 +274,10 @@ fn unconfirmed_deliveries_are_resent_after_a_reconnect() {
     let mut p = Pair::new();
     p.connect();
     for n in 1..=3 {
-        p.a.send(message(n), None).unwrap();
+        p.a.send(message(n), None, p.now).unwrap();
     }
     // B receives all three but the host stores only the first, then the link drops.
-    let bytes = p.a.poll_transmit().unwrap();
+    let bytes = out(&mut p.a, p.now).unwrap();
     p.b.handle_bytes(&bytes, p.now);
     let mut got = Vec::new();
     while let Some(e) = p.b.poll_event() {
@@ -289,13 +297,14 @@ fn unconfirmed_deliveries_are_resent_after_a_reconnect() {
 #[test]
 fn a_message_that_expired_while_waiting_is_skipped_not_sent() {
     let mut p = Pair::new();
-    p.a.send(message(1), Some(p.now + Duration::from_millis(100))).unwrap();
-    p.a.send(message(2), Some(p.now + Duration::from_secs(60))).unwrap();
+    p.a.send(message(1), Some(p.now + Duration::from_millis(100)), p.now).unwrap();
+    p.a.send(message(2), Some(p.now + Duration::from_secs(60)), p.now).unwrap();
     p.now += Duration::from_secs(1);
     p.a.handle_connected(p.now);
     p.b.handle_connected(p.now);
     let bytes = p.b.poll_transmit().unwrap();
     p.a.handle_bytes(&bytes, p.now);
+    let bytes = out(&mut p.a, p.now).unwrap();
     let mut dropped = Vec::new();
     while let Some(e) = p.a.poll_event() {
         if let SessionEvent::Dropped { reason, .. } = e {
@@ -303,7 +312,6 @@ fn a_message_that_expired_while_waiting_is_skipped_not_sent() {
         }
     }
     assert_eq!(dropped, [DropReason::Expired]);
-    let bytes = p.a.poll_transmit().unwrap();
     p.b.handle_bytes(&bytes, p.now);
     let mut b_events = Vec::new();
     while let Some(e) = p.b.poll_event() {
@@ -327,21 +335,21 @@ fn messages_too_large_for_the_peer_are_refused_or_dropped() {
     let now = Instant::now();
     let mut a = Session::new(config("A", "B", 1), now);
     let mut small = config("B", "A", 2);
-    small.frame_bytes_max = 64;
+    small.frame_bytes_max = 1024;
     let mut b = Session::new(small, now);
     let mut large = BytesMut::from(&message(1)[..]);
-    large.extend_from_slice(&[0u8; 100]);
-    a.send(large.freeze(), None).unwrap();
+    large.extend_from_slice(&[0u8; 2000]);
+    a.send(large.freeze(), None, now).unwrap();
     a.handle_connected(now);
     b.handle_connected(now);
     a.handle_bytes(&b.poll_transmit().unwrap(), now);
-    assert!(matches!(
-        a.poll_event(),
-        Some(SessionEvent::Dropped { reason: DropReason::TooLargeForPeer, .. })
-    ));
+    assert!(matches!(a.poll_event(), Some(SessionEvent::Established { resent: 1, .. })));
+    a.write_pending(now, usize::MAX);
+    let dropped = a.poll_event();
+    assert!(matches!(dropped, Some(SessionEvent::Dropped { reason: DropReason::TooLargeForPeer, .. })));
     let mut large = BytesMut::from(&message(2)[..]);
-    large.extend_from_slice(&[0u8; 100]);
-    assert!(matches!(a.send(large.freeze(), None), Err(SendError::TooLarge { max: 51, .. })));
+    large.extend_from_slice(&[0u8; 2000]);
+    assert!(matches!(a.send(large.freeze(), None, now), Err(SendError::TooLarge { max: 1011, .. })));
 }
 
 #[test]
@@ -403,12 +411,12 @@ proptest! {
         for s in steps.into_iter().chain([Step::Reconnect]) {
             match s {
                 Step::Send => {
-                    if a.send(message(sent + 1), None).is_ok() {
+                    if a.send(message(sent + 1), None, now).is_ok() {
                         sent += 1;
                     }
                 }
                 Step::AtoB(n) => {
-                    if let Some(bytes) = a.poll_transmit() { in_transit.extend_from_slice(&bytes); }
+                    if let Some(bytes) = out(&mut a, now) { in_transit.extend_from_slice(&bytes); }
                     let n = n.min(in_transit.len());
                     let chunk: Vec<u8> = in_transit.drain(..n).collect();
                     b.handle_bytes(&chunk, now);
@@ -449,7 +457,7 @@ proptest! {
         }
         // A final clean exchange delivers everything.
         for _ in 0..50 {
-            if let Some(bytes) = a.poll_transmit() { b.handle_bytes(&bytes, now); }
+            if let Some(bytes) = out(&mut a, now) { b.handle_bytes(&bytes, now); }
             while let Some(e) = b.poll_event() {
                 if let SessionEvent::Received { sequence, message } = e {
                     stored.push(message.id.sequence);
@@ -462,4 +470,32 @@ proptest! {
         prop_assert_eq!(stored, (1..=sent).collect::<Vec<_>>());
         prop_assert_eq!(a.in_flight(), 0);
     }
+}
+
+#[test]
+fn writes_respect_the_budget_and_keep_order() {
+    let mut p = Pair::new();
+    p.connect();
+    for n in 1..=8 {
+        p.a.send(message(n), None, p.now).unwrap();
+    }
+    assert_eq!(p.a.unwritten(), 8);
+    assert_eq!(p.a.write_pending(p.now, 1), 1, "a budget writes at least one message");
+    assert_eq!(p.a.write_pending(p.now, 0), 0);
+    assert_eq!(p.a.unwritten(), 7);
+    p.pump();
+    assert_eq!(p.received_by_b, (1..=8).collect::<Vec<_>>());
+}
+
+#[test]
+fn a_peer_with_a_tiny_frame_limit_is_refused() {
+    let now = Instant::now();
+    let mut a = Session::new(config("A", "B", 1), now);
+    let mut tiny = config("B", "A", 2);
+    tiny.frame_bytes_max = 100;
+    let mut b = Session::new(tiny, now);
+    a.handle_connected(now);
+    b.handle_connected(now);
+    a.handle_bytes(&b.poll_transmit().unwrap(), now);
+    assert_eq!(a.poll_event(), Some(SessionEvent::Closed(SessionError::FrameLimit(100))));
 }
