@@ -6,6 +6,8 @@
 //! nothing running.
 #![allow(dead_code, unreachable_pub)]
 
+pub mod proxy;
+
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
