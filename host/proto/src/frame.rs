@@ -1,10 +1,13 @@
 //! Link frames and their codec.
 //!
 //! On the wire every frame is a 4-byte big-endian length `L` (the bytes that follow, at most
-//! `frame_bytes_max`), a 1-byte frame type, and `L - 1` bytes of body. The length is checked
-//! against the limit before anything is allocated, so a peer cannot make us buffer more than
-//! one frame's worth; any byte sequence either decodes, waits for more bytes, or fails with a
-//! [`FrameError`] — it never panics.
+//! `frame_bytes_max`), a 1-byte frame type, a 4-byte CRC32C of the frame's header, and the
+//! body. The header CRC covers the type and the whole body, except for `Data`, where it
+//! covers the type, the sequence number and the message CRC (the message bytes have their
+//! own CRC, so a damaged message is refused by number with a `Nak` while a damaged header
+//! tears the connection down). The length is checked against the limit before anything is
+//! allocated, so a peer cannot make us buffer more than one frame's worth; any byte sequence
+//! either decodes, waits for more bytes, or fails with a [`FrameError`] — it never panics.
 //!
 //! | type | frame | body |
 //! | --- | --- | --- |
@@ -14,6 +17,7 @@
 //! | 4 | `Ping` | nonce u64 |
 //! | 5 | `Pong` | nonce u64 |
 //! | 6 | `Close` | code u16, reason (UTF-8, rest of the frame) |
+//! | 7 | `Nak` | sequence u64: that message arrived damaged, send it again |
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 
@@ -25,8 +29,10 @@ pub const PROTOCOL_VERSION: u16 = 1;
 pub const HELLO_MAGIC: [u8; 4] = *b"LNKB";
 /// Bytes of the length prefix.
 pub const LENGTH_BYTES: usize = 4;
-/// Bytes a `Data` frame adds to its message: length, type, sequence and CRC.
-pub const DATA_OVERHEAD_BYTES: usize = LENGTH_BYTES + 1 + 8 + 4;
+/// Bytes of the frame header CRC.
+pub const HEADER_CRC_BYTES: usize = 4;
+/// Bytes a `Data` frame adds to its message: length, type, header CRC, sequence and CRC.
+pub const DATA_OVERHEAD_BYTES: usize = LENGTH_BYTES + 1 + HEADER_CRC_BYTES + 8 + 4;
 /// Smallest allowed `frame_bytes_max`: a `Hello` with two longest names must fit.
 pub const FRAME_BYTES_MIN: usize = 1024;
 
@@ -36,6 +42,7 @@ const TYPE_ACK: u8 = 3;
 const TYPE_PING: u8 = 4;
 const TYPE_PONG: u8 = 5;
 const TYPE_CLOSE: u8 = 6;
+const TYPE_NAK: u8 = 7;
 
 /// `Hello.flags` bit: the sender's store is durable, so its sequence numbers survive restarts.
 pub const HELLO_FLAG_DURABLE: u8 = 1;
@@ -81,6 +88,11 @@ pub enum Frame {
     /// Cumulative acknowledgement.
     Ack {
         /// Every message with a sequence number up to this one is delivered.
+        sequence: u64,
+    },
+    /// The message with this number arrived with a bad CRC: send it again.
+    Nak {
+        /// Its sequence number.
         sequence: u64,
     },
     /// Keepalive probe.
@@ -133,6 +145,9 @@ pub enum FrameError {
     /// An unknown frame type.
     #[error("unknown frame type {0}")]
     UnknownType(u8),
+    /// A frame whose header CRC does not match: the stream cannot be trusted.
+    #[error("frame header failed its CRC check")]
+    BadHeaderCrc,
     /// A `Hello` without the magic bytes: not a linkbus peer.
     #[error("not a linkbus peer (bad magic)")]
     BadMagic,
@@ -152,7 +167,19 @@ impl Frame {
     /// # Panics
     /// When a `Hello` name is longer than 255 bytes (names are validated long before).
     pub fn encode(&self, out: &mut BytesMut) {
-        put_length_prefixed(out, |out| self.encode_body(out));
+        put_length_prefixed(out, |out| {
+            let start = out.len();
+            self.encode_body(out);
+            // The header CRC goes right after the type byte.
+            let covered = match self {
+                Self::Data { .. } => start + 1 + 8 + 4,
+                _ => out.len(),
+            };
+            let crc = out.get(start..covered).map_or(0, crc32c::crc32c);
+            let body = out.split_off(start + 1);
+            out.put_u32(crc);
+            out.unsplit(body);
+        });
     }
 
     fn encode_body(&self, out: &mut BytesMut) {
@@ -166,6 +193,10 @@ impl Frame {
             }
             Self::Ack { sequence } => {
                 out.put_u8(TYPE_ACK);
+                out.put_u64(*sequence);
+            }
+            Self::Nak { sequence } => {
+                out.put_u8(TYPE_NAK);
                 out.put_u64(*sequence);
             }
             Self::Ping { nonce } => {
@@ -186,12 +217,16 @@ impl Frame {
 
     /// Appends a `Data` frame for `message` (computing its CRC) without building a [`Frame`].
     pub fn encode_data(sequence: u64, message: &[u8], out: &mut BytesMut) {
-        let len = u32::try_from(1 + 8 + 4 + message.len()).expect("frame length fits u32");
+        let len = u32::try_from(1 + HEADER_CRC_BYTES + 8 + 4 + message.len()).expect("frame length fits u32");
+        let mut header = [0u8; 13];
+        header[0] = TYPE_DATA;
+        header[1..9].copy_from_slice(&sequence.to_be_bytes());
+        header[9..].copy_from_slice(&crc32c::crc32c(message).to_be_bytes());
         out.reserve(LENGTH_BYTES + len as usize);
         out.put_u32(len);
         out.put_u8(TYPE_DATA);
-        out.put_u64(sequence);
-        out.put_u32(crc32c::crc32c(message));
+        out.put_u32(crc32c::crc32c(&header));
+        out.put_slice(&header[1..]);
         out.put_slice(message);
     }
 
@@ -203,6 +238,7 @@ impl Frame {
             Self::Ack { .. } => "ack",
             Self::Ping { .. } => "ping",
             Self::Pong { .. } => "pong",
+            Self::Nak { .. } => "nak",
             Self::Close { .. } => "close",
         }
     }
@@ -297,12 +333,14 @@ impl FrameDecoder {
 }
 
 fn decode_body(body: Bytes) -> Result<Frame, FrameError> {
-    let mut r = Reader::new(body);
+    let mut r = Reader::new(body.clone());
     let kind = r.u8().map_err(|source| FrameError::Malformed { frame: "any", source })?;
+    let header_crc = r.u32().map_err(|source| FrameError::Malformed { frame: "any", source })?;
     let frame = match kind {
-        TYPE_HELLO => return decode_hello(&mut r),
+        TYPE_HELLO => "hello",
         TYPE_DATA => "data",
         TYPE_ACK => "ack",
+        TYPE_NAK => "nak",
         TYPE_PING => "ping",
         TYPE_PONG => "pong",
         TYPE_CLOSE => "close",
@@ -310,12 +348,14 @@ fn decode_body(body: Bytes) -> Result<Frame, FrameError> {
     };
     let malformed = |source| FrameError::Malformed { frame, source };
     let decoded = match kind {
+        TYPE_HELLO => decode_hello(&mut r)?,
         TYPE_DATA => Frame::Data {
             sequence: r.u64().map_err(malformed)?,
             crc: r.u32().map_err(malformed)?,
             message: r.rest(),
         },
         TYPE_ACK => Frame::Ack { sequence: r.u64().map_err(malformed)? },
+        TYPE_NAK => Frame::Nak { sequence: r.u64().map_err(malformed)? },
         TYPE_PING => Frame::Ping { nonce: r.u64().map_err(malformed)? },
         TYPE_PONG => Frame::Pong { nonce: r.u64().map_err(malformed)? },
         _ => {
@@ -325,6 +365,16 @@ fn decode_body(body: Bytes) -> Result<Frame, FrameError> {
         }
     };
     r.finish().map_err(malformed)?;
+    // Fields are checked first, so a stranger is told it is not a peer (bad magic) rather
+    // than that its frame is damaged.
+    let covered_end = if kind == TYPE_DATA { 1 + HEADER_CRC_BYTES + 12 } else { body.len() };
+    let crc = crc32c::crc32c_append(
+        crc32c::crc32c(&[kind]),
+        body.get(1 + HEADER_CRC_BYTES..covered_end).unwrap_or_default(),
+    );
+    if crc != header_crc {
+        return Err(FrameError::BadHeaderCrc);
+    }
     Ok(decoded)
 }
 

@@ -9,21 +9,27 @@
 //! 2. [`Session::handle_bytes`] with every received chunk, [`Session::handle_timeout`] when
 //!    [`Session::poll_timeout`] says, and [`Session::send`] to hand over a message;
 //! 3. after any `handle_*`: drain [`Session::poll_event`] (for each `Received`, store the
-//!    message, then call [`Session::handle_delivered`]) and write what
-//!    [`Session::poll_transmit`] returns;
+//!    message, then call [`Session::handle_delivered`]), call [`Session::write_pending`]
+//!    with the bytes the connection can take, and write what [`Session::poll_transmit`]
+//!    returns;
 //! 4. on [`SessionEvent::Closed`] (or a transport error) write the last transmit, drop the
 //!    connection and call [`Session::handle_disconnected`].
 //!
-//! Reliability: every message gets the next sequence number (starting at 1) and a CRC32C, and
-//! stays in the awaiting-ACK queue until a cumulative `Ack` covers it. The receiver delivers in
-//! order, drops and re-acknowledges duplicates, and advertises in its `Hello` the next
-//! number it expects, so after a reconnect the sender resends exactly what was not delivered.
-//! Each side also sends a random *incarnation* of its state: when a peer comes back with a
-//! new incarnation (it lost its state, e.g. a memory store restarted) both directions start a
-//! fresh sequence space, renumbering what is still waiting, instead of mistaking new
-//! messages for duplicates.
+//! Reliability: every message gets the next sequence number (starting at 1; `Ack 0`
+//! acknowledges nothing) and a CRC32C, and stays in the awaiting-ACK queue until a cumulative
+//! `Ack` covers it. The receiver delivers in order, drops and re-acknowledges duplicates,
+//! holds messages that arrive ahead of a gap in a bounded reorder buffer, refuses a message
+//! whose CRC fails with a `Nak` (the sender writes it again), and advertises in its `Hello`
+//! the next number it expects, so after a reconnect the sender resends exactly what was not
+//! delivered. A message not acknowledged within the retransmit timeout is written again
+//! (with everything after it). Each side also sends a random *incarnation* of its state:
+//! when a peer comes back with a new incarnation (it lost its state, e.g. a memory store
+//! restarted) both directions start a fresh sequence space, renumbering what is still
+//! waiting, instead of mistaking new messages for duplicates.
 
 mod event;
+mod receive;
+mod send;
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -31,13 +37,14 @@ use std::time::{Duration, Instant};
 use bytes::{Bytes, BytesMut};
 use linkbus_plugin_api::{API_VERSION, NodeName};
 
-pub use event::{DropReason, SendError, SessionError, SessionEvent};
+pub use event::{DropReason, SendError, SessionError, SessionEvent, SessionStats};
+use receive::{Arrival, Receiver};
+use send::{Sender, WriteLimits};
 
 use crate::frame::{
     DATA_OVERHEAD_BYTES, FRAME_BYTES_MIN, Frame, FrameDecoder, HELLO_FLAG_DURABLE, Hello, LENGTH_BYTES,
     PROTOCOL_VERSION,
 };
-use crate::wire::{decode_message, with_lifetime};
 
 /// Settings of one session, from the node's configuration.
 #[derive(Debug, Clone)]
@@ -54,6 +61,10 @@ pub struct SessionConfig {
     pub frame_bytes_max: usize,
     /// Most messages sent and not yet acknowledged; [`Session::send`] refuses more.
     pub in_flight_messages_max: usize,
+    /// Most messages held ahead of a gap; beyond it they are dropped and resent later.
+    pub reorder_messages_max: usize,
+    /// Time a written message may go unacknowledged before it is written again.
+    pub retransmit_timeout: Duration,
     /// Silence after which a `Ping` is sent.
     pub ping_interval: Duration,
     /// Time a `Pong` (or any frame) may take after a `Ping` before the connection is dropped.
@@ -69,40 +80,15 @@ enum Phase {
     Established,
 }
 
-/// A message handed to the session and not yet acknowledged.
-#[derive(Debug)]
-struct Pending {
-    sequence: u64,
-    /// The encoded message, as first handed over.
-    message: Bytes,
-    /// When its lifetime runs out, so a resend carries the time left, or a skip.
-    expires_at: Option<Instant>,
-    /// When it was handed over, to tell whether it waited long enough to need its lifetime
-    /// rewritten.
-    handed_at: Instant,
-}
-
-/// A message written this long after it was handed over carries its lifetime rewritten.
-const LIFETIME_PATCH_AFTER: Duration = Duration::from_millis(100);
-
 /// One link's protocol state; see the module doc for the call order.
 #[derive(Debug)]
 pub struct Session {
     config: SessionConfig,
     phase: Phase,
-    /// Next sequence number to assign to an outgoing message.
-    next_send: u64,
-    /// Highest sequence number the peer acknowledged.
-    acked: u64,
-    /// Sent (or assigned) messages the peer has not acknowledged, in sequence order.
-    unacked: VecDeque<Pending>,
-    /// Sequence number of the next message to write on the current connection.
-    next_write: u64,
-    /// Next sequence number to deliver durably; advertised in `Hello`.
-    expected: u64,
-    /// Highest sequence number handed to the host on this connection (it may not be stored
-    /// yet); reset to `expected - 1` with every connection.
-    received_through: u64,
+    /// Our messages to the peer.
+    sender: Sender,
+    /// The peer's messages to us.
+    receiver: Receiver,
     /// The peer's incarnation from its last `Hello`.
     peer_incarnation: Option<u64>,
     /// The peer's `frame_bytes_max` from its last `Hello`.
@@ -119,6 +105,8 @@ pub struct Session {
     ping: Option<(u64, Instant)>,
     /// Next `Ping` nonce.
     next_nonce: u64,
+    /// Counters for operators and tests.
+    stats: SessionStats,
 }
 
 impl Session {
@@ -126,14 +114,10 @@ impl Session {
     pub fn new(config: SessionConfig, now: Instant) -> Self {
         let decoder = FrameDecoder::new(config.frame_bytes_max);
         Self {
+            receiver: Receiver::new(config.reorder_messages_max),
             config,
             phase: Phase::Disconnected,
-            next_send: 1,
-            acked: 0,
-            unacked: VecDeque::new(),
-            next_write: 1,
-            expected: 1,
-            received_through: 0,
+            sender: Sender::new(),
             peer_incarnation: None,
             peer_frame_bytes_max: None,
             decoder,
@@ -142,6 +126,7 @@ impl Session {
             last_received: now,
             ping: None,
             next_nonce: 1,
+            stats: SessionStats::default(),
         }
     }
 
@@ -157,12 +142,27 @@ impl Session {
 
     /// Messages handed over and not yet acknowledged.
     pub fn in_flight(&self) -> usize {
-        self.unacked.len()
+        self.sender.in_flight()
+    }
+
+    /// Messages handed over but not yet written on the current connection.
+    pub fn unwritten(&self) -> usize {
+        self.sender.unwritten()
+    }
+
+    /// Messages held in the reorder buffer.
+    pub fn held(&self) -> usize {
+        self.receiver.held()
+    }
+
+    /// Counters since the session was made.
+    pub fn stats(&self) -> &SessionStats {
+        &self.stats
     }
 
     /// Whether [`Session::send`] would accept a message now.
     pub fn has_window(&self) -> bool {
-        self.unacked.len() < self.config.in_flight_messages_max
+        self.sender.in_flight() < self.config.in_flight_messages_max
     }
 
     /// Largest encoded message the link carries: our frame limit, and the peer's once known.
@@ -194,7 +194,7 @@ impl Session {
         self.decoder.clear();
         self.transmit.clear();
         self.ping = None;
-        self.received_through = self.expected - 1;
+        self.receiver.reset_connection();
         self.events.retain(|e| !matches!(e, SessionEvent::Received { .. } | SessionEvent::Skipped { .. }));
     }
 
@@ -209,7 +209,7 @@ impl Session {
             from: self.config.local.to_string(),
             to: self.config.peer.to_string(),
             incarnation: self.config.incarnation,
-            expected: self.expected,
+            expected: self.receiver.expected(),
             your_incarnation: self.peer_incarnation.unwrap_or(0),
             frame_bytes_max: u32::try_from(self.config.frame_bytes_max).unwrap_or(u32::MAX),
             flags: if self.config.durable { HELLO_FLAG_DURABLE } else { 0 },
@@ -255,7 +255,13 @@ impl Session {
             (Phase::Established, Frame::Data { sequence, crc, message }) => {
                 self.handle_data(sequence, crc, message);
             }
-            (Phase::Established, Frame::Ack { sequence }) => self.handle_ack(sequence),
+            (Phase::Established, Frame::Ack { sequence }) => self.complete_through(sequence),
+            (Phase::Established, Frame::Nak { sequence }) => {
+                let max = self.message_bytes_max();
+                if self.sender.rewrite(sequence, now, max, &mut self.transmit, &mut self.events) {
+                    self.stats.naks_received += 1;
+                }
+            }
             (Phase::Established, Frame::Ping { nonce }) => Frame::Pong { nonce }.encode(&mut self.transmit),
             (Phase::Established, Frame::Pong { .. }) => {}
             (_, other) => self.close(SessionError::Unexpected(other.name())),
@@ -281,149 +287,88 @@ impl Session {
         let peer_restarted = self.peer_incarnation.is_some_and(|known| known != hello.incarnation);
         if peer_restarted {
             // The peer's old sequence space is gone with its state: start receiving afresh.
-            self.expected = 1;
-            self.received_through = 0;
+            self.receiver.restart();
         }
         self.peer_incarnation = Some(hello.incarnation);
         self.peer_frame_bytes_max = Some(hello.frame_bytes_max as usize);
         let resend_from = if hello.your_incarnation == self.config.incarnation {
-            let last_sent = self.next_send - 1;
-            if hello.expected > self.next_send {
+            let (last_sent, acked) = (self.sender.last_sent(), self.sender.acked());
+            if hello.expected > last_sent + 1 {
                 return self.close(SessionError::ClaimsMore { expected: hello.expected, last_sent });
             }
-            if hello.expected <= self.acked {
-                return self
-                    .close(SessionError::WentBackwards { expected: hello.expected, acked: self.acked });
+            if hello.expected <= acked {
+                return self.close(SessionError::WentBackwards { expected: hello.expected, acked });
             }
+            // Received but the ACK was lost: adopt the peer's number.
             self.complete_through(hello.expected - 1);
             hello.expected
         } else {
             // The peer never saw this incarnation of ours: its numbers mean nothing to us,
             // and ours nothing to it. Renumber what still waits from 1.
-            self.renumber();
+            self.sender.renumber();
             1
         };
         self.phase = Phase::Established;
-        self.next_write = resend_from;
-        let resent = self.unacked.iter().filter(|p| p.sequence >= resend_from).count();
+        self.stats.renegotiations += 1;
+        let resent = self.sender.start_connection(resend_from);
+        self.stats.resent += resent as u64;
         self.events.push_back(SessionEvent::Established { peer_restarted, resent });
     }
 
     /// Writes waiting messages in sequence order — first those to resend after a
-    /// reconnect, then new ones — until about `budget` bytes are written (at least one
-    /// message when the budget is not zero). A message written after it waited carries the
-    /// lifetime it has left; one that expired, or that is larger than the peer accepts,
-    /// goes as an empty skip message and is reported as [`SessionEvent::Dropped`]. Returns
-    /// how many messages were written.
+    /// reconnect or a retransmit timeout, then new ones — until about `budget` bytes are
+    /// written (at least one message when the budget is not zero). A message written after
+    /// it waited carries the lifetime it has left; one that expired, or that is larger than
+    /// the peer accepts, goes as an empty skip message and is reported as
+    /// [`SessionEvent::Dropped`]. Returns how many messages were written.
     pub fn write_pending(&mut self, now: Instant, budget: usize) -> usize {
-        if self.phase != Phase::Established || budget == 0 {
+        if self.phase != Phase::Established {
             return 0;
         }
-        let max = self.message_bytes_max();
-        let skip = self.unacked.front().map_or(0, |p| self.next_write.saturating_sub(p.sequence)) as usize;
-        let start = self.transmit.len();
-        let mut written = 0;
-        for pending in self.unacked.iter_mut().skip(skip) {
-            if self.transmit.len() - start >= budget {
-                break;
-            }
-            written += 1;
-            self.next_write = pending.sequence + 1;
-            let left = pending.expires_at.map(|at| at.saturating_duration_since(now).as_millis() as u64);
-            let reason = match left {
-                Some(0) => Some(DropReason::Expired),
-                _ if pending.message.len() > max => Some(DropReason::TooLargeForPeer),
-                _ => None,
-            };
-            if let Some(reason) = reason {
-                Frame::encode_data(pending.sequence, &[], &mut self.transmit);
-                let message = std::mem::take(&mut pending.message);
-                self.events.push_back(SessionEvent::Dropped { message, reason });
-                pending.expires_at = None;
-                continue;
-            }
-            // Only a message that waited is copied to carry its new lifetime.
-            if let Some(ms) = left
-                && now.saturating_duration_since(pending.handed_at) >= LIFETIME_PATCH_AFTER
-            {
-                pending.message =
-                    with_lifetime(&pending.message, ms).unwrap_or_else(|| pending.message.clone());
-            }
-            Frame::encode_data(pending.sequence, &pending.message, &mut self.transmit);
-        }
-        written
-    }
-
-    /// Messages handed over but not yet written on the current connection.
-    pub fn unwritten(&self) -> usize {
-        self.unacked.iter().filter(|p| p.sequence >= self.next_write).count()
-    }
-
-    fn renumber(&mut self) {
-        for (index, pending) in self.unacked.iter_mut().enumerate() {
-            pending.sequence = index as u64 + 1;
-        }
-        self.next_send = self.unacked.len() as u64 + 1;
-        self.acked = 0;
+        let limits = WriteLimits { message_bytes_max: self.message_bytes_max(), budget };
+        self.sender.write(now, &limits, &mut self.transmit, &mut self.events)
     }
 
     fn handle_data(&mut self, sequence: u64, crc: u32, message: Bytes) {
         if crc32c::crc32c(&message) != crc {
-            return self.close(SessionError::BadCrc(sequence));
+            // Damaged in transit (the header was checked): ask for it again.
+            self.stats.naks_sent += 1;
+            return Frame::Nak { sequence }.encode(&mut self.transmit);
         }
-        if sequence <= self.received_through {
-            // Already delivered (its ACK was lost): acknowledge again, drop the copy.
-            if self.expected > 1 {
-                Frame::Ack { sequence: self.expected - 1 }.encode(&mut self.transmit);
-            }
-            return;
-        }
-        if sequence != self.received_through + 1 {
-            return self.close(SessionError::Gap { expected: self.received_through + 1, got: sequence });
-        }
-        if message.is_empty() {
-            self.received_through = sequence;
-            self.events.push_back(SessionEvent::Skipped { sequence });
-            return;
-        }
-        match decode_message(message) {
-            Ok(message) => {
-                self.received_through = sequence;
-                self.events.push_back(SessionEvent::Received { sequence, message });
-            }
+        match self.receiver.arrive(sequence, message) {
             Err(e) => self.close(SessionError::BadMessage { sequence, reason: e.to_string() }),
+            Ok(Arrival::Duplicate) => {
+                self.stats.duplicates += 1;
+                let expected = self.receiver.expected();
+                if expected > 1 {
+                    Frame::Ack { sequence: expected - 1 }.encode(&mut self.transmit);
+                }
+            }
+            Ok(Arrival::Held) => self.stats.held += 1,
+            Ok(Arrival::Dropped) => self.stats.dropped_ahead += 1,
+            Ok(Arrival::Delivered(messages)) => {
+                for (sequence, message) in messages {
+                    self.events.push_back(match message {
+                        Some(message) => SessionEvent::Received { sequence, message },
+                        None => SessionEvent::Skipped { sequence },
+                    });
+                }
+            }
         }
     }
 
-    fn handle_ack(&mut self, sequence: u64) {
-        if sequence >= self.next_send {
-            let last_sent = self.next_send - 1;
-            return self.close(SessionError::AckBeyondSent { ack: sequence, last_sent });
-        }
-        self.complete_through(sequence);
-    }
-
+    /// An ACK (or the peer's `Hello`) says everything through `through` arrived; a number
+    /// that matches nothing awaiting is ignored.
     fn complete_through(&mut self, through: u64) {
-        if through <= self.acked {
-            return;
+        if let Some(messages) = self.sender.complete_through(through) {
+            self.events.push_back(SessionEvent::Acked { through, messages });
         }
-        let mut messages = 0;
-        while self.unacked.front().is_some_and(|p| p.sequence <= through) {
-            self.unacked.pop_front();
-            messages += 1;
-        }
-        self.acked = through;
-        self.events.push_back(SessionEvent::Acked { through, messages });
     }
 
     /// The host stored every received message up to `through`: acknowledge them. Numbers
     /// from an earlier connection (already forgotten) are ignored.
     pub fn handle_delivered(&mut self, through: u64) {
-        if through < self.expected || through > self.received_through {
-            return;
-        }
-        self.expected = through + 1;
-        if self.phase == Phase::Established {
+        if self.receiver.delivered(through) && self.phase == Phase::Established {
             Frame::Ack { sequence: through }.encode(&mut self.transmit);
         }
     }
@@ -443,19 +388,17 @@ impl Session {
         now: Instant,
     ) -> Result<u64, SendError> {
         if !self.has_window() {
-            return Err(SendError::WindowFull(self.unacked.len()));
+            return Err(SendError::WindowFull(self.sender.in_flight()));
         }
         let max = self.message_bytes_max();
         if message.len() > max || message.is_empty() {
             return Err(SendError::TooLarge { len: message.len(), max });
         }
-        let sequence = self.next_send;
-        self.next_send += 1;
-        self.unacked.push_back(Pending { sequence, message, expires_at, handed_at: now });
-        Ok(sequence)
+        Ok(self.sender.push(message, expires_at, now))
     }
 
-    /// Time has come: enforces the handshake timeout and the keepalive.
+    /// Time has come: enforces the handshake timeout, the keepalive and the retransmit
+    /// timeout.
     pub fn handle_timeout(&mut self, now: Instant) {
         match self.phase {
             Phase::Disconnected => {}
@@ -464,19 +407,28 @@ impl Session {
                     self.close(SessionError::HandshakeTimeout);
                 }
             }
-            Phase::Established => match self.ping {
-                Some((_, sent)) if now >= sent + self.config.pong_timeout => {
-                    self.close(SessionError::PongTimeout)
+            Phase::Established => {
+                if self.sender.rewind_if_overdue(now, self.config.retransmit_timeout) {
+                    self.stats.retransmit_timeouts += 1;
                 }
-                Some(_) => {}
-                None if now >= self.last_received + self.config.ping_interval => {
-                    let nonce = self.next_nonce;
-                    self.next_nonce += 1;
-                    self.ping = Some((nonce, now));
-                    Frame::Ping { nonce }.encode(&mut self.transmit);
-                }
-                None => {}
-            },
+                self.keepalive(now);
+            }
+        }
+    }
+
+    fn keepalive(&mut self, now: Instant) {
+        match self.ping {
+            Some((_, sent)) if now >= sent + self.config.pong_timeout => {
+                self.close(SessionError::PongTimeout)
+            }
+            Some(_) => {}
+            None if now >= self.last_received + self.config.ping_interval => {
+                let nonce = self.next_nonce;
+                self.next_nonce += 1;
+                self.ping = Some((nonce, now));
+                Frame::Ping { nonce }.encode(&mut self.transmit);
+            }
+            None => {}
         }
     }
 
@@ -485,10 +437,14 @@ impl Session {
         match self.phase {
             Phase::Disconnected => None,
             Phase::Handshake { deadline } => Some(deadline),
-            Phase::Established => Some(match self.ping {
-                Some((_, sent)) => sent + self.config.pong_timeout,
-                None => self.last_received + self.config.ping_interval,
-            }),
+            Phase::Established => {
+                let keepalive = match self.ping {
+                    Some((_, sent)) => sent + self.config.pong_timeout,
+                    None => self.last_received + self.config.ping_interval,
+                };
+                let retransmit = self.sender.retransmit_at(self.config.retransmit_timeout);
+                Some(retransmit.map_or(keepalive, |r| r.min(keepalive)))
+            }
         }
     }
 

@@ -130,6 +130,10 @@ pub struct LinkSettings {
     pub in_flight_messages_max: u64,
     /// Messages waiting for a neighbour (its transmission queue); a put beyond it is refused.
     pub queue_messages_max: u64,
+    /// Messages from a neighbour held ahead of a gap until it fills.
+    pub reorder_messages_max: u64,
+    /// Time a message may go unacknowledged before it is written again.
+    pub retransmit_timeout_ms: u64,
     /// First reconnect delay, doubled after each failure.
     pub reconnect_backoff_min_ms: u64,
     /// Longest reconnect delay.
@@ -194,6 +198,8 @@ impl Default for LinkSettings {
             frame_bytes_max: (4 << 20) + FRAME_OVERHEAD_BYTES,
             in_flight_messages_max: 4096,
             queue_messages_max: 1_000_000,
+            reorder_messages_max: 1024,
+            retransmit_timeout_ms: 10_000,
             reconnect_backoff_min_ms: 100,
             reconnect_backoff_max_ms: 5_000,
             connect_timeout_ms: 5_000,

@@ -78,6 +78,8 @@ fn session_config(node: &NodeState, handle: &LinkHandle) -> SessionConfig {
         durable: node.store.durable(),
         frame_bytes_max: links.frame_bytes_max as usize,
         in_flight_messages_max: links.in_flight_messages_max as usize,
+        reorder_messages_max: links.reorder_messages_max as usize,
+        retransmit_timeout: Duration::from_millis(links.retransmit_timeout_ms),
         ping_interval: Duration::from_millis(links.ping_interval_ms),
         pong_timeout: Duration::from_millis(links.pong_timeout_ms),
         handshake_timeout: Duration::from_millis(links.handshake_timeout_ms),

@@ -78,9 +78,6 @@ pub enum SessionError {
     /// A frame that is not allowed in the current phase.
     #[error("unexpected {0} frame")]
     Unexpected(&'static str),
-    /// A message whose CRC32C does not match.
-    #[error("message {0} failed its CRC check")]
-    BadCrc(u64),
     /// A message that passed its CRC but does not decode.
     #[error("message {sequence} is malformed: {reason}")]
     BadMessage {
@@ -88,22 +85,6 @@ pub enum SessionError {
         sequence: u64,
         /// Why it does not decode.
         reason: String,
-    },
-    /// A message beyond the next expected one (the transport lost or reordered bytes).
-    #[error("expected message {expected}, got {got}")]
-    Gap {
-        /// The next expected sequence number.
-        expected: u64,
-        /// The one that arrived.
-        got: u64,
-    },
-    /// An acknowledgement of a message that was never sent.
-    #[error("peer acknowledged {ack}, but only {last_sent} were sent")]
-    AckBeyondSent {
-        /// The acknowledged number.
-        ack: u64,
-        /// The last number sent.
-        last_sent: u64,
     },
     /// The peer claims to have received more than was ever sent.
     #[error("peer expects message {expected}, but only {last_sent} were sent")]
@@ -174,4 +155,25 @@ pub enum SendError {
         /// The largest message the link carries.
         max: usize,
     },
+}
+
+/// Counters of a session, for operators and tests.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SessionStats {
+    /// Handshakes completed (each one renegotiates the sequence numbers).
+    pub renegotiations: u64,
+    /// Messages written again after a reconnect.
+    pub resent: u64,
+    /// Times the oldest unacknowledged message timed out and writing went back to it.
+    pub retransmit_timeouts: u64,
+    /// NAKs sent for messages that failed their CRC.
+    pub naks_sent: u64,
+    /// NAKs received (each made us write a message again).
+    pub naks_received: u64,
+    /// Messages that arrived again after they were delivered (dropped, re-acknowledged).
+    pub duplicates: u64,
+    /// Messages held in the reorder buffer until a gap filled.
+    pub held: u64,
+    /// Messages dropped because they arrived too far ahead of a gap.
+    pub dropped_ahead: u64,
 }

@@ -1,0 +1,103 @@
+//! The receiving half of a session: the next number to deliver, what was handed to the host,
+//! and the bounded reorder buffer for messages that arrive ahead of a gap.
+
+use std::collections::BTreeMap;
+
+use bytes::Bytes;
+use linkbus_plugin_api::Message;
+
+use crate::reader::ReadError;
+use crate::wire::decode_message;
+
+/// What became of an arriving message.
+#[derive(Debug)]
+pub(super) enum Arrival {
+    /// Already handed to the host: acknowledge again, drop the copy.
+    Duplicate,
+    /// Held in the reorder buffer until the gap fills.
+    Held,
+    /// Ahead of a gap that the reorder buffer cannot bridge: dropped, the sender resends it.
+    Dropped,
+    /// Handed over in order, with every held message it unblocked: `(sequence, message)`,
+    /// `None` for a skip.
+    Delivered(Vec<(u64, Option<Message>)>),
+}
+
+/// See the module doc.
+#[derive(Debug)]
+pub(super) struct Receiver {
+    /// Next sequence number to deliver durably; advertised in `Hello`.
+    expected: u64,
+    /// Highest sequence number handed to the host on this connection (it may not be stored
+    /// yet); reset to `expected - 1` with every connection.
+    received_through: u64,
+    /// Messages that arrived ahead of a gap (`None`: a skip).
+    held: BTreeMap<u64, Option<Message>>,
+    /// Most messages `held` keeps.
+    held_max: usize,
+}
+
+impl Receiver {
+    pub(super) fn new(held_max: usize) -> Self {
+        Self { expected: 1, received_through: 0, held: BTreeMap::new(), held_max }
+    }
+
+    /// The next sequence number to deliver durably.
+    pub(super) fn expected(&self) -> u64 {
+        self.expected
+    }
+
+    /// Messages held in the reorder buffer.
+    pub(super) fn held(&self) -> usize {
+        self.held.len()
+    }
+
+    /// A new connection: what was handed over but not confirmed comes again.
+    pub(super) fn reset_connection(&mut self) {
+        self.received_through = self.expected - 1;
+        self.held.clear();
+    }
+
+    /// The peer lost its state: its numbers start again at 1.
+    pub(super) fn restart(&mut self) {
+        self.expected = 1;
+        self.received_through = 0;
+        self.held.clear();
+    }
+
+    /// Takes message `sequence` (empty bytes: a skip), whose CRC was checked.
+    ///
+    /// # Errors
+    /// [`ReadError`] when the bytes do not decode as a message.
+    pub(super) fn arrive(&mut self, sequence: u64, message: Bytes) -> Result<Arrival, ReadError> {
+        if sequence <= self.received_through || self.held.contains_key(&sequence) {
+            return Ok(Arrival::Duplicate);
+        }
+        let held = if message.is_empty() { None } else { Some(decode_message(message)?) };
+        if sequence != self.received_through + 1 {
+            let ahead = sequence - self.received_through;
+            if ahead > self.held_max as u64 || self.held.len() >= self.held_max {
+                return Ok(Arrival::Dropped);
+            }
+            self.held.insert(sequence, held);
+            return Ok(Arrival::Held);
+        }
+        let mut delivered = vec![(sequence, held)];
+        self.received_through = sequence;
+        while let Some(next) = self.held.remove(&(self.received_through + 1)) {
+            self.received_through += 1;
+            delivered.push((self.received_through, next));
+        }
+        Ok(Arrival::Delivered(delivered))
+    }
+
+    /// The host stored everything up to `through`: returns whether that moved `expected`
+    /// (and an acknowledgement is due).
+    pub(super) fn delivered(&mut self, through: u64) -> bool {
+        if through < self.expected || through > self.received_through {
+            return false;
+        }
+        self.expected = through + 1;
+        true
+    }
+}
