@@ -488,4 +488,6 @@ pub fn peek_hello(decoder: &mut FrameDecoder) -> Result<Option<Hello>, SessionEr
 }
 
 #[cfg(test)]
+mod sim;
+#[cfg(test)]
 mod tests;
