@@ -1,11 +1,14 @@
-//! The link protocol over a faulty network (a fault proxy between A and B): connections cut
-//! again and again while messages stream lose nothing and duplicate nothing, and a long
-//! black-out with large backlogs in both directions recovers once traffic flows again.
+//! The link protocol over a faulty network (a fault proxy between A and B, plaintext links):
+//! connections cut again and again, bit flips (refused by CRC, asked again with a NAK, or
+//! tearing the connection down when they hit a header), one-byte writes, stalls longer than
+//! the keepalive, and a long black-out with large backlogs in both directions. The history
+//! checker must count no lost, duplicated, reordered or corrupted message.
 
 mod support;
 
 use std::time::{Duration, Instant};
 
+use support::history::History;
 use support::proxy::FaultProxy;
 use support::{NodeProcess, Scratch, stderr, stdout};
 
@@ -98,4 +101,97 @@ fn large_backlogs_both_ways_recover_after_a_blackout() {
         assert_eq!(got.lines().count(), 1300, "node {node} got everything");
         assert!(got == lines, "node {node}: once each, in order");
     }
+}
+
+/// Streams `lines` from A to `B:q` in small pieces (so faults land mid-stream), runs
+/// `during` meanwhile, then gets everything from B and checks the history.
+fn stream_through(s: &Scratch, lines: &str, during: impl FnOnce()) -> History {
+    let mut child = s
+        .command(&["put", "--node", "A", "--to", "B:q", "-"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let data = lines.to_owned();
+    let feeder = std::thread::spawn(move || {
+        use std::io::Write;
+        for chunk in data.as_bytes().chunks(4 * 1024) {
+            stdin.write_all(chunk).unwrap();
+            std::thread::sleep(Duration::from_millis(3));
+        }
+    });
+    during();
+    feeder.join().unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let count = lines.lines().count();
+    let got = get_all(s, "B", count, Duration::from_secs(60));
+    let sent: Vec<&str> = lines.lines().collect();
+    let received: Vec<&str> = got.lines().collect();
+    History::check(&sent, &received)
+}
+
+fn status_number(s: &Scratch, node: &str, field: &str) -> u64 {
+    let text = stdout(&s.run(&["status", "--node", node]));
+    let at = text.find(field).unwrap_or_else(|| panic!("no '{field}' in {text}"));
+    text[at + field.len()..]
+        .trim_start()
+        .split(|c: char| !c.is_ascii_digit())
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+#[test]
+fn bit_flips_are_caught_and_resent() {
+    let s = Scratch::new();
+    let (_a, _b, proxy) = start_behind_proxy(&s);
+    let lines: String = (0..6_000).map(|i| format!("flip {i:05} {}\n", "p".repeat(40))).collect();
+    proxy.set_flip_every(20_000);
+    let history = stream_through(&s, &lines, || {});
+    proxy.set_flip_every(0);
+    println!("{history:?}, bits flipped: {}", proxy.flipped());
+    assert!(history.is_clean(), "{history:?}");
+    assert!(proxy.flipped() > 10, "the proxy flipped bits");
+    let naks = status_number(&s, "B", "naks sent");
+    let renegotiations = status_number(&s, "A", "renegotiations");
+    println!("B sent {naks} NAKs; A renegotiated {renegotiations} times");
+    assert!(naks > 0, "damaged messages were refused by NAK");
+    if std::env::var_os("LINKBUS_TEST_SHOW_LOGS").is_some() {
+        println!("A:\n{}\nB:\n{}", _a.log_text(), _b.log_text());
+    }
+}
+
+#[test]
+fn one_byte_writes_and_stalls_past_the_keepalive_lose_nothing() {
+    let s = Scratch::new();
+    let (a, _b, proxy) = start_behind_proxy(&s);
+    let lines: String = (0..3_000).map(|i| format!("slow {i:05}\n")).collect();
+    proxy.set_trickle(true);
+    let history = stream_through(&s, &lines, || {
+        std::thread::sleep(Duration::from_millis(200));
+        proxy.set_stall(true);
+        // Longer than ping_interval_ms + pong_timeout_ms (1.5 s): the link must notice.
+        std::thread::sleep(Duration::from_millis(2_500));
+        proxy.set_stall(false);
+        proxy.cut();
+    });
+    println!("{history:?}");
+    assert!(history.is_clean(), "{history:?}");
+    assert!(
+        a.log_text().contains("no answer within the pong timeout"),
+        "the stall was detected:\n{}",
+        a.log_text()
+    );
+}
+
+#[test]
+fn the_history_checker_counts_each_kind_of_fault() {
+    let sent = ["a", "b", "c", "d"];
+    let h = History::check(&sent, &["a", "c", "b", "c", "x"]);
+    assert_eq!((h.lost, h.duplicated, h.reordered, h.corrupted), (1, 1, 1, 1));
+    assert!(History::check(&sent, &sent).is_clean());
 }

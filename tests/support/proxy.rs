@@ -1,18 +1,31 @@
-//! A TCP fault proxy on 127.0.0.1 for link tests: forwards connections to a target and can
-//! cut every connection, or black-hole traffic (accept and read it, forward nothing), on
-//! command. Threads only; everything stops when the proxy drops.
+//! A TCP fault proxy on 127.0.0.1 for link tests: forwards connections to a target and, on
+//! command, cuts every connection, black-holes traffic (reads it, forwards nothing), stalls
+//! it (stops reading, so it queues up), trickles it one byte per write, or flips one bit in
+//! every so many bytes. Threads only; everything stops when the proxy drops.
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+/// The proxy's switches, shared with its pump threads.
+#[derive(Default)]
+struct Modes {
+    blackhole: AtomicBool,
+    stall: AtomicBool,
+    trickle: AtomicBool,
+    /// Flip a bit once every this many forwarded bytes (0: never).
+    flip_every: AtomicUsize,
+    /// Bits flipped so far.
+    flipped: AtomicUsize,
+}
 
 /// See the module doc.
 pub struct FaultProxy {
     /// Where clients connect.
     pub address: String,
-    blackhole: Arc<AtomicBool>,
+    modes: Arc<Modes>,
     stopped: Arc<AtomicBool>,
     streams: Arc<Mutex<Vec<TcpStream>>>,
 }
@@ -25,12 +38,11 @@ impl FaultProxy {
         let address = listener.local_addr().expect("address").to_string();
         let proxy = Self {
             address,
-            blackhole: Arc::new(AtomicBool::new(false)),
+            modes: Arc::new(Modes::default()),
             stopped: Arc::new(AtomicBool::new(false)),
             streams: Arc::new(Mutex::new(Vec::new())),
         };
-        let (blackhole, stopped, streams) =
-            (proxy.blackhole.clone(), proxy.stopped.clone(), proxy.streams.clone());
+        let (modes, stopped, streams) = (proxy.modes.clone(), proxy.stopped.clone(), proxy.streams.clone());
         let target = target.to_owned();
         std::thread::spawn(move || {
             while !stopped.load(Ordering::Relaxed) {
@@ -45,9 +57,9 @@ impl FaultProxy {
                         pump(
                             client.try_clone().expect("clone"),
                             server.try_clone().expect("clone"),
-                            blackhole.clone(),
+                            modes.clone(),
                         );
-                        pump(server, client, blackhole.clone());
+                        pump(server, client, modes.clone());
                     }
                     Err(_) => std::thread::sleep(Duration::from_millis(5)),
                 }
@@ -65,7 +77,27 @@ impl FaultProxy {
 
     /// While on, connections stay open but nothing crosses them.
     pub fn set_blackhole(&self, on: bool) {
-        self.blackhole.store(on, Ordering::Relaxed);
+        self.modes.blackhole.store(on, Ordering::Relaxed);
+    }
+
+    /// While on, the proxy stops reading: traffic waits (TCP buffers fill, senders block).
+    pub fn set_stall(&self, on: bool) {
+        self.modes.stall.store(on, Ordering::Relaxed);
+    }
+
+    /// While on, every byte is forwarded in its own write.
+    pub fn set_trickle(&self, on: bool) {
+        self.modes.trickle.store(on, Ordering::Relaxed);
+    }
+
+    /// Flips one bit in every `bytes` forwarded bytes (0 turns it off).
+    pub fn set_flip_every(&self, bytes: usize) {
+        self.modes.flip_every.store(bytes, Ordering::Relaxed);
+    }
+
+    /// Bits flipped so far.
+    pub fn flipped(&self) -> usize {
+        self.modes.flipped.load(Ordering::Relaxed)
     }
 }
 
@@ -76,18 +108,37 @@ impl Drop for FaultProxy {
     }
 }
 
-fn pump(mut from: TcpStream, mut to: TcpStream, blackhole: Arc<AtomicBool>) {
+fn pump(mut from: TcpStream, mut to: TcpStream, modes: Arc<Modes>) {
     std::thread::spawn(move || {
         let mut buf = vec![0u8; 64 * 1024];
+        let mut since_flip = 0usize;
         loop {
+            while modes.stall.load(Ordering::Relaxed) {
+                std::thread::sleep(Duration::from_millis(5));
+            }
             let n = match from.read(&mut buf) {
                 Ok(0) | Err(_) => break,
                 Ok(n) => n,
             };
-            if blackhole.load(Ordering::Relaxed) {
+            if modes.blackhole.load(Ordering::Relaxed) {
                 continue;
             }
-            if to.write_all(&buf[..n]).is_err() {
+            let chunk = &mut buf[..n];
+            let every = modes.flip_every.load(Ordering::Relaxed);
+            if every > 0 {
+                since_flip += n;
+                if since_flip >= every {
+                    since_flip = 0;
+                    let bit = (modes.flipped.fetch_add(1, Ordering::Relaxed) * 7919) % (n * 8);
+                    chunk[bit / 8] ^= 1 << (bit % 8);
+                }
+            }
+            let written = if modes.trickle.load(Ordering::Relaxed) {
+                chunk.chunks(1).try_for_each(|b| to.write_all(b))
+            } else {
+                to.write_all(chunk)
+            };
+            if written.is_err() {
                 break;
             }
         }

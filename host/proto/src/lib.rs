@@ -17,4 +17,4 @@ pub mod wire;
 
 pub use frame::{Frame, FrameDecoder, FrameError, Hello, PROTOCOL_VERSION};
 pub use reader::{ReadError, Reader};
-pub use session::{DropReason, SendError, Session, SessionConfig, SessionError, SessionEvent};
+pub use session::{DropReason, SendError, Session, SessionConfig, SessionError, SessionEvent, SessionStats};

@@ -19,7 +19,9 @@
 //! acknowledges nothing) and a CRC32C, and stays in the awaiting-ACK queue until a cumulative
 //! `Ack` covers it. The receiver delivers in order, drops and re-acknowledges duplicates,
 //! holds messages that arrive ahead of a gap in a bounded reorder buffer, refuses a message
-//! whose CRC fails with a `Nak` (the sender writes it again), and advertises in its `Hello`
+//! whose CRC fails with a `Nak` (the sender writes it and the ones after it again: what the
+//! receiver held is dropped as duplicate, what it could not hold arrives), and advertises
+//! in its `Hello`
 //! the next number it expects, so after a reconnect the sender resends exactly what was not
 //! delivered. A message not acknowledged within the retransmit timeout is written again
 //! (with everything after it). Each side also sends a random *incarnation* of its state:
@@ -257,8 +259,7 @@ impl Session {
             }
             (Phase::Established, Frame::Ack { sequence }) => self.complete_through(sequence),
             (Phase::Established, Frame::Nak { sequence }) => {
-                let max = self.message_bytes_max();
-                if self.sender.rewrite(sequence, now, max, &mut self.transmit, &mut self.events) {
+                if self.sender.rewind_to(sequence) {
                     self.stats.naks_received += 1;
                 }
             }

@@ -196,13 +196,20 @@ fn status(node: &NodeState) -> String {
     links.sort_by(|a, b| a.peer.name.cmp(&b.peer.name));
     for l in links {
         let state = if l.up.load(Ordering::Relaxed) { "up" } else { "down" };
+        let stats = l.stats.lock().map(|s| *s).unwrap_or_default();
         let _ = writeln!(
             s,
-            "  {}: {state}, queued {}, acked {}, received {}",
+            "  {}: {state}, queued {}, acked {}, received {}; renegotiations {}, resent {}, retransmit timeouts {}, naks sent {}, naks received {}, duplicates {}",
             l.peer.name,
             l.queued(),
             l.acked_total.load(Ordering::Relaxed),
-            l.received_total.load(Ordering::Relaxed)
+            l.received_total.load(Ordering::Relaxed),
+            stats.renegotiations,
+            stats.resent,
+            stats.retransmit_timeouts,
+            stats.naks_sent,
+            stats.naks_received,
+            stats.duplicates,
         );
     }
     let _ = writeln!(s, "queues:");

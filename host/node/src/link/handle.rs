@@ -8,6 +8,7 @@ use std::time::Instant;
 
 use bytes::BytesMut;
 use linkbus_plugin_api::{Connection, Message};
+use linkbus_proto::SessionStats;
 use linkbus_proto::frame::{CloseCode, Hello};
 use tokio::sync::{Notify, mpsc};
 use tracing::debug;
@@ -56,6 +57,8 @@ pub struct LinkHandle {
     pub acked_total: AtomicU64,
     /// Messages received from the peer and delivered here.
     pub received_total: AtomicU64,
+    /// The session's counters, copied after every pump.
+    pub stats: Mutex<SessionStats>,
 }
 
 impl std::fmt::Debug for LinkHandle {
@@ -79,6 +82,7 @@ impl LinkHandle {
             peer_message_bytes_max: AtomicUsize::new(0),
             acked_total: AtomicU64::new(0),
             received_total: AtomicU64::new(0),
+            stats: Mutex::new(SessionStats::default()),
         }
     }
 

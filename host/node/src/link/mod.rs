@@ -278,6 +278,9 @@ impl Link {
                 break;
             }
         }
+        if let Ok(mut stats) = self.handle.stats.lock() {
+            *stats = *self.session.stats();
+        }
     }
 
     fn fill_window(&mut self) {

@@ -141,25 +141,16 @@ impl Sender {
         written
     }
 
-    /// Writes message `sequence` again (the peer refused it with a NAK); returns whether it
-    /// is still awaiting acknowledgement.
-    pub(super) fn rewrite(
-        &mut self,
-        sequence: u64,
-        now: Instant,
-        message_bytes_max: usize,
-        out: &mut BytesMut,
-        events: &mut VecDeque<SessionEvent>,
-    ) -> bool {
-        let Some(front) = self.unacked.front() else { return false };
-        let index = sequence.wrapping_sub(front.sequence) as usize;
-        match self.unacked.get_mut(index) {
-            Some(pending) if pending.sequence < self.next_write => {
-                write_one(pending, now, message_bytes_max, out, events);
-                true
-            }
-            _ => false,
+    /// The peer refused message `sequence` (its CRC failed): write it again, and the ones
+    /// after it, which the peer held or dropped behind the gap (go-back-N). Returns whether
+    /// it is still awaiting acknowledgement and was written.
+    pub(super) fn rewind_to(&mut self, sequence: u64) -> bool {
+        let awaiting = self.unacked.front().is_some_and(|p| p.sequence <= sequence);
+        if awaiting && sequence < self.next_write {
+            self.next_write = sequence;
+            return true;
         }
+        false
     }
 
     /// When the oldest written message times out, if any.
