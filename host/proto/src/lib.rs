@@ -7,11 +7,13 @@
 //! - [`session`]: the per-neighbour session state machine (handshake, sequence numbers,
 //!   cumulative ACK, resend after reconnect, keepalive).
 //! - [`reader`]: the bounds-checked byte reader every decoder uses.
+//! - [`secure`]: the connection preamble and the Noise IKpsk2 channel under the frames.
 #![forbid(unsafe_code)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::indexing_slicing))]
 
 pub mod frame;
 pub mod reader;
+pub mod secure;
 pub mod session;
 pub mod wire;
 

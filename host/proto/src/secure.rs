@@ -1,0 +1,449 @@
+//! Link security: the preamble every connection opens with, and the Noise channel
+//! (`Noise_IKpsk2_25519_ChaChaPoly_BLAKE2s`) that carries the link frames.
+//!
+//! A connection starts with the dialer's 6-byte preamble: magic `LBUS`, preamble version,
+//! and the security mode (0 = plaintext, 1 = Noise). A node refuses a mode other than its
+//! own, so neither side can be talked down to plaintext. In Noise mode the dialer knows the
+//! listener's static key from its configuration (the IK pattern); the listener learns the
+//! dialer's static key from the first handshake message and must find it among its peers;
+//! both mix in the cluster's pre-shared key. The first message carries the dialer's clock
+//! reading, which the listener requires to grow per peer, so a recorded handshake cannot
+//! be replayed. After the handshake, every Noise message on the wire is a 2-byte big-endian
+//! length and at most 65,535 bytes of ciphertext; a message that fails to decrypt ends the
+//! connection.
+//!
+//! Sans-io like the rest of this crate: bytes in through [`SecureChannel::handle_bytes`],
+//! plaintext out through [`SecureChannel::take_plaintext`], plaintext in through
+//! [`SecureChannel::send`], bytes out through [`SecureChannel::poll_transmit`].
+
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+
+/// The Noise protocol name.
+pub const NOISE_PARAMS: &str = "Noise_IKpsk2_25519_ChaChaPoly_BLAKE2s";
+/// First bytes of every connection.
+pub const PREAMBLE_MAGIC: [u8; 4] = *b"LBUS";
+/// Version of the preamble and handshake layout.
+pub const PREAMBLE_VERSION: u8 = 1;
+/// Bytes of the preamble.
+pub const PREAMBLE_BYTES: usize = 6;
+/// Bytes of a key (private, public, pre-shared).
+pub const KEY_BYTES: usize = 32;
+/// Largest Noise message.
+const NOISE_MESSAGE_MAX: usize = 65_535;
+/// Authentication tag Noise adds to each message.
+const TAG_BYTES: usize = 16;
+/// Largest plaintext in one Noise message.
+const PLAINTEXT_CHUNK_MAX: usize = NOISE_MESSAGE_MAX - TAG_BYTES;
+/// Bound to the handshake, so a handshake for another protocol never completes here.
+const PROLOGUE: &[u8] = b"linkbus link v1";
+
+/// How a link is protected.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// No encryption, no authentication: only with `insecure_plaintext: true`.
+    Plaintext,
+    /// Noise IKpsk2: mutual authentication by static keys and the cluster key, encryption.
+    Noise,
+}
+
+impl Mode {
+    fn code(self) -> u8 {
+        match self {
+            Self::Plaintext => 0,
+            Self::Noise => 1,
+        }
+    }
+}
+
+/// Why the secure channel failed; the connection must be closed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum SecureError {
+    /// The connection does not start with a linkbus preamble.
+    #[error("not a linkbus connection (bad preamble)")]
+    Preamble,
+    /// The peer asks for another security mode.
+    #[error("peer wants a {theirs} link, this node requires {ours}")]
+    Mode {
+        /// Ours.
+        ours: &'static str,
+        /// Theirs.
+        theirs: &'static str,
+    },
+    /// The Noise handshake failed: wrong cluster key, wrong static key, or damaged bytes.
+    #[error("handshake failed: {0}")]
+    Handshake(String),
+    /// A Noise message failed to decrypt (tampered with, or out of order).
+    #[error("a message failed to decrypt")]
+    Decrypt,
+    /// A key is not 32 bytes of hex.
+    #[error("bad key: {0}")]
+    Key(String),
+}
+
+fn mode_name(code: u8) -> &'static str {
+    match code {
+        0 => "plaintext",
+        1 => "Noise",
+        _ => "unknown",
+    }
+}
+
+/// A static key pair.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Keypair {
+    /// The private half (keep it secret: mode 0600 on disk).
+    pub private: [u8; KEY_BYTES],
+    /// The public half (goes into peers' configuration).
+    pub public: [u8; KEY_BYTES],
+}
+
+impl std::fmt::Debug for Keypair {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Keypair").field("public", &hex(&self.public)).finish_non_exhaustive()
+    }
+}
+
+fn params() -> snow::params::NoiseParams {
+    NOISE_PARAMS.parse().expect("the protocol name is valid")
+}
+
+impl Keypair {
+    /// A fresh random key pair.
+    ///
+    /// # Errors
+    /// [`SecureError::Key`] when the system has no randomness.
+    pub fn generate() -> Result<Self, SecureError> {
+        let keys =
+            snow::Builder::new(params()).generate_keypair().map_err(|e| SecureError::Key(e.to_string()))?;
+        Ok(Self { private: to_key(&keys.private)?, public: to_key(&keys.public)? })
+    }
+
+    /// The pair of a private key.
+    ///
+    /// # Errors
+    /// [`SecureError::Key`] when the key cannot be used.
+    pub fn from_private(private: [u8; KEY_BYTES]) -> Result<Self, SecureError> {
+        use snow::resolvers::CryptoResolver;
+        let mut dh = snow::resolvers::DefaultResolver
+            .resolve_dh(&snow::params::DHChoice::Curve25519)
+            .ok_or_else(|| SecureError::Key("no X25519 implementation".into()))?;
+        dh.set(&private);
+        Ok(Self { private, public: to_key(dh.pubkey())? })
+    }
+}
+
+fn to_key(bytes: &[u8]) -> Result<[u8; KEY_BYTES], SecureError> {
+    bytes.try_into().map_err(|_| SecureError::Key(format!("{} bytes, expected {KEY_BYTES}", bytes.len())))
+}
+
+/// Lower-case hex of `bytes`.
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Parses 64 hex digits into a key.
+///
+/// # Errors
+/// [`SecureError::Key`] naming what is wrong.
+pub fn parse_key(text: &str) -> Result<[u8; KEY_BYTES], SecureError> {
+    let text = text.trim();
+    if text.len() != KEY_BYTES * 2 || !text.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(SecureError::Key(format!("expected {} hex digits", KEY_BYTES * 2)));
+    }
+    let mut key = [0u8; KEY_BYTES];
+    for (i, byte) in key.iter_mut().enumerate() {
+        let pair = text.get(i * 2..i * 2 + 2).unwrap_or_default();
+        *byte = u8::from_str_radix(pair, 16).map_err(|e| SecureError::Key(e.to_string()))?;
+    }
+    Ok(key)
+}
+
+enum State {
+    /// Listener: waiting for the preamble and, in Noise mode, the first handshake message.
+    Listening(Option<Box<snow::HandshakeState>>),
+    /// Listener: read the first message; the host checks who it is, then accepts.
+    Identified(Box<snow::HandshakeState>),
+    /// Dialer: sent the first message, waiting for the second.
+    Dialing(Box<snow::HandshakeState>),
+    /// Noise transport.
+    Secure(Box<snow::TransportState>),
+    /// Plaintext after the preamble.
+    Plain,
+    /// Failed; nothing more passes.
+    Failed,
+}
+
+/// One connection's security layer; see the module doc.
+pub struct SecureChannel {
+    mode: Mode,
+    state: State,
+    /// Bytes from the wire not yet processed.
+    inbound: BytesMut,
+    /// Decrypted bytes for the link session.
+    plaintext: BytesMut,
+    /// Bytes for the wire.
+    outbound: BytesMut,
+    /// The dialer's static key and clock reading, once the listener read them.
+    identity: Option<([u8; KEY_BYTES], u64)>,
+}
+
+impl std::fmt::Debug for SecureChannel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SecureChannel").field("mode", &self.mode).finish_non_exhaustive()
+    }
+}
+
+fn builder<'a>(keys: &'a Keypair, psk: &'a [u8; KEY_BYTES]) -> Result<snow::Builder<'a>, SecureError> {
+    let handshake = |e: snow::Error| SecureError::Handshake(e.to_string());
+    snow::Builder::new(params())
+        .prologue(PROLOGUE)
+        .map_err(handshake)?
+        .local_private_key(&keys.private)
+        .map_err(handshake)?
+        .psk(2, psk)
+        .map_err(handshake)
+}
+
+fn preamble(mode: Mode, out: &mut BytesMut) {
+    out.put_slice(&PREAMBLE_MAGIC);
+    out.put_u8(PREAMBLE_VERSION);
+    out.put_u8(mode.code());
+}
+
+impl SecureChannel {
+    /// The dialer's side of a plaintext link: sends the preamble, then passes bytes through.
+    pub fn plaintext_dialer() -> Self {
+        let mut channel = Self::new(Mode::Plaintext, State::Plain);
+        preamble(Mode::Plaintext, &mut channel.outbound);
+        channel
+    }
+
+    /// The dialer's side of a Noise link to the node whose static key is `remote`: sends the
+    /// preamble and the first handshake message (carrying `unix_ms`).
+    ///
+    /// # Errors
+    /// [`SecureError::Handshake`] when a key cannot be used.
+    pub fn noise_dialer(
+        keys: &Keypair,
+        remote: &[u8; KEY_BYTES],
+        psk: &[u8; KEY_BYTES],
+        unix_ms: u64,
+    ) -> Result<Self, SecureError> {
+        let handshake = |e: snow::Error| SecureError::Handshake(e.to_string());
+        let mut hs = builder(keys, psk)?
+            .remote_public_key(remote)
+            .map_err(handshake)?
+            .build_initiator()
+            .map_err(handshake)?;
+        let mut message = vec![0u8; NOISE_MESSAGE_MAX];
+        let len = hs.write_message(&unix_ms.to_be_bytes(), &mut message).map_err(handshake)?;
+        let mut channel = Self::new(Mode::Noise, State::Dialing(Box::new(hs)));
+        preamble(Mode::Noise, &mut channel.outbound);
+        put_message(&mut channel.outbound, message.get(..len).unwrap_or_default());
+        Ok(channel)
+    }
+
+    /// The listener's side: `keys` and `psk` for Noise, `None` for plaintext.
+    ///
+    /// # Errors
+    /// [`SecureError::Handshake`] when a key cannot be used.
+    pub fn listener(noise: Option<(&Keypair, &[u8; KEY_BYTES])>) -> Result<Self, SecureError> {
+        match noise {
+            None => Ok(Self::new(Mode::Plaintext, State::Listening(None))),
+            Some((keys, psk)) => {
+                let hs = builder(keys, psk)?
+                    .build_responder()
+                    .map_err(|e| SecureError::Handshake(e.to_string()))?;
+                Ok(Self::new(Mode::Noise, State::Listening(Some(Box::new(hs)))))
+            }
+        }
+    }
+
+    fn new(mode: Mode, state: State) -> Self {
+        Self {
+            mode,
+            state,
+            inbound: BytesMut::new(),
+            plaintext: BytesMut::new(),
+            outbound: BytesMut::new(),
+            identity: None,
+        }
+    }
+
+    /// The security mode.
+    pub fn mode(&self) -> Mode {
+        self.mode
+    }
+
+    /// Whether link frames can flow.
+    pub fn is_established(&self) -> bool {
+        matches!(self.state, State::Secure(_) | State::Plain)
+    }
+
+    /// Listener, Noise: the dialer's static key and clock reading, once its first message
+    /// was read; the host checks them, then calls [`SecureChannel::accept`].
+    pub fn identity(&self) -> Option<([u8; KEY_BYTES], u64)> {
+        matches!(self.state, State::Identified(_)).then_some(self.identity).flatten()
+    }
+
+    /// Listener, Noise: answers the identified dialer and starts the transport.
+    ///
+    /// # Errors
+    /// [`SecureError::Handshake`] when not identified or the handshake fails.
+    pub fn accept(&mut self) -> Result<(), SecureError> {
+        let State::Identified(mut hs) = std::mem::replace(&mut self.state, State::Failed) else {
+            return Err(SecureError::Handshake("nothing to accept".into()));
+        };
+        let handshake = |e: snow::Error| SecureError::Handshake(e.to_string());
+        let mut message = vec![0u8; NOISE_MESSAGE_MAX];
+        let len = hs.write_message(&[], &mut message).map_err(handshake)?;
+        put_message(&mut self.outbound, message.get(..len).unwrap_or_default());
+        self.state = State::Secure(Box::new(hs.into_transport_mode().map_err(handshake)?));
+        self.drain()
+    }
+
+    /// Feeds bytes from the wire.
+    ///
+    /// # Errors
+    /// [`SecureError`] for a bad preamble, another mode, a failed handshake or a message that
+    /// does not decrypt; the connection must be closed.
+    pub fn handle_bytes(&mut self, bytes: &[u8]) -> Result<(), SecureError> {
+        self.inbound.extend_from_slice(bytes);
+        let result = self.drain();
+        if result.is_err() {
+            self.state = State::Failed;
+        }
+        result
+    }
+
+    fn drain(&mut self) -> Result<(), SecureError> {
+        loop {
+            match &mut self.state {
+                State::Failed => return Err(SecureError::Decrypt),
+                State::Plain => {
+                    let bytes = self.inbound.split();
+                    self.plaintext.unsplit(bytes);
+                    return Ok(());
+                }
+                State::Listening(_) => {
+                    if !self.read_preamble()? {
+                        return Ok(());
+                    }
+                }
+                State::Identified(_) => return Ok(()),
+                State::Dialing(_) | State::Secure(_) => {
+                    let Some(message) = take_message(&mut self.inbound) else { return Ok(()) };
+                    self.read_message(&message)?;
+                }
+            }
+        }
+    }
+
+    /// Listener: reads the preamble and, in Noise mode, the first message; returns whether
+    /// the state moved on.
+    fn read_preamble(&mut self) -> Result<bool, SecureError> {
+        let State::Listening(hs) = &mut self.state else { return Ok(false) };
+        let Some(head) = self.inbound.get(..PREAMBLE_BYTES) else { return Ok(false) };
+        if head.get(..4) != Some(&PREAMBLE_MAGIC[..]) || head.get(4) != Some(&PREAMBLE_VERSION) {
+            return Err(SecureError::Preamble);
+        }
+        let theirs = head.get(5).copied().unwrap_or(u8::MAX);
+        if theirs != self.mode.code() {
+            return Err(SecureError::Mode { ours: mode_name(self.mode.code()), theirs: mode_name(theirs) });
+        }
+        let Some(hs) = hs.take() else {
+            self.inbound.advance(PREAMBLE_BYTES);
+            self.state = State::Plain;
+            return Ok(true);
+        };
+        let mut rest = self.inbound.clone();
+        rest.advance(PREAMBLE_BYTES);
+        let Some(message) = take_message(&mut rest) else {
+            self.state = State::Listening(Some(hs));
+            return Ok(false);
+        };
+        self.inbound = rest;
+        let mut hs = hs;
+        let mut payload = vec![0u8; NOISE_MESSAGE_MAX];
+        let len =
+            hs.read_message(&message, &mut payload).map_err(|e| SecureError::Handshake(e.to_string()))?;
+        let stamp = payload.get(..len).and_then(|p| <[u8; 8]>::try_from(p).ok()).map(u64::from_be_bytes);
+        let remote = hs.get_remote_static().map(to_key).transpose()?;
+        let (Some(stamp), Some(remote)) = (stamp, remote) else {
+            return Err(SecureError::Handshake("first message without identity".into()));
+        };
+        self.identity = Some((remote, stamp));
+        self.state = State::Identified(hs);
+        Ok(true)
+    }
+
+    fn read_message(&mut self, message: &[u8]) -> Result<(), SecureError> {
+        let mut out = vec![0u8; NOISE_MESSAGE_MAX];
+        match std::mem::replace(&mut self.state, State::Failed) {
+            State::Dialing(mut hs) => {
+                let handshake = |e: snow::Error| SecureError::Handshake(e.to_string());
+                hs.read_message(message, &mut out).map_err(handshake)?;
+                self.state = State::Secure(Box::new(hs.into_transport_mode().map_err(handshake)?));
+            }
+            State::Secure(mut transport) => {
+                let len = transport.read_message(message, &mut out).map_err(|_| SecureError::Decrypt)?;
+                self.plaintext.extend_from_slice(out.get(..len).unwrap_or_default());
+                self.state = State::Secure(transport);
+            }
+            other => self.state = other,
+        }
+        Ok(())
+    }
+
+    /// Decrypted bytes for the link session, if any.
+    pub fn take_plaintext(&mut self) -> Option<Bytes> {
+        (!self.plaintext.is_empty()).then(|| self.plaintext.split().freeze())
+    }
+
+    /// Encrypts link frames for the wire (in Noise messages of at most 64 KiB).
+    ///
+    /// # Errors
+    /// [`SecureError::Handshake`] before the channel is established.
+    pub fn send(&mut self, plaintext: &[u8]) -> Result<(), SecureError> {
+        match &mut self.state {
+            State::Plain => {
+                self.outbound.extend_from_slice(plaintext);
+                Ok(())
+            }
+            State::Secure(transport) => {
+                let mut message = vec![0u8; NOISE_MESSAGE_MAX];
+                for chunk in plaintext.chunks(PLAINTEXT_CHUNK_MAX) {
+                    let len =
+                        transport.write_message(chunk, &mut message).map_err(|_| SecureError::Decrypt)?;
+                    put_message(&mut self.outbound, message.get(..len).unwrap_or_default());
+                }
+                Ok(())
+            }
+            _ => Err(SecureError::Handshake("not established".into())),
+        }
+    }
+
+    /// Bytes for the wire, if any.
+    pub fn poll_transmit(&mut self) -> Option<Bytes> {
+        (!self.outbound.is_empty()).then(|| self.outbound.split().freeze())
+    }
+}
+
+fn put_message(out: &mut BytesMut, message: &[u8]) {
+    out.put_u16(u16::try_from(message.len()).expect("noise messages are at most 65535 bytes"));
+    out.put_slice(message);
+}
+
+fn take_message(buf: &mut BytesMut) -> Option<Bytes> {
+    let head: [u8; 2] = buf.get(..2)?.try_into().ok()?;
+    let len = u16::from_be_bytes(head) as usize;
+    if buf.len() < 2 + len {
+        return None;
+    }
+    buf.advance(2);
+    Some(buf.split_to(len).freeze())
+}
+
+#[cfg(test)]
+mod tests;

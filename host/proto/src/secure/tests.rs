@@ -1,0 +1,134 @@
+//! The secure channel: handshake, transport both ways, and every way it must refuse.
+
+use super::*;
+
+struct Ends {
+    dialer: SecureChannel,
+    listener: SecureChannel,
+}
+
+fn keys() -> (Keypair, Keypair, [u8; KEY_BYTES]) {
+    (Keypair::generate().unwrap(), Keypair::generate().unwrap(), [7u8; KEY_BYTES])
+}
+
+/// Moves bytes both ways until nothing moves; the listener accepts whoever it identified.
+fn pump(e: &mut Ends) -> Result<(), SecureError> {
+    for _ in 0..20 {
+        let mut moved = false;
+        if let Some(bytes) = e.dialer.poll_transmit() {
+            e.listener.handle_bytes(&bytes)?;
+            moved = true;
+        }
+        if e.listener.identity().is_some() {
+            e.listener.accept()?;
+        }
+        if let Some(bytes) = e.listener.poll_transmit() {
+            e.dialer.handle_bytes(&bytes)?;
+            moved = true;
+        }
+        if !moved {
+            return Ok(());
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn noise_handshake_and_transport_both_ways() {
+    let (a, b, psk) = keys();
+    let dialer = SecureChannel::noise_dialer(&a, &b.public, &psk, 1_000).unwrap();
+    let listener = SecureChannel::listener(Some((&b, &psk))).unwrap();
+    let mut e = Ends { dialer, listener };
+    e.dialer.handle_bytes(&[]).unwrap();
+    let first = e.dialer.poll_transmit().unwrap();
+    e.listener.handle_bytes(&first).unwrap();
+    assert_eq!(e.listener.identity(), Some((a.public, 1_000)), "the listener learns who dials, and when");
+    e.listener.accept().unwrap();
+    e.dialer.handle_bytes(&e.listener.poll_transmit().unwrap()).unwrap();
+    assert!(e.dialer.is_established() && e.listener.is_established());
+
+    let big: Vec<u8> = (0..200_000u32).map(|i| i as u8).collect();
+    e.dialer.send(&big).unwrap();
+    let wire = e.dialer.poll_transmit().unwrap();
+    assert!(!wire.windows(64).any(|w| w == &big[1000..1064]), "the wire carries no plaintext");
+    // Any split of the wire decrypts the same.
+    for piece in wire.chunks(777) {
+        e.listener.handle_bytes(piece).unwrap();
+    }
+    assert_eq!(e.listener.take_plaintext().unwrap(), big);
+    e.listener.send(b"back").unwrap();
+    e.dialer.handle_bytes(&e.listener.poll_transmit().unwrap()).unwrap();
+    assert_eq!(&e.dialer.take_plaintext().unwrap()[..], b"back");
+}
+
+#[test]
+fn a_wrong_cluster_key_or_an_unexpected_static_key_never_gets_through() {
+    let (a, b, psk) = keys();
+    let mut e = Ends {
+        dialer: SecureChannel::noise_dialer(&a, &b.public, &[8u8; KEY_BYTES], 1).unwrap(),
+        listener: SecureChannel::listener(Some((&b, &psk))).unwrap(),
+    };
+    assert!(matches!(pump(&mut e), Err(SecureError::Handshake(_))), "wrong PSK");
+    assert!(e.listener.take_plaintext().is_none());
+
+    let c = Keypair::generate().unwrap();
+    let mut e = Ends {
+        dialer: SecureChannel::noise_dialer(&a, &c.public, &psk, 1).unwrap(),
+        listener: SecureChannel::listener(Some((&b, &psk))).unwrap(),
+    };
+    assert!(pump(&mut e).is_err(), "the dialer expected another listener");
+}
+
+#[test]
+fn tampering_after_the_handshake_ends_the_connection() {
+    let (a, b, psk) = keys();
+    let mut e = Ends {
+        dialer: SecureChannel::noise_dialer(&a, &b.public, &psk, 1).unwrap(),
+        listener: SecureChannel::listener(Some((&b, &psk))).unwrap(),
+    };
+    pump(&mut e).unwrap();
+    e.dialer.send(b"hello").unwrap();
+    let mut wire = BytesMut::from(&e.dialer.poll_transmit().unwrap()[..]);
+    let last = wire.len() - 1;
+    wire[last] ^= 1;
+    assert_eq!(e.listener.handle_bytes(&wire), Err(SecureError::Decrypt));
+    assert!(e.listener.take_plaintext().is_none());
+    e.dialer.send(b"again").unwrap();
+    assert!(
+        e.listener.handle_bytes(&e.dialer.poll_transmit().unwrap()).is_err(),
+        "a failed channel stays failed"
+    );
+}
+
+#[test]
+fn modes_must_match_and_strangers_are_refused() {
+    let (a, b, psk) = keys();
+    let mut downgrade = Ends {
+        dialer: SecureChannel::plaintext_dialer(),
+        listener: SecureChannel::listener(Some((&b, &psk))).unwrap(),
+    };
+    assert_eq!(pump(&mut downgrade), Err(SecureError::Mode { ours: "Noise", theirs: "plaintext" }));
+    let mut upgrade = Ends {
+        dialer: SecureChannel::noise_dialer(&a, &b.public, &psk, 1).unwrap(),
+        listener: SecureChannel::listener(None).unwrap(),
+    };
+    assert_eq!(pump(&mut upgrade), Err(SecureError::Mode { ours: "plaintext", theirs: "Noise" }));
+    let mut stranger = SecureChannel::listener(None).unwrap();
+    assert_eq!(stranger.handle_bytes(b"GET / HTTP/1.1\r\n"), Err(SecureError::Preamble));
+
+    let mut plain =
+        Ends { dialer: SecureChannel::plaintext_dialer(), listener: SecureChannel::listener(None).unwrap() };
+    pump(&mut plain).unwrap();
+    plain.dialer.send(b"clear").unwrap();
+    plain.listener.handle_bytes(&plain.dialer.poll_transmit().unwrap()).unwrap();
+    assert_eq!(&plain.listener.take_plaintext().unwrap()[..], b"clear");
+}
+
+#[test]
+fn keys_round_trip_through_hex_and_derive_their_public_half() {
+    let k = Keypair::generate().unwrap();
+    assert_eq!(parse_key(&hex(&k.private)).unwrap(), k.private);
+    assert_eq!(Keypair::from_private(k.private).unwrap(), k);
+    assert!(parse_key("xyz").is_err());
+    assert!(parse_key(&"0".repeat(63)).is_err());
+}
