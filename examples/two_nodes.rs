@@ -7,26 +7,39 @@
 use std::time::Duration;
 
 use linkbus::config::{self, Overrides};
+use linkbus::host::security::write_key_file;
+use linkbus::proto::secure::{Keypair, hex};
 use linkbus::{Client, Content, Node};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let scratch = std::env::temp_dir().join(format!("linkbus-example-{}", std::process::id()));
+    // Each node has a static key; both share the cluster key (Noise links).
+    let (a_keys, b_keys) = (Keypair::generate()?, Keypair::generate()?);
+    write_key_file(&scratch.join("A.key"), &a_keys.private)?;
+    write_key_file(&scratch.join("B.key"), &b_keys.private)?;
+    write_key_file(&scratch.join("cluster.psk"), &Keypair::generate()?.private)?;
     let overrides = |name: &str| Overrides {
         name: Some(name.to_owned()),
         data_dir: Some(scratch.join(name)),
         client_socket: Some(scratch.join(format!("{name}.sock"))),
+        key_file: Some(scratch.join(format!("{name}.key"))),
+        psk_file: Some(scratch.join("cluster.psk")),
         ..Overrides::default()
     };
 
-    let mut tree = config::parse_yaml(
-        "node: { listen: 127.0.0.1:0 }\npeers: [ { name: A } ]\nqueues: [ { name: orders } ]",
-    )?;
+    let b_yaml = format!(
+        "node: {{ listen: 127.0.0.1:0 }}\npeers: [ {{ name: A, public_key: '{}' }} ]\nqueues: [ {{ name: orders }} ]",
+        hex(&a_keys.public)
+    );
+    let mut tree = config::parse_yaml(&b_yaml)?;
     config::apply_overrides(&mut tree, &overrides("B"));
     let b = Node::start(config::from_value(&tree)?).await?;
 
     let b_address = b.listen_address().unwrap_or_default().to_owned();
-    let mut tree = config::parse_yaml("node: { listen: none }")?;
+    let a_yaml =
+        format!("node: {{ listen: none }}\npeers: [ {{ name: B, public_key: '{}' }} ]", hex(&b_keys.public));
+    let mut tree = config::parse_yaml(&a_yaml)?;
     config::apply_overrides(
         &mut tree,
         &Overrides { peers: vec![format!("B={b_address}")], ..overrides("A") },

@@ -46,8 +46,19 @@ fn a_good_file_passes_and_syntax_errors_name_the_line() {
     let s = Scratch::new();
     let good = s.write("good.yaml", "node: { name: A }\nqueues: [ { name: orders } ]\n");
     let examples = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/config");
-    let (node, a, b) =
-        (format!("{examples}/node.yaml"), format!("{examples}/a.yaml"), format!("{examples}/b.yaml"));
+    // The quick-start pair is a template: keys made with `linkbus keygen` go in.
+    let (a_key, b_key) = (s.keys("A"), s.keys("B"));
+    let dir = s.path().display().to_string();
+    let fill = |file: &str| {
+        let text = std::fs::read_to_string(format!("{examples}/{file}")).unwrap();
+        let text = text
+            .replace("PUBLIC_KEY_OF_A", &a_key)
+            .replace("PUBLIC_KEY_OF_B", &b_key)
+            .replace("KEYS_DIR", &dir);
+        s.write(file, &text).to_str().unwrap().to_owned()
+    };
+    let (a, b) = (fill("a.yaml"), fill("b.yaml"));
+    let node = format!("{examples}/node.yaml");
     let check = s.run(&["config", "check", good.to_str().unwrap(), &node, &a, &b]);
     assert!(check.status.success(), "{}", stdout(&check));
     assert!(stdout(&check).contains("ok (node A, 0 peers, 1 queues)"), "{}", stdout(&check));

@@ -24,6 +24,7 @@ fn nodes_run_from_flags_and_clients_find_them() {
             "orders:fifo",
             "--data-dir",
             b_data.to_str().unwrap(),
+            "--insecure-plaintext",
         ],
     );
     let a_data = s.path().join("a-data");
@@ -41,6 +42,7 @@ fn nodes_run_from_flags_and_clients_find_them() {
             "orders",
             "--data-dir",
             a_data.to_str().unwrap(),
+            "--insecure-plaintext",
         ],
     );
     a.wait_for_log("Link up.", 1, Duration::from_secs(10));

@@ -15,16 +15,26 @@ use support::{NodeProcess, Scratch, stderr, stdout};
 const FAST_LINKS: &str = "links: { reconnect_backoff_min_ms: 20, reconnect_backoff_max_ms: 200, \
      ping_interval_ms: 500, pong_timeout_ms: 1000 }";
 
-/// B listens; A reaches it only through the proxy; both have queue `q`.
-fn start_behind_proxy(s: &Scratch) -> (NodeProcess, NodeProcess, FaultProxy) {
+/// B listens; A reaches it only through the proxy; both have queue `q`; `secure` chooses
+/// Noise or plaintext links.
+fn start_behind_proxy(s: &Scratch, secure: bool) -> (NodeProcess, NodeProcess, FaultProxy) {
+    let (a_key, b_key) = if secure { (s.keys("A"), s.keys("B")) } else { (String::new(), String::new()) };
+    let key = |k: &str| if secure { format!(", public_key: '{k}'") } else { String::new() };
+    let security = |name: &str| {
+        if secure { s.security_yaml(name) } else { "security: { insecure_plaintext: true }".to_owned() }
+    };
     let b_yaml = format!(
-        "node: {{ name: B, listen: 127.0.0.1:0 }}\npeers: [ {{ name: A }} ]\nqueues: [ {{ name: q, order: fifo }} ]\n{FAST_LINKS}\n"
+        "node: {{ name: B, listen: 127.0.0.1:0 }}\npeers: [ {{ name: A{} }} ]\nqueues: [ {{ name: q, order: fifo }} ]\n{FAST_LINKS}\n{}\n",
+        key(&a_key),
+        security("B")
     );
     let b = s.start_node("B", &["-c", s.write("b.yaml", &b_yaml).to_str().unwrap()]);
     let proxy = FaultProxy::start(&b.listen_address());
     let a_yaml = format!(
-        "node: {{ name: A, listen: none }}\npeers: [ {{ name: B, address: '{}' }} ]\nqueues: [ {{ name: q, order: fifo }} ]\n{FAST_LINKS}\n",
-        proxy.address
+        "node: {{ name: A, listen: none }}\npeers: [ {{ name: B, address: '{}'{} }} ]\nqueues: [ {{ name: q, order: fifo }} ]\n{FAST_LINKS}\n{}\n",
+        proxy.address,
+        key(&b_key),
+        security("A")
     );
     let a = s.start_node("A", &["-c", s.write("a.yaml", &a_yaml).to_str().unwrap()]);
     a.wait_for_log("Link up.", 1, Duration::from_secs(10));
@@ -45,7 +55,7 @@ fn get_all(s: &Scratch, node: &str, count: usize, within: Duration) -> String {
 #[test]
 fn repeated_cuts_lose_nothing_and_duplicate_nothing() {
     let s = Scratch::new();
-    let (a, _b, proxy) = start_behind_proxy(&s);
+    let (a, _b, proxy) = start_behind_proxy(&s, true);
     let lines: String = (0..30_000).map(|i| format!("m{i}\n")).collect();
     let producer = {
         let mut child = s
@@ -81,7 +91,7 @@ fn repeated_cuts_lose_nothing_and_duplicate_nothing() {
 #[test]
 fn large_backlogs_both_ways_recover_after_a_blackout() {
     let s = Scratch::new();
-    let (_a, _b, proxy) = start_behind_proxy(&s);
+    let (_a, _b, proxy) = start_behind_proxy(&s, true);
     proxy.set_blackhole(true);
     let payload = "x".repeat(30_000);
     let lines: String = (0..1300).map(|i| format!("{i:04}{payload}\n")).collect();
@@ -148,7 +158,9 @@ fn status_number(s: &Scratch, node: &str, field: &str) -> u64 {
 #[test]
 fn bit_flips_are_caught_and_resent() {
     let s = Scratch::new();
-    let (_a, _b, proxy) = start_behind_proxy(&s);
+    // Plaintext, so damaged messages reach the CRC and NAK path (under Noise a flip fails
+    // decryption and tears the connection down instead).
+    let (_a, _b, proxy) = start_behind_proxy(&s, false);
     let lines: String = (0..6_000).map(|i| format!("flip {i:05} {}\n", "p".repeat(40))).collect();
     proxy.set_flip_every(20_000);
     let history = stream_through(&s, &lines, || {});
@@ -168,7 +180,7 @@ fn bit_flips_are_caught_and_resent() {
 #[test]
 fn one_byte_writes_and_stalls_past_the_keepalive_lose_nothing() {
     let s = Scratch::new();
-    let (a, _b, proxy) = start_behind_proxy(&s);
+    let (a, _b, proxy) = start_behind_proxy(&s, true);
     let lines: String = (0..3_000).map(|i| format!("slow {i:05}\n")).collect();
     proxy.set_trickle(true);
     let history = stream_through(&s, &lines, || {

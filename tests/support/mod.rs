@@ -94,17 +94,57 @@ impl Scratch {
         self.run_with_input(args, b"", Duration::from_secs(30))
     }
 
+    /// Makes `NAME.key` with `linkbus keygen` (and the shared `cluster.psk` once) and
+    /// returns the public key.
+    pub fn keys(&self, name: &str) -> String {
+        let psk = self.path().join("cluster.psk");
+        if !psk.exists() {
+            let out = self.run(&["keygen", "--psk", "--out", psk.to_str().expect("utf-8 path")]);
+            assert!(out.status.success(), "{}", stderr(&out));
+        }
+        let key = self.path().join(format!("{name}.key"));
+        let out = self.run(&["keygen", "--out", key.to_str().expect("utf-8 path")]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        stdout(&out).trim().to_owned()
+    }
+
+    /// The `security:` section for node `name` (after [`Scratch::keys`]).
+    pub fn security_yaml(&self, name: &str) -> String {
+        let dir = self.path().display();
+        format!("security: {{ key_file: '{dir}/{name}.key', psk_file: '{dir}/cluster.psk' }}")
+    }
+
     /// Starts node B (listening on a free port, writing `b.yaml`) and node A (dialing B,
-    /// writing `a.yaml`), each configuration extended by the given top-level YAML keys, and
-    /// waits until A's link to B is up.
+    /// writing `a.yaml`) with Noise links, each configuration extended by the given
+    /// top-level YAML keys, and waits until A's link to B is up.
     pub fn start_pair(&self, a_extra: &str, b_extra: &str) -> (NodeProcess, NodeProcess) {
-        let b_yaml =
-            format!("node: {{ name: B, listen: 127.0.0.1:0 }}\npeers: [ {{ name: A }} ]\n{b_extra}\n");
+        self.start_pair_with(a_extra, b_extra, true)
+    }
+
+    /// Like [`Scratch::start_pair`]; `secure: false` makes both links plaintext.
+    pub fn start_pair_with(&self, a_extra: &str, b_extra: &str, secure: bool) -> (NodeProcess, NodeProcess) {
+        let (a_key, b_key) =
+            if secure { (self.keys("A"), self.keys("B")) } else { (String::new(), String::new()) };
+        let security = |name: &str| {
+            if secure {
+                self.security_yaml(name)
+            } else {
+                "security: { insecure_plaintext: true }".to_owned()
+            }
+        };
+        let key = |k: &str| if secure { format!(", public_key: '{k}'") } else { String::new() };
+        let b_yaml = format!(
+            "node: {{ name: B, listen: 127.0.0.1:0 }}\npeers: [ {{ name: A{} }} ]\n{}\n{b_extra}\n",
+            key(&a_key),
+            security("B")
+        );
         let b_config = self.write("b.yaml", &b_yaml);
         let b = self.start_node("B", &["-c", b_config.to_str().expect("utf-8 path")]);
         let a_yaml = format!(
-            "node: {{ name: A, listen: none }}\npeers: [ {{ name: B, address: '{}' }} ]\n{a_extra}\n",
-            b.listen_address()
+            "node: {{ name: A, listen: none }}\npeers: [ {{ name: B, address: '{}'{} }} ]\n{}\n{a_extra}\n",
+            b.listen_address(),
+            key(&b_key),
+            security("A")
         );
         let a_config = self.write("a.yaml", &a_yaml);
         let a = self.start_node("A", &["-c", a_config.to_str().expect("utf-8 path")]);

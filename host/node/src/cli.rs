@@ -42,6 +42,8 @@ pub enum Command {
     Config(ConfigCommand),
     /// Run two nodes in this process and send messages between them.
     Demo(DemoArgs),
+    /// Make a node key (prints its public half) or a cluster pre-shared key.
+    Keygen(KeygenArgs),
 }
 
 /// `linkbus node ...`.
@@ -75,6 +77,26 @@ pub struct RunArgs {
     /// Client socket path (overrides `node.client_socket`).
     #[arg(long)]
     pub socket: Option<PathBuf>,
+    /// Plaintext links, no authentication (tests and benchmarks only; logged loudly).
+    #[arg(long)]
+    pub insecure_plaintext: bool,
+    /// This node's private key file (overrides `security.key_file`).
+    #[arg(long)]
+    pub key_file: Option<PathBuf>,
+    /// The cluster's pre-shared key file (overrides `security.psk_file`).
+    #[arg(long)]
+    pub psk_file: Option<PathBuf>,
+}
+
+/// `linkbus keygen`.
+#[derive(Debug, Args)]
+pub struct KeygenArgs {
+    /// Where to write the key (mode 0600; an existing file is never overwritten).
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Write a cluster pre-shared key instead of a node key pair.
+    #[arg(long)]
+    pub psk: bool,
 }
 
 /// Which local node a client command talks to.
@@ -207,6 +229,9 @@ pub async fn node_run(args: RunArgs) -> anyhow::Result<()> {
         queues: args.queues,
         data_dir: args.data_dir,
         client_socket: args.socket,
+        insecure_plaintext: args.insecure_plaintext,
+        key_file: args.key_file,
+        psk_file: args.psk_file,
     };
     let config = config::load_file(args.config.as_deref(), &overrides)?;
     crate::run(config, shutdown_signal()).await?;
@@ -319,11 +344,43 @@ pub async fn status(target: Target) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Runs `linkbus keygen`.
+///
+/// # Errors
+/// When the key cannot be made or written.
+pub fn keygen(args: &KeygenArgs) -> anyhow::Result<()> {
+    use linkbus_proto::secure::{Keypair, hex};
+    let keys = Keypair::generate()?;
+    let write = |key| {
+        crate::security::write_key_file(&args.out, key)
+            .with_context(|| format!("writing {}", args.out.display()))
+    };
+    if args.psk {
+        write(&keys.private)?;
+        println!("wrote a cluster pre-shared key to {} (give every node a copy)", args.out.display());
+    } else {
+        write(&keys.private)?;
+        println!("{}", hex(&keys.public));
+        eprintln!(
+            "wrote the private key to {}; the line above is the public key for peers' configs",
+            args.out.display()
+        );
+    }
+    Ok(())
+}
+
+/// Reads a configuration file and the key files it names.
+fn check_file(file: &Path) -> Result<config::Config, linkbus_plugin_api::ConfigErrors> {
+    let config = config::load_file(Some(file), &Overrides::default())?;
+    crate::security::Security::load(&config)?;
+    Ok(config)
+}
+
 /// Runs `linkbus config check`: prints every file's errors; fails if any file has one.
 pub fn config_check(files: &[PathBuf]) -> ExitCode {
     let mut failed = false;
     for file in files {
-        match config::load_file(Some(Path::new(file)), &Overrides::default()) {
+        match check_file(file) {
             Ok(c) => println!(
                 "{}: ok (node {}, {} peers, {} queues)",
                 file.display(),
@@ -345,7 +402,9 @@ pub fn config_check(files: &[PathBuf]) -> ExitCode {
 /// # Errors
 /// A node or client failure, or any lost, damaged, duplicated or reordered message.
 pub async fn demo(args: DemoArgs) -> anyhow::Result<()> {
-    println!("linkbus demo: nodes A and B in one process, linked over TCP on 127.0.0.1, memory store");
+    println!(
+        "linkbus demo: nodes A and B in one process, a Noise-encrypted TCP link on 127.0.0.1, memory store"
+    );
     let report = crate::demo::run(args.messages, args.size).await?;
     println!("{report}");
     if !report.is_perfect() {

@@ -13,17 +13,18 @@ use crate::client::{Client, ClientError};
 use crate::config::{self, Overrides};
 use crate::node::StartError;
 
-/// Node B: listens on a free loopback port and has the `orders` queue.
+/// Node B: listens on a free loopback port and has the `orders` queue; `{A_KEY}` is A's
+/// public key.
 const NODE_B: &str = "
 node: { name: B, listen: 127.0.0.1:0 }
-peers: [ { name: A } ]
+peers: [ { name: A, public_key: '{A_KEY}' } ]
 queues: [ { name: orders, order: fifo, queue_messages_max: 1000000 } ]
 ";
 
 /// Node A: dials B (its address is filled in once B listens) and listens nowhere.
 const NODE_A: &str = "
 node: { name: A, listen: none }
-peers: [ { name: B } ]
+peers: [ { name: B, public_key: '{B_KEY}' } ]
 ";
 
 /// Why the demo could not run.
@@ -38,9 +39,12 @@ pub enum DemoError {
     /// A client call failed.
     #[error("client: {0}")]
     Client(#[from] ClientError),
-    /// The scratch directory could not be made.
+    /// The scratch directory or a key file could not be written.
     #[error("scratch directory: {0}")]
     Io(#[from] std::io::Error),
+    /// Keys could not be made.
+    #[error("keys: {0}")]
+    Key(#[from] linkbus_proto::secure::SecureError),
 }
 
 /// What the demo observed.
@@ -185,16 +189,24 @@ pub async fn run(messages: usize, size: usize) -> Result<DemoReport, DemoError> 
 /// Starts B from [`NODE_B`], then A from [`NODE_A`] pointed at B's port, both keeping
 /// their sockets and data under `scratch`.
 async fn start_nodes(scratch: &std::path::Path) -> Result<(Node, Node), DemoError> {
+    use crate::security::write_key_file;
+    use linkbus_proto::secure::{Keypair, hex};
+    let (a_keys, b_keys) = (Keypair::generate()?, Keypair::generate()?);
+    write_key_file(&scratch.join("A.key"), &a_keys.private)?;
+    write_key_file(&scratch.join("B.key"), &b_keys.private)?;
+    write_key_file(&scratch.join("cluster.psk"), &Keypair::generate()?.private)?;
     let overrides = |name: &str| Overrides {
         data_dir: Some(scratch.join(name)),
         client_socket: Some(scratch.join(format!("{name}.sock"))),
+        key_file: Some(scratch.join(format!("{name}.key"))),
+        psk_file: Some(scratch.join("cluster.psk")),
         ..Overrides::default()
     };
-    let mut tree = config::parse_yaml(NODE_B)?;
+    let mut tree = config::parse_yaml(&NODE_B.replace("{A_KEY}", &hex(&a_keys.public)))?;
     config::apply_overrides(&mut tree, &overrides("B"));
     let b = Node::start(config::from_value(&tree)?).await?;
     let b_address = b.listen_address().unwrap_or_default().to_owned();
-    let mut tree = config::parse_yaml(NODE_A)?;
+    let mut tree = config::parse_yaml(&NODE_A.replace("{B_KEY}", &hex(&b_keys.public)))?;
     let a_overrides = Overrides { peers: vec![format!("B={b_address}")], ..overrides("A") };
     config::apply_overrides(&mut tree, &a_overrides);
     let a = Node::start(config::from_value(&tree)?).await?;

@@ -9,6 +9,7 @@
 //! - [`api`]: the client protocol and the Unix-socket server.
 //! - [`client`]: the Rust client library.
 //! - [`runtime_dir`]: where clients find a node's socket.
+//! - [`security`]: keys, the link security mode, and the handshake replay check.
 //! - [`demo`]: `linkbus demo`, two nodes in one process.
 //! - [`cli`]: the `linkbus` command line.
 //! - [`clock`]: the single wall-clock read.
@@ -25,6 +26,7 @@ pub mod listener;
 pub mod node;
 pub mod queue;
 pub mod runtime_dir;
+pub mod security;
 
 use std::future::Future;
 use std::path::{Path, PathBuf};
@@ -79,6 +81,9 @@ impl Node {
         tasks.spawn(api::server::run(state.clone(), client_listener, socket_path.clone(), watch_rx.clone()));
         for link in state.links.values() {
             tasks.spawn(link::run(state.clone(), link.clone(), watch_rx.clone()));
+        }
+        if state.security.mode == linkbus_proto::secure::Mode::Plaintext {
+            tracing::warn!(node = %state.name(), "INSECURE: links are plaintext, unauthenticated and unencrypted (security.insecure_plaintext).");
         }
         info!(
             node = %state.name(),

@@ -8,9 +8,10 @@ use std::time::Duration;
 use bytes::BytesMut;
 use linkbus_plugin_api::{Connection, Listener, NodeName};
 use linkbus_proto::frame::{CloseCode, Hello};
+use linkbus_proto::secure::SecureChannel;
 use linkbus_proto::session::peek_hello;
 use linkbus_proto::{FrameDecoder, PROTOCOL_VERSION};
-use tokio::io::AsyncReadExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::{Semaphore, watch};
 use tracing::{info, warn};
 
@@ -39,7 +40,7 @@ pub async fn run(node: Arc<NodeState>, mut listener: Box<dyn Listener>, mut shut
                     }
                     Err(_) => {
                         warn!(address = %connection.peer_address, "Refused connection: too many handshakes.");
-                        refuse(connection, CloseCode::ProtocolError, "too many connections in handshake");
+                        refuse(connection, None, CloseCode::ProtocolError, "too many connections in handshake");
                     }
                 },
                 Err(e) => {
@@ -51,20 +52,83 @@ pub async fn run(node: Arc<NodeState>, mut listener: Box<dyn Listener>, mut shut
     }
 }
 
-async fn read_hello(
+/// What the listener learned from a new connection before handing it over.
+struct Opening {
+    secure: SecureChannel,
+    hello: Hello,
+    leftover: BytesMut,
+    /// The peer its static key proved it to be (Noise links).
+    proven: Option<NodeName>,
+}
+
+/// Why a connection was refused, and whether the refusal can go through its channel.
+struct Refusal {
+    reason: String,
+    code: CloseCode,
+    secure: Option<SecureChannel>,
+}
+
+fn refusal(reason: impl Into<String>, code: CloseCode, secure: Option<SecureChannel>) -> Refusal {
+    Refusal { reason: reason.into(), code, secure }
+}
+
+/// Reads the preamble, runs the listener's side of the handshake (identifying the peer by
+/// its static key and refusing replays), then reads the peer's `Hello`.
+async fn open(
+    node: &NodeState,
     connection: &mut Connection,
     frame_bytes_max: usize,
-) -> Result<(Hello, BytesMut), String> {
+) -> Result<Opening, Refusal> {
+    let mut secure =
+        node.security.listener().map_err(|e| refusal(e.to_string(), CloseCode::ProtocolError, None))?;
     let mut decoder = FrameDecoder::new(frame_bytes_max);
+    let mut proven = None;
     let mut buf = [0u8; 4096];
     loop {
-        if let Some(hello) = peek_hello(&mut decoder).map_err(|e| e.to_string())? {
-            return Ok((hello, decoder.take_buffered()));
+        if let Some(plain) = secure.take_plaintext() {
+            decoder.extend(&plain);
         }
-        match connection.reader.read(&mut buf).await {
-            Ok(0) => return Err("closed before its hello".into()),
-            Ok(n) => decoder.extend(buf.get(..n).unwrap_or_default()),
-            Err(e) => return Err(format!("read failed: {e}")),
+        match peek_hello(&mut decoder) {
+            Ok(Some(hello)) => {
+                return Ok(Opening { secure, hello, leftover: decoder.take_buffered(), proven });
+            }
+            Ok(None) => {}
+            Err(e) => {
+                return Err(refusal(
+                    format!("expected a linkbus hello: {e}"),
+                    CloseCode::ProtocolError,
+                    Some(secure),
+                ));
+            }
+        }
+        let n = match connection.reader.read(&mut buf).await {
+            Ok(0) => return Err(refusal("closed before its hello", CloseCode::ProtocolError, None)),
+            Ok(n) => n,
+            Err(e) => return Err(refusal(format!("read failed: {e}"), CloseCode::ProtocolError, None)),
+        };
+        if let Err(e) = secure.handle_bytes(buf.get(..n).unwrap_or_default()) {
+            return Err(refusal(e.to_string(), CloseCode::ProtocolError, None));
+        }
+        if let Some((key, stamp)) = secure.identity() {
+            let Some(peer) = node.security.identify(&key).cloned() else {
+                return Err(refusal("unknown static key", CloseCode::UnknownPeer, None));
+            };
+            if !node.security.fresh_handshake(&peer, stamp) {
+                return Err(refusal(
+                    format!("replayed handshake from {peer}"),
+                    CloseCode::ProtocolError,
+                    None,
+                ));
+            }
+            secure.accept().map_err(|e| refusal(e.to_string(), CloseCode::ProtocolError, None))?;
+            if let Some(bytes) = secure.poll_transmit() {
+                connection
+                    .writer
+                    .write_all(&bytes)
+                    .await
+                    .map_err(|e| refusal(e.to_string(), CloseCode::ProtocolError, None))?;
+            }
+            proven = Some(peer);
         }
     }
 }
@@ -75,41 +139,59 @@ async fn handshake(node: Arc<NodeState>, mut connection: Connection) {
     // Only a hello is expected; bound what a stranger can make us buffer.
     let limit = (links.frame_bytes_max as usize).min(64 * 1024);
     let address = connection.peer_address.clone();
-    let (hello, leftover) = match tokio::time::timeout(timeout, read_hello(&mut connection, limit)).await {
-        Ok(Ok(hello)) => hello,
-        Ok(Err(reason)) => {
-            warn!(%address, reason, "Refused connection: not a linkbus peer.");
-            return refuse(
-                connection,
-                CloseCode::ProtocolError,
-                &format!("expected a linkbus hello: {reason}"),
-            );
+    let opening = match tokio::time::timeout(timeout, open(&node, &mut connection, limit)).await {
+        Ok(Ok(opening)) => opening,
+        Ok(Err(r)) => {
+            warn!(%address, reason = r.reason, "Refused connection.");
+            return refuse(connection, r.secure, r.code, &r.reason);
         }
         Err(_) => {
             warn!(%address, "Refused connection: no hello in time.");
-            return refuse(connection, CloseCode::ProtocolError, "no hello in time");
+            return refuse(connection, None, CloseCode::ProtocolError, "no hello in time");
         }
     };
+    let Opening { secure, hello, leftover, proven } = opening;
+    if let Err(r) = check_hello(&node, &hello, proven.as_ref()) {
+        warn!(%address, from = hello.from, reason = r.0, "Refused connection.");
+        return refuse(connection, Some(secure), r.1, &r.0);
+    }
+    let Some(link) = NodeName::new(&hello.from).ok().and_then(|name| node.links.get(&name)) else { return };
+    info!(%address, peer = hello.from, "Accepted connection.");
+    link.offer(Incoming { connection, hello: Some(hello), leftover, secure });
+}
+
+/// Checks a `Hello` against this node: version, names, and (Noise) the proven identity.
+fn check_hello(
+    node: &NodeState,
+    hello: &Hello,
+    proven: Option<&NodeName>,
+) -> Result<(), (String, CloseCode)> {
     if hello.protocol_version != PROTOCOL_VERSION {
         // Refused here, so a peer of another version never disturbs the live link.
         let reason = format!(
             "peer speaks protocol version {}, this node speaks {PROTOCOL_VERSION}",
             hello.protocol_version
         );
-        warn!(%address, from = hello.from, reason, "Refused connection.");
-        return refuse(connection, CloseCode::VersionMismatch, &reason);
+        return Err((reason, CloseCode::VersionMismatch));
     }
     if hello.to != node.name().as_str() {
-        let reason = format!("this is node {}, not {}", node.name(), hello.to);
-        warn!(%address, from = hello.from, reason, "Refused connection.");
-        return refuse(connection, CloseCode::UnknownPeer, &reason);
+        return Err((format!("this is node {}, not {}", node.name(), hello.to), CloseCode::UnknownPeer));
     }
-    let link = NodeName::new(&hello.from).ok().and_then(|name| node.links.get(&name));
-    let Some(link) = link else {
-        let reason = format!("node '{}' is not a configured peer of {}", hello.from, node.name());
-        warn!(%address, reason, "Refused connection.");
-        return refuse(connection, CloseCode::UnknownPeer, &reason);
+    let known = NodeName::new(&hello.from).ok().filter(|name| node.links.contains_key(name));
+    let Some(name) = known else {
+        return Err((
+            format!("node '{}' is not a configured peer of {}", hello.from, node.name()),
+            CloseCode::UnknownPeer,
+        ));
     };
-    info!(%address, peer = hello.from, "Accepted connection.");
-    link.offer(Incoming { connection, hello: Some(hello), leftover });
+    if proven.is_some_and(|p| *p != name) {
+        return Err((
+            format!(
+                "the key of {} introduced itself as {name}",
+                proven.map(ToString::to_string).unwrap_or_default()
+            ),
+            CloseCode::UnknownPeer,
+        ));
+    }
+    Ok(())
 }

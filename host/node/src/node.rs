@@ -53,6 +53,9 @@ pub enum StartError {
     /// The transport could not listen.
     #[error(transparent)]
     Transport(#[from] linkbus_plugin_api::TransportError),
+    /// Key files are missing, unreadable, too open or malformed.
+    #[error(transparent)]
+    Security(#[from] linkbus_plugin_api::ConfigErrors),
     /// A node task ended while the node was running.
     #[error("node task failed: {0}")]
     TaskFailed(String),
@@ -72,6 +75,8 @@ pub struct NodeState {
     pub queues: HashMap<QueueName, Arc<LocalQueue>>,
     /// One link per configured peer.
     pub links: HashMap<NodeName, Arc<LinkHandle>>,
+    /// Link security: mode, keys, replay check.
+    pub security: crate::security::Security,
     /// Next per-source message sequence number.
     next_sequence: AtomicU64,
 }
@@ -130,6 +135,7 @@ impl NodeState {
     /// # Errors
     /// [`StartError`] when a plugin or the store fails.
     pub fn new(config: Config) -> Result<Arc<Self>, StartError> {
+        let security = crate::security::Security::load(&config)?;
         let (transport, store) = build_plugins(&config)?;
         let now = Instant::now();
         let incarnation = incarnation(store.as_ref())?;
@@ -152,7 +158,7 @@ impl NodeState {
         // Sequence numbers must not repeat across restarts of a node whose store forgets:
         // start from the clock (microsecond resolution leaves room for 1 M puts a second).
         let next_sequence = AtomicU64::new(crate::clock::unix_ms().saturating_mul(1000));
-        Ok(Arc::new(Self { config, incarnation, store, transport, queues, links, next_sequence }))
+        Ok(Arc::new(Self { config, incarnation, store, transport, queues, links, security, next_sequence }))
     }
 
     /// This node's name.
@@ -393,7 +399,8 @@ mod tests {
 
     fn node(extra: &str) -> Arc<NodeState> {
         let text = format!(
-            "node: {{ name: A, listen: none }}\npeers: [ {{ name: B }} ]\nqueues: [ {{ name: q }} ]\n{extra}"
+            "node: {{ name: A, listen: none }}\npeers: [ {{ name: B }} ]\nqueues: [ {{ name: q }} ]\n\
+             security: {{ insecure_plaintext: true }}\n{extra}"
         );
         let mut tree = config::parse_yaml(&text).unwrap();
         config::apply_overrides(&mut tree, &Overrides::default());

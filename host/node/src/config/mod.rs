@@ -33,6 +33,8 @@ pub struct Config {
     pub links: LinkSettings,
     /// The plugin chosen for each extension point.
     pub plugins: PluginSettings,
+    /// Link security.
+    pub security: SecuritySettings,
 }
 
 /// `node:` — who this node is and where it keeps things.
@@ -57,6 +59,20 @@ pub struct PeerConfig {
     pub address: Option<String>,
     /// Keep the link up at all times, reconnecting with backoff.
     pub permanent: bool,
+    /// Its static public key (Noise links); required unless links are plaintext.
+    pub public_key: Option<[u8; 32]>,
+}
+
+/// `security:` — how links are protected.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct SecuritySettings {
+    /// Plaintext links (no authentication, no encryption): tests and benchmarks only; a
+    /// warning is logged at every start.
+    pub insecure_plaintext: bool,
+    /// This node's private key file; `None` means `node.key` in the data directory.
+    pub key_file: Option<PathBuf>,
+    /// The cluster's pre-shared key file; required for Noise links when there are peers.
+    pub psk_file: Option<PathBuf>,
 }
 
 /// Order in which a queue hands out messages.
@@ -226,6 +242,7 @@ impl Config {
             messages: MessageSettings::default(),
             links: LinkSettings::default(),
             plugins: PluginSettings::default(),
+            security: SecuritySettings::default(),
         }
     }
 

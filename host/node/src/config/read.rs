@@ -12,7 +12,7 @@ use linkbus_plugin_api::{
 
 use super::{
     Config, FRAME_OVERHEAD_BYTES, LinkSettings, MessageSettings, NodeSettings, PeerConfig, PluginChoice,
-    PluginSettings, QUEUE_MESSAGES_MAX_DEFAULT, QueueConfig, QueueOrder,
+    PluginSettings, QUEUE_MESSAGES_MAX_DEFAULT, QueueConfig, QueueOrder, SecuritySettings,
 };
 
 const MS_MAX: u64 = 24 * 3_600_000;
@@ -33,6 +33,12 @@ pub struct Overrides {
     pub data_dir: Option<PathBuf>,
     /// `--socket`.
     pub client_socket: Option<PathBuf>,
+    /// `--insecure-plaintext`.
+    pub insecure_plaintext: bool,
+    /// `--key-file`.
+    pub key_file: Option<PathBuf>,
+    /// `--psk-file`.
+    pub psk_file: Option<PathBuf>,
 }
 
 fn one_issue(path: &str, message: impl std::fmt::Display) -> ConfigErrors {
@@ -91,6 +97,19 @@ fn slot<'a>(map: &'a mut Vec<(String, ConfigValue)>, key: &str) -> &'a mut Confi
     &mut map[index].1
 }
 
+/// The entries of the list item whose `name` is `name`.
+fn named_item<'a>(list: &'a mut ConfigValue, name: &str) -> Option<&'a mut Vec<(String, ConfigValue)>> {
+    let ConfigValue::Seq(items) = list else { return None };
+    items.iter_mut().find_map(|item| match item {
+        ConfigValue::Map(entries)
+            if entries.iter().any(|(k, v)| k == "name" && *v == ConfigValue::Str(name.into())) =>
+        {
+            Some(entries)
+        }
+        _ => None,
+    })
+}
+
 /// Replaces the list item whose `name` is `name`, or appends `item`.
 fn upsert(list: &mut ConfigValue, name: &str, item: ConfigValue) {
     if *list == ConfigValue::Null {
@@ -125,13 +144,34 @@ pub fn apply_overrides(tree: &mut ConfigValue, o: &Overrides) {
             }
         }
     }
+    let security_paths = [("key_file", o.key_file.as_ref()), ("psk_file", o.psk_file.as_ref())];
+    if (o.insecure_plaintext || security_paths.iter().any(|(_, p)| p.is_some()))
+        && let Some(security) = entries(slot(root, "security"))
+    {
+        if o.insecure_plaintext {
+            *slot(security, "insecure_plaintext") = ConfigValue::Bool(true);
+        }
+        for (key, path) in security_paths {
+            if let Some(path) = path {
+                *slot(security, key) = text(&path.to_string_lossy());
+            }
+        }
+    }
     for peer in &o.peers {
         let (name, address) = peer.split_once('=').unwrap_or((peer, ""));
+        let peers = slot(root, "peers");
+        if let Some(entries) = named_item(peers, name) {
+            // A peer from the file keeps its other keys (public key, permanence).
+            if !address.is_empty() {
+                *slot(entries, "address") = text(address);
+            }
+            continue;
+        }
         let mut item = vec![("name".to_owned(), text(name))];
         if !address.is_empty() {
             item.push(("address".to_owned(), text(address)));
         }
-        upsert(slot(root, "peers"), name, ConfigValue::Map(item));
+        upsert(peers, name, ConfigValue::Map(item));
     }
     for queue in &o.queues {
         let (name, order) = queue.split_once(':').map_or((queue.as_str(), None), |(n, o)| (n, Some(o)));
@@ -156,10 +196,11 @@ pub fn from_value(tree: &ConfigValue) -> Result<Config, ConfigErrors> {
         let queues = read_queues(&root, &messages);
         let links = read_links(&root);
         let plugins = read_plugins(&root);
+        let security = read_security(&root);
         root.finish();
         // Invalid parts were reported and replaced by defaults, so the relations between the
         // valid parts are still checked and every error comes out at once.
-        let config = Config { node, peers, queues, messages, links, plugins };
+        let config = Config { node, peers, queues, messages, links, plugins, security };
         check_relations(&config, &diag);
         config
     });
@@ -190,12 +231,15 @@ fn read_peers(root: &Section<'_>) -> Vec<PeerConfig> {
         let name = s.required("name", |s, k| s.parsed::<NodeName>(k));
         let address = s.string("address");
         let permanent = s.bool("permanent", true);
+        let public_key = s
+            .string("public_key")
+            .and_then(|k| linkbus_proto::secure::parse_key(&k).map_err(|e| s.error("public_key", e)).ok());
         s.finish();
         let Some(name) = name else { continue };
         if peers.iter().any(|p| p.name == name) {
             diag.error(format!("{path}.name"), format!("peer '{name}' is listed twice"));
         }
-        peers.push(PeerConfig { name, address, permanent });
+        peers.push(PeerConfig { name, address, permanent, public_key });
     }
     peers
 }
@@ -271,6 +315,17 @@ fn read_links(root: &Section<'_>) -> LinkSettings {
     settings
 }
 
+fn read_security(root: &Section<'_>) -> SecuritySettings {
+    let Some(s) = root.section("security") else { return SecuritySettings::default() };
+    let settings = SecuritySettings {
+        insecure_plaintext: s.bool("insecure_plaintext", false),
+        key_file: s.string("key_file").map(PathBuf::from),
+        psk_file: s.string("psk_file").map(PathBuf::from),
+    };
+    s.finish();
+    settings
+}
+
 fn read_plugins(root: &Section<'_>) -> PluginSettings {
     let d = PluginSettings::default();
     let Some(s) = root.section("plugins") else { return d };
@@ -319,6 +374,12 @@ fn check_relations(config: &Config, diag: &Diagnostics) {
     };
     let mut seen_addresses = HashSet::new();
     for (i, peer) in config.peers.iter().enumerate() {
+        if !config.security.insecure_plaintext && peer.public_key.is_none() {
+            diag.error(
+                format!("peers[{i}].public_key"),
+                "is required for Noise links (or set security.insecure_plaintext: true)",
+            );
+        }
         if peer.name == config.node.name {
             diag.error(format!("peers[{i}].name"), format!("'{}' is this node's own name", peer.name));
         }

@@ -10,6 +10,7 @@ use bytes::BytesMut;
 use linkbus_plugin_api::{Connection, Message};
 use linkbus_proto::SessionStats;
 use linkbus_proto::frame::{CloseCode, Hello};
+use linkbus_proto::secure::SecureChannel;
 use tokio::sync::{Notify, mpsc};
 use tracing::debug;
 
@@ -26,8 +27,10 @@ pub(crate) struct Incoming {
     pub(crate) connection: Connection,
     /// The peer's `Hello`, for accepted connections.
     pub(crate) hello: Option<Hello>,
-    /// Bytes read after the `Hello`.
+    /// Plaintext read after the `Hello` (or after the handshake, when dialed).
     pub(crate) leftover: BytesMut,
+    /// The established secure channel of the connection.
+    pub(crate) secure: SecureChannel,
 }
 
 /// The transmission queue for a peer is full.
@@ -122,7 +125,12 @@ impl LinkHandle {
             let incoming = match e {
                 mpsc::error::TrySendError::Full(i) | mpsc::error::TrySendError::Closed(i) => i,
             };
-            refuse(incoming.connection, CloseCode::Duplicate, "the link is busy with other connections");
+            refuse(
+                incoming.connection,
+                Some(incoming.secure),
+                CloseCode::Duplicate,
+                "the link is busy with other connections",
+            );
         }
     }
 }

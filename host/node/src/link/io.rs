@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use bytes::{Bytes, BytesMut};
 use linkbus_plugin_api::Connection;
 use linkbus_proto::frame::{CloseCode, Frame};
+use linkbus_proto::secure::SecureChannel;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{Notify, mpsc};
 
@@ -71,13 +72,49 @@ pub(crate) async fn write_loop(
     let _ = writer.shutdown().await;
 }
 
-/// Writes a `Close` frame on a connection that will not be used, then drops it.
-pub(crate) fn refuse(connection: Connection, code: CloseCode, reason: &str) {
-    let mut out = BytesMut::new();
-    Frame::Close { code: code as u16, reason: reason.to_owned() }.encode(&mut out);
+/// Writes a `Close` frame on a connection that will not be used (through its secure
+/// channel when that is established, else in plaintext), then drops it.
+pub(crate) fn refuse(connection: Connection, secure: Option<SecureChannel>, code: CloseCode, reason: &str) {
+    let mut frame = BytesMut::new();
+    Frame::Close { code: code as u16, reason: reason.to_owned() }.encode(&mut frame);
+    let out = match secure {
+        Some(mut channel) if channel.is_established() => {
+            let _ = channel.send(&frame);
+            channel.poll_transmit().map(BytesMut::from).unwrap_or_default()
+        }
+        _ => frame,
+    };
     let mut writer = connection.writer;
     tokio::spawn(async move {
         let _ = writer.write_all(&out).await;
         let _ = writer.shutdown().await;
     });
+}
+
+/// Dialer: runs the secure channel's handshake on a fresh connection; returns the channel
+/// and any plaintext that arrived with the last handshake bytes.
+///
+/// # Errors
+/// A message when the handshake fails, the peer closes, or `timeout` passes.
+pub(crate) async fn secure_dial(
+    connection: &mut Connection,
+    mut channel: SecureChannel,
+    timeout: std::time::Duration,
+) -> Result<(SecureChannel, BytesMut), String> {
+    let handshake = async {
+        if let Some(bytes) = channel.poll_transmit() {
+            connection.writer.write_all(&bytes).await.map_err(|e| format!("write failed: {e}"))?;
+        }
+        let mut buf = vec![0u8; 16 * 1024];
+        while !channel.is_established() {
+            let n = connection.reader.read(&mut buf).await.map_err(|e| format!("read failed: {e}"))?;
+            if n == 0 {
+                return Err("the peer closed the connection during the handshake".to_owned());
+            }
+            channel.handle_bytes(buf.get(..n).unwrap_or_default()).map_err(|e| e.to_string())?;
+        }
+        let leftover = channel.take_plaintext().map(BytesMut::from).unwrap_or_default();
+        Ok((channel, leftover))
+    };
+    tokio::time::timeout(timeout, handshake).await.map_err(|_| "the handshake timed out".to_owned())?
 }

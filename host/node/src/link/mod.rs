@@ -21,8 +21,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
-use linkbus_plugin_api::{Connection, Lifetime, TransportError};
+use linkbus_plugin_api::Lifetime;
 use linkbus_proto::frame::{CloseCode, Frame};
+use linkbus_proto::secure::SecureChannel;
 use linkbus_proto::wire::message_bytes;
 use linkbus_proto::{DropReason, SendError, Session, SessionConfig, SessionError, SessionEvent};
 use tokio::sync::{Notify, mpsc, watch};
@@ -33,7 +34,7 @@ use backoff::Backoff;
 pub(crate) use handle::Incoming;
 pub use handle::{LinkHandle, TransmissionQueueFull};
 pub(crate) use io::refuse;
-use io::{ConnEvent, read_loop, write_loop};
+use io::{ConnEvent, read_loop, secure_dial, write_loop};
 
 /// Bytes handed to the writer and not yet written, above which the link stops producing.
 pub const WRITE_BACKLOG_BYTES_MAX: usize = 16 << 20;
@@ -41,6 +42,8 @@ pub const WRITE_BACKLOG_BYTES_MAX: usize = 16 << 20;
 struct Active {
     id: u64,
     dialed_by_us: bool,
+    /// Encrypts what the session writes, decrypts what the reader reads.
+    secure: SecureChannel,
     writer: mpsc::UnboundedSender<Bytes>,
     /// Bytes sent to `writer` and not yet written.
     backlog: Arc<AtomicUsize>,
@@ -61,7 +64,7 @@ struct Link {
     active: Option<Active>,
     next_conn_id: u64,
     conn_tx: mpsc::Sender<(u64, ConnEvent)>,
-    dial_tx: mpsc::Sender<Result<Connection, TransportError>>,
+    dial_tx: mpsc::Sender<Result<Incoming, String>>,
     /// Woken by writers as they drain.
     drained: Arc<Notify>,
     dialing: bool,
@@ -154,31 +157,38 @@ impl Link {
     fn start_dial(&mut self) {
         let Some(address) = self.handle.peer.address.clone() else { return };
         self.dialing = true;
-        let transport = self.node.transport.clone();
+        let node = self.node.clone();
+        let peer = self.handle.peer.name.clone();
         let tx = self.dial_tx.clone();
-        let timeout = Duration::from_millis(self.node.config.links.connect_timeout_ms);
+        let links = &self.node.config.links;
+        let (connect_timeout, handshake_timeout) = (
+            Duration::from_millis(links.connect_timeout_ms),
+            Duration::from_millis(links.handshake_timeout_ms),
+        );
         tokio::spawn(async move {
-            let result = match tokio::time::timeout(timeout, transport.connect(&address)).await {
-                Ok(result) => result,
-                Err(_) => Err(TransportError::Io {
-                    op: "connect",
-                    address,
-                    source: std::io::Error::new(std::io::ErrorKind::TimedOut, "connect timed out"),
-                }),
-            };
+            let result = async {
+                let mut connection =
+                    match tokio::time::timeout(connect_timeout, node.transport.connect(&address)).await {
+                        Ok(result) => result.map_err(|e| e.to_string())?,
+                        Err(_) => return Err(format!("connect {address}: timed out")),
+                    };
+                let channel =
+                    node.security.dialer(&peer, crate::clock::unix_ms()).map_err(|e| e.to_string())?;
+                let (secure, leftover) = secure_dial(&mut connection, channel, handshake_timeout).await?;
+                Ok(Incoming { connection, hello: None, leftover, secure })
+            }
+            .await;
             let _ = tx.send(result).await;
         });
     }
 
-    fn dialed(&mut self, result: Result<Connection, TransportError>) {
+    fn dialed(&mut self, result: Result<Incoming, String>) {
         self.dialing = false;
         match result {
-            Ok(connection) => {
-                self.adopt(Incoming { connection, hello: None, leftover: BytesMut::new() }, true)
-            }
+            Ok(incoming) => self.adopt(incoming, true),
             Err(e) => {
                 let delay = self.backoff.take();
-                debug!(peer = self.peer(), error = %e, retry_ms = delay.as_millis() as u64, "Dial failed.");
+                debug!(peer = self.peer(), error = e, retry_ms = delay.as_millis() as u64, "Dial failed.");
                 self.next_dial = Some(tokio::time::Instant::now() + delay);
             }
         }
@@ -190,7 +200,8 @@ impl Link {
             let incarnation = incoming.hello.as_ref().map(|h| h.incarnation);
             if !self.session.should_replace(current.dialed_by_us, dialed_by_us, incarnation) {
                 debug!(peer = self.peer(), "Duplicate connection refused.");
-                refuse(incoming.connection, CloseCode::Duplicate, "a connection to this peer already exists");
+                let reason = "a connection to this peer already exists";
+                refuse(incoming.connection, Some(incoming.secure), CloseCode::Duplicate, reason);
                 return;
             }
             debug!(peer = self.peer(), "Connection replaced by a newer one.");
@@ -198,7 +209,7 @@ impl Link {
             self.handle.up.store(false, Ordering::Relaxed);
             self.session.handle_disconnected();
         }
-        let Incoming { connection, hello, leftover } = incoming;
+        let Incoming { connection, hello, leftover, secure } = incoming;
         let id = self.next_conn_id;
         self.next_conn_id += 1;
         debug!(peer = self.peer(), address = %connection.peer_address, dialed_by_us, "Connection open.");
@@ -214,7 +225,7 @@ impl Link {
             events,
         ));
         let reader = tokio::spawn(read_loop(connection.reader, id, self.conn_tx.clone()));
-        self.active = Some(Active { id, dialed_by_us, writer: writer_tx, backlog, reader });
+        self.active = Some(Active { id, dialed_by_us, secure, writer: writer_tx, backlog, reader });
         let now = Instant::now();
         self.session.handle_connected(now);
         if let Some(hello) = hello {
@@ -230,7 +241,16 @@ impl Link {
             return;
         }
         match event {
-            ConnEvent::Bytes(bytes) => self.session.handle_bytes(&bytes, Instant::now()),
+            ConnEvent::Bytes(bytes) => {
+                let Some(active) = self.active.as_mut() else { return };
+                if let Err(e) = active.secure.handle_bytes(&bytes) {
+                    warn!(peer = self.peer(), error = %e, "Secure channel failed.");
+                    return self.drop_connection(&e.to_string());
+                }
+                while let Some(plain) = self.active.as_mut().and_then(|a| a.secure.take_plaintext()) {
+                    self.session.handle_bytes(&plain, Instant::now());
+                }
+            }
             ConnEvent::Closed(reason) => self.drop_connection(&reason),
         }
     }
@@ -250,8 +270,12 @@ impl Link {
         }
     }
 
-    fn write(&self, bytes: Bytes) {
-        if let Some(active) = &self.active {
+    fn write(&mut self, plain: Bytes) {
+        if let Some(active) = &mut self.active {
+            if active.secure.send(&plain).is_err() {
+                return;
+            }
+            let Some(bytes) = active.secure.poll_transmit() else { return };
             let len = bytes.len();
             active.backlog.fetch_add(len, Ordering::Relaxed);
             if active.writer.send(bytes).is_err() {
@@ -403,11 +427,15 @@ impl Link {
     }
 
     async fn shutdown(mut self) {
-        if let Some(active) = self.active.take() {
+        if let Some(mut active) = self.active.take() {
             let mut out = BytesMut::new();
             Frame::Close { code: CloseCode::Shutdown as u16, reason: "node shutting down".into() }
                 .encode(&mut out);
-            let _ = active.writer.send(out.freeze());
+            if active.secure.send(&out).is_ok()
+                && let Some(bytes) = active.secure.poll_transmit()
+            {
+                let _ = active.writer.send(bytes);
+            }
             drop(active);
             // Give the writer a moment to send the close frame.
             tokio::time::sleep(Duration::from_millis(20)).await;

@@ -77,7 +77,10 @@ messages: { message_bytes_max: 100000000 }
 fn bad_yaml_and_wrong_types_are_explained() {
     let syntax = messages("node: { name: [unclosed");
     assert!(syntax[0].contains("line"), "{syntax:?}");
-    let strict = messages("node: { name: A }\npeers: [ { name: B, permanent: yes } ]");
+    let strict = messages(&format!(
+        "node: {{ name: A }}\npeers: [ {{ name: B, permanent: yes, public_key: {} }} ]",
+        "ab".repeat(32)
+    ));
     assert_eq!(strict, ["peers[0].permanent: expected true or false, found a string"]);
     let types = messages("node: []\nqueues: 3");
     assert!(types.contains(&"node: expected a mapping, found a list".to_owned()), "{types:?}");
@@ -110,7 +113,8 @@ fn overrides_build_a_config_without_a_file() {
         peers: vec!["B=127.0.0.1:7402".into(), "C".into()],
         queues: vec!["orders".into(), "audit:fifo".into()],
         data_dir: Some("/var/lib/x".into()),
-        client_socket: None,
+        insecure_plaintext: true,
+        ..Overrides::default()
     };
     let mut tree = ConfigValue::Null;
     apply_overrides(&mut tree, &overrides);
@@ -126,7 +130,7 @@ fn overrides_build_a_config_without_a_file() {
 #[test]
 fn overrides_replace_values_from_the_file() {
     let mut tree = parse_yaml(
-        "node: { name: A, listen: 127.0.0.1:1 }\npeers: [ { name: B, address: 127.0.0.1:2 } ]\nqueues: [ { name: q, order: fifo } ]",
+        "node: { name: A, listen: 127.0.0.1:1 }\npeers: [ { name: B, address: 127.0.0.1:2 } ]\nqueues: [ { name: q, order: fifo } ]\nsecurity: { insecure_plaintext: true }",
     )
     .unwrap();
     let overrides = Overrides {
@@ -148,7 +152,12 @@ fn a_bad_override_is_reported_like_a_bad_key() {
     let mut tree = ConfigValue::Null;
     apply_overrides(
         &mut tree,
-        &Overrides { name: Some("A".into()), peers: vec!["B=x:y".into()], ..Overrides::default() },
+        &Overrides {
+            name: Some("A".into()),
+            peers: vec!["B=x:y".into()],
+            insecure_plaintext: true,
+            ..Overrides::default()
+        },
     );
     let errors = from_value(&tree).unwrap_err();
     assert_eq!(errors.0[0].path, "peers[0].address");

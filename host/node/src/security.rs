@@ -1,0 +1,163 @@
+//! Link security as configured: the mode, this node's static key, the cluster's pre-shared
+//! key, the peers' public keys, and the replay check of incoming handshakes.
+//!
+//! Key files hold 64 hex digits; `linkbus keygen` writes them with mode 0600, and a node
+//! refuses to use a key file that group or others may read.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use linkbus_plugin_api::{ConfigErrors, ConfigIssue, NodeName};
+use linkbus_proto::secure::{KEY_BYTES, Keypair, Mode, SecureChannel, SecureError, hex, parse_key};
+
+use crate::config::Config;
+
+/// The security of one node's links.
+pub struct Security {
+    /// Plaintext (only when configured) or Noise.
+    pub mode: Mode,
+    keys: Option<Keypair>,
+    psk: Option<[u8; KEY_BYTES]>,
+    peer_keys: Vec<(NodeName, [u8; KEY_BYTES])>,
+    /// The newest handshake time seen from each peer; an older or equal one is a replay.
+    stamps: Mutex<HashMap<NodeName, u64>>,
+}
+
+impl std::fmt::Debug for Security {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Security").field("mode", &self.mode).finish_non_exhaustive()
+    }
+}
+
+/// Where the node's private key is read from.
+pub fn key_path(config: &Config) -> PathBuf {
+    config.security.key_file.clone().unwrap_or_else(|| config.node.data_dir.join("node.key"))
+}
+
+/// Reads a key file: 64 hex digits, not readable by group or others.
+///
+/// # Errors
+/// A message saying what is wrong and how to fix it.
+pub fn read_key_file(path: &Path) -> Result<[u8; KEY_BYTES], String> {
+    use std::os::unix::fs::PermissionsExt;
+    let meta = std::fs::metadata(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let mode = meta.permissions().mode() & 0o777;
+    if mode & 0o077 != 0 {
+        return Err(format!(
+            "{} has mode {mode:o}, which others may read; run chmod 600 on it",
+            path.display()
+        ));
+    }
+    let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    parse_key(&text).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// Writes a key file with mode 0600, refusing to overwrite one.
+///
+/// # Errors
+/// The I/O error, or `AlreadyExists`.
+pub fn write_key_file(path: &Path, key: &[u8; KEY_BYTES]) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir)?;
+    }
+    let mut file = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(path)?;
+    writeln!(file, "{}", hex(key))
+}
+
+impl Security {
+    /// Loads what `config` asks for; every problem is reported with its YAML path.
+    ///
+    /// # Errors
+    /// [`ConfigErrors`] for unreadable, too open or malformed key files.
+    pub fn load(config: &Config) -> Result<Self, ConfigErrors> {
+        let stamps = Mutex::new(HashMap::new());
+        // A node without peers has no links to protect (and needs no keys).
+        if config.security.insecure_plaintext || config.peers.is_empty() {
+            let mode = if config.security.insecure_plaintext { Mode::Plaintext } else { Mode::Noise };
+            return Ok(Self { mode, keys: None, psk: None, peer_keys: Vec::new(), stamps });
+        }
+        let mut issues = Vec::new();
+        let mut issue = |path: &str, message: String| issues.push(ConfigIssue { path: path.into(), message });
+        let keys = match read_key_file(&key_path(config)) {
+            Ok(private) => {
+                Keypair::from_private(private).map_err(|e| issue("security.key_file", e.to_string())).ok()
+            }
+            Err(e) => {
+                issue("security.key_file", format!("{e} (make one with `linkbus keygen --out PATH`)"));
+                None
+            }
+        };
+        let psk = match &config.security.psk_file {
+            Some(path) => read_key_file(path).map_err(|e| issue("security.psk_file", e)).ok(),
+            None => {
+                issue(
+                    "security.psk_file",
+                    "is required for Noise links (make one with `linkbus keygen --psk --out PATH`)".into(),
+                );
+                None
+            }
+        };
+        if !issues.is_empty() {
+            return Err(ConfigErrors(issues));
+        }
+        let peer_keys = config.peers.iter().filter_map(|p| Some((p.name.clone(), p.public_key?))).collect();
+        Ok(Self { mode: Mode::Noise, keys, psk, peer_keys, stamps })
+    }
+
+    /// This node's public key, when it has one.
+    pub fn public_key(&self) -> Option<[u8; KEY_BYTES]> {
+        self.keys.as_ref().map(|k| k.public)
+    }
+
+    /// The channel for dialing `peer`.
+    ///
+    /// # Errors
+    /// [`SecureError`] when the peer has no key or a key cannot be used.
+    pub fn dialer(&self, peer: &NodeName, unix_ms: u64) -> Result<SecureChannel, SecureError> {
+        match (&self.keys, &self.psk) {
+            (Some(keys), Some(psk)) => {
+                let remote = self
+                    .key_of(peer)
+                    .ok_or_else(|| SecureError::Key(format!("no public key for peer {peer}")))?;
+                SecureChannel::noise_dialer(keys, &remote, psk, unix_ms)
+            }
+            _ => Ok(SecureChannel::plaintext_dialer()),
+        }
+    }
+
+    /// The channel for an accepted connection.
+    ///
+    /// # Errors
+    /// [`SecureError`] when a key cannot be used.
+    pub fn listener(&self) -> Result<SecureChannel, SecureError> {
+        match (&self.keys, &self.psk) {
+            (Some(keys), Some(psk)) => SecureChannel::listener(Some((keys, psk))),
+            _ => SecureChannel::listener(None),
+        }
+    }
+
+    fn key_of(&self, peer: &NodeName) -> Option<[u8; KEY_BYTES]> {
+        self.peer_keys.iter().find(|(name, _)| name == peer).map(|(_, key)| *key)
+    }
+
+    /// The peer whose static key is `key`.
+    pub fn identify(&self, key: &[u8; KEY_BYTES]) -> Option<&NodeName> {
+        self.peer_keys.iter().find(|(_, k)| k == key).map(|(name, _)| name)
+    }
+
+    /// Records a handshake time from `peer`; `false` when it is not newer than the last one
+    /// (a replayed handshake).
+    pub fn fresh_handshake(&self, peer: &NodeName, unix_ms: u64) -> bool {
+        let mut stamps = self.stamps.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        match stamps.get(peer) {
+            Some(last) if *last >= unix_ms => false,
+            _ => {
+                stamps.insert(peer.clone(), unix_ms);
+                true
+            }
+        }
+    }
+}

@@ -1,0 +1,160 @@
+//! Link security with real processes: a node without the cluster key, with a key its peer
+//! does not list, a replayed handshake, and a downgrade to plaintext never get a message
+//! through; key files must be private; plaintext links are announced loudly.
+
+mod support;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::Duration;
+
+use linkbus::proto::frame::{Frame, FrameDecoder, Hello, PROTOCOL_VERSION};
+use linkbus::proto::secure::{Keypair, SecureChannel, parse_key};
+use support::{NodeProcess, Scratch, stderr, stdout};
+
+/// B listens with Noise and lists A's key; returns B and A's public key.
+fn start_b(s: &Scratch) -> (NodeProcess, String) {
+    let a_key = s.keys("A");
+    let _ = s.keys("B");
+    let yaml = format!(
+        "node: {{ name: B, listen: 127.0.0.1:0 }}\npeers: [ {{ name: A, public_key: '{a_key}' }} ]\nqueues: [ {{ name: orders }} ]\n{}\n",
+        s.security_yaml("B")
+    );
+    let b = s.start_node("B", &["-c", s.write("b.yaml", &yaml).to_str().unwrap()]);
+    (b, a_key)
+}
+
+fn public_key_of(s: &Scratch, name: &str) -> String {
+    let private = parse_key(&std::fs::read_to_string(s.path().join(format!("{name}.key"))).unwrap()).unwrap();
+    linkbus::proto::secure::hex(&Keypair::from_private(private).unwrap().public)
+}
+
+/// Starts a node calling itself A that dials B with `key_file` and `psk_file`.
+fn start_a(s: &Scratch, b: &NodeProcess, key_file: &str, psk_file: &str) -> NodeProcess {
+    let yaml = format!(
+        "node: {{ name: A, listen: none }}\npeers: [ {{ name: B, address: '{}', public_key: '{}' }} ]\n\
+         security: {{ key_file: '{key_file}', psk_file: '{psk_file}' }}\n",
+        b.listen_address(),
+        public_key_of(s, "B")
+    );
+    s.start_node("A", &["-c", s.write("a.yaml", &yaml).to_str().unwrap()])
+}
+
+fn nothing_arrives(s: &Scratch) {
+    let put = s.run(&["put", "--node", "A", "--to", "B:orders", "smuggled"]);
+    assert!(put.status.success(), "A accepts it into its queue: {}", stderr(&put));
+    let get = s.run(&["get", "--node", "B", "orders", "--wait", "1500ms"]);
+    assert_eq!(stdout(&get), "", "nothing got through");
+}
+
+#[test]
+fn the_right_keys_link_up() {
+    let s = Scratch::new();
+    let (b, _) = start_b(&s);
+    let dir = s.path().display().to_string();
+    let a = start_a(&s, &b, &format!("{dir}/A.key"), &format!("{dir}/cluster.psk"));
+    a.wait_for_log("Link up.", 1, Duration::from_secs(10));
+    assert!(s.run(&["put", "--node", "A", "--to", "B:orders", "sealed"]).status.success());
+    assert_eq!(stdout(&s.run(&["get", "--node", "B", "orders", "--wait", "5s"])), "sealed\n");
+}
+
+#[test]
+fn a_wrong_cluster_key_never_gets_a_message_through() {
+    let s = Scratch::new();
+    let (b, _) = start_b(&s);
+    let other_psk = s.path().join("other.psk");
+    assert!(s.run(&["keygen", "--psk", "--out", other_psk.to_str().unwrap()]).status.success());
+    let dir = s.path().display().to_string();
+    let a = start_a(&s, &b, &format!("{dir}/A.key"), other_psk.to_str().unwrap());
+    nothing_arrives(&s);
+    // The cluster key enters at the end of the second handshake message (psk2): the dialer
+    // cannot complete the handshake, and B never sees a hello.
+    assert!(a.log_text().contains("handshake failed"), "{}", a.log_text());
+    assert!(b.log_text().contains("closed before its hello"), "{}", b.log_text());
+}
+
+#[test]
+fn an_unlisted_key_never_gets_a_message_through() {
+    let s = Scratch::new();
+    let (b, _) = start_b(&s);
+    let _ = s.keys("Rogue");
+    let dir = s.path().display().to_string();
+    let _a = start_a(&s, &b, &format!("{dir}/Rogue.key"), &format!("{dir}/cluster.psk"));
+    nothing_arrives(&s);
+    assert!(b.log_text().contains("unknown static key"), "{}", b.log_text());
+}
+
+#[test]
+fn a_replayed_handshake_is_refused() {
+    let s = Scratch::new();
+    let (b, _) = start_b(&s);
+    let read = |name: &str| parse_key(&std::fs::read_to_string(s.path().join(name)).unwrap()).unwrap();
+    let a = Keypair::from_private(read("A.key")).unwrap();
+    let b_public = parse_key(&public_key_of(&s, "B")).unwrap();
+    let mut first = SecureChannel::noise_dialer(&a, &b_public, &read("cluster.psk"), 42).unwrap();
+    let captured = first.poll_transmit().unwrap();
+    for _ in 0..2 {
+        let mut stream = TcpStream::connect(b.listen_address()).unwrap();
+        stream.write_all(&captured).unwrap();
+        stream.set_read_timeout(Some(Duration::from_millis(500))).unwrap();
+        let mut buf = [0u8; 256];
+        let _ = stream.read(&mut buf);
+    }
+    b.wait_for_log("replayed handshake from A", 1, Duration::from_secs(5));
+}
+
+#[test]
+fn a_downgrade_to_plaintext_is_refused() {
+    let s = Scratch::new();
+    let (b, _) = start_b(&s);
+    let mut wire = b"LBUS\x01\x00".to_vec();
+    let mut hello = bytes::BytesMut::new();
+    Frame::Hello(Hello {
+        protocol_version: PROTOCOL_VERSION,
+        api_version: 1,
+        from: "A".into(),
+        to: "B".into(),
+        incarnation: 1,
+        expected: 1,
+        your_incarnation: 0,
+        frame_bytes_max: 1 << 20,
+        flags: 0,
+    })
+    .encode(&mut hello);
+    wire.extend_from_slice(&hello);
+    let mut stream = TcpStream::connect(b.listen_address()).unwrap();
+    stream.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    stream.write_all(&wire).unwrap();
+    let mut decoder = FrameDecoder::new(1 << 20);
+    let mut buf = [0u8; 4096];
+    let reason = loop {
+        if let Ok(Some(Frame::Close { reason, .. })) = decoder.decode() {
+            break reason;
+        }
+        let n = stream.read(&mut buf).unwrap();
+        assert!(n > 0, "closed without a reason");
+        decoder.extend(&buf[..n]);
+    };
+    assert!(reason.contains("peer wants a plaintext link, this node requires Noise"), "{reason}");
+}
+
+#[test]
+fn key_files_must_be_private_and_plaintext_is_loud() {
+    use std::os::unix::fs::PermissionsExt;
+    let s = Scratch::new();
+    let (b, a_key) = start_b(&s);
+    drop(b);
+    let key = s.path().join("B.key");
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let run = s.run(&["node", "run", "-c", s.path().join("b.yaml").to_str().unwrap()]);
+    assert!(!run.status.success());
+    assert!(stderr(&run).contains("which others may read; run chmod 600"), "{}", stderr(&run));
+    let existing = s.run(&["keygen", "--out", key.to_str().unwrap()]);
+    assert!(!existing.status.success(), "keygen never overwrites a key");
+
+    let yaml = format!(
+        "node: {{ name: P, listen: 127.0.0.1:0 }}\npeers: [ {{ name: A, public_key: '{a_key}' }} ]\nsecurity: {{ insecure_plaintext: true }}\n"
+    );
+    let plain = s.start_node("P", &["-c", s.write("p.yaml", &yaml).to_str().unwrap()]);
+    assert!(plain.log_text().contains("INSECURE: links are plaintext"), "{}", plain.log_text());
+}
