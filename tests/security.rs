@@ -91,24 +91,31 @@ fn a_replayed_handshake_is_refused() {
     let read = |name: &str| parse_key(&std::fs::read_to_string(s.path().join(name)).unwrap()).unwrap();
     let a = Keypair::from_private(read("A.key")).unwrap();
     let b_public = parse_key(&public_key_of(&s, "B")).unwrap();
-    let mut first = SecureChannel::noise_dialer(&a, &b_public, &read("cluster.psk"), 42).unwrap();
-    let captured = first.poll_transmit().unwrap();
-    for _ in 0..2 {
-        let mut stream = TcpStream::connect(b.listen_address()).unwrap();
-        stream.write_all(&captured).unwrap();
-        stream.set_read_timeout(Some(Duration::from_millis(500))).unwrap();
-        let mut buf = [0u8; 256];
-        let _ = stream.read(&mut buf);
+    // A real handshake as A, recorded on the way out, completed with a hello.
+    let mut dialer = SecureChannel::noise_dialer(&a, &b_public, &read("cluster.psk"), 42).unwrap();
+    let captured = dialer.poll_transmit().unwrap();
+    let mut first = TcpStream::connect(b.listen_address()).unwrap();
+    first.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    first.write_all(&captured).unwrap();
+    let mut buf = [0u8; 4096];
+    while !dialer.is_established() {
+        let n = first.read(&mut buf).unwrap();
+        assert!(n > 0, "B answered the handshake");
+        dialer.handle_bytes(&buf[..n]).unwrap();
     }
+    dialer.send(&hello_frame()).unwrap();
+    first.write_all(&dialer.poll_transmit().unwrap()).unwrap();
+    b.wait_for_log("Accepted connection.", 1, Duration::from_secs(5));
+    // The same first message again, on a new connection.
+    let mut replay = TcpStream::connect(b.listen_address()).unwrap();
+    replay.write_all(&captured).unwrap();
     b.wait_for_log("replayed handshake from A", 1, Duration::from_secs(5));
+    replay.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    assert_eq!(replay.read(&mut buf).unwrap_or(0), 0, "closed without a word");
 }
 
-#[test]
-fn a_downgrade_to_plaintext_is_refused() {
-    let s = Scratch::new();
-    let (b, _) = start_b(&s);
-    let mut wire = b"LBUS\x01\x00".to_vec();
-    let mut hello = bytes::BytesMut::new();
+fn hello_frame() -> Vec<u8> {
+    let mut out = bytes::BytesMut::new();
     Frame::Hello(Hello {
         protocol_version: PROTOCOL_VERSION,
         api_version: 1,
@@ -120,8 +127,16 @@ fn a_downgrade_to_plaintext_is_refused() {
         frame_bytes_max: 1 << 20,
         flags: 0,
     })
-    .encode(&mut hello);
-    wire.extend_from_slice(&hello);
+    .encode(&mut out);
+    out.to_vec()
+}
+
+#[test]
+fn a_downgrade_to_plaintext_is_refused() {
+    let s = Scratch::new();
+    let (b, _) = start_b(&s);
+    let mut wire = b"LBUS\x01\x00".to_vec();
+    wire.extend_from_slice(&hello_frame());
     let mut stream = TcpStream::connect(b.listen_address()).unwrap();
     stream.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     stream.write_all(&wire).unwrap();

@@ -8,41 +8,41 @@ use std::time::Duration;
 use bytes::BytesMut;
 use linkbus_plugin_api::{Connection, Listener, NodeName};
 use linkbus_proto::frame::{CloseCode, Hello};
-use linkbus_proto::secure::SecureChannel;
+use linkbus_proto::secure::{Mode, SecureChannel, SecureError};
 use linkbus_proto::session::peek_hello;
 use linkbus_proto::{FrameDecoder, PROTOCOL_VERSION};
+use std::collections::VecDeque;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::sync::{Semaphore, watch};
+
+use tokio::sync::watch;
 use tracing::{info, warn};
 
 use crate::link::{Incoming, refuse};
 use crate::node::NodeState;
 
-/// Incoming connections whose hello is being read at once; more are refused at once, so
-/// strangers cannot hold unbounded memory (each may buffer up to 64 KiB for the handshake
-/// timeout).
+/// Incoming connections whose hello is being read at once; beyond it the oldest is dropped,
+/// so strangers can neither hold unbounded memory (each may buffer up to 64 KiB for the
+/// handshake timeout) nor keep real peers out by holding every slot.
 pub const HANDSHAKES_MAX: usize = 64;
 
 /// Accepts connections until `shutdown` turns true.
 pub async fn run(node: Arc<NodeState>, mut listener: Box<dyn Listener>, mut shutdown: watch::Receiver<bool>) {
-    let slots = Arc::new(Semaphore::new(HANDSHAKES_MAX));
+    let mut pending: VecDeque<tokio::task::JoinHandle<()>> = VecDeque::new();
     loop {
         tokio::select! {
             _ = shutdown.changed() => return,
             accepted = listener.accept() => match accepted {
-                Ok(connection) => match slots.clone().try_acquire_owned() {
-                    Ok(slot) => {
-                        let node = node.clone();
-                        tokio::spawn(async move {
-                            handshake(node, connection).await;
-                            drop(slot);
-                        });
+                Ok(connection) => {
+                    pending.retain(|h| !h.is_finished());
+                    if pending.len() >= HANDSHAKES_MAX
+                        && let Some(oldest) = pending.pop_front()
+                    {
+                        // Idle strangers cannot lock peers out: the oldest waiting one goes.
+                        warn!("Too many connections in handshake; dropping the oldest.");
+                        oldest.abort();
                     }
-                    Err(_) => {
-                        warn!(address = %connection.peer_address, "Refused connection: too many handshakes.");
-                        refuse(connection, None, CloseCode::ProtocolError, "too many connections in handshake");
-                    }
-                },
+                    pending.push_back(tokio::spawn(handshake(node.clone(), connection)));
+                }
                 Err(e) => {
                     warn!(error = %e, "Accept failed.");
                     tokio::time::sleep(Duration::from_millis(50)).await;
@@ -57,8 +57,8 @@ struct Opening {
     secure: SecureChannel,
     hello: Hello,
     leftover: BytesMut,
-    /// The peer its static key proved it to be (Noise links).
-    proven: Option<NodeName>,
+    /// The peer its static key proved it to be, and its handshake stamp (Noise links).
+    proven: Option<(NodeName, u64)>,
 }
 
 /// Why a connection was refused, and whether the refusal can go through its channel.
@@ -66,10 +66,12 @@ struct Refusal {
     reason: String,
     code: CloseCode,
     secure: Option<SecureChannel>,
+    /// The preamble was wrong (not linkbus, or another mode): safe to say so in plaintext.
+    preamble: bool,
 }
 
 fn refusal(reason: impl Into<String>, code: CloseCode, secure: Option<SecureChannel>) -> Refusal {
-    Refusal { reason: reason.into(), code, secure }
+    Refusal { reason: reason.into(), code, secure, preamble: false }
 }
 
 /// Reads the preamble, runs the listener's side of the handshake (identifying the peer by
@@ -107,13 +109,14 @@ async fn open(
             Err(e) => return Err(refusal(format!("read failed: {e}"), CloseCode::ProtocolError, None)),
         };
         if let Err(e) = secure.handle_bytes(buf.get(..n).unwrap_or_default()) {
-            return Err(refusal(e.to_string(), CloseCode::ProtocolError, None));
+            let preamble = matches!(e, SecureError::Preamble | SecureError::Mode { .. });
+            return Err(Refusal { preamble, ..refusal(e.to_string(), CloseCode::ProtocolError, None) });
         }
         if let Some((key, stamp)) = secure.identity() {
             let Some(peer) = node.security.identify(&key).cloned() else {
                 return Err(refusal("unknown static key", CloseCode::UnknownPeer, None));
             };
-            if !node.security.fresh_handshake(&peer, stamp) {
+            if !node.security.is_fresh(&peer, stamp, crate::clock::unix_ms()) {
                 return Err(refusal(
                     format!("replayed handshake from {peer}"),
                     CloseCode::ProtocolError,
@@ -128,7 +131,7 @@ async fn open(
                     .await
                     .map_err(|e| refusal(e.to_string(), CloseCode::ProtocolError, None))?;
             }
-            proven = Some(peer);
+            proven = Some((peer, stamp));
         }
     }
 }
@@ -143,6 +146,12 @@ async fn handshake(node: Arc<NodeState>, mut connection: Connection) {
         Ok(Ok(opening)) => opening,
         Ok(Err(r)) => {
             warn!(%address, reason = r.reason, "Refused connection.");
+            // Before the channel is up, a Noise listener tells a stranger nothing but a
+            // wrong preamble or mode (the reason could name a peer).
+            let silent = node.security.mode == Mode::Noise && r.secure.is_none() && !r.preamble;
+            if silent {
+                return;
+            }
             return refuse(connection, r.secure, r.code, &r.reason);
         }
         Err(_) => {
@@ -151,11 +160,15 @@ async fn handshake(node: Arc<NodeState>, mut connection: Connection) {
         }
     };
     let Opening { secure, hello, leftover, proven } = opening;
-    if let Err(r) = check_hello(&node, &hello, proven.as_ref()) {
+    if let Err(r) = check_hello(&node, &hello, proven.as_ref().map(|(peer, _)| peer)) {
         warn!(%address, from = hello.from, reason = r.0, "Refused connection.");
         return refuse(connection, Some(secure), r.1, &r.0);
     }
     let Some(link) = NodeName::new(&hello.from).ok().and_then(|name| node.links.get(&name)) else { return };
+    if let Some((peer, stamp)) = &proven {
+        // Only now, with a hello decrypted under the session keys, does the stamp count.
+        node.security.record_handshake(peer, *stamp);
+    }
     info!(%address, peer = hello.from, "Accepted connection.");
     link.offer(Incoming { connection, hello: Some(hello), leftover, secure });
 }

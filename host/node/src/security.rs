@@ -30,6 +30,9 @@ impl std::fmt::Debug for Security {
     }
 }
 
+/// How far ahead of our clock a handshake stamp may be.
+pub const CLOCK_SKEW_MS_MAX: u64 = 10 * 60 * 1000;
+
 /// Where the node's private key is read from.
 pub fn key_path(config: &Config) -> PathBuf {
     config.security.key_file.clone().unwrap_or_else(|| config.node.data_dir.join("node.key"))
@@ -117,14 +120,15 @@ impl Security {
     /// # Errors
     /// [`SecureError`] when the peer has no key or a key cannot be used.
     pub fn dialer(&self, peer: &NodeName, unix_ms: u64) -> Result<SecureChannel, SecureError> {
-        match (&self.keys, &self.psk) {
-            (Some(keys), Some(psk)) => {
+        match (self.mode, &self.keys, &self.psk) {
+            (Mode::Plaintext, _, _) => Ok(SecureChannel::plaintext_dialer()),
+            (Mode::Noise, Some(keys), Some(psk)) => {
                 let remote = self
                     .key_of(peer)
                     .ok_or_else(|| SecureError::Key(format!("no public key for peer {peer}")))?;
                 SecureChannel::noise_dialer(keys, &remote, psk, unix_ms)
             }
-            _ => Ok(SecureChannel::plaintext_dialer()),
+            (Mode::Noise, _, _) => Err(SecureError::Key("this node has no keys (it has no peers)".into())),
         }
     }
 
@@ -133,9 +137,10 @@ impl Security {
     /// # Errors
     /// [`SecureError`] when a key cannot be used.
     pub fn listener(&self) -> Result<SecureChannel, SecureError> {
-        match (&self.keys, &self.psk) {
-            (Some(keys), Some(psk)) => SecureChannel::listener(Some((keys, psk))),
-            _ => SecureChannel::listener(None),
+        match (self.mode, &self.keys, &self.psk) {
+            (Mode::Plaintext, _, _) => SecureChannel::listener(None),
+            (Mode::Noise, Some(keys), Some(psk)) => SecureChannel::listener(Some((keys, psk))),
+            (Mode::Noise, _, _) => Err(SecureError::Key("this node has no keys (it has no peers)".into())),
         }
     }
 
@@ -148,16 +153,19 @@ impl Security {
         self.peer_keys.iter().find(|(_, k)| k == key).map(|(name, _)| name)
     }
 
-    /// Records a handshake time from `peer`; `false` when it is not newer than the last one
-    /// (a replayed handshake).
-    pub fn fresh_handshake(&self, peer: &NodeName, unix_ms: u64) -> bool {
+    /// Whether a handshake from `peer` stamped `unix_ms` is newer than the last one that
+    /// completed (else it is a replay) and not from too far in the future (`now_ms` is our
+    /// clock; [`CLOCK_SKEW_MS_MAX`] of difference is tolerated).
+    pub fn is_fresh(&self, peer: &NodeName, unix_ms: u64, now_ms: u64) -> bool {
+        let stamps = self.stamps.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        unix_ms <= now_ms.saturating_add(CLOCK_SKEW_MS_MAX)
+            && stamps.get(peer).is_none_or(|last| unix_ms > *last)
+    }
+
+    /// Records the stamp of a handshake from `peer` that completed (its `Hello` decrypted).
+    pub fn record_handshake(&self, peer: &NodeName, unix_ms: u64) {
         let mut stamps = self.stamps.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        match stamps.get(peer) {
-            Some(last) if *last >= unix_ms => false,
-            _ => {
-                stamps.insert(peer.clone(), unix_ms);
-                true
-            }
-        }
+        let last = stamps.entry(peer.clone()).or_insert(0);
+        *last = (*last).max(unix_ms);
     }
 }

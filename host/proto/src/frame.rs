@@ -2,8 +2,9 @@
 //!
 //! On the wire every frame is a 4-byte big-endian length `L` (the bytes that follow, at most
 //! `frame_bytes_max`), a 1-byte frame type, a 4-byte CRC32C of the frame's header, and the
-//! body. The header CRC covers the type and the whole body, except for `Data`, where it
-//! covers the type, the sequence number and the message CRC (the message bytes have their
+//! body. The header CRC covers the length, the type and the whole body, except for `Data`,
+//! where it covers the length, the type, the sequence number and the message CRC (and is
+//! checked as soon as those 21 bytes are here) (the message bytes have their
 //! own CRC, so a damaged message is refused by number with a `Nak` while a damaged header
 //! tears the connection down). The length is checked against the limit before anything is
 //! allocated, so a peer cannot make us buffer more than one frame's worth; any byte sequence
@@ -19,7 +20,7 @@
 //! | 6 | `Close` | code u16, reason (UTF-8, rest of the frame) |
 //! | 7 | `Nak` | sequence u64: that message arrived damaged, send it again |
 
-use bytes::{Buf, BufMut, Bytes, BytesMut};
+use bytes::{BufMut, Bytes, BytesMut};
 
 use crate::reader::{ReadError, Reader};
 
@@ -167,19 +168,24 @@ impl Frame {
     /// # Panics
     /// When a `Hello` name is longer than 255 bytes (names are validated long before).
     pub fn encode(&self, out: &mut BytesMut) {
+        let start = out.len();
         put_length_prefixed(out, |out| {
-            let start = out.len();
+            let body = out.len();
             self.encode_body(out);
-            // The header CRC goes right after the type byte.
-            let covered = match self {
-                Self::Data { .. } => start + 1 + 8 + 4,
-                _ => out.len(),
-            };
-            let crc = out.get(start..covered).map_or(0, crc32c::crc32c);
-            let body = out.split_off(start + 1);
-            out.put_u32(crc);
-            out.unsplit(body);
+            // Room for the header CRC right after the type byte.
+            let rest = out.split_off(body + 1);
+            out.put_u32(0);
+            out.unsplit(rest);
         });
+        let covered_end = match self {
+            Self::Data { .. } => start + LENGTH_BYTES + 1 + HEADER_CRC_BYTES + 12,
+            _ => out.len(),
+        };
+        let crc = header_crc(out.get(start..covered_end).unwrap_or_default());
+        if let Some(slot) = out.get_mut(start + LENGTH_BYTES + 1..start + LENGTH_BYTES + 1 + HEADER_CRC_BYTES)
+        {
+            slot.copy_from_slice(&crc.to_be_bytes());
+        }
     }
 
     fn encode_body(&self, out: &mut BytesMut) {
@@ -218,15 +224,15 @@ impl Frame {
     /// Appends a `Data` frame for `message` (computing its CRC) without building a [`Frame`].
     pub fn encode_data(sequence: u64, message: &[u8], out: &mut BytesMut) {
         let len = u32::try_from(1 + HEADER_CRC_BYTES + 8 + 4 + message.len()).expect("frame length fits u32");
-        let mut header = [0u8; 13];
-        header[0] = TYPE_DATA;
-        header[1..9].copy_from_slice(&sequence.to_be_bytes());
-        header[9..].copy_from_slice(&crc32c::crc32c(message).to_be_bytes());
+        let mut header = [0u8; DATA_HEADER_BYTES];
+        header[..4].copy_from_slice(&len.to_be_bytes());
+        header[4] = TYPE_DATA;
+        header[9..17].copy_from_slice(&sequence.to_be_bytes());
+        header[17..].copy_from_slice(&crc32c::crc32c(message).to_be_bytes());
+        let crc = header_crc(&header);
+        header[5..9].copy_from_slice(&crc.to_be_bytes());
         out.reserve(LENGTH_BYTES + len as usize);
-        out.put_u32(len);
-        out.put_u8(TYPE_DATA);
-        out.put_u32(crc32c::crc32c(&header));
-        out.put_slice(&header[1..]);
+        out.put_slice(&header);
         out.put_slice(message);
     }
 
@@ -323,19 +329,45 @@ impl FrameDecoder {
             return Err(FrameError::BadLength { len, max: self.frame_bytes_max });
         }
         if self.buf.len() < LENGTH_BYTES + len {
+            // A data frame's header is checked as soon as it is here, so a damaged length
+            // never makes us wait for (or reserve) bytes that belong to later frames.
+            if let Some(header) = self.buf.get(..DATA_HEADER_BYTES)
+                && header.get(LENGTH_BYTES) == Some(&TYPE_DATA)
+                && !header_crc_matches(header)
+            {
+                return Err(FrameError::BadHeaderCrc);
+            }
             self.buf.reserve(LENGTH_BYTES + len - self.buf.len());
             return Ok(None);
         }
-        self.buf.advance(LENGTH_BYTES);
-        let body = self.buf.split_to(len).freeze();
-        decode_body(body).map(Some)
+        let frame = self.buf.split_to(LENGTH_BYTES + len).freeze();
+        decode_frame(frame).map(Some)
     }
 }
 
-fn decode_body(body: Bytes) -> Result<Frame, FrameError> {
-    let mut r = Reader::new(body.clone());
+/// Bytes of a `Data` frame before its message: length, type, header CRC, sequence, CRC.
+const DATA_HEADER_BYTES: usize = LENGTH_BYTES + 1 + HEADER_CRC_BYTES + 12;
+
+/// The header CRC of a frame whose covered bytes are `covered` (length, type, a zeroed CRC
+/// slot, and the covered fields): the CRC slot itself is skipped.
+fn header_crc(covered: &[u8]) -> u32 {
+    let head = covered.get(..LENGTH_BYTES + 1).unwrap_or_default();
+    let rest = covered.get(LENGTH_BYTES + 1 + HEADER_CRC_BYTES..).unwrap_or_default();
+    crc32c::crc32c_append(crc32c::crc32c(head), rest)
+}
+
+fn header_crc_matches(covered: &[u8]) -> bool {
+    let stored = covered
+        .get(LENGTH_BYTES + 1..LENGTH_BYTES + 1 + HEADER_CRC_BYTES)
+        .and_then(|b| <[u8; 4]>::try_from(b).ok());
+    stored.is_some_and(|b| u32::from_be_bytes(b) == header_crc(covered))
+}
+
+fn decode_frame(bytes: Bytes) -> Result<Frame, FrameError> {
+    let mut r = Reader::new(bytes.slice(LENGTH_BYTES..));
     let kind = r.u8().map_err(|source| FrameError::Malformed { frame: "any", source })?;
-    let header_crc = r.u32().map_err(|source| FrameError::Malformed { frame: "any", source })?;
+    // The stored header CRC, checked against the covered bytes below.
+    r.u32().map_err(|source| FrameError::Malformed { frame: "any", source })?;
     let frame = match kind {
         TYPE_HELLO => "hello",
         TYPE_DATA => "data",
@@ -367,12 +399,8 @@ fn decode_body(body: Bytes) -> Result<Frame, FrameError> {
     r.finish().map_err(malformed)?;
     // Fields are checked first, so a stranger is told it is not a peer (bad magic) rather
     // than that its frame is damaged.
-    let covered_end = if kind == TYPE_DATA { 1 + HEADER_CRC_BYTES + 12 } else { body.len() };
-    let crc = crc32c::crc32c_append(
-        crc32c::crc32c(&[kind]),
-        body.get(1 + HEADER_CRC_BYTES..covered_end).unwrap_or_default(),
-    );
-    if crc != header_crc {
+    let covered_end = if kind == TYPE_DATA { DATA_HEADER_BYTES } else { bytes.len() };
+    if !header_crc_matches(bytes.get(..covered_end).unwrap_or_default()) {
         return Err(FrameError::BadHeaderCrc);
     }
     Ok(decoded)

@@ -34,8 +34,6 @@ const NOISE_MESSAGE_MAX: usize = 65_535;
 const TAG_BYTES: usize = 16;
 /// Largest plaintext in one Noise message.
 const PLAINTEXT_CHUNK_MAX: usize = NOISE_MESSAGE_MAX - TAG_BYTES;
-/// Bound to the handshake, so a handshake for another protocol never completes here.
-const PROLOGUE: &[u8] = b"linkbus link v1";
 
 /// How a link is protected.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -184,6 +182,8 @@ pub struct SecureChannel {
     plaintext: BytesMut,
     /// Bytes for the wire.
     outbound: BytesMut,
+    /// Room for one Noise message, reused for every message.
+    scratch: Vec<u8>,
     /// The dialer's static key and clock reading, once the listener read them.
     identity: Option<([u8; KEY_BYTES], u64)>,
 }
@@ -194,10 +194,15 @@ impl std::fmt::Debug for SecureChannel {
     }
 }
 
+/// The prologue both ends bind into the handshake: the protocol label and the Noise
+/// preamble (`LBUS`, version 1, mode 1), so a handshake for another protocol, version or mode
+/// never completes.
+const NOISE_PROLOGUE: &[u8] = b"linkbus link v1LBUS\x01\x01";
+
 fn builder<'a>(keys: &'a Keypair, psk: &'a [u8; KEY_BYTES]) -> Result<snow::Builder<'a>, SecureError> {
     let handshake = |e: snow::Error| SecureError::Handshake(e.to_string());
     snow::Builder::new(params())
-        .prologue(PROLOGUE)
+        .prologue(NOISE_PROLOGUE)
         .map_err(handshake)?
         .local_private_key(&keys.private)
         .map_err(handshake)?
@@ -267,6 +272,7 @@ impl SecureChannel {
             inbound: BytesMut::new(),
             plaintext: BytesMut::new(),
             outbound: BytesMut::new(),
+            scratch: Vec::new(),
             identity: None,
         }
     }
@@ -379,15 +385,22 @@ impl SecureChannel {
     }
 
     fn read_message(&mut self, message: &[u8]) -> Result<(), SecureError> {
-        let mut out = vec![0u8; NOISE_MESSAGE_MAX];
+        let mut out = std::mem::take(&mut self.scratch);
+        out.resize(NOISE_MESSAGE_MAX, 0);
+        let result = self.read_message_into(message, &mut out);
+        self.scratch = out;
+        result
+    }
+
+    fn read_message_into(&mut self, message: &[u8], out: &mut [u8]) -> Result<(), SecureError> {
         match std::mem::replace(&mut self.state, State::Failed) {
             State::Dialing(mut hs) => {
                 let handshake = |e: snow::Error| SecureError::Handshake(e.to_string());
-                hs.read_message(message, &mut out).map_err(handshake)?;
+                hs.read_message(message, out).map_err(handshake)?;
                 self.state = State::Secure(Box::new(hs.into_transport_mode().map_err(handshake)?));
             }
             State::Secure(mut transport) => {
-                let len = transport.read_message(message, &mut out).map_err(|_| SecureError::Decrypt)?;
+                let len = transport.read_message(message, out).map_err(|_| SecureError::Decrypt)?;
                 self.plaintext.extend_from_slice(out.get(..len).unwrap_or_default());
                 self.state = State::Secure(transport);
             }

@@ -41,7 +41,7 @@ use linkbus_plugin_api::{API_VERSION, NodeName};
 
 pub use event::{DropReason, SendError, SessionError, SessionEvent, SessionStats};
 use receive::{Arrival, Receiver};
-use send::{Sender, WriteLimits};
+use send::{NakOutcome, Sender, WriteLimits};
 
 use crate::frame::{
     DATA_OVERHEAD_BYTES, FRAME_BYTES_MIN, Frame, FrameDecoder, HELLO_FLAG_DURABLE, Hello, LENGTH_BYTES,
@@ -65,6 +65,8 @@ pub struct SessionConfig {
     pub in_flight_messages_max: usize,
     /// Most messages held ahead of a gap; beyond it they are dropped and resent later.
     pub reorder_messages_max: usize,
+    /// Most encoded bytes held ahead of a gap.
+    pub reorder_bytes_max: usize,
     /// Time a written message may go unacknowledged before it is written again.
     pub retransmit_timeout: Duration,
     /// Silence after which a `Ping` is sent.
@@ -116,7 +118,7 @@ impl Session {
     pub fn new(config: SessionConfig, now: Instant) -> Self {
         let decoder = FrameDecoder::new(config.frame_bytes_max);
         Self {
-            receiver: Receiver::new(config.reorder_messages_max),
+            receiver: Receiver::new(config.reorder_messages_max, config.reorder_bytes_max),
             config,
             phase: Phase::Disconnected,
             sender: Sender::new(),
@@ -258,11 +260,11 @@ impl Session {
                 self.handle_data(sequence, crc, message);
             }
             (Phase::Established, Frame::Ack { sequence }) => self.complete_through(sequence),
-            (Phase::Established, Frame::Nak { sequence }) => {
-                if self.sender.rewind_to(sequence) {
-                    self.stats.naks_received += 1;
-                }
-            }
+            (Phase::Established, Frame::Nak { sequence }) => match self.sender.nak(sequence) {
+                NakOutcome::Rewound => self.stats.naks_received += 1,
+                NakOutcome::Ignored => {}
+                NakOutcome::TooMany => self.close(SessionError::TooManyNaks(sequence)),
+            },
             (Phase::Established, Frame::Ping { nonce }) => Frame::Pong { nonce }.encode(&mut self.transmit),
             (Phase::Established, Frame::Pong { .. }) => {}
             (_, other) => self.close(SessionError::Unexpected(other.name())),
@@ -332,9 +334,13 @@ impl Session {
 
     fn handle_data(&mut self, sequence: u64, crc: u32, message: Bytes) {
         if crc32c::crc32c(&message) != crc {
-            // Damaged in transit (the header was checked): ask for it again.
-            self.stats.naks_sent += 1;
-            return Frame::Nak { sequence }.encode(&mut self.transmit);
+            // Damaged in transit (the header was checked): ask for it again, unless a good
+            // copy is already here.
+            if self.receiver.wants(sequence) {
+                self.stats.naks_sent += 1;
+                Frame::Nak { sequence }.encode(&mut self.transmit);
+            }
+            return;
         }
         match self.receiver.arrive(sequence, message) {
             Err(e) => self.close(SessionError::BadMessage { sequence, reason: e.to_string() }),

@@ -148,6 +148,8 @@ pub struct LinkSettings {
     pub queue_messages_max: u64,
     /// Messages from a neighbour held ahead of a gap until it fills.
     pub reorder_messages_max: u64,
+    /// Bytes of messages from a neighbour held ahead of a gap.
+    pub reorder_bytes_max: u64,
     /// Time a message may go unacknowledged before it is written again.
     pub retransmit_timeout_ms: u64,
     /// First reconnect delay, doubled after each failure.
@@ -215,6 +217,7 @@ impl Default for LinkSettings {
             in_flight_messages_max: 4096,
             queue_messages_max: 1_000_000,
             reorder_messages_max: 1024,
+            reorder_bytes_max: 16 << 20,
             retransmit_timeout_ms: 10_000,
             reconnect_backoff_min_ms: 100,
             reconnect_backoff_max_ms: 5_000,

@@ -303,6 +303,7 @@ fn read_links(root: &Section<'_>) -> LinkSettings {
         in_flight_messages_max: s.number("in_flight_messages_max", d.in_flight_messages_max, 1, 1 << 20),
         queue_messages_max: s.number("queue_messages_max", d.queue_messages_max, 1, 1 << 40),
         reorder_messages_max: s.number("reorder_messages_max", d.reorder_messages_max, 1, 1 << 20),
+        reorder_bytes_max: s.number("reorder_bytes_max", d.reorder_bytes_max, 0, BYTES_MAX),
         retransmit_timeout_ms: s.number("retransmit_timeout_ms", d.retransmit_timeout_ms, 1, MS_MAX),
         reconnect_backoff_min_ms: s.number("reconnect_backoff_min_ms", d.reconnect_backoff_min_ms, 1, MS_MAX),
         reconnect_backoff_max_ms: s.number("reconnect_backoff_max_ms", d.reconnect_backoff_max_ms, 1, MS_MAX),

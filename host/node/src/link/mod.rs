@@ -82,6 +82,7 @@ fn session_config(node: &NodeState, handle: &LinkHandle) -> SessionConfig {
         frame_bytes_max: links.frame_bytes_max as usize,
         in_flight_messages_max: links.in_flight_messages_max as usize,
         reorder_messages_max: links.reorder_messages_max as usize,
+        reorder_bytes_max: links.reorder_bytes_max as usize,
         retransmit_timeout: Duration::from_millis(links.retransmit_timeout_ms),
         ping_interval: Duration::from_millis(links.ping_interval_ms),
         pong_timeout: Duration::from_millis(links.pong_timeout_ms),
@@ -272,8 +273,9 @@ impl Link {
 
     fn write(&mut self, plain: Bytes) {
         if let Some(active) = &mut self.active {
-            if active.secure.send(&plain).is_err() {
-                return;
+            if let Err(e) = active.secure.send(&plain) {
+                warn!(peer = self.handle.peer.name.as_str(), error = %e, "Secure channel failed.");
+                return self.drop_connection(&e.to_string());
             }
             let Some(bytes) = active.secure.poll_transmit() else { return };
             let len = bytes.len();

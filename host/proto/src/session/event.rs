@@ -110,6 +110,9 @@ pub enum SessionError {
         /// The peer's reason.
         reason: String,
     },
+    /// A message was refused with a NAK too many times.
+    #[error("message {0} arrived damaged too many times")]
+    TooManyNaks(u64),
     /// The peer advertises a frame limit below the protocol's minimum.
     #[error("peer accepts frames of only {0} bytes")]
     FrameLimit(u32),

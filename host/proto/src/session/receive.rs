@@ -31,15 +31,26 @@ pub(super) struct Receiver {
     /// Highest sequence number handed to the host on this connection (it may not be stored
     /// yet); reset to `expected - 1` with every connection.
     received_through: u64,
-    /// Messages that arrived ahead of a gap (`None`: a skip).
-    held: BTreeMap<u64, Option<Message>>,
+    /// Messages that arrived ahead of a gap (`None`: a skip), with their encoded size.
+    held: BTreeMap<u64, (Option<Message>, usize)>,
     /// Most messages `held` keeps.
     held_max: usize,
+    /// Encoded bytes of the held messages.
+    held_bytes: usize,
+    /// Most encoded bytes `held` keeps.
+    held_bytes_max: usize,
 }
 
 impl Receiver {
-    pub(super) fn new(held_max: usize) -> Self {
-        Self { expected: 1, received_through: 0, held: BTreeMap::new(), held_max }
+    pub(super) fn new(held_max: usize, held_bytes_max: usize) -> Self {
+        Self {
+            expected: 1,
+            received_through: 0,
+            held: BTreeMap::new(),
+            held_max,
+            held_bytes: 0,
+            held_bytes_max,
+        }
     }
 
     /// The next sequence number to deliver durably.
@@ -52,10 +63,16 @@ impl Receiver {
         self.held.len()
     }
 
+    /// Whether message `sequence` is still wanted (not yet received or held).
+    pub(super) fn wants(&self, sequence: u64) -> bool {
+        sequence > self.received_through && !self.held.contains_key(&sequence)
+    }
+
     /// A new connection: what was handed over but not confirmed comes again.
     pub(super) fn reset_connection(&mut self) {
         self.received_through = self.expected - 1;
         self.held.clear();
+        self.held_bytes = 0;
     }
 
     /// The peer lost its state: its numbers start again at 1.
@@ -63,6 +80,7 @@ impl Receiver {
         self.expected = 1;
         self.received_through = 0;
         self.held.clear();
+        self.held_bytes = 0;
     }
 
     /// Takes message `sequence` (empty bytes: a skip), whose CRC was checked.
@@ -73,19 +91,23 @@ impl Receiver {
         if sequence <= self.received_through || self.held.contains_key(&sequence) {
             return Ok(Arrival::Duplicate);
         }
+        let size = message.len();
         let held = if message.is_empty() { None } else { Some(decode_message(message)?) };
         if sequence != self.received_through + 1 {
             let ahead = sequence - self.received_through;
-            if ahead > self.held_max as u64 || self.held.len() >= self.held_max {
+            let full = self.held.len() >= self.held_max || self.held_bytes + size > self.held_bytes_max;
+            if ahead > self.held_max as u64 || full {
                 return Ok(Arrival::Dropped);
             }
-            self.held.insert(sequence, held);
+            self.held.insert(sequence, (held, size));
+            self.held_bytes += size;
             return Ok(Arrival::Held);
         }
         let mut delivered = vec![(sequence, held)];
         self.received_through = sequence;
-        while let Some(next) = self.held.remove(&(self.received_through + 1)) {
+        while let Some((next, size)) = self.held.remove(&(self.received_through + 1)) {
             self.received_through += 1;
+            self.held_bytes -= size;
             delivered.push((self.received_through, next));
         }
         Ok(Arrival::Delivered(delivered))

@@ -27,6 +27,8 @@ struct Pending {
     handed_at: Instant,
     /// When it was last written on the current connection, for the retransmit timeout.
     written_at: Option<Instant>,
+    /// NAKs it drew.
+    naks: u32,
 }
 
 /// See the module doc.
@@ -40,6 +42,24 @@ pub(super) struct Sender {
     unacked: VecDeque<Pending>,
     /// Sequence number of the next message to write on the current connection.
     next_write: u64,
+    /// Retransmit timeouts in a row without progress; each doubles the next timeout (up to
+    /// 8 times the configured one), so a slow link is not flooded with copies.
+    backoff: u32,
+}
+
+/// Most NAKs one message may draw before the link is torn down (something damages it every
+/// time; a fresh connection may fare better).
+pub(super) const NAKS_PER_MESSAGE_MAX: u32 = 8;
+
+/// What a NAK did.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum NakOutcome {
+    /// Writing went back to the refused message.
+    Rewound,
+    /// Stale (already acknowledged, or already about to be written again): ignored.
+    Ignored,
+    /// The message was refused too often: close the connection.
+    TooMany,
 }
 
 /// What writing a message produced besides its frame.
@@ -52,7 +72,7 @@ pub(super) struct WriteLimits {
 
 impl Sender {
     pub(super) fn new() -> Self {
-        Self { next_send: 1, acked: 0, unacked: VecDeque::new(), next_write: 1 }
+        Self { next_send: 1, acked: 0, unacked: VecDeque::new(), next_write: 1, backoff: 0 }
     }
 
     /// Messages handed over and not yet acknowledged.
@@ -79,7 +99,14 @@ impl Sender {
     pub(super) fn push(&mut self, message: Bytes, expires_at: Option<Instant>, now: Instant) -> u64 {
         let sequence = self.next_send;
         self.next_send += 1;
-        self.unacked.push_back(Pending { sequence, message, expires_at, handed_at: now, written_at: None });
+        self.unacked.push_back(Pending {
+            sequence,
+            message,
+            expires_at,
+            handed_at: now,
+            written_at: None,
+            naks: 0,
+        });
         sequence
     }
 
@@ -95,6 +122,7 @@ impl Sender {
             messages += 1;
         }
         self.acked = through;
+        self.backoff = 0;
         Some(messages)
     }
 
@@ -142,32 +170,38 @@ impl Sender {
     }
 
     /// The peer refused message `sequence` (its CRC failed): write it again, and the ones
-    /// after it, which the peer held or dropped behind the gap (go-back-N). Returns whether
-    /// it is still awaiting acknowledgement and was written.
-    pub(super) fn rewind_to(&mut self, sequence: u64) -> bool {
-        let awaiting = self.unacked.front().is_some_and(|p| p.sequence <= sequence);
-        if awaiting && sequence < self.next_write {
-            self.next_write = sequence;
-            return true;
+    /// after it, which the peer held or dropped behind the gap (go-back-N).
+    pub(super) fn nak(&mut self, sequence: u64) -> NakOutcome {
+        let Some(front) = self.unacked.front() else { return NakOutcome::Ignored };
+        if sequence < front.sequence || sequence >= self.next_write {
+            return NakOutcome::Ignored;
         }
-        false
+        let index = (sequence - front.sequence) as usize;
+        let Some(pending) = self.unacked.get_mut(index) else { return NakOutcome::Ignored };
+        pending.naks += 1;
+        if pending.naks > NAKS_PER_MESSAGE_MAX {
+            return NakOutcome::TooMany;
+        }
+        self.next_write = sequence;
+        NakOutcome::Rewound
     }
 
     /// When the oldest written message times out, if any.
     pub(super) fn retransmit_at(&self, timeout: Duration) -> Option<Instant> {
+        let timeout = timeout * (1u32 << self.backoff.min(3));
         self.unacked.front().and_then(|p| p.written_at).map(|at| at + timeout)
     }
 
     /// Goes back to the oldest message when it timed out (go-back-N: everything after it is
-    /// written again too, within the write budget); returns whether it did.
+    /// written again too, within the write budget); returns whether it did. The timer
+    /// restarts, longer each time until an acknowledgement makes progress.
     pub(super) fn rewind_if_overdue(&mut self, now: Instant, timeout: Duration) -> bool {
-        match self.unacked.front() {
-            Some(front) if front.written_at.is_some_and(|at| now >= at + timeout) => {
-                self.next_write = front.sequence;
-                true
-            }
-            _ => false,
-        }
+        let due = self.retransmit_at(timeout).is_some_and(|at| now >= at);
+        let Some(front) = self.unacked.front_mut().filter(|_| due) else { return false };
+        front.written_at = Some(now);
+        self.next_write = front.sequence;
+        self.backoff = (self.backoff + 1).min(3);
+        true
     }
 }
 

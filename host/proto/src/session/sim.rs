@@ -119,6 +119,7 @@ fn config(local: &str, peer: &str, incarnation: u64) -> SessionConfig {
         frame_bytes_max: 64 * 1024,
         in_flight_messages_max: 16,
         reorder_messages_max: 8,
+        reorder_bytes_max: 4096,
         retransmit_timeout: Duration::from_millis(60),
         ping_interval: Duration::from_millis(40),
         pong_timeout: Duration::from_millis(80),

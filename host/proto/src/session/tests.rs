@@ -16,6 +16,7 @@ fn config(local: &str, peer: &str, incarnation: u64) -> SessionConfig {
         frame_bytes_max: 1 << 20,
         in_flight_messages_max: 8,
         reorder_messages_max: 16,
+        reorder_bytes_max: 1 << 20,
         retransmit_timeout: Duration::from_secs(3),
         ping_interval: Duration::from_secs(1),
         pong_timeout: Duration::from_secs(2),
