@@ -77,6 +77,9 @@ pub struct SessionConfig {
     pub handshake_timeout: Duration,
 }
 
+/// A peer gets at most one pong per this interval, however often it pings.
+pub const PONG_INTERVAL_MIN: Duration = Duration::from_millis(100);
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Phase {
     Disconnected,
@@ -109,6 +112,8 @@ pub struct Session {
     ping: Option<(u64, Instant)>,
     /// Next `Ping` nonce.
     next_nonce: u64,
+    /// When we last answered a ping, to throttle a peer that pings too often.
+    last_pong: Option<Instant>,
     /// Counters for operators and tests.
     stats: SessionStats,
 }
@@ -130,6 +135,7 @@ impl Session {
             last_received: now,
             ping: None,
             next_nonce: 1,
+            last_pong: None,
             stats: SessionStats::default(),
         }
     }
@@ -198,6 +204,7 @@ impl Session {
         self.decoder.clear();
         self.transmit.clear();
         self.ping = None;
+        self.last_pong = None;
         self.receiver.reset_connection();
         self.events.retain(|e| !matches!(e, SessionEvent::Received { .. } | SessionEvent::Skipped { .. }));
     }
@@ -265,10 +272,22 @@ impl Session {
                 NakOutcome::Ignored => {}
                 NakOutcome::TooMany => self.close(SessionError::TooManyNaks(sequence)),
             },
-            (Phase::Established, Frame::Ping { nonce }) => Frame::Pong { nonce }.encode(&mut self.transmit),
+            (Phase::Established, Frame::Ping { nonce }) => self.answer_ping(nonce, now),
             (Phase::Established, Frame::Pong { .. }) => {}
             (_, other) => self.close(SessionError::Unexpected(other.name())),
         }
+    }
+
+    /// Answers a ping, unless other frames are about to go out anyway (any frame proves
+    /// liveness) or the peer pings more often than every [`PONG_INTERVAL_MIN`] (throttled).
+    fn answer_ping(&mut self, nonce: u64, now: Instant) {
+        let too_soon = self.last_pong.is_some_and(|at| now < at + PONG_INTERVAL_MIN);
+        if !self.transmit.is_empty() || too_soon {
+            self.stats.pings_unanswered += 1;
+            return;
+        }
+        self.last_pong = Some(now);
+        Frame::Pong { nonce }.encode(&mut self.transmit);
     }
 
     fn handle_hello(&mut self, hello: &Hello) {

@@ -179,4 +179,7 @@ pub struct SessionStats {
     pub held: u64,
     /// Messages dropped because they arrived too far ahead of a gap.
     pub dropped_ahead: u64,
+    /// Pings not answered with a pong: other frames were going out anyway, or the peer
+    /// pinged too often.
+    pub pings_unanswered: u64,
 }

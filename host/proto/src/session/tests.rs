@@ -509,3 +509,25 @@ fn a_peer_with_a_tiny_frame_limit_is_refused() {
     a.handle_bytes(&b.poll_transmit().unwrap(), now);
     assert_eq!(a.poll_event(), Some(SessionEvent::Closed(SessionError::FrameLimit(100))));
 }
+
+#[test]
+fn pings_are_throttled_and_not_answered_when_data_flows() {
+    let mut p = Pair::new();
+    p.connect();
+    let ping = |nonce| {
+        let mut wire = BytesMut::new();
+        Frame::Ping { nonce }.encode(&mut wire);
+        wire
+    };
+    p.b.handle_bytes(&ping(1), p.now);
+    assert!(p.b.poll_transmit().is_some(), "the first ping is answered");
+    p.b.handle_bytes(&ping(2), p.now + Duration::from_millis(50));
+    assert!(p.b.poll_transmit().is_none(), "a ping right after is not");
+    p.b.handle_bytes(&ping(3), p.now + Duration::from_millis(150));
+    assert!(p.b.poll_transmit().is_some(), "later ones are again");
+    p.b.send(message(1), None, p.now).unwrap();
+    p.b.write_pending(p.now, usize::MAX);
+    p.b.handle_bytes(&ping(4), p.now + Duration::from_millis(300));
+    assert!(p.b.poll_transmit().is_some(), "the data goes out");
+    assert_eq!(p.b.stats().pings_unanswered, 2, "and it answers the ping instead of a pong");
+}
