@@ -154,6 +154,11 @@ impl Scratch {
 
     /// Starts `linkbus node run ARGS` and waits until its client socket answers.
     pub fn start_node(&self, name: &str, args: &[&str]) -> NodeProcess {
+        self.start_node_env(name, args, &[])
+    }
+
+    /// Like [`Scratch::start_node`], with extra environment variables.
+    pub fn start_node_env(&self, name: &str, args: &[&str], env: &[(&str, &str)]) -> NodeProcess {
         let log = self.path().join(format!("{name}.log"));
         let log_file = std::fs::OpenOptions::new().create(true).append(true).open(&log).expect("log file");
         let mut full = vec!["node", "run"];
@@ -161,6 +166,7 @@ impl Scratch {
         let child = self
             .command(&full)
             .env("LINKBUS_LOG", "info,linkbus_host=debug")
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(log_file)
             .spawn()

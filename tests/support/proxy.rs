@@ -19,6 +19,16 @@ struct Modes {
     flip_every: AtomicUsize,
     /// Bits flipped so far.
     flipped: AtomicUsize,
+    /// Plaintext links only: every this many data frames, send one twice (0: never).
+    duplicate_every: AtomicUsize,
+    /// Plaintext links only: every this many data frames, swap it with the next one.
+    swap_every: AtomicUsize,
+    /// Plaintext links only: drop every this many acknowledgement frames.
+    drop_ack_every: AtomicUsize,
+    /// Frames duplicated, swapped and dropped so far.
+    frame_faults: AtomicUsize,
+    /// Connections are parsed into plaintext link frames (set before any connection).
+    framed: AtomicBool,
 }
 
 /// See the module doc.
@@ -54,12 +64,10 @@ impl FaultProxy {
                         all.push(client.try_clone().expect("clone"));
                         all.push(server.try_clone().expect("clone"));
                         drop(all);
-                        pump(
-                            client.try_clone().expect("clone"),
-                            server.try_clone().expect("clone"),
-                            modes.clone(),
-                        );
-                        pump(server, client, modes.clone());
+                        // Only the dialer's direction starts with the 6-byte preamble.
+                        let (c, v) = (client.try_clone().expect("clone"), server.try_clone().expect("clone"));
+                        pump(c, v, modes.clone(), 6);
+                        pump(server, client, modes.clone(), 0);
                     }
                     Err(_) => std::thread::sleep(Duration::from_millis(5)),
                 }
@@ -95,6 +103,25 @@ impl FaultProxy {
         self.modes.flip_every.store(bytes, Ordering::Relaxed);
     }
 
+    /// Parses new connections as plaintext link frames, so frame faults can be applied
+    /// (call before the nodes connect; only for plaintext links).
+    pub fn set_framed(&self) {
+        self.modes.framed.store(true, Ordering::Relaxed);
+    }
+
+    /// Plaintext links: duplicates every `n`-th data frame, swaps every `m`-th with the next,
+    /// drops every `k`-th acknowledgement (0 turns a fault off).
+    pub fn set_frame_faults(&self, n: usize, m: usize, k: usize) {
+        self.modes.duplicate_every.store(n, Ordering::Relaxed);
+        self.modes.swap_every.store(m, Ordering::Relaxed);
+        self.modes.drop_ack_every.store(k, Ordering::Relaxed);
+    }
+
+    /// Frames duplicated, swapped or dropped so far.
+    pub fn frame_faults(&self) -> usize {
+        self.modes.frame_faults.load(Ordering::Relaxed)
+    }
+
     /// Bits flipped so far.
     pub fn flipped(&self) -> usize {
         self.modes.flipped.load(Ordering::Relaxed)
@@ -108,10 +135,92 @@ impl Drop for FaultProxy {
     }
 }
 
-fn pump(mut from: TcpStream, mut to: TcpStream, modes: Arc<Modes>) {
+/// Splits plaintext link traffic into frames (after the 6-byte preamble) and applies the
+/// frame faults; returns the bytes to forward.
+struct Framer {
+    buf: Vec<u8>,
+    preamble_left: usize,
+    data_frames: usize,
+    acks: usize,
+    /// A data frame held back to be sent after the next one (a swap).
+    held: Option<Vec<u8>>,
+}
+
+const TYPE_DATA: u8 = 2;
+const TYPE_ACK: u8 = 3;
+
+impl Framer {
+    fn new(preamble: usize) -> Self {
+        Self { buf: Vec::new(), preamble_left: preamble, data_frames: 0, acks: 0, held: None }
+    }
+
+    fn feed(&mut self, bytes: &[u8], modes: &Modes) -> Vec<u8> {
+        let mut out = Vec::new();
+        let mut bytes = bytes;
+        let skip = self.preamble_left.min(bytes.len());
+        out.extend_from_slice(&bytes[..skip]);
+        self.preamble_left -= skip;
+        bytes = &bytes[skip..];
+        self.buf.extend_from_slice(bytes);
+        while self.buf.len() >= 5 {
+            let len = u32::from_be_bytes([self.buf[0], self.buf[1], self.buf[2], self.buf[3]]) as usize;
+            if self.buf.len() < 4 + len {
+                break;
+            }
+            let frame: Vec<u8> = self.buf.drain(..4 + len).collect();
+            self.apply(frame, modes, &mut out);
+        }
+        out
+    }
+
+    fn apply(&mut self, frame: Vec<u8>, modes: &Modes, out: &mut Vec<u8>) {
+        let every = |n: &AtomicUsize, count: usize| {
+            let n = n.load(Ordering::Relaxed);
+            n > 0 && count % n == 0
+        };
+        match frame.get(4).copied() {
+            Some(TYPE_ACK) => {
+                self.acks += 1;
+                if every(&modes.drop_ack_every, self.acks) {
+                    modes.frame_faults.fetch_add(1, Ordering::Relaxed);
+                    return;
+                }
+                out.extend_from_slice(&frame);
+            }
+            Some(TYPE_DATA) => {
+                self.data_frames += 1;
+                if let Some(held) = self.held.take() {
+                    out.extend_from_slice(&frame);
+                    out.extend_from_slice(&held);
+                    return;
+                }
+                if every(&modes.swap_every, self.data_frames) {
+                    modes.frame_faults.fetch_add(1, Ordering::Relaxed);
+                    self.held = Some(frame);
+                    return;
+                }
+                out.extend_from_slice(&frame);
+                if every(&modes.duplicate_every, self.data_frames) {
+                    modes.frame_faults.fetch_add(1, Ordering::Relaxed);
+                    out.extend_from_slice(&frame);
+                }
+            }
+            _ => {
+                // Anything else first releases a held frame, so nothing waits forever.
+                if let Some(held) = self.held.take() {
+                    out.extend_from_slice(&held);
+                }
+                out.extend_from_slice(&frame);
+            }
+        }
+    }
+}
+
+fn pump(mut from: TcpStream, mut to: TcpStream, modes: Arc<Modes>, preamble: usize) {
     std::thread::spawn(move || {
         let mut buf = vec![0u8; 64 * 1024];
         let mut since_flip = 0usize;
+        let mut framer = modes.framed.load(Ordering::Relaxed).then(|| Framer::new(preamble));
         loop {
             while modes.stall.load(Ordering::Relaxed) {
                 std::thread::sleep(Duration::from_millis(5));
@@ -123,7 +232,17 @@ fn pump(mut from: TcpStream, mut to: TcpStream, modes: Arc<Modes>) {
             if modes.blackhole.load(Ordering::Relaxed) {
                 continue;
             }
-            let chunk = &mut buf[..n];
+            let mut framed;
+            let chunk: &mut [u8] = if let Some(framer) = framer.as_mut() {
+                framed = framer.feed(&buf[..n], &modes);
+                &mut framed
+            } else {
+                &mut buf[..n]
+            };
+            let n = chunk.len();
+            if n == 0 {
+                continue;
+            }
             let every = modes.flip_every.load(Ordering::Relaxed);
             if every > 0 {
                 since_flip += n;

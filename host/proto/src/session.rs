@@ -75,6 +75,9 @@ pub struct SessionConfig {
     pub pong_timeout: Duration,
     /// Time the peer's `Hello` may take after the connection opened.
     pub handshake_timeout: Duration,
+    /// Test-only negative control: deliver duplicates instead of dropping them, so fault
+    /// tests can prove their checker catches duplicates. Never set it in production.
+    pub skip_dedup_for_tests: bool,
 }
 
 /// A peer gets at most one pong per this interval, however often it pings.
@@ -122,8 +125,10 @@ impl Session {
     /// A disconnected session with fresh sequence numbers.
     pub fn new(config: SessionConfig, now: Instant) -> Self {
         let decoder = FrameDecoder::new(config.frame_bytes_max);
+        let mut receiver = Receiver::new(config.reorder_messages_max, config.reorder_bytes_max);
+        receiver.set_skip_dedup(config.skip_dedup_for_tests);
         Self {
-            receiver: Receiver::new(config.reorder_messages_max, config.reorder_bytes_max),
+            receiver,
             config,
             phase: Phase::Disconnected,
             sender: Sender::new(),

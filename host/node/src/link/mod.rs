@@ -87,7 +87,20 @@ fn session_config(node: &NodeState, handle: &LinkHandle) -> SessionConfig {
         ping_interval: Duration::from_millis(links.ping_interval_ms),
         pong_timeout: Duration::from_millis(links.pong_timeout_ms),
         handshake_timeout: Duration::from_millis(links.handshake_timeout_ms),
+        skip_dedup_for_tests: skip_dedup_for_tests(),
     }
+}
+
+/// The environment variable that turns on the test-only negative control of the fault tests
+/// (duplicates delivered instead of dropped). Logged loudly; never set it in production.
+pub const SKIP_DEDUP_ENV: &str = "LINKBUS_TEST_SKIP_DEDUP";
+
+fn skip_dedup_for_tests() -> bool {
+    let on = std::env::var_os(SKIP_DEDUP_ENV).is_some_and(|v| v == "1");
+    if on {
+        warn!("{SKIP_DEDUP_ENV}=1: duplicate detection is OFF (test-only negative control).");
+    }
+    on
 }
 
 /// Runs the link for `handle.peer` until `shutdown` turns true.

@@ -39,6 +39,8 @@ pub(super) struct Receiver {
     held_bytes: usize,
     /// Most encoded bytes `held` keeps.
     held_bytes_max: usize,
+    /// Test-only negative control: hand duplicates over as if they were new.
+    skip_dedup: bool,
 }
 
 impl Receiver {
@@ -50,7 +52,13 @@ impl Receiver {
             held_max,
             held_bytes: 0,
             held_bytes_max,
+            skip_dedup: false,
         }
+    }
+
+    /// Turns on the test-only mode that skips duplicate detection.
+    pub(super) fn set_skip_dedup(&mut self, on: bool) {
+        self.skip_dedup = on;
     }
 
     /// The next sequence number to deliver durably.
@@ -88,6 +96,10 @@ impl Receiver {
     /// # Errors
     /// [`ReadError`] when the bytes do not decode as a message.
     pub(super) fn arrive(&mut self, sequence: u64, message: Bytes) -> Result<Arrival, ReadError> {
+        if self.skip_dedup && sequence <= self.received_through && !message.is_empty() {
+            // The broken mode the fault tests must catch: a copy goes to the host again.
+            return Ok(Arrival::Delivered(vec![(sequence, Some(decode_message(message)?))]));
+        }
         if sequence <= self.received_through || self.held.contains_key(&sequence) {
             return Ok(Arrival::Duplicate);
         }

@@ -21,6 +21,7 @@ fn config(local: &str, peer: &str, incarnation: u64) -> SessionConfig {
         ping_interval: Duration::from_secs(1),
         pong_timeout: Duration::from_secs(2),
         handshake_timeout: Duration::from_secs(5),
+        skip_dedup_for_tests: false,
     }
 }
 
