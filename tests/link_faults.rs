@@ -239,7 +239,7 @@ fn without_dedup_the_checker_reports_duplicates() {
     let (_a, b, proxy) = start_behind_proxy_env(&s, false, &[("LINKBUS_TEST_SKIP_DEDUP", "1")]);
     b.wait_for_log("duplicate detection is OFF", 1, Duration::from_secs(5));
     let lines: String = (0..6_000).map(|i| format!("flip {i:05} {}\n", "p".repeat(40))).collect();
-    proxy.set_flip_every(20_000);
+    proxy.set_flip_every(5_000);
     let history = stream_through(&s, &lines, || {});
     proxy.set_flip_every(0);
     println!("negative control: {history:?}");

@@ -176,7 +176,7 @@ impl Framer {
     fn apply(&mut self, frame: Vec<u8>, modes: &Modes, out: &mut Vec<u8>) {
         let every = |n: &AtomicUsize, count: usize| {
             let n = n.load(Ordering::Relaxed);
-            n > 0 && count % n == 0
+            n > 0 && count.is_multiple_of(n)
         };
         match frame.get(4).copied() {
             Some(TYPE_ACK) => {
