@@ -134,6 +134,9 @@ pub struct PutArgs {
     /// A header as KEY=VALUE; repeatable.
     #[arg(long = "header", value_name = "KEY=VALUE")]
     pub headers: Vec<String>,
+    /// How long to wait for room when the destination queue is full (0s: fail at once).
+    #[arg(long, value_parser = parse_duration, default_value = "10s")]
+    pub timeout: Duration,
     /// The payload, or `-` to send each line of standard input as one message.
     pub message: String,
 }
@@ -279,6 +282,7 @@ fn content_for(args: &PutArgs, payload: Bytes) -> anyhow::Result<Content> {
 /// The node's refusal, or a connection failure.
 pub async fn put(args: PutArgs) -> anyhow::Result<()> {
     let mut client = args.target.connect().await?;
+    client.set_put_timeout(args.timeout);
     if args.message != "-" {
         let id = client.put(content_for(&args, Bytes::from(args.message.clone()))?).await?;
         println!("{id}");

@@ -61,12 +61,17 @@ pub enum ClientError {
     },
 }
 
+/// How long [`Client::put`] waits for room in a full queue unless told otherwise.
+pub const PUT_TIMEOUT_DEFAULT: Duration = Duration::from_secs(10);
+
 /// A connection to one local node. Requests are answered in order on the connection, so a
 /// call must not be cancelled halfway (for example by dropping it in a `select!` or a
 /// timeout): the next call would read the abandoned call's answer. Give the node a wait
 /// instead (`get`'s `wait`), or drop the whole `Client` after a cancelled call.
 #[derive(Debug)]
 pub struct Client {
+    /// How long a put waits for room in a full queue.
+    put_timeout: Duration,
     stream: UnixStream,
     buf: BytesMut,
     out: BytesMut,
@@ -81,7 +86,12 @@ impl Client {
         let stream = UnixStream::connect(path)
             .await
             .map_err(|source| ClientError::Connect { path: path.to_owned(), source })?;
-        Ok(Self { stream, buf: BytesMut::with_capacity(64 * 1024), out: BytesMut::new() })
+        Ok(Self {
+            put_timeout: PUT_TIMEOUT_DEFAULT,
+            stream,
+            buf: BytesMut::with_capacity(64 * 1024),
+            out: BytesMut::new(),
+        })
     }
 
     /// Connects to the local node called `name` through the runtime directory.
@@ -113,13 +123,33 @@ impl Client {
         }
     }
 
-    /// Puts one message; returns its id once the node accepted it.
+    /// Sets how long puts wait for room when a destination queue is full (zero: they fail
+    /// at once, like [`Client::try_put`]).
+    pub fn set_put_timeout(&mut self, timeout: Duration) {
+        self.put_timeout = timeout;
+    }
+
+    /// Puts one message, waiting up to the put timeout (default
+    /// [`PUT_TIMEOUT_DEFAULT`]) for room if its queue is full; returns its id once the node
+    /// accepted it.
     ///
     /// # Errors
-    /// [`ClientError::Refused`] naming the cause (unknown queue, no route, too large, full).
+    /// [`ClientError::Refused`] naming the cause (unknown queue, no route, too large, still
+    /// full at the deadline: then it was not accepted).
     pub async fn put(&mut self, content: Content) -> Result<MessageId, ClientError> {
         let mut ids = self.put_batch(vec![content]).await?;
         ids.pop().ok_or_else(|| ClientError::Protocol("no id returned".into()))
+    }
+
+    /// Puts one message, failing at once if its queue is full.
+    ///
+    /// # Errors
+    /// As [`Client::put`].
+    pub async fn try_put(&mut self, content: Content) -> Result<MessageId, ClientError> {
+        let saved = std::mem::replace(&mut self.put_timeout, Duration::ZERO);
+        let result = self.put(content).await;
+        self.put_timeout = saved;
+        result
     }
 
     /// Puts many messages with few round trips (see [`PUT_BATCH_BYTES_MAX`]); they are
@@ -150,7 +180,8 @@ impl Client {
     }
 
     async fn put_request(&mut self, batch: Vec<Content>) -> Result<Vec<MessageId>, ClientError> {
-        match self.call(&Request::Put(batch)).await? {
+        let timeout_ms = self.put_timeout.as_millis() as u64;
+        match self.call(&Request::Put { contents: batch, timeout_ms }).await? {
             Response::PutOk { source, sequences, created_unix_ms } => Ok(sequences
                 .into_iter()
                 .map(|sequence| MessageId { source: source.clone(), sequence, created_unix_ms })

@@ -79,6 +79,9 @@ pub struct NodeState {
     pub security: crate::security::Security,
     /// Next per-source message sequence number.
     next_sequence: AtomicU64,
+    /// Notified when messages leave a queue or a transmission queue, for puts waiting for
+    /// room.
+    room: Arc<tokio::sync::Notify>,
 }
 
 impl std::fmt::Debug for NodeState {
@@ -139,6 +142,7 @@ impl NodeState {
         let (transport, store) = build_plugins(&config)?;
         let now = Instant::now();
         let incarnation = incarnation(store.as_ref())?;
+        let room = Arc::new(tokio::sync::Notify::new());
         let mut queues = HashMap::new();
         let dead_letters = QueueConfig {
             name: QueueName::new(DEAD_LETTER_QUEUE).expect("valid"),
@@ -148,17 +152,32 @@ impl NodeState {
             reliability: linkbus_plugin_api::Reliability::Volatile,
         };
         for q in config.queues.iter().cloned().chain([dead_letters]) {
-            queues.insert(q.name.clone(), Arc::new(LocalQueue::open(q, store.clone(), now)?));
+            queues.insert(q.name.clone(), Arc::new(LocalQueue::open(q, store.clone(), room.clone(), now)?));
         }
         let links = config
             .peers
             .iter()
-            .map(|p| (p.name.clone(), Arc::new(LinkHandle::new(p.clone(), config.links.queue_messages_max))))
+            .map(|p| {
+                (
+                    p.name.clone(),
+                    Arc::new(LinkHandle::new(p.clone(), config.links.queue_messages_max, room.clone())),
+                )
+            })
             .collect();
         // Sequence numbers must not repeat across restarts of a node whose store forgets:
         // start from the clock (microsecond resolution leaves room for 1 M puts a second).
         let next_sequence = AtomicU64::new(crate::clock::unix_ms().saturating_mul(1000));
-        Ok(Arc::new(Self { config, incarnation, store, transport, queues, links, security, next_sequence }))
+        Ok(Arc::new(Self {
+            config,
+            incarnation,
+            store,
+            transport,
+            queues,
+            links,
+            security,
+            next_sequence,
+            room,
+        }))
     }
 
     /// This node's name.
@@ -227,28 +246,66 @@ impl NodeState {
     /// [`PutError`] for the first content refused; those before it stay accepted.
     pub fn put(&self, contents: Vec<Content>) -> Result<(Vec<u64>, u64), PutError> {
         let created_unix_ms = crate::clock::unix_ms();
-        let now = Instant::now();
         let mut sequences = Vec::with_capacity(contents.len());
-        for (index, mut content) in contents.into_iter().enumerate() {
-            let fail = |(code, message): (ErrorCode, String)| PutError {
-                code,
-                accepted: index as u32,
-                message: format!("message {}: {message}", index + 1),
-            };
-            self.check_content(&content).map_err(fail)?;
-            if content.lifetime.is_none() {
-                content.lifetime = Some(match self.config.messages.lifetime_default_s {
-                    0 => Lifetime::UNLIMITED,
-                    s => Lifetime::from_secs(s),
-                });
-            }
-            let sequence = self.next_sequence.fetch_add(1, Ordering::Relaxed);
-            let id = MessageId { source: self.name().clone(), sequence, created_unix_ms };
-            let message = Message { id, hop_count: 0, redelivered: false, content };
-            self.dispatch(message, now).map_err(fail)?;
+        for (index, content) in contents.into_iter().enumerate() {
+            let message = self.prepare(index, content, created_unix_ms)?;
+            let sequence = message.id.sequence;
+            self.dispatch(message, Instant::now()).map_err(|e| put_error(index, e))?;
             sequences.push(sequence);
         }
         Ok((sequences, created_unix_ms))
+    }
+
+    /// Like [`NodeState::put`], but a content whose destination queue (local, or the
+    /// transmission queue of its link and priority) is full waits up to `timeout` for room
+    /// instead of failing at once; a zero timeout is a try-put.
+    ///
+    /// # Errors
+    /// [`PutError`] for the first content refused or still without room at the deadline
+    /// (it was not accepted); those before it stay accepted.
+    pub async fn put_waiting(
+        &self,
+        contents: Vec<Content>,
+        timeout: std::time::Duration,
+    ) -> Result<(Vec<u64>, u64), PutError> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        let created_unix_ms = crate::clock::unix_ms();
+        let mut sequences = Vec::with_capacity(contents.len());
+        for (index, content) in contents.into_iter().enumerate() {
+            let message = self.prepare(index, content, created_unix_ms)?;
+            let sequence = message.id.sequence;
+            loop {
+                let room = self.room.notified();
+                tokio::pin!(room);
+                room.as_mut().enable();
+                match self.dispatch(message.clone(), Instant::now()) {
+                    Ok(()) => break,
+                    Err((ErrorCode::Full, reason)) if tokio::time::Instant::now() < deadline => {
+                        if tokio::time::timeout_at(deadline, room).await.is_err() {
+                            let reason = format!("{reason}; no room within {timeout:?}, not accepted");
+                            return Err(put_error(index, (ErrorCode::Full, reason)));
+                        }
+                    }
+                    Err(e) => return Err(put_error(index, e)),
+                }
+            }
+            sequences.push(sequence);
+        }
+        Ok((sequences, created_unix_ms))
+    }
+
+    /// Checks one content and makes it a message: default lifetime, id.
+    fn prepare(&self, index: usize, mut content: Content, created_unix_ms: u64) -> Result<Message, PutError> {
+        self.check_content(&content).map_err(|e| put_error(index, e))?;
+        if content.lifetime.is_none() {
+            content.lifetime = Some(match self.config.messages.lifetime_default_s {
+                0 => Lifetime::UNLIMITED,
+                s => Lifetime::from_secs(s),
+            });
+        }
+        let sequence = self.next_sequence.fetch_add(1, Ordering::Relaxed);
+        let id = MessageId { source: self.name().clone(), sequence, created_unix_ms };
+        Ok(Message { id, hop_count: 0, redelivered: false, content })
     }
 
     /// Queues one accepted message: into local queues for recipients on this node, and once
@@ -285,7 +342,7 @@ impl NodeState {
             let msg = format!("message of {encoded} bytes is larger than node {} accepts", small.peer.name);
             return Err((ErrorCode::TooLarge, msg));
         }
-        if let Some(full) = remote.iter().find(|l| !l.has_room(1)) {
+        if let Some(full) = remote.iter().find(|l| !l.has_room_for(&message)) {
             return Err((ErrorCode::Full, format!("transmission queue to node {} is full", full.peer.name)));
         }
         // Room was checked: a concurrent put may overfill a queue by a message, but a
@@ -378,6 +435,10 @@ impl NodeState {
         }
         self.dead_letter_queue().push_bounded(message, now, max)
     }
+}
+
+fn put_error(index: usize, (code, message): (ErrorCode, String)) -> PutError {
+    PutError { code, accepted: index as u32, message: format!("message {}: {message}", index + 1) }
 }
 
 fn message_bytes_len(message: &Message) -> usize {

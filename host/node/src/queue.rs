@@ -76,6 +76,8 @@ pub struct LocalQueue {
     inner: Mutex<Levels>,
     /// Woken on every push, for waiting gets.
     notify: Notify,
+    /// Notified when messages leave, for puts waiting for room (shared by the node).
+    room: Arc<Notify>,
 }
 
 impl std::fmt::Debug for LocalQueue {
@@ -99,7 +101,12 @@ impl LocalQueue {
     /// # Errors
     /// [`StoreError`] when the store cannot be read; a stored record that does not decode
     /// is reported as a backend error naming the queue and key (never silently skipped).
-    pub fn open(config: QueueConfig, store: Arc<dyn Store>, now: Instant) -> Result<Self, StoreError> {
+    pub fn open(
+        config: QueueConfig,
+        store: Arc<dyn Store>,
+        room: Arc<Notify>,
+        now: Instant,
+    ) -> Result<Self, StoreError> {
         let level_count = match config.order {
             QueueOrder::Fifo => 1,
             QueueOrder::Priority => PRIORITY_LEVEL_MAX as usize + 2,
@@ -120,7 +127,7 @@ impl LocalQueue {
             levels.front_key = levels.front_key.min(key.saturating_sub(1));
             push_entry(&mut levels, config.order, Entry { key, message, enqueued_at: now });
         }
-        Ok(Self { config, space, store, inner: Mutex::new(levels), notify: Notify::new() })
+        Ok(Self { config, space, store, inner: Mutex::new(levels), notify: Notify::new(), room })
     }
 
     /// The queue's configuration.
@@ -245,6 +252,10 @@ impl LocalQueue {
             return Err(e);
         }
         levels.len -= taken.len();
+        drop(levels);
+        if !taken.is_empty() {
+            self.room.notify_waiters();
+        }
         Ok(popped)
     }
 
@@ -308,7 +319,7 @@ mod tests {
             message_bytes_max: 1024,
             reliability: Reliability::Volatile,
         };
-        LocalQueue::open(config, store, Instant::now()).unwrap()
+        LocalQueue::open(config, store, Arc::new(Notify::new()), Instant::now()).unwrap()
     }
 
     fn message(n: u64, priority: u8, lifetime_ms: u64) -> Message {

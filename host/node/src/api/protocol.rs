@@ -24,7 +24,12 @@ const ERROR: u8 = 100;
 #[derive(Debug, Clone, PartialEq)]
 pub enum Request {
     /// Accept these contents, in order.
-    Put(Vec<Content>),
+    Put {
+        /// The contents.
+        contents: Vec<Content>,
+        /// How long a content may wait for room in a full queue (0: fail at once).
+        timeout_ms: u64,
+    },
     /// Take messages from a local queue.
     Get {
         /// The queue's name.
@@ -112,7 +117,8 @@ impl Request {
     /// Appends the encoded request.
     pub fn encode(&self, out: &mut BytesMut) {
         match self {
-            Self::Put(contents) => frame(PUT, out, |out| {
+            Self::Put { contents, timeout_ms } => frame(PUT, out, |out| {
+                out.put_u64(*timeout_ms);
                 out.put_u32(contents.len() as u32);
                 for c in contents {
                     put_length_prefixed(out, |out| encode_content(c, out));
@@ -137,6 +143,7 @@ impl Request {
         let mut r = Reader::new(body);
         let request = match kind {
             PUT => {
+                let timeout_ms = r.u64()?;
                 let count = r.u32()? as usize;
                 // Each content takes at least 20 bytes, which bounds the allocation.
                 let mut contents = Vec::with_capacity(count.min(r.remaining() / 20));
@@ -146,7 +153,7 @@ impl Request {
                     contents.push(read_content(&mut item)?);
                     item.finish()?;
                 }
-                Self::Put(contents)
+                Self::Put { contents, timeout_ms }
             }
             GET => Self::Get {
                 queue: r.short_string()?,
@@ -261,7 +268,10 @@ mod tests {
 
     #[test]
     fn requests_and_responses_round_trip() {
-        round_trip_request(Request::Put(vec![Content::buf("B:q".parse().unwrap(), "x"); 3]));
+        round_trip_request(Request::Put {
+            contents: vec![Content::buf("B:q".parse().unwrap(), "x"); 3],
+            timeout_ms: 7,
+        });
         round_trip_request(Request::Get {
             queue: "orders".into(),
             count_max: 7,

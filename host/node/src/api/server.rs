@@ -18,6 +18,8 @@ use crate::queue::{DEAD_LETTER_QUEUE, LocalQueue};
 
 /// Most messages one `get` returns.
 pub const GET_MESSAGES_MAX: u32 = 100_000;
+/// Longest a put may wait for room in a full queue.
+pub const PUT_WAIT_MS_MAX: u64 = 3_600_000;
 /// Longest a `get` may wait.
 pub const GET_WAIT_MS_MAX: u64 = 3_600_000;
 /// Most encoded message bytes one `get` returns (at least one message is always returned).
@@ -141,8 +143,9 @@ async fn serve(node: Arc<NodeState>, mut stream: UnixStream, mut shutdown: watch
 /// Answers one request; for a get, also the queue the messages came from.
 async fn handle(node: &NodeState, request: Request) -> (Response, Option<Arc<LocalQueue>>) {
     match request {
-        Request::Put(contents) => {
-            let response = match node.put(contents) {
+        Request::Put { contents, timeout_ms } => {
+            let timeout = Duration::from_millis(timeout_ms.min(PUT_WAIT_MS_MAX));
+            let response = match node.put_waiting(contents, timeout).await {
                 Ok((sequences, created_unix_ms)) => {
                     Response::PutOk { source: node.name().clone(), sequences, created_unix_ms }
                 }

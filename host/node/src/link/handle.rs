@@ -1,7 +1,7 @@
 //! The shared side of a link: the transmission queue that puts fill and the link task
 //! drains, the channel that hands it connections, and its counters.
 
-use std::collections::VecDeque;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
 use std::sync::{Mutex, PoisonError};
 use std::time::Instant;
@@ -15,6 +15,7 @@ use tokio::sync::{Notify, mpsc};
 use tracing::debug;
 
 use super::io::refuse;
+use super::transmit::TransmissionQueue;
 use crate::config::PeerConfig;
 
 /// Connections waiting for the link task; more are refused as busy.
@@ -33,19 +34,22 @@ pub(crate) struct Incoming {
     pub(crate) secure: SecureChannel,
 }
 
-/// The transmission queue for a peer is full.
+/// A priority class of the transmission queue for a peer is full.
 #[derive(Debug, Clone, Copy, thiserror::Error)]
-#[error("transmission queue is full ({0} messages)")]
+#[error("transmission queue is full ({0} messages of this priority)")]
 pub struct TransmissionQueueFull(pub u64);
 
 /// The shared side of one link; the link task holds the rest.
 pub struct LinkHandle {
     /// The peer's configuration.
     pub peer: PeerConfig,
-    /// Messages waiting for the peer, with the time they were queued (for their lifetime).
-    pub(crate) queue: Mutex<VecDeque<(Message, Instant)>>,
-    /// Limit of `queue` (`links.queue_messages_max`).
+    /// Messages waiting for the peer, one bounded FIFO per priority class, with the time
+    /// they were queued (for their lifetime).
+    pub(crate) queue: Mutex<TransmissionQueue>,
+    /// Limit of each class (`links.queue_messages_max`).
     queue_messages_max: u64,
+    /// Notified when messages leave the queue, for puts waiting for room.
+    pub(crate) room: Arc<Notify>,
     /// Wakes the link task: the queue gained a message, or the writer drained.
     pub(crate) wake: Notify,
     /// Connections for the link task; created here so none is lost before the task starts.
@@ -72,12 +76,13 @@ impl std::fmt::Debug for LinkHandle {
 
 impl LinkHandle {
     /// A handle with an empty transmission queue.
-    pub fn new(peer: PeerConfig, queue_messages_max: u64) -> Self {
+    pub fn new(peer: PeerConfig, queue_messages_max: u64, room: Arc<Notify>) -> Self {
         let (incoming_tx, incoming_rx) = mpsc::channel(INCOMING_QUEUE_MAX);
         Self {
             peer,
-            queue: Mutex::new(VecDeque::new()),
+            queue: Mutex::new(TransmissionQueue::new(queue_messages_max)),
             queue_messages_max,
+            room,
             wake: Notify::new(),
             incoming_tx,
             incoming_rx: Mutex::new(Some(incoming_rx)),
@@ -89,26 +94,23 @@ impl LinkHandle {
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<(Message, Instant)>> {
+    pub(crate) fn lock(&self) -> std::sync::MutexGuard<'_, TransmissionQueue> {
         self.queue.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Whether `count` more messages fit in the transmission queue now.
-    pub fn has_room(&self, count: usize) -> bool {
-        (self.lock().len() + count) as u64 <= self.queue_messages_max
+    /// Whether `message`'s priority class has room for it now.
+    pub fn has_room_for(&self, message: &Message) -> bool {
+        self.lock().has_room_for(message)
     }
 
-    /// Queues a message for the peer.
+    /// Queues a message for the peer in its priority class.
     ///
     /// # Errors
-    /// [`TransmissionQueueFull`] at `links.queue_messages_max`.
+    /// [`TransmissionQueueFull`] when that class holds `links.queue_messages_max`.
     pub fn enqueue(&self, message: Message, now: Instant) -> Result<(), TransmissionQueueFull> {
-        let mut queue = self.lock();
-        if queue.len() as u64 >= self.queue_messages_max {
+        if !self.lock().push(message, now) {
             return Err(TransmissionQueueFull(self.queue_messages_max));
         }
-        queue.push_back((message, now));
-        drop(queue);
         self.wake.notify_one();
         Ok(())
     }

@@ -15,6 +15,7 @@
 mod backoff;
 mod handle;
 mod io;
+mod transmit;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -35,6 +36,7 @@ pub(crate) use handle::Incoming;
 pub use handle::{LinkHandle, TransmissionQueueFull};
 pub(crate) use io::refuse;
 use io::{ConnEvent, read_loop, secure_dial, write_loop};
+pub use transmit::CLASSES;
 
 /// Bytes handed to the writer and not yet written, above which the link stops producing.
 pub const WRITE_BACKLOG_BYTES_MAX: usize = 16 << 20;
@@ -329,9 +331,10 @@ impl Link {
         let now = Instant::now();
         let mut too_large = Vec::new();
         {
-            let mut queue = self.handle.queue.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let mut queue = self.handle.lock();
+            let before = queue.len();
             while self.session.has_window() {
-                let Some((mut message, queued_at)) = queue.pop_front() else { break };
+                let Some((mut message, queued_at)) = queue.pop() else { break };
                 let elapsed = now.saturating_duration_since(queued_at);
                 let lifetime = message.content.lifetime.unwrap_or(Lifetime::UNLIMITED);
                 let Some(left) = lifetime.after(elapsed.as_millis() as u64) else {
@@ -344,10 +347,13 @@ impl Link {
                     Ok(_) => {}
                     Err(SendError::TooLarge { max, .. }) => too_large.push((message, max)),
                     Err(_) => {
-                        queue.push_front((message, queued_at));
+                        queue.unpop(message, queued_at);
                         break;
                     }
                 }
+            }
+            if queue.len() < before {
+                self.handle.room.notify_waiters();
             }
         }
         for (message, max) in too_large {

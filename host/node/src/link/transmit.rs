@@ -1,0 +1,121 @@
+//! The transmission queue of a link: one bounded FIFO per priority class (the system class
+//! and levels 0..=9), so a full class never stalls another, drained into the session's
+//! window system class first, then the levels in turn.
+
+use std::collections::VecDeque;
+use std::time::Instant;
+
+use linkbus_plugin_api::Message;
+use linkbus_plugin_api::message::PRIORITY_LEVEL_MAX;
+
+/// Priority classes: levels 0..=9 and the system class (10).
+pub const CLASSES: usize = PRIORITY_LEVEL_MAX as usize + 2;
+const SYSTEM: usize = CLASSES - 1;
+
+/// See the module doc.
+#[derive(Debug)]
+pub(crate) struct TransmissionQueue {
+    /// One FIFO per class, indexed by the priority's wire code.
+    classes: Vec<VecDeque<(Message, Instant)>>,
+    /// Most messages one class holds.
+    class_messages_max: u64,
+    /// The user level served next, so levels take turns.
+    turn: usize,
+    len: usize,
+}
+
+impl TransmissionQueue {
+    pub(crate) fn new(class_messages_max: u64) -> Self {
+        Self {
+            classes: (0..CLASSES).map(|_| VecDeque::new()).collect(),
+            class_messages_max,
+            turn: PRIORITY_LEVEL_MAX as usize,
+            len: 0,
+        }
+    }
+
+    fn class_of(message: &Message) -> usize {
+        (message.content.priority.code() as usize).min(SYSTEM)
+    }
+
+    /// Messages waiting, all classes together.
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether one more message of `message`'s class fits.
+    pub(crate) fn has_room_for(&self, message: &Message) -> bool {
+        self.classes.get(Self::class_of(message)).is_some_and(|c| (c.len() as u64) < self.class_messages_max)
+    }
+
+    /// Queues a message at the back of its class; `false` when the class is full.
+    pub(crate) fn push(&mut self, message: Message, now: Instant) -> bool {
+        if !self.has_room_for(&message) {
+            return false;
+        }
+        let class = Self::class_of(&message);
+        if let Some(c) = self.classes.get_mut(class) {
+            c.push_back((message, now));
+            self.len += 1;
+        }
+        true
+    }
+
+    /// Puts back a message taken by [`TransmissionQueue::pop`] (the window was full).
+    pub(crate) fn unpop(&mut self, message: Message, queued_at: Instant) {
+        let class = Self::class_of(&message);
+        if let Some(c) = self.classes.get_mut(class) {
+            c.push_front((message, queued_at));
+            self.len += 1;
+        }
+    }
+
+    /// The next message to send: the system class first, then the levels in turn, highest
+    /// first in each round.
+    pub(crate) fn pop(&mut self) -> Option<(Message, Instant)> {
+        if let Some(item) = self.classes.get_mut(SYSTEM).and_then(VecDeque::pop_front) {
+            self.len -= 1;
+            return Some(item);
+        }
+        for step in 0..SYSTEM {
+            let class = (self.turn + SYSTEM - step) % SYSTEM;
+            if let Some(item) = self.classes.get_mut(class).and_then(VecDeque::pop_front) {
+                self.turn = (class + SYSTEM - 1) % SYSTEM;
+                self.len -= 1;
+                return Some(item);
+            }
+        }
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use linkbus_plugin_api::{Content, MessageId, NodeName, Priority};
+
+    fn message(n: u64, priority: Priority) -> Message {
+        Message {
+            id: MessageId { source: NodeName::new("A").unwrap(), sequence: n, created_unix_ms: 0 },
+            hop_count: 0,
+            redelivered: false,
+            content: Content::buf("B:q".parse().unwrap(), "x").with_priority(priority),
+        }
+    }
+
+    #[test]
+    fn a_full_class_does_not_stall_another_and_classes_take_turns() {
+        let now = Instant::now();
+        let mut q = TransmissionQueue::new(2);
+        let low = Priority::level(1).unwrap();
+        let high = Priority::level(8).unwrap();
+        assert!(q.push(message(1, low), now) && q.push(message(2, low), now));
+        assert!(!q.push(message(3, low), now), "the low class is full");
+        assert!(q.push(message(4, high), now), "the high class still takes messages");
+        assert!(q.push(message(5, high), now));
+        assert!(q.push(message(6, Priority::SYSTEM), now));
+        let order: Vec<u64> = std::iter::from_fn(|| q.pop()).map(|(m, _)| m.id.sequence).collect();
+        assert_eq!(order, [6, 4, 1, 5, 2], "system first, then the levels take turns, highest first");
+        assert_eq!(q.len(), 0);
+    }
+}

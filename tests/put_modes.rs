@@ -1,0 +1,92 @@
+//! Blocking put with a timeout and non-blocking try-put: each priority class of a link's
+//! transmission queue is bounded on its own (a full class never stalls another), a try-put
+//! into a full queue fails at once, a put waits for room up to its timeout and then says it
+//! was not accepted, and a waiting put goes through as soon as room appears.
+
+mod support;
+
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use support::{Scratch, stderr, stdout};
+
+/// A free port on 127.0.0.1 (nothing listens on it until B starts).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+#[test]
+fn full_classes_refuse_or_wait_and_others_flow() {
+    let s = Scratch::new();
+    let (a_key, b_key) = (s.keys("A"), s.keys("B"));
+    let port = free_port();
+    let a_yaml = format!(
+        "node: {{ name: A, listen: none }}\npeers: [ {{ name: B, address: '127.0.0.1:{port}', public_key: '{b_key}' }} ]\n\
+         queues: [ {{ name: small, queue_messages_max: 2 }} ]\n\
+         links: {{ queue_messages_max: 3, reconnect_backoff_max_ms: 200 }}\n{}\n",
+        s.security_yaml("A")
+    );
+    let _a = s.start_node("A", &["-c", s.write("a.yaml", &a_yaml).to_str().unwrap()]);
+    let put = |args: &[&str]| {
+        let mut full = vec!["put", "--node", "A"];
+        full.extend_from_slice(args);
+        s.run(&full)
+    };
+    for i in 0..3 {
+        let out = put(&["--to", "B:q", "--priority", "1", "--timeout", "0s", &format!("low {i}")]);
+        assert!(out.status.success(), "{}", stderr(&out));
+    }
+    let started = Instant::now();
+    let full = put(&["--to", "B:q", "--priority", "1", "--timeout", "0s", "low 3"]);
+    assert!(
+        !full.status.success() && stderr(&full).contains("transmission queue to node B is full"),
+        "{}",
+        stderr(&full)
+    );
+    assert!(started.elapsed() < Duration::from_secs(3), "a try-put does not wait");
+    let high = put(&["--to", "B:q", "--priority", "8", "--timeout", "0s", "high"]);
+    assert!(high.status.success(), "another class still flows: {}", stderr(&high));
+
+    let started = Instant::now();
+    let waited = put(&["--to", "B:q", "--priority", "1", "--timeout", "1s", "low 3"]);
+    assert!(!waited.status.success(), "still full after the timeout");
+    assert!(stderr(&waited).contains("no room within 1s, not accepted"), "{}", stderr(&waited));
+    assert!(started.elapsed() >= Duration::from_secs(1));
+
+    // A put that waits goes through once B comes and the link drains the queue.
+    let blocked = s
+        .command(&["put", "--node", "A", "--to", "B:q", "--priority", "1", "--timeout", "30s", "low 3"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let b_yaml = format!(
+        "node: {{ name: B, listen: '127.0.0.1:{port}' }}\npeers: [ {{ name: A, public_key: '{a_key}' }} ]\nqueues: [ {{ name: q, order: fifo }} ]\n{}\n",
+        s.security_yaml("B")
+    );
+    let _b = s.start_node("B", &["-c", s.write("b.yaml", &b_yaml).to_str().unwrap()]);
+    let out = blocked.wait_with_output().unwrap();
+    assert!(out.status.success(), "the waiting put went through: {}", stderr(&out));
+    let got = s.run(&["get", "--node", "B", "q", "--count", "5", "--wait", "10s"]);
+    let text = stdout(&got);
+    let mut lines: Vec<&str> = text.lines().collect();
+    lines.sort_unstable();
+    assert_eq!(lines, ["high", "low 0", "low 1", "low 2", "low 3"], "{}", stderr(&got));
+
+    // The same for a full local queue: a waiting put goes in when a get makes room.
+    for i in 0..2 {
+        assert!(put(&["--to", "A:small", &format!("local {i}")]).status.success());
+    }
+    let blocked = s
+        .command(&["put", "--node", "A", "--to", "A:small", "--timeout", "30s", "local 2"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(stdout(&s.run(&["get", "--node", "A", "small"])), "local 0\n");
+    assert!(blocked.wait_with_output().unwrap().status.success());
+    let rest = s.run(&["get", "--node", "A", "small", "--count", "2", "--wait", "5s"]);
+    assert_eq!(stdout(&rest), "local 1\nlocal 2\n");
+}
