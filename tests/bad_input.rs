@@ -8,8 +8,7 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::Duration;
 
-use bytes::BytesMut;
-use linkbus::proto::frame::{Frame, FrameDecoder, Hello, PROTOCOL_VERSION};
+use linkbus::proto::frame::{Frame, FrameDecoder, PROTOCOL_VERSION};
 use support::{Scratch, stderr, stdout};
 
 /// Node A has a local queue and a small message limit.
@@ -38,20 +37,9 @@ fn refusal(address: &str, bytes: &[u8]) -> String {
 
 /// A plaintext preamble and a `Hello` from `from`.
 fn hello(from: &str, version: u16) -> Vec<u8> {
-    let mut out = BytesMut::from(&b"LBUS\x01\x00"[..]);
-    Frame::Hello(Hello {
-        protocol_version: version,
-        api_version: 1,
-        from: from.into(),
-        to: "B".into(),
-        incarnation: 7,
-        expected: 1,
-        your_incarnation: 0,
-        frame_bytes_max: 1 << 20,
-        flags: 0,
-    })
-    .encode(&mut out);
-    out.to_vec()
+    let mut out = b"LBUS\x01\x00".to_vec();
+    out.extend_from_slice(&support::hello_frame(from, version));
+    out
 }
 
 #[test]

@@ -8,9 +8,9 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::Duration;
 
-use linkbus::proto::frame::{Frame, FrameDecoder, Hello, PROTOCOL_VERSION};
+use linkbus::proto::frame::{Frame, FrameDecoder, PROTOCOL_VERSION};
 use linkbus::proto::secure::{Keypair, SecureChannel, parse_key};
-use support::{NodeProcess, Scratch, stderr, stdout};
+use support::{NodeProcess, Scratch, hello_frame, stderr, stdout};
 
 /// B listens with Noise and lists A's key; returns B and A's public key.
 fn start_b(s: &Scratch) -> (NodeProcess, String) {
@@ -103,7 +103,7 @@ fn a_replayed_handshake_is_refused() {
         assert!(n > 0, "B answered the handshake");
         dialer.handle_bytes(&buf[..n]).unwrap();
     }
-    dialer.send(&hello_frame()).unwrap();
+    dialer.send(&hello_frame("A", PROTOCOL_VERSION)).unwrap();
     first.write_all(&dialer.poll_transmit().unwrap()).unwrap();
     b.wait_for_log("Accepted connection.", 1, Duration::from_secs(5));
     // The same first message again, on a new connection.
@@ -114,29 +114,12 @@ fn a_replayed_handshake_is_refused() {
     assert_eq!(replay.read(&mut buf).unwrap_or(0), 0, "closed without a word");
 }
 
-fn hello_frame() -> Vec<u8> {
-    let mut out = bytes::BytesMut::new();
-    Frame::Hello(Hello {
-        protocol_version: PROTOCOL_VERSION,
-        api_version: 1,
-        from: "A".into(),
-        to: "B".into(),
-        incarnation: 1,
-        expected: 1,
-        your_incarnation: 0,
-        frame_bytes_max: 1 << 20,
-        flags: 0,
-    })
-    .encode(&mut out);
-    out.to_vec()
-}
-
 #[test]
 fn a_downgrade_to_plaintext_is_refused() {
     let s = Scratch::new();
     let (b, _) = start_b(&s);
     let mut wire = b"LBUS\x01\x00".to_vec();
-    wire.extend_from_slice(&hello_frame());
+    wire.extend_from_slice(&hello_frame("A", PROTOCOL_VERSION));
     let mut stream = TcpStream::connect(b.listen_address()).unwrap();
     stream.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     stream.write_all(&wire).unwrap();

@@ -304,6 +304,25 @@ impl Drop for NodeProcess {
     }
 }
 
+/// An encoded `Hello` from `from` to B, speaking `version`.
+pub fn hello_frame(from: &str, version: u16) -> Vec<u8> {
+    use linkbus::proto::frame::{Frame, Hello};
+    let mut out = bytes::BytesMut::new();
+    Frame::Hello(Hello {
+        protocol_version: version,
+        api_version: 1,
+        from: from.into(),
+        to: "B".into(),
+        incarnation: 1,
+        expected: 1,
+        your_incarnation: 0,
+        frame_bytes_max: 1 << 20,
+        flags: 0,
+    })
+    .encode(&mut out);
+    out.to_vec()
+}
+
 /// Standard output as text.
 pub fn stdout(output: &Output) -> String {
     String::from_utf8_lossy(&output.stdout).into_owned()
