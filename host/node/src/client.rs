@@ -137,7 +137,7 @@ impl Client {
     /// [`ClientError::Refused`] naming the cause (unknown queue, no route, too large, still
     /// full at the deadline: then it was not accepted).
     pub async fn put(&mut self, content: Content) -> Result<MessageId, ClientError> {
-        let mut ids = self.put_batch(vec![content]).await?;
+        let mut ids = self.put_batch_within(vec![content], self.put_timeout).await?;
         ids.pop().ok_or_else(|| ClientError::Protocol("no id returned".into()))
     }
 
@@ -146,10 +146,8 @@ impl Client {
     /// # Errors
     /// As [`Client::put`].
     pub async fn try_put(&mut self, content: Content) -> Result<MessageId, ClientError> {
-        let saved = std::mem::replace(&mut self.put_timeout, Duration::ZERO);
-        let result = self.put(content).await;
-        self.put_timeout = saved;
-        result
+        let mut ids = self.put_batch_within(vec![content], Duration::ZERO).await?;
+        ids.pop().ok_or_else(|| ClientError::Protocol("no id returned".into()))
     }
 
     /// Puts many messages with few round trips (see [`PUT_BATCH_BYTES_MAX`]); they are
@@ -159,6 +157,14 @@ impl Client {
     /// # Errors
     /// As [`Client::put`].
     pub async fn put_batch(&mut self, contents: Vec<Content>) -> Result<Vec<MessageId>, ClientError> {
+        self.put_batch_within(contents, self.put_timeout).await
+    }
+
+    async fn put_batch_within(
+        &mut self,
+        contents: Vec<Content>,
+        timeout: Duration,
+    ) -> Result<Vec<MessageId>, ClientError> {
         let mut ids = Vec::with_capacity(contents.len());
         let mut batch = Vec::new();
         let mut bytes = 0;
@@ -167,20 +173,25 @@ impl Client {
             if !batch.is_empty()
                 && (bytes + size > PUT_BATCH_BYTES_MAX || batch.len() >= PUT_BATCH_MESSAGES_MAX)
             {
-                ids.extend(self.put_request(std::mem::take(&mut batch)).await?);
+                ids.extend(self.put_request(std::mem::take(&mut batch), timeout).await?);
                 bytes = 0;
             }
             bytes += size;
             batch.push(content);
         }
         if !batch.is_empty() {
-            ids.extend(self.put_request(batch).await?);
+            ids.extend(self.put_request(batch, timeout).await?);
         }
         Ok(ids)
     }
 
-    async fn put_request(&mut self, batch: Vec<Content>) -> Result<Vec<MessageId>, ClientError> {
-        let timeout_ms = self.put_timeout.as_millis() as u64;
+    async fn put_request(
+        &mut self,
+        batch: Vec<Content>,
+        timeout: Duration,
+    ) -> Result<Vec<MessageId>, ClientError> {
+        // Rounded up, so a sub-millisecond timeout still waits rather than becoming a try.
+        let timeout_ms = timeout.as_micros().div_ceil(1000) as u64;
         match self.call(&Request::Put { contents: batch, timeout_ms }).await? {
             Response::PutOk { source, sequences, created_unix_ms } => Ok(sequences
                 .into_iter()

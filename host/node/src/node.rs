@@ -280,8 +280,10 @@ impl NodeState {
                 room.as_mut().enable();
                 match self.dispatch(message.clone(), Instant::now()) {
                     Ok(()) => break,
-                    Err((ErrorCode::Full, reason)) if tokio::time::Instant::now() < deadline => {
-                        if tokio::time::timeout_at(deadline, room).await.is_err() {
+                    Err((ErrorCode::Full, reason)) => {
+                        let waited = tokio::time::Instant::now() < deadline
+                            && tokio::time::timeout_at(deadline, room).await.is_ok();
+                        if !waited {
                             let reason = format!("{reason}; no room within {timeout:?}, not accepted");
                             return Err(put_error(index, (ErrorCode::Full, reason)));
                         }
@@ -351,7 +353,7 @@ impl NodeState {
             queue.push_bounded(message.clone(), now, u64::MAX).map_err(|e| queue_error(&e))?;
         }
         for link in remote {
-            link.enqueue(message.clone(), now).map_err(|e| (ErrorCode::Full, e.to_string()))?;
+            link.enqueue_checked(message.clone(), now);
         }
         Ok(())
     }

@@ -117,6 +117,8 @@ pub struct Session {
     next_nonce: u64,
     /// When we last answered a ping, to throttle a peer that pings too often.
     last_pong: Option<Instant>,
+    /// A ping that came too soon after the last pong, answered when the interval allows.
+    pending_pong: Option<u64>,
     /// Counters for operators and tests.
     stats: SessionStats,
 }
@@ -141,6 +143,7 @@ impl Session {
             ping: None,
             next_nonce: 1,
             last_pong: None,
+            pending_pong: None,
             stats: SessionStats::default(),
         }
     }
@@ -210,6 +213,7 @@ impl Session {
         self.transmit.clear();
         self.ping = None;
         self.last_pong = None;
+        self.pending_pong = None;
         self.receiver.reset_connection();
         self.events.retain(|e| !matches!(e, SessionEvent::Received { .. } | SessionEvent::Skipped { .. }));
     }
@@ -286,13 +290,29 @@ impl Session {
     /// Answers a ping, unless other frames are about to go out anyway (any frame proves
     /// liveness) or the peer pings more often than every [`PONG_INTERVAL_MIN`] (throttled).
     fn answer_ping(&mut self, nonce: u64, now: Instant) {
-        let too_soon = self.last_pong.is_some_and(|at| now < at + PONG_INTERVAL_MIN);
-        if !self.transmit.is_empty() || too_soon {
+        if !self.transmit.is_empty() {
             self.stats.pings_unanswered += 1;
+            return;
+        }
+        if self.last_pong.is_some_and(|at| now < at + PONG_INTERVAL_MIN) {
+            // Answered later (see `handle_timeout`), so a fast-pinging peer still hears back.
+            self.stats.pings_unanswered += u64::from(self.pending_pong.replace(nonce).is_some());
             return;
         }
         self.last_pong = Some(now);
         Frame::Pong { nonce }.encode(&mut self.transmit);
+    }
+
+    /// Sends a throttled pong once its time has come (unless other frames go out anyway).
+    fn pong_due(&mut self, now: Instant) {
+        let due = self.last_pong.is_none_or(|at| now >= at + PONG_INTERVAL_MIN);
+        if let Some(nonce) = self.pending_pong.filter(|_| due) {
+            self.pending_pong = None;
+            if self.transmit.is_empty() {
+                self.last_pong = Some(now);
+                Frame::Pong { nonce }.encode(&mut self.transmit);
+            }
+        }
     }
 
     fn handle_hello(&mut self, hello: &Hello) {
@@ -442,6 +462,7 @@ impl Session {
                 if self.sender.rewind_if_overdue(now, self.config.retransmit_timeout) {
                     self.stats.retransmit_timeouts += 1;
                 }
+                self.pong_due(now);
                 self.keepalive(now);
             }
         }
@@ -474,7 +495,8 @@ impl Session {
                     None => self.last_received + self.config.ping_interval,
                 };
                 let retransmit = self.sender.retransmit_at(self.config.retransmit_timeout);
-                Some(retransmit.map_or(keepalive, |r| r.min(keepalive)))
+                let pong = self.pending_pong.and(self.last_pong).map(|at| at + PONG_INTERVAL_MIN);
+                Some([retransmit, pong].into_iter().flatten().fold(keepalive, Instant::min))
             }
         }
     }

@@ -309,8 +309,10 @@ fn read_links(root: &Section<'_>) -> LinkSettings {
         reconnect_backoff_max_ms: s.number("reconnect_backoff_max_ms", d.reconnect_backoff_max_ms, 1, MS_MAX),
         connect_timeout_ms: s.number("connect_timeout_ms", d.connect_timeout_ms, 1, MS_MAX),
         handshake_timeout_ms: s.number("handshake_timeout_ms", d.handshake_timeout_ms, 1, MS_MAX),
-        ping_interval_ms: s.number("ping_interval_ms", d.ping_interval_ms, 1, MS_MAX),
-        pong_timeout_ms: s.number("pong_timeout_ms", d.pong_timeout_ms, 1, MS_MAX),
+        // A node answers at most one ping per 100 ms (throttling), so faster keepalives would
+        // time out against it.
+        ping_interval_ms: s.number("ping_interval_ms", d.ping_interval_ms, 100, MS_MAX),
+        pong_timeout_ms: s.number("pong_timeout_ms", d.pong_timeout_ms, 200, MS_MAX),
     };
     s.finish();
     settings

@@ -115,6 +115,13 @@ impl LinkHandle {
         Ok(())
     }
 
+    /// Queues a message whose room [`LinkHandle::has_room_for`] confirmed (see
+    /// `TransmissionQueue::push_checked`).
+    pub fn enqueue_checked(&self, message: Message, now: Instant) {
+        self.lock().push_checked(message, now);
+        self.wake.notify_one();
+    }
+
     /// Messages waiting for the peer (not yet handed to the session).
     pub fn queued(&self) -> usize {
         self.lock().len()

@@ -98,7 +98,8 @@ fn session_config(node: &NodeState, handle: &LinkHandle) -> SessionConfig {
 pub const SKIP_DEDUP_ENV: &str = "LINKBUS_TEST_SKIP_DEDUP";
 
 fn skip_dedup_for_tests() -> bool {
-    let on = std::env::var_os(SKIP_DEDUP_ENV).is_some_and(|v| v == "1");
+    // Only debug builds honour it: a release binary always detects duplicates.
+    let on = cfg!(debug_assertions) && std::env::var_os(SKIP_DEDUP_ENV).is_some_and(|v| v == "1");
     if on {
         warn!("{SKIP_DEDUP_ENV}=1: duplicate detection is OFF (test-only negative control).");
     }
@@ -352,7 +353,9 @@ impl Link {
                     }
                 }
             }
-            if queue.len() < before {
+            let freed = queue.len() < before;
+            drop(queue);
+            if freed {
                 self.handle.room.notify_waiters();
             }
         }

@@ -61,6 +61,17 @@ impl TransmissionQueue {
         true
     }
 
+    /// Queues a message whose room was checked before, even if a concurrent put took that
+    /// room since (a class may then hold a message more than its limit; a message is never
+    /// queued in one place and refused in another).
+    pub(crate) fn push_checked(&mut self, message: Message, now: Instant) {
+        let class = Self::class_of(&message);
+        if let Some(c) = self.classes.get_mut(class) {
+            c.push_back((message, now));
+            self.len += 1;
+        }
+    }
+
     /// Puts back a message taken by [`TransmissionQueue::pop`] (the window was full).
     pub(crate) fn unpop(&mut self, message: Message, queued_at: Instant) {
         let class = Self::class_of(&message);
