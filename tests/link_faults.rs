@@ -238,3 +238,22 @@ fn duplicated_swapped_frames_and_dropped_acks_lose_nothing() {
     assert!(history.is_clean(), "{history:?}");
     assert!(proxy.frame_faults() > 100, "the proxy meddled");
 }
+
+#[test]
+fn bit_flips_on_noise_links_tear_down_and_resync() {
+    let s = Scratch::new();
+    let (a, b, proxy) = start_behind_proxy(&s, true);
+    let lines: String = (0..4_000).map(|i| format!("sealed {i:05} {}\n", "n".repeat(40))).collect();
+    proxy.set_flip_every(40_000);
+    let history = stream_through(&s, &lines, || {
+        // Faults for a while, then a clean network: the link must resync and finish.
+        std::thread::sleep(Duration::from_millis(1_500));
+        proxy.set_flip_every(0);
+    });
+    println!("{history:?}, bits flipped: {}", proxy.flipped());
+    assert!(history.is_clean(), "{history:?}");
+    assert!(proxy.flipped() > 3, "the proxy flipped bits");
+    let logs = format!("{}{}", a.log_text(), b.log_text());
+    assert!(logs.contains("a message failed to decrypt"), "a flip fails decryption and ends the connection");
+    assert!(a.log_text().matches("Link up.").count() > 1, "and the link renegotiates");
+}
