@@ -63,6 +63,8 @@ pub struct SessionConfig {
     pub frame_bytes_max: usize,
     /// Most messages sent and not yet acknowledged; [`Session::send`] refuses more.
     pub in_flight_messages_max: usize,
+    /// Most encoded bytes sent and not yet acknowledged (one message is always allowed).
+    pub in_flight_bytes_max: usize,
     /// Most messages held ahead of a gap; beyond it they are dropped and resent later.
     pub reorder_messages_max: usize,
     /// Most encoded bytes held ahead of a gap.
@@ -180,7 +182,9 @@ impl Session {
 
     /// Whether [`Session::send`] would accept a message now.
     pub fn has_window(&self) -> bool {
-        self.sender.in_flight() < self.config.in_flight_messages_max
+        let messages = self.sender.in_flight();
+        messages < self.config.in_flight_messages_max
+            && (messages == 0 || self.sender.in_flight_bytes() < self.config.in_flight_bytes_max)
     }
 
     /// Largest encoded message the link carries: our frame limit, and the peer's once known.

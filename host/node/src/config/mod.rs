@@ -144,6 +144,8 @@ pub struct LinkSettings {
     pub frame_bytes_max: u64,
     /// Messages sent to a neighbour and not yet acknowledged.
     pub in_flight_messages_max: u64,
+    /// Bytes of messages sent to a neighbour and not yet acknowledged.
+    pub in_flight_bytes_max: u64,
     /// Messages waiting for a neighbour (its transmission queue); a put beyond it is refused.
     pub queue_messages_max: u64,
     /// Messages from a neighbour held ahead of a gap until it fills.
@@ -215,6 +217,7 @@ impl Default for LinkSettings {
         Self {
             frame_bytes_max: (4 << 20) + FRAME_OVERHEAD_BYTES,
             in_flight_messages_max: 4096,
+            in_flight_bytes_max: 64 << 20,
             queue_messages_max: 1_000_000,
             reorder_messages_max: 1024,
             reorder_bytes_max: 16 << 20,

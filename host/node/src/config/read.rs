@@ -301,6 +301,7 @@ fn read_links(root: &Section<'_>) -> LinkSettings {
     let settings = LinkSettings {
         frame_bytes_max: s.number("frame_bytes_max", d.frame_bytes_max, FRAME_OVERHEAD_BYTES, BYTES_MAX),
         in_flight_messages_max: s.number("in_flight_messages_max", d.in_flight_messages_max, 1, 1 << 20),
+        in_flight_bytes_max: s.number("in_flight_bytes_max", d.in_flight_bytes_max, 1, BYTES_MAX),
         queue_messages_max: s.number("queue_messages_max", d.queue_messages_max, 1, 1 << 40),
         reorder_messages_max: s.number("reorder_messages_max", d.reorder_messages_max, 1, 1 << 20),
         reorder_bytes_max: s.number("reorder_bytes_max", d.reorder_bytes_max, 0, BYTES_MAX),

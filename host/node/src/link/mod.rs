@@ -83,6 +83,7 @@ fn session_config(node: &NodeState, handle: &LinkHandle) -> SessionConfig {
         durable: node.store.durable(),
         frame_bytes_max: links.frame_bytes_max as usize,
         in_flight_messages_max: links.in_flight_messages_max as usize,
+        in_flight_bytes_max: links.in_flight_bytes_max as usize,
         reorder_messages_max: links.reorder_messages_max as usize,
         reorder_bytes_max: links.reorder_bytes_max as usize,
         retransmit_timeout: Duration::from_millis(links.retransmit_timeout_ms),

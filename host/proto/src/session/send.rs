@@ -29,6 +29,8 @@ struct Pending {
     written_at: Option<Instant>,
     /// NAKs it drew.
     naks: u32,
+    /// Bytes it counts in the byte window (its size when handed over).
+    counted: usize,
 }
 
 /// See the module doc.
@@ -42,6 +44,8 @@ pub(super) struct Sender {
     unacked: VecDeque<Pending>,
     /// Sequence number of the next message to write on the current connection.
     next_write: u64,
+    /// Encoded bytes of the messages in `unacked`, for the byte window.
+    unacked_bytes: usize,
     /// Retransmit timeouts in a row without progress; each doubles the next timeout (up to
     /// 8 times the configured one), so a slow link is not flooded with copies.
     backoff: u32,
@@ -72,12 +76,17 @@ pub(super) struct WriteLimits {
 
 impl Sender {
     pub(super) fn new() -> Self {
-        Self { next_send: 1, acked: 0, unacked: VecDeque::new(), next_write: 1, backoff: 0 }
+        Self { next_send: 1, acked: 0, unacked: VecDeque::new(), next_write: 1, unacked_bytes: 0, backoff: 0 }
     }
 
     /// Messages handed over and not yet acknowledged.
     pub(super) fn in_flight(&self) -> usize {
         self.unacked.len()
+    }
+
+    /// Encoded bytes handed over and not yet acknowledged.
+    pub(super) fn in_flight_bytes(&self) -> usize {
+        self.unacked_bytes
     }
 
     /// The highest sequence number ever assigned.
@@ -99,8 +108,11 @@ impl Sender {
     pub(super) fn push(&mut self, message: Bytes, expires_at: Option<Instant>, now: Instant) -> u64 {
         let sequence = self.next_send;
         self.next_send += 1;
+        let counted = message.len();
+        self.unacked_bytes += counted;
         self.unacked.push_back(Pending {
             sequence,
+            counted,
             message,
             expires_at,
             handed_at: now,
@@ -118,7 +130,9 @@ impl Sender {
         }
         let mut messages = 0;
         while self.unacked.front().is_some_and(|p| p.sequence <= through) {
-            self.unacked.pop_front();
+            if let Some(done) = self.unacked.pop_front() {
+                self.unacked_bytes -= done.counted;
+            }
             messages += 1;
         }
         self.acked = through;

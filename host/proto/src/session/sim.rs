@@ -118,6 +118,7 @@ fn config(local: &str, peer: &str, incarnation: u64) -> SessionConfig {
         durable: false,
         frame_bytes_max: 64 * 1024,
         in_flight_messages_max: 16,
+        in_flight_bytes_max: 1 << 20,
         reorder_messages_max: 8,
         reorder_bytes_max: 4096,
         retransmit_timeout: Duration::from_millis(60),

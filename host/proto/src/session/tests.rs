@@ -15,6 +15,7 @@ fn config(local: &str, peer: &str, incarnation: u64) -> SessionConfig {
         durable: false,
         frame_bytes_max: 1 << 20,
         in_flight_messages_max: 8,
+        in_flight_bytes_max: 1 << 20,
         reorder_messages_max: 16,
         reorder_bytes_max: 1 << 20,
         retransmit_timeout: Duration::from_secs(3),
@@ -534,4 +535,18 @@ fn pings_are_throttled_and_not_answered_when_data_flows() {
     p.b.handle_bytes(&ping(4), p.now + Duration::from_millis(300));
     assert!(p.b.poll_transmit().is_some(), "the data goes out");
     assert_eq!(p.b.stats().pings_unanswered, 1, "and it answers the ping instead of a pong");
+}
+
+#[test]
+fn the_byte_window_bounds_memory_but_always_lets_one_message_through() {
+    let now = Instant::now();
+    let mut cfg = config("A", "B", 1);
+    cfg.in_flight_bytes_max = 100;
+    let mut a = Session::new(cfg, now);
+    let mut big = BytesMut::from(&message(1)[..]);
+    big.extend_from_slice(&[0u8; 500]);
+    assert!(a.has_window(), "an empty window takes any message");
+    a.send(big.freeze(), None, now).unwrap();
+    assert!(!a.has_window(), "500 bytes in flight is over the 100-byte window");
+    assert!(matches!(a.send(message(2), None, now), Err(SendError::WindowFull(1))));
 }
