@@ -314,10 +314,11 @@ pub fn hello_frame(from: &str, version: u16) -> Vec<u8> {
         from: from.into(),
         to: "B".into(),
         incarnation: 1,
-        expected: 1,
         your_incarnation: 0,
         frame_bytes_max: 1 << 20,
+        message_bytes_max: 1 << 20,
         flags: 0,
+        channels: vec![linkbus::proto::frame::ChannelPosition::default(); linkbus::proto::channel::CHANNELS],
     })
     .encode(&mut out);
     out.to_vec()

@@ -194,6 +194,13 @@ impl NodeState {
             .unwrap_or_else(|| crate::runtime_dir::socket_for(self.name().as_str()))
     }
 
+    /// Longest encoded message this node accepts, from a client or a link: the payload
+    /// limit plus room for the largest envelope.
+    pub fn encoded_message_bytes_max(&self) -> usize {
+        usize::try_from(self.config.messages.message_bytes_max + crate::config::ENVELOPE_BYTES_MAX)
+            .unwrap_or(usize::MAX)
+    }
+
     /// Checks a content against this node's limits and topology, without side effects.
     fn check_content(&self, content: &Content) -> Result<(), (ErrorCode, String)> {
         content.validate().map_err(|e| (ErrorCode::Invalid, e.to_string()))?;
@@ -209,10 +216,10 @@ impl NodeState {
             ));
         }
         let encoded = linkbus_proto::wire::message_encoded_len(self.name().as_str().len(), content);
-        let frame_max = self.config.links.frame_bytes_max as usize;
-        if encoded + linkbus_proto::frame::DATA_OVERHEAD_BYTES > frame_max {
+        let encoded_max = self.encoded_message_bytes_max();
+        if encoded > encoded_max {
             let msg = format!(
-                "message of {encoded} bytes with its name and headers is over links.frame_bytes_max {frame_max}"
+                "message of {encoded} bytes with its name and headers is over this node's limit of {encoded_max}"
             );
             return Err((ErrorCode::TooLarge, msg));
         }
@@ -478,7 +485,9 @@ mod tests {
 
     #[test]
     fn puts_are_checked_before_anything_is_queued() {
-        let n = node("messages: { message_bytes_max: 1000 }\nlinks: { frame_bytes_max: 530000 }");
+        let n = node(
+            "messages: { message_bytes_max: 1000 }\nlinks: { frame_bytes_max: 2048, packet_bytes_max: 1024 }",
+        );
         let to = |a: &str| a.parse().unwrap();
         assert_eq!(refusal(&n, Content::buf(to("A:none"), "x")).0, ErrorCode::UnknownQueue);
         assert_eq!(refusal(&n, Content::buf(to("Z:q"), "x")).0, ErrorCode::NoRoute);
@@ -486,7 +495,7 @@ mod tests {
         let system = Content::buf(to("B:q"), "x").with_priority(Priority::SYSTEM);
         assert_eq!(refusal(&n, system).0, ErrorCode::Invalid);
         assert_eq!(n.queues.get("q").unwrap().len(), 4, "one accepted per refused batch");
-        // The largest envelope with the largest payload fits the smallest allowed frame.
+        // The largest envelope with the largest payload is accepted (and cut into packets).
         let mut largest = Content::buf(to("B:q"), vec![0u8; 1000]);
         largest.headers = (0..64).map(|i| (format!("{i:0>128}"), "v".repeat(4096))).collect();
         largest.name = "n".repeat(48 * 1024);

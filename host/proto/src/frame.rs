@@ -3,22 +3,22 @@
 //! On the wire every frame is a 4-byte big-endian length `L` (the bytes that follow, at most
 //! `frame_bytes_max`), a 1-byte frame type, a 4-byte CRC32C of the frame's header, and the
 //! body. The header CRC covers the length, the type and the whole body, except for `Data`,
-//! where it covers the length, the type, the sequence number and the message CRC (and is
-//! checked as soon as those 21 bytes are here) (the message bytes have their
-//! own CRC, so a damaged message is refused by number with a `Nak` while a damaged header
-//! tears the connection down). The length is checked against the limit before anything is
+//! where it covers the length, the type and the packet header up to the message CRC (and is
+//! checked as soon as those 38 bytes are here): the message has its own CRC, checked once
+//! all its packets are assembled, so a damaged message is refused by number with a `Nak`
+//! while a damaged header tears the connection down. The length is checked against the limit before anything is
 //! allocated, so a peer cannot make us buffer more than one frame's worth; any byte sequence
 //! either decodes, waits for more bytes, or fails with a [`FrameError`] — it never panics.
 //!
 //! | type | frame | body |
 //! | --- | --- | --- |
-//! | 1 | `Hello` | magic `LNKB`, protocol version u16, API version u32, from, to (u8-length names), incarnation u64, expected u64, your-incarnation u64, frame bytes max u32, flags u8 |
-//! | 2 | `Data` | sequence u64, CRC32C u32 of the message bytes, message bytes (empty: a skip, the message was dropped in transit) |
-//! | 3 | `Ack` | sequence u64: every message up to it is delivered |
+//! | 1 | `Hello` | magic `LNKB`, protocol version u16, API version u32, from, to (u8-length names), incarnation u64, your-incarnation u64, frame bytes max u32, message bytes max u64, flags u8, channel count u8, then per channel: expected u64, bytes held of that message u64, its CRC32C u32 |
+//! | 2 | `Data` | one packet: channel u8, sequence u64, offset u64 of the packet in its message, message length u64, CRC32C u32 of the whole message, the packet's bytes (a message of length 0 is a skip: the sequence number is used, the message was dropped in transit) |
+//! | 3 | `Ack` | channel u8, sequence u64: every message of that channel up to it is delivered |
 //! | 4 | `Ping` | nonce u64 |
 //! | 5 | `Pong` | nonce u64 |
 //! | 6 | `Close` | code u16, reason (UTF-8, rest of the frame) |
-//! | 7 | `Nak` | sequence u64: that message arrived damaged, send it again |
+//! | 7 | `Nak` | channel u8, sequence u64: that message arrived damaged, send it again |
 
 use bytes::{BufMut, Bytes, BytesMut};
 
@@ -32,8 +32,9 @@ pub const HELLO_MAGIC: [u8; 4] = *b"LNKB";
 pub const LENGTH_BYTES: usize = 4;
 /// Bytes of the frame header CRC.
 pub const HEADER_CRC_BYTES: usize = 4;
-/// Bytes a `Data` frame adds to its message: length, type, header CRC, sequence and CRC.
-pub const DATA_OVERHEAD_BYTES: usize = LENGTH_BYTES + 1 + HEADER_CRC_BYTES + 8 + 4;
+/// Bytes a `Data` frame adds to its packet: length, type, header CRC, channel, sequence,
+/// offset, message length and message CRC.
+pub const DATA_OVERHEAD_BYTES: usize = DATA_HEADER_BYTES;
 /// Smallest allowed `frame_bytes_max`: a `Hello` with two longest names must fit.
 pub const FRAME_BYTES_MIN: usize = 1024;
 
@@ -62,14 +63,28 @@ pub struct Hello {
     pub to: String,
     /// Random id of the sender's state; changes when the sender lost its state.
     pub incarnation: u64,
-    /// The next sequence number the sender expects from the receiver.
-    pub expected: u64,
-    /// The receiver's incarnation that `expected` refers to (`0`: never met).
+    /// The receiver's incarnation that `channels` refers to (`0`: never met).
     pub your_incarnation: u64,
-    /// The longest frame the sender accepts; messages that do not fit are not sent to it.
+    /// The longest frame the sender accepts; packets are cut to fit it.
     pub frame_bytes_max: u32,
+    /// The longest message the sender accepts; longer ones are not sent to it.
+    pub message_bytes_max: u64,
     /// `HELLO_FLAG_*` bits.
     pub flags: u8,
+    /// Where the sender's receiving side stands, one entry per channel.
+    pub channels: Vec<ChannelPosition>,
+}
+
+/// How far one channel's receiving side got, as told in a `Hello`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ChannelPosition {
+    /// The next sequence number expected on the channel.
+    pub expected: u64,
+    /// Bytes already held of message `expected` (resume from there; 0: from its start).
+    pub held_bytes: u64,
+    /// The whole-message CRC of the message those bytes belong to, so the sender resumes
+    /// only the same bytes.
+    pub held_crc: u32,
 }
 
 /// One decoded frame; bodies share the receive buffer (no copy).
@@ -77,22 +92,32 @@ pub struct Hello {
 pub enum Frame {
     /// Connection opening.
     Hello(Hello),
-    /// One sequenced message.
+    /// One packet of a sequenced message.
     Data {
-        /// The link sequence number.
+        /// The channel the message travels on.
+        channel: u8,
+        /// The message's sequence number on its channel.
         sequence: u64,
-        /// CRC32C of `message`, checked by the session.
+        /// Where `bytes` start in the message.
+        offset: u64,
+        /// The message's length (0: a skip).
+        total: u64,
+        /// CRC32C of the whole message, checked by the session once assembled.
         crc: u32,
-        /// The encoded message.
-        message: Bytes,
+        /// This packet's part of the encoded message.
+        bytes: Bytes,
     },
-    /// Cumulative acknowledgement.
+    /// Cumulative acknowledgement of one channel.
     Ack {
-        /// Every message with a sequence number up to this one is delivered.
+        /// The channel.
+        channel: u8,
+        /// Every message of the channel with a sequence number up to this one is delivered.
         sequence: u64,
     },
     /// The message with this number arrived with a bad CRC: send it again.
     Nak {
+        /// Its channel.
+        channel: u8,
         /// Its sequence number.
         sequence: u64,
     },
@@ -178,7 +203,7 @@ impl Frame {
             out.unsplit(rest);
         });
         let covered_end = match self {
-            Self::Data { .. } => start + LENGTH_BYTES + 1 + HEADER_CRC_BYTES + 12,
+            Self::Data { .. } => start + DATA_HEADER_BYTES,
             _ => out.len(),
         };
         let crc = header_crc(out.get(start..covered_end).unwrap_or_default());
@@ -191,18 +216,23 @@ impl Frame {
     fn encode_body(&self, out: &mut BytesMut) {
         match self {
             Self::Hello(h) => encode_hello(h, out),
-            Self::Data { sequence, crc, message } => {
+            Self::Data { channel, sequence, offset, total, crc, bytes } => {
                 out.put_u8(TYPE_DATA);
+                out.put_u8(*channel);
                 out.put_u64(*sequence);
+                out.put_u64(*offset);
+                out.put_u64(*total);
                 out.put_u32(*crc);
-                out.put_slice(message);
+                out.put_slice(bytes);
             }
-            Self::Ack { sequence } => {
+            Self::Ack { channel, sequence } => {
                 out.put_u8(TYPE_ACK);
+                out.put_u8(*channel);
                 out.put_u64(*sequence);
             }
-            Self::Nak { sequence } => {
+            Self::Nak { channel, sequence } => {
                 out.put_u8(TYPE_NAK);
+                out.put_u8(*channel);
                 out.put_u64(*sequence);
             }
             Self::Ping { nonce } => {
@@ -221,19 +251,26 @@ impl Frame {
         }
     }
 
-    /// Appends a `Data` frame for `message` (computing its CRC) without building a [`Frame`].
-    pub fn encode_data(sequence: u64, message: &[u8], out: &mut BytesMut) {
-        let len = u32::try_from(1 + HEADER_CRC_BYTES + 8 + 4 + message.len()).expect("frame length fits u32");
+    /// Appends one `Data` frame (a packet of a message) without building a [`Frame`].
+    ///
+    /// # Panics
+    /// When the packet is 4 GiB or more (packets are bounded by the frame limit).
+    pub fn encode_data(packet: &Packet<'_>, out: &mut BytesMut) {
+        let len = u32::try_from(DATA_HEADER_BYTES - LENGTH_BYTES + packet.bytes.len())
+            .expect("packets are bounded by the frame limit");
         let mut header = [0u8; DATA_HEADER_BYTES];
         header[..4].copy_from_slice(&len.to_be_bytes());
         header[4] = TYPE_DATA;
-        header[9..17].copy_from_slice(&sequence.to_be_bytes());
-        header[17..].copy_from_slice(&crc32c::crc32c(message).to_be_bytes());
+        header[9] = packet.channel;
+        header[10..18].copy_from_slice(&packet.sequence.to_be_bytes());
+        header[18..26].copy_from_slice(&packet.offset.to_be_bytes());
+        header[26..34].copy_from_slice(&packet.total.to_be_bytes());
+        header[34..].copy_from_slice(&packet.crc.to_be_bytes());
         let crc = header_crc(&header);
         header[5..9].copy_from_slice(&crc.to_be_bytes());
         out.reserve(LENGTH_BYTES + len as usize);
         out.put_slice(&header);
-        out.put_slice(message);
+        out.put_slice(packet.bytes);
     }
 
     /// A short name for logs.
@@ -248,6 +285,23 @@ impl Frame {
             Self::Close { .. } => "close",
         }
     }
+}
+
+/// One packet to write with [`Frame::encode_data`].
+#[derive(Debug, Clone, Copy)]
+pub struct Packet<'a> {
+    /// The channel.
+    pub channel: u8,
+    /// The message's sequence number on the channel.
+    pub sequence: u64,
+    /// Where `bytes` start in the message.
+    pub offset: u64,
+    /// The message's length.
+    pub total: u64,
+    /// CRC32C of the whole message.
+    pub crc: u32,
+    /// The packet's bytes.
+    pub bytes: &'a [u8],
 }
 
 /// Appends what `body` writes, preceded by its length as a big-endian `u32` (the framing of
@@ -275,10 +329,16 @@ fn encode_hello(h: &Hello, out: &mut BytesMut) {
         out.put_slice(name.as_bytes());
     }
     out.put_u64(h.incarnation);
-    out.put_u64(h.expected);
     out.put_u64(h.your_incarnation);
     out.put_u32(h.frame_bytes_max);
+    out.put_u64(h.message_bytes_max);
     out.put_u8(h.flags);
+    out.put_u8(u8::try_from(h.channels.len()).expect("channels are few"));
+    for c in &h.channels {
+        out.put_u64(c.expected);
+        out.put_u64(c.held_bytes);
+        out.put_u32(c.held_crc);
+    }
 }
 
 /// Incremental frame decoder: feed bytes as they arrive, take frames as they complete.
@@ -345,8 +405,9 @@ impl FrameDecoder {
     }
 }
 
-/// Bytes of a `Data` frame before its message: length, type, header CRC, sequence, CRC.
-const DATA_HEADER_BYTES: usize = LENGTH_BYTES + 1 + HEADER_CRC_BYTES + 12;
+/// Bytes of a `Data` frame before its packet: length, type, header CRC, channel,
+/// sequence, offset, message length, message CRC.
+const DATA_HEADER_BYTES: usize = LENGTH_BYTES + 1 + HEADER_CRC_BYTES + 1 + 8 + 8 + 8 + 4;
 
 /// The header CRC of a frame whose covered bytes are `covered` (length, type, a zeroed CRC
 /// slot, and the covered fields): the CRC slot itself is skipped.
@@ -382,12 +443,15 @@ fn decode_frame(bytes: Bytes) -> Result<Frame, FrameError> {
     let decoded = match kind {
         TYPE_HELLO => decode_hello(&mut r)?,
         TYPE_DATA => Frame::Data {
+            channel: r.u8().map_err(malformed)?,
             sequence: r.u64().map_err(malformed)?,
+            offset: r.u64().map_err(malformed)?,
+            total: r.u64().map_err(malformed)?,
             crc: r.u32().map_err(malformed)?,
-            message: r.rest(),
+            bytes: r.rest(),
         },
-        TYPE_ACK => Frame::Ack { sequence: r.u64().map_err(malformed)? },
-        TYPE_NAK => Frame::Nak { sequence: r.u64().map_err(malformed)? },
+        TYPE_ACK => Frame::Ack { channel: r.u8().map_err(malformed)?, sequence: r.u64().map_err(malformed)? },
+        TYPE_NAK => Frame::Nak { channel: r.u8().map_err(malformed)?, sequence: r.u64().map_err(malformed)? },
         TYPE_PING => Frame::Ping { nonce: r.u64().map_err(malformed)? },
         TYPE_PONG => Frame::Pong { nonce: r.u64().map_err(malformed)? },
         _ => {
@@ -417,11 +481,20 @@ fn decode_hello(r: &mut Reader) -> Result<Frame, FrameError> {
         from: r.short_string().map_err(malformed)?,
         to: r.short_string().map_err(malformed)?,
         incarnation: r.u64().map_err(malformed)?,
-        expected: r.u64().map_err(malformed)?,
         your_incarnation: r.u64().map_err(malformed)?,
         frame_bytes_max: r.u32().map_err(malformed)?,
+        message_bytes_max: r.u64().map_err(malformed)?,
         flags: r.u8().map_err(malformed)?,
+        channels: Vec::new(),
     };
+    let mut hello = hello;
+    for _ in 0..r.u8().map_err(malformed)? {
+        hello.channels.push(ChannelPosition {
+            expected: r.u64().map_err(malformed)?,
+            held_bytes: r.u64().map_err(malformed)?,
+            held_crc: r.u32().map_err(malformed)?,
+        });
+    }
     r.finish().map_err(malformed)?;
     Ok(Frame::Hello(hello))
 }

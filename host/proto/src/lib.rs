@@ -2,6 +2,7 @@
 //! without a socket, a task or a clock. Time comes in as an argument.
 //!
 //! Modules:
+//! - [`channel`]: the channels of a link and which messages travel on which.
 //! - [`frame`]: link frames and the incremental, limit-checked frame decoder.
 //! - [`wire`]: the wire form of messages and client contents.
 //! - [`session`]: the per-neighbour session state machine (handshake, sequence numbers,
@@ -11,6 +12,7 @@
 #![forbid(unsafe_code)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::indexing_slicing))]
 
+pub mod channel;
 pub mod frame;
 pub mod reader;
 pub mod secure;

@@ -15,15 +15,23 @@
 //! 4. on [`SessionEvent::Closed`] (or a transport error) write the last transmit, drop the
 //!    connection and call [`Session::handle_disconnected`].
 //!
-//! Reliability: every message gets the next sequence number (starting at 1; `Ack 0`
-//! acknowledges nothing) and a CRC32C, and stays in the awaiting-ACK queue until a cumulative
-//! `Ack` covers it. The receiver delivers in order, drops and re-acknowledges duplicates,
+//! Multiplexing: every message travels on one of the link's [`crate::channel`]s, cut into
+//! packets of at most `packet_bytes_max` bytes; [`Session::write_pending`] picks, packet by
+//! packet, the system channel when it has anything, else the channel with the fewest bytes
+//! recently written for its weight, so channels share the connection and a large message
+//! never holds up a small one by more than about a packet. Acknowledgements, NAKs, pings and
+//! pongs go out ahead of waiting packets.
+//!
+//! Reliability, per channel: every message gets the channel's next sequence number (starting
+//! at 1; `Ack 0` acknowledges nothing) and a CRC32C, and stays in the awaiting-ACK queue until
+//! a cumulative `Ack` covers it. The receiver delivers in order, drops and re-acknowledges duplicates,
 //! holds messages that arrive ahead of a gap in a bounded reorder buffer, refuses a message
 //! whose CRC fails with a `Nak` (the sender writes it and the ones after it again: what the
 //! receiver held is dropped as duplicate, what it could not hold arrives), and advertises
 //! in its `Hello`
 //! the next number it expects, so after a reconnect the sender resends exactly what was not
-//! delivered. A message not acknowledged within the retransmit timeout is written again
+//! delivered, continuing a partly received message from the byte the receiver holds. A
+//! message not acknowledged within the retransmit timeout is written again
 //! (with everything after it). Each side also sends a random *incarnation* of its state:
 //! when a peer comes back with a new incarnation (it lost its state, e.g. a memory store
 //! restarted) both directions start a fresh sequence space, renumbering what is still
@@ -40,12 +48,13 @@ use bytes::{Bytes, BytesMut};
 use linkbus_plugin_api::{API_VERSION, NodeName};
 
 pub use event::{DropReason, SendError, SessionError, SessionEvent, SessionStats};
-use receive::{Arrival, Receiver};
+use receive::{Arrival, PacketIn, PacketOutcome, Receiver};
 use send::{NakOutcome, Sender, WriteLimits};
 
+use crate::channel::{CHANNELS, SYSTEM_CHANNEL};
 use crate::frame::{
-    DATA_OVERHEAD_BYTES, FRAME_BYTES_MIN, Frame, FrameDecoder, HELLO_FLAG_DURABLE, Hello, LENGTH_BYTES,
-    PROTOCOL_VERSION,
+    ChannelPosition, DATA_OVERHEAD_BYTES, FRAME_BYTES_MIN, Frame, FrameDecoder, HELLO_FLAG_DURABLE, Hello,
+    LENGTH_BYTES, PROTOCOL_VERSION,
 };
 
 /// Settings of one session, from the node's configuration.
@@ -59,15 +68,25 @@ pub struct SessionConfig {
     pub incarnation: u64,
     /// Whether this node's sequence numbers survive a restart.
     pub durable: bool,
-    /// Longest frame accepted or sent.
+    /// Longest frame accepted.
     pub frame_bytes_max: usize,
-    /// Most messages sent and not yet acknowledged; [`Session::send`] refuses more.
+    /// Longest encoded message accepted (it arrives in packets and is assembled).
+    pub message_bytes_max: usize,
+    /// Most message bytes in one packet (also bounded by the peer's frame limit).
+    pub packet_bytes_max: usize,
+    /// Share of the connection of each channel, relative to the others (the system channel
+    /// always goes first whatever its weight).
+    pub channel_weights: [u32; CHANNELS],
+    /// Most messages of one channel sent and not yet acknowledged; [`Session::send`]
+    /// refuses more.
     pub in_flight_messages_max: usize,
-    /// Most encoded bytes sent and not yet acknowledged (one message is always allowed).
+    /// Most encoded bytes of one channel sent and not yet acknowledged (one message is
+    /// always allowed).
     pub in_flight_bytes_max: usize,
-    /// Most messages held ahead of a gap; beyond it they are dropped and resent later.
+    /// Most messages of one channel held ahead of a gap; beyond it they are dropped and
+    /// resent later.
     pub reorder_messages_max: usize,
-    /// Most encoded bytes held ahead of a gap.
+    /// Most encoded bytes of one channel held ahead of a gap.
     pub reorder_bytes_max: usize,
     /// Time a written message may go unacknowledged before it is written again.
     pub retransmit_timeout: Duration,
@@ -92,22 +111,41 @@ enum Phase {
     Established,
 }
 
+/// Both directions of one channel.
+#[derive(Debug)]
+struct Lane {
+    /// Our messages to the peer.
+    sender: Sender,
+    /// The peer's messages to us.
+    receiver: Receiver,
+    /// Bytes written recently (halved every [`RECENT_HALF_LIFE`]), for the scheduler.
+    recent: u64,
+}
+
+/// How fast the scheduler forgets what a channel wrote.
+const RECENT_HALF_LIFE: Duration = Duration::from_millis(100);
+
 /// One link's protocol state; see the module doc for the call order.
 #[derive(Debug)]
 pub struct Session {
     config: SessionConfig,
     phase: Phase,
-    /// Our messages to the peer.
-    sender: Sender,
-    /// The peer's messages to us.
-    receiver: Receiver,
+    /// One lane per channel, indexed by channel number.
+    lanes: Vec<Lane>,
+    /// When the scheduler's `recent` counters were last halved.
+    recent_decayed_at: Instant,
     /// The peer's incarnation from its last `Hello`.
     peer_incarnation: Option<u64>,
     /// The peer's `frame_bytes_max` from its last `Hello`.
     peer_frame_bytes_max: Option<usize>,
+    /// The peer's `message_bytes_max` from its last `Hello`.
+    peer_message_bytes_max: Option<usize>,
     /// Frames received but not yet decoded.
     decoder: FrameDecoder,
-    /// Frames to write, collected until the host takes them (one write per batch).
+    /// Control frames (hello, acknowledgements, NAKs, keepalive, close) to write ahead of
+    /// any packet.
+    control: BytesMut,
+    /// Packets to write, collected until the host takes them (one write per batch).
     transmit: BytesMut,
     /// Events for the host.
     events: VecDeque<SessionEvent>,
@@ -129,16 +167,23 @@ impl Session {
     /// A disconnected session with fresh sequence numbers.
     pub fn new(config: SessionConfig, now: Instant) -> Self {
         let decoder = FrameDecoder::new(config.frame_bytes_max);
-        let mut receiver = Receiver::new(config.reorder_messages_max, config.reorder_bytes_max);
-        receiver.set_skip_dedup(config.skip_dedup_for_tests);
+        let lanes = (0..CHANNELS as u8)
+            .map(|channel| {
+                let mut receiver = Receiver::new(config.reorder_messages_max, config.reorder_bytes_max);
+                receiver.set_skip_dedup(config.skip_dedup_for_tests);
+                Lane { sender: Sender::new(channel), receiver, recent: 0 }
+            })
+            .collect();
         Self {
-            receiver,
+            lanes,
+            recent_decayed_at: now,
             config,
             phase: Phase::Disconnected,
-            sender: Sender::new(),
             peer_incarnation: None,
             peer_frame_bytes_max: None,
+            peer_message_bytes_max: None,
             decoder,
+            control: BytesMut::new(),
             transmit: BytesMut::new(),
             events: VecDeque::new(),
             last_received: now,
@@ -160,19 +205,28 @@ impl Session {
         self.phase == Phase::Established
     }
 
-    /// Messages handed over and not yet acknowledged.
+    /// Messages handed over and not yet acknowledged, all channels together.
     pub fn in_flight(&self) -> usize {
-        self.sender.in_flight()
+        self.lanes.iter().map(|l| l.sender.in_flight()).sum()
     }
 
     /// Messages handed over but not yet written on the current connection.
     pub fn unwritten(&self) -> usize {
-        self.sender.unwritten()
+        self.lanes.iter().map(|l| l.sender.unwritten()).sum()
     }
 
-    /// Messages held in the reorder buffer.
+    /// Messages held in the reorder buffers.
     pub fn held(&self) -> usize {
-        self.receiver.held()
+        self.lanes.iter().map(|l| l.receiver.held()).sum()
+    }
+
+    /// Bytes held of messages being assembled from packets.
+    pub fn assembling_bytes(&self) -> usize {
+        self.lanes.iter().map(|l| l.receiver.assembling()).sum()
+    }
+
+    fn lane(&mut self, channel: u8) -> Option<&mut Lane> {
+        self.lanes.get_mut(channel as usize)
     }
 
     /// Counters since the session was made.
@@ -180,17 +234,24 @@ impl Session {
         &self.stats
     }
 
-    /// Whether [`Session::send`] would accept a message now.
-    pub fn has_window(&self) -> bool {
-        let messages = self.sender.in_flight();
-        messages < self.config.in_flight_messages_max
-            && (messages == 0 || self.sender.in_flight_bytes() < self.config.in_flight_bytes_max)
+    /// Whether [`Session::send`] would accept a message on `channel` now.
+    pub fn has_window(&self, channel: u8) -> bool {
+        self.lanes.get(channel as usize).is_some_and(|lane| {
+            let messages = lane.sender.in_flight();
+            messages < self.config.in_flight_messages_max
+                && (messages == 0 || lane.sender.in_flight_bytes() < self.config.in_flight_bytes_max)
+        })
     }
 
-    /// Largest encoded message the link carries: our frame limit, and the peer's once known.
+    /// Largest encoded message the link carries: our limit, and the peer's once known.
     pub fn message_bytes_max(&self) -> usize {
-        let frame = self.peer_frame_bytes_max.unwrap_or(usize::MAX).min(self.config.frame_bytes_max);
-        frame.saturating_sub(DATA_OVERHEAD_BYTES - LENGTH_BYTES)
+        self.peer_message_bytes_max.unwrap_or(usize::MAX).min(self.config.message_bytes_max)
+    }
+
+    /// Most message bytes in one packet: ours, and what fits in the peer's frames.
+    fn packet_bytes_max(&self) -> usize {
+        let frame = self.peer_frame_bytes_max.unwrap_or(self.config.frame_bytes_max);
+        frame.saturating_sub(DATA_OVERHEAD_BYTES - LENGTH_BYTES).min(self.config.packet_bytes_max).max(1)
     }
 
     /// Whether a new connection should replace the current one. Both ends decide alike: the
@@ -214,11 +275,14 @@ impl Session {
     /// and received messages the host has not confirmed (the peer sends them again).
     fn reset_connection(&mut self) {
         self.decoder.clear();
+        self.control.clear();
         self.transmit.clear();
         self.ping = None;
         self.last_pong = None;
         self.pending_pong = None;
-        self.receiver.reset_connection();
+        for lane in &mut self.lanes {
+            lane.receiver.reset_connection();
+        }
         self.events.retain(|e| !matches!(e, SessionEvent::Received { .. } | SessionEvent::Skipped { .. }));
     }
 
@@ -233,12 +297,13 @@ impl Session {
             from: self.config.local.to_string(),
             to: self.config.peer.to_string(),
             incarnation: self.config.incarnation,
-            expected: self.receiver.expected(),
             your_incarnation: self.peer_incarnation.unwrap_or(0),
             frame_bytes_max: u32::try_from(self.config.frame_bytes_max).unwrap_or(u32::MAX),
+            message_bytes_max: self.config.message_bytes_max as u64,
             flags: if self.config.durable { HELLO_FLAG_DURABLE } else { 0 },
+            channels: self.lanes.iter().map(|l| l.receiver.position()).collect(),
         };
-        Frame::Hello(hello).encode(&mut self.transmit);
+        Frame::Hello(hello).encode(&mut self.control);
     }
 
     /// The transport connection is gone; messages awaiting acknowledgement are kept and
@@ -276,15 +341,20 @@ impl Session {
                 self.phase = Phase::Disconnected;
                 self.events.push_back(SessionEvent::Closed(SessionError::PeerClosed { code, reason }));
             }
-            (Phase::Established, Frame::Data { sequence, crc, message }) => {
-                self.handle_data(sequence, crc, message);
+            (Phase::Established, Frame::Data { channel, sequence, offset, total, crc, bytes }) => {
+                self.handle_data(channel, PacketIn { sequence, offset, total, crc, bytes });
             }
-            (Phase::Established, Frame::Ack { sequence }) => self.complete_through(sequence),
-            (Phase::Established, Frame::Nak { sequence }) => match self.sender.nak(sequence) {
-                NakOutcome::Rewound => self.stats.naks_received += 1,
-                NakOutcome::Ignored => {}
-                NakOutcome::TooMany => self.close(SessionError::TooManyNaks(sequence)),
-            },
+            (Phase::Established, Frame::Ack { channel, sequence }) => {
+                self.complete_through(channel, sequence)
+            }
+            (Phase::Established, Frame::Nak { channel, sequence }) => {
+                match self.lane(channel).map(|l| l.sender.nak(sequence)) {
+                    None => self.close(SessionError::UnknownChannel(channel)),
+                    Some(NakOutcome::Rewound) => self.stats.naks_received += 1,
+                    Some(NakOutcome::Ignored) => {}
+                    Some(NakOutcome::TooMany) => self.close(SessionError::TooManyNaks { channel, sequence }),
+                }
+            }
             (Phase::Established, Frame::Ping { nonce }) => self.answer_ping(nonce, now),
             (Phase::Established, Frame::Pong { .. }) => {}
             (_, other) => self.close(SessionError::Unexpected(other.name())),
@@ -294,7 +364,7 @@ impl Session {
     /// Answers a ping, unless other frames are about to go out anyway (any frame proves
     /// liveness) or the peer pings more often than every [`PONG_INTERVAL_MIN`] (throttled).
     fn answer_ping(&mut self, nonce: u64, now: Instant) {
-        if !self.transmit.is_empty() {
+        if self.transmit_len() > 0 {
             self.stats.pings_unanswered += 1;
             return;
         }
@@ -304,7 +374,7 @@ impl Session {
             return;
         }
         self.last_pong = Some(now);
-        Frame::Pong { nonce }.encode(&mut self.transmit);
+        Frame::Pong { nonce }.encode(&mut self.control);
     }
 
     /// Sends a throttled pong once its time has come (unless other frames go out anyway).
@@ -312,9 +382,9 @@ impl Session {
         let due = self.last_pong.is_none_or(|at| now >= at + PONG_INTERVAL_MIN);
         if let Some(nonce) = self.pending_pong.filter(|_| due) {
             self.pending_pong = None;
-            if self.transmit.is_empty() {
+            if self.transmit_len() == 0 {
                 self.last_pong = Some(now);
-                Frame::Pong { nonce }.encode(&mut self.transmit);
+                Frame::Pong { nonce }.encode(&mut self.control);
             }
         }
     }
@@ -335,121 +405,251 @@ impl Session {
         if hello.frame_bytes_max < FRAME_BYTES_MIN as u32 {
             return self.close(SessionError::FrameLimit(hello.frame_bytes_max));
         }
+        if hello.channels.len() != CHANNELS {
+            return self.close(SessionError::ChannelCount(hello.channels.len()));
+        }
         let peer_restarted = self.peer_incarnation.is_some_and(|known| known != hello.incarnation);
         if peer_restarted {
-            // The peer's old sequence space is gone with its state: start receiving afresh.
-            self.receiver.restart();
+            // The peer's old sequence spaces are gone with its state: start receiving afresh.
+            for lane in &mut self.lanes {
+                lane.receiver.restart();
+            }
         }
         self.peer_incarnation = Some(hello.incarnation);
         self.peer_frame_bytes_max = Some(hello.frame_bytes_max as usize);
-        let resend_from = if hello.your_incarnation == self.config.incarnation {
-            let (last_sent, acked) = (self.sender.last_sent(), self.sender.acked());
-            if hello.expected > last_sent + 1 {
-                return self.close(SessionError::ClaimsMore { expected: hello.expected, last_sent });
+        self.peer_message_bytes_max = Some(usize::try_from(hello.message_bytes_max).unwrap_or(usize::MAX));
+        let knows_us = hello.your_incarnation == self.config.incarnation;
+        if knows_us {
+            for (channel, position) in hello.channels.iter().enumerate() {
+                if let Err(error) = self.check_position(channel as u8, position) {
+                    return self.close(error);
+                }
             }
-            if hello.expected <= acked {
-                return self.close(SessionError::WentBackwards { expected: hello.expected, acked });
-            }
-            // Received but the ACK was lost: adopt the peer's number.
-            self.complete_through(hello.expected - 1);
-            hello.expected
-        } else {
-            // The peer never saw this incarnation of ours: its numbers mean nothing to us,
-            // and ours nothing to it. Renumber what still waits from 1.
-            self.sender.renumber();
-            1
-        };
+        }
+        let (mut resent, mut resumed_bytes) = (0, 0);
+        for (channel, position) in hello.channels.iter().enumerate() {
+            let Some(lane) = self.lanes.get_mut(channel) else { continue };
+            let (from, held_bytes) = if knows_us {
+                // Received but the ACK was lost: adopt the peer's number.
+                if let Some(messages) = lane.sender.complete_through(position.expected - 1) {
+                    let through = position.expected - 1;
+                    self.events.push_back(SessionEvent::Acked { channel: channel as u8, through, messages });
+                }
+                (position.expected, position.held_bytes)
+            } else {
+                // The peer never saw this incarnation of ours: its numbers mean nothing to us,
+                // and ours nothing to it. Renumber what still waits from 1.
+                lane.sender.renumber();
+                (1, 0)
+            };
+            let (messages, resumed) = lane.sender.start_connection(from, held_bytes, position.held_crc);
+            resent += messages;
+            resumed_bytes += resumed;
+        }
         self.phase = Phase::Established;
         self.stats.renegotiations += 1;
-        let resent = self.sender.start_connection(resend_from);
         self.stats.resent += resent as u64;
-        self.events.push_back(SessionEvent::Established { peer_restarted, resent });
+        self.stats.resumed_bytes += resumed_bytes;
+        self.events.push_back(SessionEvent::Established { peer_restarted, resent, resumed_bytes });
     }
 
-    /// Writes waiting messages in sequence order — first those to resend after a
-    /// reconnect or a retransmit timeout, then new ones — until about `budget` bytes are
-    /// written (at least one message when the budget is not zero). A message written after
-    /// it waited carries the lifetime it has left; one that expired, or that is larger than
-    /// the peer accepts, goes as an empty skip message and is reported as
-    /// [`SessionEvent::Dropped`]. Returns how many messages were written.
+    /// A peer that knows our incarnation may expect neither more than we sent nor less than
+    /// it acknowledged, on any channel.
+    fn check_position(&self, channel: u8, position: &ChannelPosition) -> Result<(), SessionError> {
+        let Some(lane) = self.lanes.get(channel as usize) else { return Ok(()) };
+        let (last_sent, acked) = (lane.sender.last_sent(), lane.sender.acked());
+        let expected = position.expected;
+        if expected > last_sent + 1 {
+            return Err(SessionError::ClaimsMore { channel, expected, last_sent });
+        }
+        if expected <= acked {
+            return Err(SessionError::WentBackwards { channel, expected, acked });
+        }
+        Ok(())
+    }
+
+    /// Writes waiting packets until about `budget` bytes are written (at least one packet
+    /// when the budget is not zero). Each packet comes from the system channel when it has
+    /// one waiting, else from the channel that wrote the fewest bytes recently for its
+    /// weight; within a channel, messages go in sequence order (first those to resend after
+    /// a reconnect or a retransmit timeout, then new ones). A message whose write starts
+    /// after it waited carries the lifetime it has left; one that expired, or that is larger
+    /// than the peer accepts, goes as an empty skip message and is reported as
+    /// [`SessionEvent::Dropped`]. Returns how many packets were written.
     pub fn write_pending(&mut self, now: Instant, budget: usize) -> usize {
-        if self.phase != Phase::Established {
+        if self.phase != Phase::Established || budget == 0 {
             return 0;
         }
-        let limits = WriteLimits { message_bytes_max: self.message_bytes_max(), budget };
-        self.sender.write(now, &limits, &mut self.transmit, &mut self.events)
+        self.decay_recent(now);
+        let limits = WriteLimits {
+            message_bytes_max: self.message_bytes_max(),
+            packet_bytes_max: self.packet_bytes_max(),
+        };
+        let (mut written, mut packets) = (0, 0);
+        while written < budget {
+            let Some(channel) = self.next_channel() else { break };
+            let Some(lane) = self.lanes.get_mut(channel) else { break };
+            let Some(bytes) = lane.sender.write_packet(now, &limits, &mut self.transmit, &mut self.events)
+            else {
+                break;
+            };
+            lane.recent = lane.recent.saturating_add(bytes as u64);
+            written += bytes;
+            packets += 1;
+        }
+        packets
     }
 
-    fn handle_data(&mut self, sequence: u64, crc: u32, message: Bytes) {
+    /// The channel to write the next packet from: see [`Session::write_pending`].
+    fn next_channel(&self) -> Option<usize> {
+        let weights = &self.config.channel_weights;
+        let waiting = |(_, lane): &(usize, &Lane)| lane.sender.has_unwritten();
+        let mut candidates = self.lanes.iter().enumerate().filter(waiting);
+        let first = candidates.next()?;
+        if first.0 == SYSTEM_CHANNEL as usize {
+            return Some(first.0);
+        }
+        // Fewest recent bytes per unit of weight: compare recent_a / w_a with recent_b / w_b.
+        let cost = |(channel, lane): &(usize, &Lane)| {
+            let weight = u128::from(weights.get(*channel).copied().unwrap_or(1).max(1));
+            (u128::from(lane.recent), weight)
+        };
+        let best = candidates.fold(first, |best, next| {
+            let ((rb, wb), (rn, wn)) = (cost(&best), cost(&next));
+            if rn * wb < rb * wn { next } else { best }
+        });
+        Some(best.0)
+    }
+
+    /// Halves every channel's recent bytes once per [`RECENT_HALF_LIFE`] gone by.
+    fn decay_recent(&mut self, now: Instant) {
+        let elapsed = now.saturating_duration_since(self.recent_decayed_at);
+        let halvings = (elapsed.as_nanos() / RECENT_HALF_LIFE.as_nanos()).min(64) as u32;
+        if halvings == 0 {
+            return;
+        }
+        for lane in &mut self.lanes {
+            lane.recent = lane.recent.checked_shr(halvings).unwrap_or(0);
+        }
+        self.recent_decayed_at += RECENT_HALF_LIFE * halvings;
+        if halvings == 64 {
+            self.recent_decayed_at = now;
+        }
+    }
+
+    fn handle_data(&mut self, channel: u8, packet: PacketIn) {
+        let (sequence, crc) = (packet.sequence, packet.crc);
+        if packet.total > self.config.message_bytes_max as u64 {
+            let max = self.config.message_bytes_max;
+            return self.close(SessionError::MessageTooLarge { channel, sequence, len: packet.total, max });
+        }
+        let Some(lane) = self.lanes.get_mut(channel as usize) else {
+            return self.close(SessionError::UnknownChannel(channel));
+        };
+        let message = match lane.receiver.packet(packet) {
+            PacketOutcome::Partial => return,
+            PacketOutcome::Complete(message) => message,
+            PacketOutcome::Duplicate { last } => {
+                if last {
+                    self.stats.duplicates += 1;
+                    self.ack_again(channel);
+                }
+                return;
+            }
+            PacketOutcome::Dropped { last } => {
+                self.stats.dropped_ahead += u64::from(last);
+                return;
+            }
+        };
         if crc32c::crc32c(&message) != crc {
             // Damaged in transit (the header was checked): ask for it again, unless a good
             // copy is already here.
-            if self.receiver.wants(sequence) {
+            if lane.receiver.wants(sequence) {
                 self.stats.naks_sent += 1;
-                Frame::Nak { sequence }.encode(&mut self.transmit);
+                Frame::Nak { channel, sequence }.encode(&mut self.control);
             }
             return;
         }
-        match self.receiver.arrive(sequence, message) {
-            Err(e) => self.close(SessionError::BadMessage { sequence, reason: e.to_string() }),
+        match lane.receiver.arrive(sequence, message) {
+            Err(e) => self.close(SessionError::BadMessage { channel, sequence, reason: e.to_string() }),
             Ok(Arrival::Duplicate) => {
                 self.stats.duplicates += 1;
-                let expected = self.receiver.expected();
-                if expected > 1 {
-                    Frame::Ack { sequence: expected - 1 }.encode(&mut self.transmit);
-                }
+                self.ack_again(channel);
             }
             Ok(Arrival::Held) => self.stats.held += 1,
             Ok(Arrival::Dropped) => self.stats.dropped_ahead += 1,
             Ok(Arrival::Delivered(messages)) => {
                 for (sequence, message) in messages {
                     self.events.push_back(match message {
-                        Some(message) => SessionEvent::Received { sequence, message },
-                        None => SessionEvent::Skipped { sequence },
+                        Some(message) => SessionEvent::Received { channel, sequence, message },
+                        None => SessionEvent::Skipped { channel, sequence },
                     });
                 }
             }
         }
     }
 
-    /// An ACK (or the peer's `Hello`) says everything through `through` arrived; a number
-    /// that matches nothing awaiting is ignored.
-    fn complete_through(&mut self, through: u64) {
-        if let Some(messages) = self.sender.complete_through(through) {
-            self.events.push_back(SessionEvent::Acked { through, messages });
+    /// A duplicate arrived: acknowledge again what this channel already stored.
+    fn ack_again(&mut self, channel: u8) {
+        let expected = self.lanes.get(channel as usize).map_or(1, |l| l.receiver.expected());
+        if expected > 1 {
+            Frame::Ack { channel, sequence: expected - 1 }.encode(&mut self.control);
         }
     }
 
-    /// The host stored every received message up to `through`: acknowledge them. Numbers
-    /// from an earlier connection (already forgotten) are ignored.
-    pub fn handle_delivered(&mut self, through: u64) {
-        if self.receiver.delivered(through) && self.phase == Phase::Established {
-            Frame::Ack { sequence: through }.encode(&mut self.transmit);
+    /// An ACK says everything of `channel` through `through` arrived; a number that matches
+    /// nothing awaiting is ignored.
+    fn complete_through(&mut self, channel: u8, through: u64) {
+        let Some(lane) = self.lanes.get_mut(channel as usize) else {
+            return self.close(SessionError::UnknownChannel(channel));
+        };
+        if let Some(messages) = lane.sender.complete_through(through) {
+            self.events.push_back(SessionEvent::Acked { channel, through, messages });
         }
     }
 
-    /// Hands over one encoded message (see [`crate::wire`]) whose lifetime ends at
-    /// `expires_at` (`None`: never); [`Session::write_pending`] writes it once the link is
-    /// up and the messages before it are written. Returns its sequence number.
+    /// The host stored every received message of `channel` up to `through`: acknowledge
+    /// them. Numbers from an earlier connection (already forgotten) are ignored.
+    pub fn handle_delivered(&mut self, channel: u8, through: u64) {
+        let established = self.phase == Phase::Established;
+        if let Some(lane) = self.lanes.get_mut(channel as usize)
+            && lane.receiver.delivered(through)
+            && established
+        {
+            Frame::Ack { channel, sequence: through }.encode(&mut self.control);
+        }
+    }
+
+    /// Hands over one encoded message (see [`crate::wire`]) for `channel` whose lifetime
+    /// ends at `expires_at` (`None`: never); [`Session::write_pending`] writes it once the
+    /// link is up and the messages before it on its channel are written. Returns its
+    /// sequence number on the channel.
     ///
     /// # Errors
-    /// [`SendError::WindowFull`] when `in_flight_messages_max` messages await
-    /// acknowledgement; [`SendError::TooLarge`] when it does not fit in a frame of this node
-    /// or (once known) of the peer.
+    /// [`SendError::WindowFull`] when the channel's window is full;
+    /// [`SendError::TooLarge`] when it is longer than this node or (once known) the peer
+    /// accepts; [`SendError::UnknownChannel`] for a channel number out of range.
     pub fn send(
         &mut self,
+        channel: u8,
         message: Bytes,
         expires_at: Option<Instant>,
         now: Instant,
     ) -> Result<u64, SendError> {
-        if !self.has_window() {
-            return Err(SendError::WindowFull(self.sender.in_flight()));
+        if channel as usize >= CHANNELS {
+            return Err(SendError::UnknownChannel(channel));
+        }
+        if !self.has_window(channel) {
+            return Err(SendError::WindowFull(
+                self.lanes.get(channel as usize).map_or(0, |l| l.sender.in_flight()),
+            ));
         }
         let max = self.message_bytes_max();
         if message.len() > max || message.is_empty() {
             return Err(SendError::TooLarge { len: message.len(), max });
         }
-        Ok(self.sender.push(message, expires_at, now))
+        let lane = self.lanes.get_mut(channel as usize).ok_or(SendError::UnknownChannel(channel))?;
+        Ok(lane.sender.push(message, expires_at, now))
     }
 
     /// Time has come: enforces the handshake timeout, the keepalive and the retransmit
@@ -463,8 +663,11 @@ impl Session {
                 }
             }
             Phase::Established => {
-                if self.sender.rewind_if_overdue(now, self.config.retransmit_timeout) {
-                    self.stats.retransmit_timeouts += 1;
+                let timeout = self.config.retransmit_timeout;
+                for lane in &mut self.lanes {
+                    if lane.sender.rewind_if_overdue(now, timeout) {
+                        self.stats.retransmit_timeouts += 1;
+                    }
                 }
                 self.pong_due(now);
                 self.keepalive(now);
@@ -482,7 +685,7 @@ impl Session {
                 let nonce = self.next_nonce;
                 self.next_nonce += 1;
                 self.ping = Some((nonce, now));
-                Frame::Ping { nonce }.encode(&mut self.transmit);
+                Frame::Ping { nonce }.encode(&mut self.control);
             }
             None => {}
         }
@@ -498,21 +701,28 @@ impl Session {
                     Some((_, sent)) => sent + self.config.pong_timeout,
                     None => self.last_received + self.config.ping_interval,
                 };
-                let retransmit = self.sender.retransmit_at(self.config.retransmit_timeout);
+                let timeout = self.config.retransmit_timeout;
+                let retransmit = self.lanes.iter().filter_map(|l| l.sender.retransmit_at(timeout));
                 let pong = self.pending_pong.and(self.last_pong).map(|at| at + PONG_INTERVAL_MIN);
-                Some([retransmit, pong].into_iter().flatten().fold(keepalive, Instant::min))
+                Some(retransmit.chain(pong).fold(keepalive, Instant::min))
             }
         }
     }
 
-    /// Bytes to write to the connection, all frames since the last call in one buffer.
+    /// Bytes to write to the connection, all frames since the last call in one buffer:
+    /// control frames first, then packets.
     pub fn poll_transmit(&mut self) -> Option<Bytes> {
-        (!self.transmit.is_empty()).then(|| self.transmit.split().freeze())
+        if self.control.is_empty() {
+            return (!self.transmit.is_empty()).then(|| self.transmit.split().freeze());
+        }
+        let mut out = self.control.split();
+        out.unsplit(self.transmit.split());
+        Some(out.freeze())
     }
 
     /// Bytes waiting for [`Session::poll_transmit`].
     pub fn transmit_len(&self) -> usize {
-        self.transmit.len()
+        self.control.len() + self.transmit.len()
     }
 
     /// The next event for the host.
@@ -525,7 +735,7 @@ impl Session {
             return;
         }
         let code = error.close_code() as u16;
-        Frame::Close { code, reason: error.to_string() }.encode(&mut self.transmit);
+        Frame::Close { code, reason: error.to_string() }.encode(&mut self.control);
         self.phase = Phase::Disconnected;
         self.events.push_back(SessionEvent::Closed(error));
     }

@@ -84,7 +84,7 @@ pub async fn run(
 }
 
 async fn serve(node: Arc<NodeState>, mut stream: UnixStream, mut shutdown: watch::Receiver<bool>) {
-    let frame_bytes_max = node.config.links.frame_bytes_max as usize + (1 << 20);
+    let frame_bytes_max = node.encoded_message_bytes_max().saturating_add(1 << 20);
     let mut buf = BytesMut::with_capacity(64 * 1024);
     let mut out = BytesMut::new();
     loop {

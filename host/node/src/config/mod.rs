@@ -12,11 +12,14 @@ use linkbus_plugin_api::{ConfigValue, NodeName, QueueName, Reliability};
 
 pub use read::{Overrides, apply_overrides, from_value, load_file, parse_yaml};
 
-/// Bytes a frame needs beyond the payload it carries: frame header, sequence and CRC, plus
-/// the largest envelope a message can have (48 KiB name, 64 recipients, 64 headers of 4 KiB:
-/// about 330 KiB). With `frame_bytes_max` at least `message_bytes_max` plus this, every
-/// message a node accepts fits in one frame.
-pub const FRAME_OVERHEAD_BYTES: u64 = 512 * 1024;
+/// Bytes an encoded message may need beyond its payload: the largest envelope a message can
+/// have (48 KiB name, 64 recipients, 64 headers of 4 KiB: about 330 KiB), rounded up. A link
+/// accepts encoded messages of up to `messages.message_bytes_max` plus this.
+pub const ENVELOPE_BYTES_MAX: u64 = 512 * 1024;
+
+/// Bytes a frame needs beyond the packet it carries (header, channel, numbers, CRCs), rounded
+/// up: `links.frame_bytes_max` must exceed `links.packet_bytes_max` by this.
+pub const PACKET_OVERHEAD_BYTES: u64 = 64;
 
 /// Everything a node needs to run.
 #[derive(Debug, Clone, PartialEq)]
@@ -140,8 +143,11 @@ pub struct MessageSettings {
 /// `links:` — the link protocol's limits and timers.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LinkSettings {
-    /// Longest frame sent or accepted, in bytes.
+    /// Longest frame accepted, in bytes.
     pub frame_bytes_max: u64,
+    /// Most message bytes in one packet: messages are cut into packets of this size, which
+    /// interleave with other channels' packets.
+    pub packet_bytes_max: u64,
     /// Messages sent to a neighbour and not yet acknowledged.
     pub in_flight_messages_max: u64,
     /// Bytes of messages sent to a neighbour and not yet acknowledged.
@@ -215,7 +221,8 @@ impl Default for MessageSettings {
 impl Default for LinkSettings {
     fn default() -> Self {
         Self {
-            frame_bytes_max: (4 << 20) + FRAME_OVERHEAD_BYTES,
+            frame_bytes_max: 1 << 20,
+            packet_bytes_max: 64 << 10,
             in_flight_messages_max: 4096,
             in_flight_bytes_max: 64 << 20,
             queue_messages_max: 1_000_000,

@@ -11,7 +11,7 @@ use linkbus_plugin_api::{
 };
 
 use super::{
-    Config, FRAME_OVERHEAD_BYTES, LinkSettings, MessageSettings, NodeSettings, PeerConfig, PluginChoice,
+    Config, LinkSettings, MessageSettings, NodeSettings, PACKET_OVERHEAD_BYTES, PeerConfig, PluginChoice,
     PluginSettings, QUEUE_MESSAGES_MAX_DEFAULT, QueueConfig, QueueOrder, SecuritySettings,
 };
 
@@ -299,7 +299,8 @@ fn read_links(root: &Section<'_>) -> LinkSettings {
     let d = LinkSettings::default();
     let Some(s) = root.section("links") else { return d };
     let settings = LinkSettings {
-        frame_bytes_max: s.number("frame_bytes_max", d.frame_bytes_max, FRAME_OVERHEAD_BYTES, BYTES_MAX),
+        frame_bytes_max: s.number("frame_bytes_max", d.frame_bytes_max, 2048, BYTES_MAX),
+        packet_bytes_max: s.number("packet_bytes_max", d.packet_bytes_max, 1024, 16 << 20),
         in_flight_messages_max: s.number("in_flight_messages_max", d.in_flight_messages_max, 1, 1 << 20),
         in_flight_bytes_max: s.number("in_flight_bytes_max", d.in_flight_bytes_max, 1, BYTES_MAX),
         queue_messages_max: s.number("queue_messages_max", d.queue_messages_max, 1, 1 << 40),
@@ -354,13 +355,13 @@ fn read_choice(plugins: &Section<'_>, point: &'static str, default: PluginChoice
 }
 
 fn check_relations(config: &Config, diag: &Diagnostics) {
-    let frame_needed = config.messages.message_bytes_max + FRAME_OVERHEAD_BYTES;
+    let frame_needed = config.links.packet_bytes_max + PACKET_OVERHEAD_BYTES;
     if config.links.frame_bytes_max < frame_needed {
         diag.error(
             "links.frame_bytes_max",
             format!(
-                "{} is too small for messages.message_bytes_max {} plus {FRAME_OVERHEAD_BYTES} bytes of envelope",
-                config.links.frame_bytes_max, config.messages.message_bytes_max
+                "{} is too small for links.packet_bytes_max {} plus {PACKET_OVERHEAD_BYTES} bytes of packet header",
+                config.links.frame_bytes_max, config.links.packet_bytes_max
             ),
         );
     }

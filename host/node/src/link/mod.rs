@@ -8,8 +8,11 @@
 //! when a connection fails, the task dials again with bounded exponential backoff (if the
 //! peer has an address), while messages keep waiting in the transmission queue.
 //!
-//! Memory stays bounded when the peer stops reading: above `WRITE_BACKLOG_BYTES_MAX` bytes
-//! not yet written, the task stops filling the window and stops reading (so the peer's own
+//! Packets leave the session only while less than `DATA_BACKLOG_BYTES` wait for the writer,
+//! so the session's scheduler, not a deep queue in front of the socket, decides which
+//! channel goes next (an urgent message waits behind at most that much). Memory stays
+//! bounded when the peer stops reading: above `WRITE_BACKLOG_BYTES_MAX` bytes not yet
+//! written (only control frames get there), the task stops reading (so the peer's own
 //! writes stall) until the writer drains.
 
 mod backoff;
@@ -22,7 +25,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
-use linkbus_plugin_api::Lifetime;
+use linkbus_plugin_api::message::Kind;
+use linkbus_plugin_api::{Lifetime, Message};
+use linkbus_proto::channel::{CHANNELS, channel_for};
 use linkbus_proto::frame::{CloseCode, Frame};
 use linkbus_proto::secure::SecureChannel;
 use linkbus_proto::wire::message_bytes;
@@ -40,6 +45,11 @@ pub use transmit::CLASSES;
 
 /// Bytes handed to the writer and not yet written, above which the link stops producing.
 pub const WRITE_BACKLOG_BYTES_MAX: usize = 16 << 20;
+
+/// Bytes of packets handed to the writer and not yet written, above which the session
+/// writes no more packets: enough to keep the connection busy, small enough that a packet
+/// of an urgent channel is not queued behind much.
+pub const DATA_BACKLOG_BYTES: usize = 1 << 20;
 
 struct Active {
     id: u64,
@@ -82,6 +92,9 @@ fn session_config(node: &NodeState, handle: &LinkHandle) -> SessionConfig {
         incarnation: node.incarnation,
         durable: node.store.durable(),
         frame_bytes_max: links.frame_bytes_max as usize,
+        message_bytes_max: node.encoded_message_bytes_max(),
+        packet_bytes_max: links.packet_bytes_max as usize,
+        channel_weights: linkbus_proto::channel::EQUAL_WEIGHTS,
         in_flight_messages_max: links.in_flight_messages_max as usize,
         in_flight_bytes_max: links.in_flight_bytes_max as usize,
         reorder_messages_max: links.reorder_messages_max as usize,
@@ -146,6 +159,11 @@ pub async fn run(node: Arc<NodeState>, handle: Arc<LinkHandle>, mut shutdown: wa
         link.pump();
     }
     link.shutdown().await;
+}
+
+/// The link channel a message travels on: its priority class, or the file channel.
+fn channel_of(message: &Message) -> u8 {
+    channel_for(message.content.priority.code(), message.content.kind == Kind::File)
 }
 
 async fn sleep_until(at: Option<tokio::time::Instant>) {
@@ -311,7 +329,7 @@ impl Link {
             self.fill_window();
             // Bounded, so a large resend after a reconnect never stops the reading that
             // brings the acknowledgements.
-            let budget = WRITE_BACKLOG_BYTES_MAX.saturating_sub(self.backlog() + self.session.transmit_len());
+            let budget = DATA_BACKLOG_BYTES.saturating_sub(self.backlog() + self.session.transmit_len());
             self.session.write_pending(Instant::now(), budget);
             let progressed = self.handle_events();
             if let Some(bytes) = self.session.poll_transmit() {
@@ -335,8 +353,11 @@ impl Link {
         {
             let mut queue = self.handle.lock();
             let before = queue.len();
-            while self.session.has_window() {
-                let Some((mut message, queued_at)) = queue.pop() else { break };
+            loop {
+                let session = &self.session;
+                let Some((mut message, queued_at)) = queue.pop(|m| session.has_window(channel_of(m))) else {
+                    break;
+                };
                 let elapsed = now.saturating_duration_since(queued_at);
                 let lifetime = message.content.lifetime.unwrap_or(Lifetime::UNLIMITED);
                 let Some(left) = lifetime.after(elapsed.as_millis() as u64) else {
@@ -345,7 +366,7 @@ impl Link {
                 };
                 message.content.lifetime = Some(left);
                 let expires_at = (!left.is_unlimited()).then(|| now + Duration::from_millis(left.as_ms()));
-                match self.session.send(message_bytes(&message), expires_at, now) {
+                match self.session.send(channel_of(&message), message_bytes(&message), expires_at, now) {
                     Ok(_) => {}
                     Err(SendError::TooLarge { max, .. }) => too_large.push((message, max)),
                     Err(_) => {
@@ -361,7 +382,7 @@ impl Link {
             }
         }
         for (message, max) in too_large {
-            let reason = format!("message is larger than peer {}'s frame limit ({max} bytes)", self.peer());
+            let reason = format!("message is larger than peer {}'s message limit ({max} bytes)", self.peer());
             self.dead_letter_local(message, &reason, now);
         }
     }
@@ -375,29 +396,35 @@ impl Link {
     /// Returns whether anything happened that may let more work through.
     fn handle_events(&mut self) -> bool {
         let mut progressed = false;
-        let mut delivered = None;
+        let mut delivered = [None; CHANNELS];
         let mut closed = None;
         let now = Instant::now();
         while let Some(event) = self.session.poll_event() {
             progressed = true;
             match event {
-                SessionEvent::Established { peer_restarted, resent } => {
-                    info!(peer = self.peer(), peer_restarted, resent, "Link up.");
+                SessionEvent::Established { peer_restarted, resent, resumed_bytes } => {
+                    info!(peer = self.peer(), peer_restarted, resent, resumed_bytes, "Link up.");
                     self.handle.up.store(true, Ordering::Relaxed);
                     self.handle
                         .peer_message_bytes_max
                         .store(self.session.message_bytes_max(), Ordering::Relaxed);
                 }
-                SessionEvent::Received { sequence, message } => {
+                SessionEvent::Received { channel, sequence, message } => {
                     if let Err(e) = self.node.deliver(message, now) {
                         warn!(peer = self.peer(), error = %e, "Cannot take delivery; dropping the connection.");
                         closed = Some(e.to_string());
                         break;
                     }
                     self.handle.received_total.fetch_add(1, Ordering::Relaxed);
-                    delivered = Some(sequence);
+                    if let Some(slot) = delivered.get_mut(channel as usize) {
+                        *slot = Some(sequence);
+                    }
                 }
-                SessionEvent::Skipped { sequence } => delivered = Some(sequence),
+                SessionEvent::Skipped { channel, sequence } => {
+                    if let Some(slot) = delivered.get_mut(channel as usize) {
+                        *slot = Some(sequence);
+                    }
+                }
                 SessionEvent::Dropped { message, reason } => self.dropped(message, reason, now),
                 SessionEvent::Acked { messages, .. } => {
                     self.handle.acked_total.fetch_add(messages as u64, Ordering::Relaxed);
@@ -411,9 +438,11 @@ impl Link {
                 }
             }
         }
-        if let Some(through) = delivered {
-            self.session.handle_delivered(through);
-            self.backoff.reset();
+        for (channel, through) in delivered.into_iter().enumerate() {
+            if let Some(through) = through {
+                self.session.handle_delivered(channel as u8, through);
+                self.backoff.reset();
+            }
         }
         if let Some(reason) = closed {
             if let Some(bytes) = self.session.poll_transmit() {
@@ -431,7 +460,7 @@ impl Link {
                 warn!(peer = self.peer(), id = %m.id, "Message expired before it was resent.")
             }
             (DropReason::TooLargeForPeer, Ok(m)) => {
-                let reason = format!("message is larger than peer {}'s frame limit", self.peer());
+                let reason = format!("message is larger than peer {}'s message limit", self.peer());
                 self.dead_letter_local(m, &reason, now);
             }
             (_, Err(e)) => warn!(peer = self.peer(), error = %e, "Dropped message does not decode."),

@@ -81,16 +81,22 @@ impl TransmissionQueue {
         }
     }
 
-    /// The next message to send: the system class first, then the levels in turn, highest
-    /// first in each round.
-    pub(crate) fn pop(&mut self) -> Option<(Message, Instant)> {
-        if let Some(item) = self.classes.get_mut(SYSTEM).and_then(VecDeque::pop_front) {
+    /// The next message to send among those `ready` takes (it is asked about the head of
+    /// each class; the session's window is per channel): the system class first, then the
+    /// levels in turn, highest first in each round.
+    pub(crate) fn pop(&mut self, ready: impl Fn(&Message) -> bool) -> Option<(Message, Instant)> {
+        let head_ready = |c: &VecDeque<(Message, Instant)>| c.front().is_some_and(|(m, _)| ready(m));
+        if let Some(item) =
+            self.classes.get_mut(SYSTEM).filter(|c| head_ready(c)).and_then(VecDeque::pop_front)
+        {
             self.len -= 1;
             return Some(item);
         }
         for step in 0..SYSTEM {
             let class = (self.turn + SYSTEM - step) % SYSTEM;
-            if let Some(item) = self.classes.get_mut(class).and_then(VecDeque::pop_front) {
+            if let Some(item) =
+                self.classes.get_mut(class).filter(|c| head_ready(c)).and_then(VecDeque::pop_front)
+            {
                 self.turn = (class + SYSTEM - 1) % SYSTEM;
                 self.len -= 1;
                 return Some(item);
@@ -125,7 +131,7 @@ mod tests {
         assert!(q.push(message(4, high), now), "the high class still takes messages");
         assert!(q.push(message(5, high), now));
         assert!(q.push(message(6, Priority::SYSTEM), now));
-        let order: Vec<u64> = std::iter::from_fn(|| q.pop()).map(|(m, _)| m.id.sequence).collect();
+        let order: Vec<u64> = std::iter::from_fn(|| q.pop(|_| true)).map(|(m, _)| m.id.sequence).collect();
         assert_eq!(order, [6, 4, 1, 5, 2], "system first, then the levels take turns, highest first");
         assert_eq!(q.len(), 0);
     }

@@ -8,24 +8,44 @@ const MAX: usize = 64 * 1024;
 
 fn frame_strategy() -> impl Strategy<Value = Frame> {
     prop_oneof![
-        (any::<u64>(), any::<u64>(), any::<u64>(), any::<u8>(), "[A-Za-z][A-Za-z0-9._]{0,19}").prop_map(
-            |(incarnation, expected, your_incarnation, flags, from)| Frame::Hello(Hello {
+        (
+            any::<u64>(),
+            proptest::collection::vec(any::<(u64, u64, u32)>(), 0..13),
+            any::<u64>(),
+            any::<u8>(),
+            "[A-Za-z][A-Za-z0-9._]{0,19}"
+        )
+            .prop_map(|(incarnation, channels, your_incarnation, flags, from)| Frame::Hello(Hello {
                 protocol_version: PROTOCOL_VERSION,
                 api_version: 1,
                 to: format!("{from}x"),
                 from,
                 incarnation,
-                expected,
                 your_incarnation,
                 frame_bytes_max: 1 << 20,
+                message_bytes_max: 1 << 30,
                 flags,
-            })
+                channels: channels
+                    .into_iter()
+                    .map(|(expected, held_bytes, held_crc)| ChannelPosition {
+                        expected,
+                        held_bytes,
+                        held_crc
+                    })
+                    .collect(),
+            })),
+        (any::<(u8, u64, u64, u64)>(), proptest::collection::vec(any::<u8>(), 0..2048)).prop_map(
+            |((channel, sequence, offset, total), m)| Frame::Data {
+                channel,
+                sequence,
+                offset,
+                total,
+                crc: crc32c::crc32c(&m),
+                bytes: Bytes::from(m)
+            }
         ),
-        (any::<u64>(), proptest::collection::vec(any::<u8>(), 0..2048)).prop_map(|(sequence, m)| {
-            Frame::Data { sequence, crc: crc32c::crc32c(&m), message: Bytes::from(m) }
-        }),
-        any::<u64>().prop_map(|sequence| Frame::Ack { sequence }),
-        any::<u64>().prop_map(|sequence| Frame::Nak { sequence }),
+        any::<(u8, u64)>().prop_map(|(channel, sequence)| Frame::Ack { channel, sequence }),
+        any::<(u8, u64)>().prop_map(|(channel, sequence)| Frame::Nak { channel, sequence }),
         any::<u64>().prop_map(|nonce| Frame::Ping { nonce }),
         any::<u64>().prop_map(|nonce| Frame::Pong { nonce }),
         (any::<u16>(), "[ -~]{0,64}").prop_map(|(code, reason)| Frame::Close { code, reason }),
@@ -93,10 +113,12 @@ fn oversized_length_is_refused_before_any_allocation() {
 #[test]
 fn encode_data_matches_the_generic_encoder() {
     let mut a = BytesMut::new();
-    Frame::encode_data(9, b"payload", &mut a);
+    let crc = crc32c::crc32c(b"the payload");
+    let packet = Packet { channel: 3, sequence: 9, offset: 4, total: 11, crc, bytes: b"payload" };
+    Frame::encode_data(&packet, &mut a);
     let mut b = BytesMut::new();
-    Frame::Data { sequence: 9, crc: crc32c::crc32c(b"payload"), message: Bytes::from_static(b"payload") }
-        .encode(&mut b);
+    let bytes = Bytes::from_static(b"payload");
+    Frame::Data { channel: 3, sequence: 9, offset: 4, total: 11, crc, bytes }.encode(&mut b);
     assert_eq!(a, b);
 }
 
@@ -118,7 +140,7 @@ proptest! {
     fn header_bit_flips_are_caught(frame in frame_strategy(), bit in any::<usize>()) {
         let mut wire = BytesMut::new();
         frame.encode(&mut wire);
-        let covered = match frame { Frame::Data { .. } => LENGTH_BYTES + 1 + HEADER_CRC_BYTES + 12, _ => wire.len() };
+        let covered = match frame { Frame::Data { .. } => DATA_HEADER_BYTES, _ => wire.len() };
         let bit = bit % (covered * 8);
         wire[bit / 8] ^= 1 << (bit % 8);
         let mut decoder = FrameDecoder::new(MAX);
@@ -130,7 +152,9 @@ proptest! {
 #[test]
 fn a_damaged_data_length_is_caught_before_waiting() {
     let mut wire = BytesMut::new();
-    Frame::encode_data(3, &[7u8; 1000], &mut wire);
+    let bytes = [7u8; 1000];
+    let packet = Packet { channel: 1, sequence: 3, offset: 0, total: 1000, crc: 0, bytes: &bytes };
+    Frame::encode_data(&packet, &mut wire);
     wire[2] ^= 0x01; // the length grows by 256 bytes
     let mut decoder = FrameDecoder::new(MAX);
     decoder.extend(&wire);

@@ -4,6 +4,7 @@
 use bytes::Bytes;
 use linkbus_plugin_api::Message;
 
+use crate::channel::CHANNELS;
 use crate::frame::{CloseCode, FrameError};
 
 /// What the session reports to the host.
@@ -15,10 +16,14 @@ pub enum SessionEvent {
         peer_restarted: bool,
         /// Messages to resend because the peer had not received them.
         resent: usize,
+        /// Bytes of a partly received message the peer holds, not sent again.
+        resumed_bytes: u64,
     },
     /// A message arrived in order; store it, then call [`super::Session::handle_delivered`].
     Received {
-        /// Its link sequence number.
+        /// Its channel.
+        channel: u8,
+        /// Its sequence number on the channel.
         sequence: u64,
         /// The message.
         message: Message,
@@ -26,7 +31,9 @@ pub enum SessionEvent {
     /// An empty (skip) message arrived in order: the sender dropped the message with this
     /// number in transit. Call [`super::Session::handle_delivered`] for it like for any other.
     Skipped {
-        /// Its link sequence number.
+        /// Its channel.
+        channel: u8,
+        /// Its sequence number on the channel.
         sequence: u64,
     },
     /// A message handed over earlier was not sent after a reconnect: its lifetime ran out,
@@ -37,8 +44,10 @@ pub enum SessionEvent {
         /// Why.
         reason: DropReason,
     },
-    /// The peer acknowledged messages up to `through`.
+    /// The peer acknowledged messages of `channel` up to `through`.
     Acked {
+        /// The channel.
+        channel: u8,
         /// Highest acknowledged sequence number.
         through: u64,
         /// How many messages this acknowledgement completed.
@@ -79,24 +88,32 @@ pub enum SessionError {
     #[error("unexpected {0} frame")]
     Unexpected(&'static str),
     /// A message that passed its CRC but does not decode.
-    #[error("message {sequence} is malformed: {reason}")]
+    #[error("message {sequence} on channel {channel} is malformed: {reason}")]
     BadMessage {
+        /// Its channel.
+        channel: u8,
         /// Its sequence number.
         sequence: u64,
         /// Why it does not decode.
         reason: String,
     },
     /// The peer claims to have received more than was ever sent.
-    #[error("peer expects message {expected}, but only {last_sent} were sent")]
+    #[error("peer expects message {expected} on channel {channel}, but only {last_sent} were sent")]
     ClaimsMore {
+        /// The channel.
+        channel: u8,
         /// What the peer expects next.
         expected: u64,
         /// The last number sent.
         last_sent: u64,
     },
     /// The peer's receive state went backwards behind what it acknowledged.
-    #[error("peer expects message {expected} though it acknowledged {acked}: its state went backwards")]
+    #[error(
+        "peer expects message {expected} on channel {channel} though it acknowledged {acked}: its state went backwards"
+    )]
     WentBackwards {
+        /// The channel.
+        channel: u8,
         /// What the peer expects next.
         expected: u64,
         /// What it had acknowledged.
@@ -111,8 +128,31 @@ pub enum SessionError {
         reason: String,
     },
     /// A message was refused with a NAK too many times.
-    #[error("message {0} arrived damaged too many times")]
-    TooManyNaks(u64),
+    #[error("message {sequence} on channel {channel} arrived damaged too many times")]
+    TooManyNaks {
+        /// The channel.
+        channel: u8,
+        /// The message's sequence number.
+        sequence: u64,
+    },
+    /// A frame names a channel that does not exist.
+    #[error("no channel {0} on a link")]
+    UnknownChannel(u8),
+    /// The peer's `Hello` lists another number of channels.
+    #[error("peer has {0} channels, this node has {CHANNELS}")]
+    ChannelCount(usize),
+    /// The peer sends a message longer than this node accepts.
+    #[error("message {sequence} on channel {channel} has {len} bytes, over this node's limit of {max}")]
+    MessageTooLarge {
+        /// The channel.
+        channel: u8,
+        /// The message's sequence number.
+        sequence: u64,
+        /// Its declared length.
+        len: u64,
+        /// Our limit.
+        max: usize,
+    },
     /// The peer advertises a frame limit below the protocol's minimum.
     #[error("peer accepts frames of only {0} bytes")]
     FrameLimit(u32),
@@ -129,7 +169,7 @@ pub enum SessionError {
 pub enum DropReason {
     /// Its lifetime ran out while it waited for a connection.
     Expired,
-    /// It is larger than the peer's `frame_bytes_max`.
+    /// It is larger than the peer's `message_bytes_max`.
     TooLargeForPeer,
 }
 
@@ -150,8 +190,11 @@ pub enum SendError {
     /// `in_flight_messages_max` messages await acknowledgement.
     #[error("{0} messages are awaiting acknowledgement, the window is full")]
     WindowFull(usize),
-    /// The message does not fit in a frame this node or the peer accepts.
-    #[error("message of {len} bytes does not fit in a frame of at most {max} bytes")]
+    /// No such channel.
+    #[error("no channel {0} on a link")]
+    UnknownChannel(u8),
+    /// The message is longer than this node or the peer accepts.
+    #[error("message of {len} bytes is over the link's limit of {max} bytes")]
     TooLarge {
         /// The encoded message length.
         len: usize,
@@ -167,6 +210,9 @@ pub struct SessionStats {
     pub renegotiations: u64,
     /// Messages written again after a reconnect.
     pub resent: u64,
+    /// Bytes of partly received messages not written again after a reconnect (the peer
+    /// held them).
+    pub resumed_bytes: u64,
     /// Times the oldest unacknowledged message timed out and writing went back to it.
     pub retransmit_timeouts: u64,
     /// NAKs sent for messages that failed their CRC.

@@ -1,13 +1,55 @@
-//! The receiving half of a session: the next number to deliver, what was handed to the host,
-//! and the bounded reorder buffer for messages that arrive ahead of a gap.
+//! The receiving half of one channel of a session: the next number to deliver, what was
+//! handed to the host, the message being assembled from packets (kept across connections,
+//! so a large message resumes where it broke off), and the bounded reorder buffer for
+//! messages that arrive ahead of a gap.
 
 use std::collections::BTreeMap;
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use linkbus_plugin_api::Message;
 
+use crate::frame::ChannelPosition;
 use crate::reader::ReadError;
 use crate::wire::decode_message;
+
+/// What became of an arriving packet.
+#[derive(Debug)]
+pub(super) enum PacketOutcome {
+    /// Part of the next message, kept until the rest arrives.
+    Partial,
+    /// A whole message is here (its CRC not yet checked).
+    Complete(Bytes),
+    /// A packet of a message already handed over; `last` when it ends that message.
+    Duplicate {
+        /// The packet ends its message (acknowledge again).
+        last: bool,
+    },
+    /// Not usable now (ahead of the next message, or after a gap inside it): the sender
+    /// writes it again. `last` when it ends its message.
+    Dropped {
+        /// The packet ends its message.
+        last: bool,
+    },
+}
+
+/// One packet of a message, as the session hands it over.
+#[derive(Debug)]
+pub(super) struct PacketIn {
+    pub(super) sequence: u64,
+    pub(super) offset: u64,
+    pub(super) total: u64,
+    pub(super) crc: u32,
+    pub(super) bytes: Bytes,
+}
+
+/// The next message, assembled from its packets.
+#[derive(Debug)]
+struct Assembly {
+    sequence: u64,
+    total: u64,
+    crc: u32,
+    bytes: BytesMut,
+}
 
 /// What became of an arriving message.
 #[derive(Debug)]
@@ -41,6 +83,8 @@ pub(super) struct Receiver {
     held_bytes_max: usize,
     /// Test-only negative control: hand duplicates over as if they were new.
     skip_dedup: bool,
+    /// The message after `received_through`, while its packets arrive.
+    assembly: Option<Assembly>,
 }
 
 impl Receiver {
@@ -53,7 +97,63 @@ impl Receiver {
             held_bytes: 0,
             held_bytes_max,
             skip_dedup: false,
+            assembly: None,
         }
+    }
+
+    /// Where this channel stands, for our `Hello`: the next number and the bytes held of
+    /// that message.
+    pub(super) fn position(&self) -> ChannelPosition {
+        let held = self.assembly.as_ref().filter(|a| a.sequence == self.expected);
+        ChannelPosition {
+            expected: self.expected,
+            held_bytes: held.map_or(0, |a| a.bytes.len() as u64),
+            held_crc: held.map_or(0, |a| a.crc),
+        }
+    }
+
+    /// Bytes held in the message being assembled.
+    pub(super) fn assembling(&self) -> usize {
+        self.assembly.as_ref().map_or(0, |a| a.bytes.len())
+    }
+
+    /// Takes one packet. A message in one packet is complete at once; a longer one is
+    /// assembled only when it is the next to deliver (packets of a message arrive in order,
+    /// so what does not continue the assembly is dropped and comes again).
+    pub(super) fn packet(&mut self, p: PacketIn) -> PacketOutcome {
+        let end = p.offset.saturating_add(p.bytes.len() as u64);
+        let last = end == p.total;
+        if p.offset == 0 && last {
+            return PacketOutcome::Complete(p.bytes);
+        }
+        if p.sequence <= self.received_through || self.held.contains_key(&p.sequence) {
+            return PacketOutcome::Duplicate { last };
+        }
+        if p.sequence != self.received_through + 1 || end > p.total {
+            return PacketOutcome::Dropped { last };
+        }
+        let same = |a: &Assembly| a.sequence == p.sequence && a.total == p.total && a.crc == p.crc;
+        if !self.assembly.as_ref().is_some_and(same) {
+            if p.offset != 0 {
+                return PacketOutcome::Dropped { last };
+            }
+            // A new message, or the sender's bytes changed (it started over): begin afresh.
+            self.assembly =
+                Some(Assembly { sequence: p.sequence, total: p.total, crc: p.crc, bytes: BytesMut::new() });
+        }
+        let Some(assembly) = self.assembly.as_mut() else { return PacketOutcome::Dropped { last } };
+        let have = assembly.bytes.len() as u64;
+        if p.offset > have {
+            return PacketOutcome::Dropped { last };
+        }
+        if end > have {
+            let from = usize::try_from(have - p.offset).unwrap_or(usize::MAX);
+            assembly.bytes.extend_from_slice(p.bytes.get(from..).unwrap_or_default());
+        }
+        if (assembly.bytes.len() as u64) < assembly.total {
+            return PacketOutcome::Partial;
+        }
+        self.assembly.take().map_or(PacketOutcome::Partial, |a| PacketOutcome::Complete(a.bytes.freeze()))
     }
 
     /// Turns on the test-only mode that skips duplicate detection.
@@ -81,6 +181,10 @@ impl Receiver {
         self.received_through = self.expected - 1;
         self.held.clear();
         self.held_bytes = 0;
+        // Bytes of the next message stay, so its sender resumes after them.
+        if self.assembly.as_ref().is_some_and(|a| a.sequence != self.expected) {
+            self.assembly = None;
+        }
     }
 
     /// The peer lost its state: its numbers start again at 1.
@@ -89,6 +193,7 @@ impl Receiver {
         self.received_through = 0;
         self.held.clear();
         self.held_bytes = 0;
+        self.assembly = None;
     }
 
     /// Takes message `sequence` (empty bytes: a skip), whose CRC was checked.

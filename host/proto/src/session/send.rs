@@ -1,6 +1,6 @@
-//! The sending half of a session: sequence numbers, the awaiting-ACK queue, the write
-//! cursor, and the rules for resending (after a reconnect, on a NAK, on a retransmit
-//! timeout).
+//! The sending half of one channel of a session: sequence numbers, the awaiting-ACK queue,
+//! the write cursor (a message and a byte offset in it, since messages go out in packets),
+//! and the rules for resending (after a reconnect, on a NAK, on a retransmit timeout).
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use bytes::{Bytes, BytesMut};
 
 use super::event::{DropReason, SessionEvent};
-use crate::frame::Frame;
+use crate::frame::{Frame, Packet};
 use crate::wire::with_lifetime;
 
 /// A message written this long after it was handed over carries its lifetime rewritten.
@@ -18,14 +18,19 @@ const LIFETIME_PATCH_AFTER: Duration = Duration::from_millis(100);
 #[derive(Debug)]
 struct Pending {
     sequence: u64,
-    /// The encoded message (empty once dropped in transit: it is then sent as a skip).
+    /// The encoded message (empty once dropped in transit: it is then sent as a skip). Its
+    /// bytes change only when a write starts from its first byte, so a resume inside it
+    /// continues the same bytes.
     message: Bytes,
+    /// CRC32C of `message`, once a write of it started.
+    crc: Option<u32>,
     /// When its lifetime runs out, so a resend carries the time left, or a skip.
     expires_at: Option<Instant>,
     /// When it was handed over, to tell whether it waited long enough to need its lifetime
     /// rewritten.
     handed_at: Instant,
-    /// When it was last written on the current connection, for the retransmit timeout.
+    /// When its last packet was written on the current connection, for the retransmit
+    /// timeout.
     written_at: Option<Instant>,
     /// NAKs it drew.
     naks: u32,
@@ -36,6 +41,8 @@ struct Pending {
 /// See the module doc.
 #[derive(Debug)]
 pub(super) struct Sender {
+    /// This channel's number, written in every packet.
+    channel: u8,
     /// Next sequence number to assign.
     next_send: u64,
     /// Highest sequence number the peer acknowledged.
@@ -44,6 +51,8 @@ pub(super) struct Sender {
     unacked: VecDeque<Pending>,
     /// Sequence number of the next message to write on the current connection.
     next_write: u64,
+    /// Bytes of message `next_write` already written (the next packet starts there).
+    write_offset: u64,
     /// Encoded bytes of the messages in `unacked`, for the byte window.
     unacked_bytes: usize,
     /// Retransmit timeouts in a row without progress; each doubles the next timeout (up to
@@ -66,17 +75,26 @@ pub(super) enum NakOutcome {
     TooMany,
 }
 
-/// What writing a message produced besides its frame.
+/// Limits of one packet write.
 pub(super) struct WriteLimits {
     /// Largest message the peer takes.
     pub(super) message_bytes_max: usize,
-    /// Bytes to write at most (at least one message when not zero).
-    pub(super) budget: usize,
+    /// Largest packet (message bytes in one frame).
+    pub(super) packet_bytes_max: usize,
 }
 
 impl Sender {
-    pub(super) fn new() -> Self {
-        Self { next_send: 1, acked: 0, unacked: VecDeque::new(), next_write: 1, unacked_bytes: 0, backoff: 0 }
+    pub(super) fn new(channel: u8) -> Self {
+        Self {
+            channel,
+            next_send: 1,
+            acked: 0,
+            unacked: VecDeque::new(),
+            next_write: 1,
+            write_offset: 0,
+            unacked_bytes: 0,
+            backoff: 0,
+        }
     }
 
     /// Messages handed over and not yet acknowledged.
@@ -99,9 +117,14 @@ impl Sender {
         self.acked
     }
 
-    /// Messages handed over but not yet written on the current connection.
+    /// Messages handed over but not yet (completely) written on the current connection.
     pub(super) fn unwritten(&self) -> usize {
         self.unacked.iter().filter(|p| p.sequence >= self.next_write).count()
+    }
+
+    /// Whether a packet waits to be written.
+    pub(super) fn has_unwritten(&self) -> bool {
+        self.next_write < self.next_send
     }
 
     /// Assigns the next sequence number to `message`.
@@ -114,12 +137,23 @@ impl Sender {
             sequence,
             counted,
             message,
+            crc: None,
             expires_at,
             handed_at: now,
             written_at: None,
             naks: 0,
         });
         sequence
+    }
+
+    fn get(&self, sequence: u64) -> Option<&Pending> {
+        let front = self.unacked.front()?.sequence;
+        self.unacked.get(usize::try_from(sequence.checked_sub(front)?).ok()?)
+    }
+
+    fn get_mut(&mut self, sequence: u64) -> Option<&mut Pending> {
+        let front = self.unacked.front()?.sequence;
+        self.unacked.get_mut(usize::try_from(sequence.checked_sub(front)?).ok()?)
     }
 
     /// Completes every message up to `through`; returns how many, or `None` when the number
@@ -137,6 +171,10 @@ impl Sender {
         }
         self.acked = through;
         self.backoff = 0;
+        if self.next_write <= through {
+            self.next_write = through + 1;
+            self.write_offset = 0;
+        }
         Some(messages)
     }
 
@@ -149,58 +187,73 @@ impl Sender {
         self.acked = 0;
     }
 
-    /// A new connection writes from `from` on; returns how many messages that resends.
-    pub(super) fn start_connection(&mut self, from: u64) -> usize {
+    /// A new connection writes from message `from` on, starting at byte `held_bytes` of it
+    /// when the peer holds that many bytes of the same message (CRC `held_crc`). Returns how
+    /// many messages that resends and how many bytes the resume saved.
+    pub(super) fn start_connection(&mut self, from: u64, held_bytes: u64, held_crc: u32) -> (usize, u64) {
         self.next_write = from;
+        self.write_offset = 0;
         for pending in &mut self.unacked {
             pending.written_at = None;
         }
-        self.unacked.iter().filter(|p| p.sequence >= from).count()
+        let resumable =
+            self.get(from).is_some_and(|p| p.crc == Some(held_crc) && held_bytes < p.message.len() as u64);
+        if resumable && held_bytes > 0 {
+            self.write_offset = held_bytes;
+        }
+        (self.unacked.iter().filter(|p| p.sequence >= from).count(), self.write_offset)
     }
 
-    /// Writes messages from the cursor on, in order, within `limits`; returns how many.
-    pub(super) fn write(
+    /// Writes the next packet at the cursor; returns its size in bytes on the wire, or
+    /// `None` when nothing waits.
+    pub(super) fn write_packet(
         &mut self,
         now: Instant,
         limits: &WriteLimits,
         out: &mut BytesMut,
         events: &mut VecDeque<SessionEvent>,
-    ) -> usize {
-        if limits.budget == 0 {
-            return 0;
+    ) -> Option<usize> {
+        let (channel, offset) = (self.channel, self.write_offset);
+        let sequence = self.next_write;
+        let pending = self.get_mut(sequence)?;
+        if offset == 0 {
+            start_message(pending, now, limits.message_bytes_max, events);
         }
-        let skip = self.unacked.front().map_or(0, |p| self.next_write.saturating_sub(p.sequence)) as usize;
-        let start = out.len();
-        let mut written = 0;
-        for pending in self.unacked.iter_mut().skip(skip) {
-            if out.len() - start >= limits.budget {
-                break;
-            }
-            written += 1;
-            self.next_write = pending.sequence + 1;
-            write_one(pending, now, limits.message_bytes_max, out, events);
+        let total = pending.message.len();
+        let start = usize::try_from(offset).unwrap_or(total).min(total);
+        let end = start.saturating_add(limits.packet_bytes_max.max(1)).min(total);
+        let bytes = pending.message.get(start..end).unwrap_or_default();
+        let crc = pending.crc.unwrap_or_default();
+        let packet = Packet { channel, sequence, offset: start as u64, total: total as u64, crc, bytes };
+        let before = out.len();
+        Frame::encode_data(&packet, out);
+        if end == total {
+            pending.written_at = Some(now);
+            self.next_write = sequence + 1;
+            self.write_offset = 0;
+        } else {
+            self.write_offset = end as u64;
         }
-        written
+        Some(out.len() - before)
     }
 
     /// The peer refused message `sequence` (its CRC failed): write it again, and the ones
     /// after it, which the peer held or dropped behind the gap (go-back-N).
     pub(super) fn nak(&mut self, sequence: u64) -> NakOutcome {
-        let Some(front) = self.unacked.front() else { return NakOutcome::Ignored };
-        if sequence < front.sequence || sequence >= self.next_write {
+        if sequence > self.next_write || (sequence == self.next_write && self.write_offset == 0) {
             return NakOutcome::Ignored;
         }
-        let index = (sequence - front.sequence) as usize;
-        let Some(pending) = self.unacked.get_mut(index) else { return NakOutcome::Ignored };
+        let Some(pending) = self.get_mut(sequence) else { return NakOutcome::Ignored };
         pending.naks += 1;
         if pending.naks > NAKS_PER_MESSAGE_MAX {
             return NakOutcome::TooMany;
         }
         self.next_write = sequence;
+        self.write_offset = 0;
         NakOutcome::Rewound
     }
 
-    /// When the oldest written message times out, if any.
+    /// When the oldest completely written message times out, if any.
     pub(super) fn retransmit_at(&self, timeout: Duration) -> Option<Instant> {
         let timeout = timeout * (1u32 << self.backoff.min(3));
         self.unacked.front().and_then(|p| p.written_at).map(|at| at + timeout)
@@ -214,21 +267,21 @@ impl Sender {
         let Some(front) = self.unacked.front_mut().filter(|_| due) else { return false };
         front.written_at = Some(now);
         self.next_write = front.sequence;
+        self.write_offset = 0;
         self.backoff = (self.backoff + 1).min(3);
         true
     }
 }
 
-/// Writes one message: with the lifetime it has left, or as an empty skip when it expired or
-/// is too large for the peer.
-fn write_one(
+/// A write of `pending` starts from its first byte: it goes with the lifetime it has left
+/// (rewritten only when it waited), or as an empty skip when it expired or is too large for
+/// the peer.
+fn start_message(
     pending: &mut Pending,
     now: Instant,
     message_bytes_max: usize,
-    out: &mut BytesMut,
     events: &mut VecDeque<SessionEvent>,
 ) {
-    pending.written_at = Some(now);
     let left = pending.expires_at.map(|at| at.saturating_duration_since(now).as_millis() as u64);
     let reason = match left {
         Some(0) => Some(DropReason::Expired),
@@ -236,17 +289,17 @@ fn write_one(
         _ => None,
     };
     if let Some(reason) = reason {
-        Frame::encode_data(pending.sequence, &[], out);
         let message = std::mem::take(&mut pending.message);
         events.push_back(SessionEvent::Dropped { message, reason });
         pending.expires_at = None;
-        return;
-    }
-    // Only a message that waited is copied to carry its new lifetime.
-    if let Some(ms) = left
+    } else if let Some(ms) = left
         && now.saturating_duration_since(pending.handed_at) >= LIFETIME_PATCH_AFTER
     {
+        // Only a message that waited is copied to carry its new lifetime.
         pending.message = with_lifetime(&pending.message, ms).unwrap_or_else(|| pending.message.clone());
+        pending.crc = None;
     }
-    Frame::encode_data(pending.sequence, &pending.message, out);
+    if pending.crc.is_none() || pending.message.is_empty() {
+        pending.crc = Some(crc32c::crc32c(&pending.message));
+    }
 }

@@ -4,9 +4,11 @@
 //! queue does), under a manual clock and a seeded random generator. Each seed is a reproducible run: a
 //! phase with faults, then a quiet phase in which the link must deliver everything.
 //!
-//! The checker records, per direction, the numbers of the messages the receiving host
-//! stored: they must be 1, 2, 3, ... (nothing lost by the end, nothing twice, nothing out
-//! of order). Every run is bounded in simulated steps, so a livelock fails instead of
+//! Each side sends on three channels (system, a priority level, files), messages of up to
+//! several packets, so packets of different channels interleave and large messages resume
+//! after reconnects. The checker records, per direction and channel, the numbers of the
+//! messages the receiving host stored: they must be 1, 2, 3, ... (nothing lost by the end,
+//! nothing twice, nothing out of order). Every run is bounded in simulated steps, so a livelock fails instead of
 //! hanging. A failing seed is printed; add it to `REGRESSIONS`.
 
 use std::time::{Duration, Instant};
@@ -15,7 +17,14 @@ use bytes::Bytes;
 use linkbus_plugin_api::{Content, Message, MessageId, NodeName};
 
 use super::{Session, SessionConfig, SessionEvent, SessionStats};
+use crate::channel::{CHANNELS, EQUAL_WEIGHTS, FILE_CHANNEL, SYSTEM_CHANNEL};
 use crate::wire::message_bytes;
+
+/// The channels the simulation sends on.
+const SIM_CHANNELS: [u8; 3] = [SYSTEM_CHANNEL, 3, FILE_CHANNEL];
+
+/// Packet size in the simulation: small, so many messages take several packets.
+const PACKET_BYTES: usize = 512;
 
 /// Seeds that once failed, run first every time.
 const REGRESSIONS: &[u64] = &[];
@@ -88,11 +97,18 @@ struct InFlight {
     bytes: Vec<u8>,
 }
 
-/// One side's host: what it sent and what it stored.
+/// One side's host: what it sent and what it stored, per channel.
 #[derive(Default)]
 struct Host {
     sent: u64,
-    stored: Vec<u64>,
+    sent_on: [u64; CHANNELS],
+    stored: [Vec<u64>; CHANNELS],
+}
+
+impl Host {
+    fn stored(&self) -> usize {
+        self.stored.iter().map(Vec::len).sum()
+    }
 }
 
 struct Sim {
@@ -117,6 +133,9 @@ fn config(local: &str, peer: &str, incarnation: u64) -> SessionConfig {
         incarnation,
         durable: false,
         frame_bytes_max: 64 * 1024,
+        message_bytes_max: 64 * 1024,
+        packet_bytes_max: PACKET_BYTES,
+        channel_weights: EQUAL_WEIGHTS,
         in_flight_messages_max: 16,
         in_flight_bytes_max: 1 << 20,
         reorder_messages_max: 8,
@@ -129,12 +148,12 @@ fn config(local: &str, peer: &str, incarnation: u64) -> SessionConfig {
     }
 }
 
-fn message(from: &str, n: u64) -> Bytes {
+fn message(from: &str, n: u64, padding: usize) -> Bytes {
     message_bytes(&Message {
         id: MessageId { source: NodeName::new(from).expect("valid"), sequence: n, created_unix_ms: 0 },
         hop_count: 0,
         redelivered: false,
-        content: Content::buf("X:q".parse().expect("valid"), format!("message {n}")),
+        content: Content::buf("X:q".parse().expect("valid"), format!("message {n} {}", "x".repeat(padding))),
     })
 }
 
@@ -216,11 +235,20 @@ impl Sim {
         }
         for side in 0..2 {
             let from = if side == 0 { "A" } else { "B" };
-            while self.hosts[side].sent < MESSAGES && self.sessions[side].has_window() && self.rng.chance(300)
-            {
-                let n = self.hosts[side].sent + 1;
-                self.sessions[side].send(message(from, n), None, now).map_err(|e| e.to_string())?;
-                self.hosts[side].sent = n;
+            for _ in 0..4 {
+                let channel = SIM_CHANNELS[self.rng.below(3) as usize];
+                let host = &self.hosts[side];
+                if host.sent >= MESSAGES || !self.sessions[side].has_window(channel) || !self.rng.chance(300)
+                {
+                    break;
+                }
+                let n = host.sent_on[channel as usize] + 1;
+                // One in five takes several packets.
+                let padding = if self.rng.chance(200) { self.rng.below(3_000) } else { self.rng.below(100) };
+                let message = message(from, n, padding as usize);
+                self.sessions[side].send(channel, message, None, now).map_err(|e| e.to_string())?;
+                self.hosts[side].sent += 1;
+                self.hosts[side].sent_on[channel as usize] = n;
             }
             if self.sessions[side].poll_timeout().is_some_and(|t| t <= now) {
                 self.sessions[side].handle_timeout(now);
@@ -275,33 +303,37 @@ impl Sim {
     fn events(&mut self) -> Result<(), String> {
         let mut closed = false;
         for side in 0..2 {
-            let mut delivered = None;
+            let mut delivered = [None; CHANNELS];
             while let Some(event) = self.sessions[side].poll_event() {
                 match event {
                     SessionEvent::Received { .. } if self.faulty() && self.rng.chance(self.faults.refuse) => {
                         closed = true;
                         break;
                     }
-                    SessionEvent::Received { sequence, message } => {
-                        let host = &mut self.hosts[side];
-                        let expected = host.stored.len() as u64 + 1;
+                    SessionEvent::Received { channel, sequence, message } => {
+                        let stored = &mut self.hosts[side].stored[channel as usize];
+                        let expected = stored.len() as u64 + 1;
                         if message.id.sequence != expected {
                             return Err(format!(
-                                "side {side} stored message {} where {expected} was due (ms {})",
+                                "side {side} stored message {} on channel {channel} where {expected} was due (ms {})",
                                 message.id.sequence, self.ms
                             ));
                         }
-                        host.stored.push(message.id.sequence);
-                        delivered = Some(sequence);
+                        stored.push(message.id.sequence);
+                        delivered[channel as usize] = Some(sequence);
                     }
-                    SessionEvent::Skipped { sequence } => delivered = Some(sequence),
+                    SessionEvent::Skipped { channel, sequence } => {
+                        delivered[channel as usize] = Some(sequence)
+                    }
                     SessionEvent::Closed(_) => closed = true,
                     SessionEvent::Dropped { .. } => return Err("a message was dropped".into()),
                     SessionEvent::Established { .. } | SessionEvent::Acked { .. } => {}
                 }
             }
-            if let Some(through) = delivered {
-                self.sessions[side].handle_delivered(through);
+            for (channel, through) in delivered.into_iter().enumerate() {
+                if let Some(through) = through {
+                    self.sessions[side].handle_delivered(channel as u8, through);
+                }
             }
         }
         if closed {
@@ -311,7 +343,7 @@ impl Sim {
     }
 
     fn done(&self) -> bool {
-        self.hosts.iter().all(|h| h.sent == MESSAGES && h.stored.len() as u64 == MESSAGES)
+        self.hosts.iter().all(|h| h.sent == MESSAGES && h.stored() as u64 == MESSAGES)
             && self.sessions.iter().all(|s| s.in_flight() == 0)
     }
 
@@ -322,7 +354,7 @@ impl Sim {
         }
         while !self.done() {
             if self.ms > FAULTY_MS + QUIET_MS_MAX {
-                let stored: Vec<usize> = self.hosts.iter().map(|h| h.stored.len()).collect();
+                let stored: Vec<usize> = self.hosts.iter().map(Host::stored).collect();
                 return Err(format!(
                     "no progress: stored {stored:?} of {MESSAGES} each, faults {:?}",
                     self.faults
@@ -352,6 +384,7 @@ fn every_seed_delivers_exactly_once_in_order_and_recovers() {
                     totals.duplicates += s.duplicates;
                     totals.held += s.held;
                     totals.dropped_ahead += s.dropped_ahead;
+                    totals.resumed_bytes += s.resumed_bytes;
                 }
             }
             Err(e) => failures.push(format!("seed {seed}: {e}")),
@@ -365,6 +398,11 @@ fn every_seed_delivers_exactly_once_in_order_and_recovers() {
         failures.join("\n")
     );
     assert!(
-        totals.naks_sent > 0 && totals.retransmit_timeouts > 0 && totals.duplicates > 0 && totals.held > 0
+        totals.naks_sent > 0
+            && totals.retransmit_timeouts > 0
+            && totals.duplicates > 0
+            && totals.held > 0
+            && totals.resumed_bytes > 0,
+        "every mechanism was exercised: {totals:?}"
     );
 }

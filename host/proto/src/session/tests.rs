@@ -7,6 +7,9 @@ use crate::wire::message_bytes;
 use linkbus_plugin_api::{Content, Lifetime, Message, MessageId};
 use proptest::prelude::*;
 
+/// The channel most tests use (priority level 0).
+const C: u8 = 1;
+
 fn config(local: &str, peer: &str, incarnation: u64) -> SessionConfig {
     SessionConfig {
         local: NodeName::new(local).unwrap(),
@@ -14,6 +17,9 @@ fn config(local: &str, peer: &str, incarnation: u64) -> SessionConfig {
         incarnation,
         durable: false,
         frame_bytes_max: 1 << 20,
+        message_bytes_max: 1 << 20,
+        packet_bytes_max: 1 << 16,
+        channel_weights: crate::channel::EQUAL_WEIGHTS,
         in_flight_messages_max: 8,
         in_flight_bytes_max: 1 << 20,
         reorder_messages_max: 16,
@@ -98,9 +104,9 @@ impl Pair {
         }
         while let Some(e) = self.b.poll_event() {
             match e {
-                SessionEvent::Received { sequence, message } => {
+                SessionEvent::Received { sequence, message, .. } => {
                     self.received_by_b.push(message.id.sequence);
-                    self.b.handle_delivered(sequence);
+                    self.b.handle_delivered(C, sequence);
                 }
                 SessionEvent::Closed(e) => self.closed.push(e),
                 _ => {}
@@ -120,7 +126,7 @@ fn messages_flow_in_order_and_are_acknowledged() {
     p.connect();
     assert!(p.a.is_established() && p.b.is_established());
     for n in 1..=5 {
-        p.a.send(message(n), None, p.now).unwrap();
+        p.a.send(C, message(n), None, p.now).unwrap();
     }
     p.pump();
     assert_eq!(p.received_by_b, [1, 2, 3, 4, 5]);
@@ -131,8 +137,8 @@ fn messages_flow_in_order_and_are_acknowledged() {
 #[test]
 fn messages_sent_while_down_arrive_after_reconnect() {
     let mut p = Pair::new();
-    p.a.send(message(1), None, p.now).unwrap();
-    p.a.send(message(2), None, p.now).unwrap();
+    p.a.send(C, message(1), None, p.now).unwrap();
+    p.a.send(C, message(2), None, p.now).unwrap();
     p.connect();
     assert_eq!(p.received_by_b, [1, 2]);
 }
@@ -141,15 +147,15 @@ fn messages_sent_while_down_arrive_after_reconnect() {
 fn unacknowledged_messages_are_resent_exactly_once() {
     let mut p = Pair::new();
     p.connect();
-    p.a.send(message(1), None, p.now).unwrap();
+    p.a.send(C, message(1), None, p.now).unwrap();
     p.pump();
     // Message 2 is written but the connection breaks before it arrives.
-    p.a.send(message(2), None, p.now).unwrap();
+    p.a.send(C, message(2), None, p.now).unwrap();
     let _lost = out(&mut p.a, p.now);
     // Message 3 arrives at B, but B's ACK is lost.
     p.disconnect();
     p.connect();
-    p.a.send(message(3), None, p.now).unwrap();
+    p.a.send(C, message(3), None, p.now).unwrap();
     let to_b = out(&mut p.a, p.now).unwrap();
     p.b.handle_bytes(&to_b, p.now);
     p.drain();
@@ -165,20 +171,20 @@ fn a_peer_that_lost_its_state_gets_a_fresh_sequence_space() {
     let mut p = Pair::new();
     p.connect();
     for n in 1..=3 {
-        p.a.send(message(n), None, p.now).unwrap();
+        p.a.send(C, message(n), None, p.now).unwrap();
     }
     p.pump();
     p.disconnect();
     // B restarts with a new incarnation and nothing remembered.
     p.b = Session::new(config("B", "A", 33), p.now);
-    p.a.send(message(4), None, p.now).unwrap();
+    p.a.send(C, message(4), None, p.now).unwrap();
     p.connect();
     assert_eq!(p.received_by_b, [1, 2, 3, 4]);
     assert!(p.closed.is_empty(), "{:?}", p.closed);
     // And A restarting is handled the same way by B.
     p.disconnect();
     p.a = Session::new(config("A", "B", 44), p.now);
-    p.a.send(message(5), None, p.now).unwrap();
+    p.a.send(C, message(5), None, p.now).unwrap();
     p.connect();
     assert_eq!(p.received_by_b, [1, 2, 3, 4, 5]);
     assert!(p.closed.is_empty(), "{:?}", p.closed);
@@ -188,11 +194,11 @@ fn a_peer_that_lost_its_state_gets_a_fresh_sequence_space() {
 fn window_bounds_messages_in_flight() {
     let mut p = Pair::new();
     for n in 1..=8 {
-        p.a.send(message(n), None, p.now).unwrap();
+        p.a.send(C, message(n), None, p.now).unwrap();
     }
-    assert_eq!(p.a.send(message(9), None, p.now), Err(SendError::WindowFull(8)));
+    assert_eq!(p.a.send(C, message(9), None, p.now), Err(SendError::WindowFull(8)));
     p.connect();
-    assert!(p.a.has_window());
+    assert!(p.a.has_window(C));
 }
 
 #[test]
@@ -214,10 +220,11 @@ fn wrong_peer_and_wrong_version_are_refused() {
         from: "B".into(),
         to: "A".into(),
         incarnation: 5,
-        expected: 1,
         your_incarnation: 0,
         frame_bytes_max: 1 << 20,
+        message_bytes_max: 1 << 20,
         flags: 0,
+        channels: vec![ChannelPosition::default(); CHANNELS],
     })
     .encode(&mut wire);
     a.handle_bytes(&wire, now);
@@ -235,7 +242,7 @@ fn garbage_closes_the_connection_and_a_damaged_message_is_asked_again() {
 
     let mut p = Pair::new();
     p.connect();
-    p.a.send(message(1), None, p.now).unwrap();
+    p.a.send(C, message(1), None, p.now).unwrap();
     let mut wire = BytesMut::from(&out(&mut p.a, p.now).unwrap()[..]);
     let last = wire.len() - 1;
     wire[last] ^= 0x40;
@@ -249,7 +256,7 @@ fn garbage_closes_the_connection_and_a_damaged_message_is_asked_again() {
     let mut p = Pair::new();
     p.connect();
     let mut wire = BytesMut::new();
-    Frame::Ack { sequence: 5 }.encode(&mut wire);
+    Frame::Ack { channel: C, sequence: 5 }.encode(&mut wire);
     p.a.handle_bytes(&wire, p.now);
     assert_eq!(p.a.poll_event(), None, "an ACK matching nothing awaiting is ignored");
     assert!(p.a.is_established());
@@ -286,7 +293,7 @@ fn unconfirmed_deliveries_are_resent_after_a_reconnect() {
     let mut p = Pair::new();
     p.connect();
     for n in 1..=3 {
-        p.a.send(message(n), None, p.now).unwrap();
+        p.a.send(C, message(n), None, p.now).unwrap();
     }
     // B receives all three but the host stores only the first, then the link drops.
     let bytes = out(&mut p.a, p.now).unwrap();
@@ -298,7 +305,7 @@ fn unconfirmed_deliveries_are_resent_after_a_reconnect() {
         }
     }
     assert_eq!(got, [1, 2, 3]);
-    p.b.handle_delivered(1);
+    p.b.handle_delivered(C, 1);
     p.received_by_b.push(1);
     p.disconnect();
     p.connect();
@@ -309,8 +316,8 @@ fn unconfirmed_deliveries_are_resent_after_a_reconnect() {
 #[test]
 fn a_message_that_expired_while_waiting_is_skipped_not_sent() {
     let mut p = Pair::new();
-    p.a.send(message(1), Some(p.now + Duration::from_millis(100)), p.now).unwrap();
-    p.a.send(message(2), Some(p.now + Duration::from_secs(60)), p.now).unwrap();
+    p.a.send(C, message(1), Some(p.now + Duration::from_millis(100)), p.now).unwrap();
+    p.a.send(C, message(2), Some(p.now + Duration::from_secs(60)), p.now).unwrap();
     p.now += Duration::from_secs(1);
     p.a.handle_connected(p.now);
     p.b.handle_connected(p.now);
@@ -328,8 +335,8 @@ fn a_message_that_expired_while_waiting_is_skipped_not_sent() {
     let mut b_events = Vec::new();
     while let Some(e) = p.b.poll_event() {
         match e {
-            SessionEvent::Skipped { sequence } => b_events.push((sequence, None)),
-            SessionEvent::Received { sequence, message } => {
+            SessionEvent::Skipped { sequence, .. } => b_events.push((sequence, None)),
+            SessionEvent::Received { sequence, message, .. } => {
                 b_events.push((sequence, message.content.lifetime))
             }
             _ => {}
@@ -347,11 +354,11 @@ fn messages_too_large_for_the_peer_are_refused_or_dropped() {
     let now = Instant::now();
     let mut a = Session::new(config("A", "B", 1), now);
     let mut small = config("B", "A", 2);
-    small.frame_bytes_max = 1024;
+    small.message_bytes_max = 1024;
     let mut b = Session::new(small, now);
     let mut large = BytesMut::from(&message(1)[..]);
     large.extend_from_slice(&[0u8; 2000]);
-    a.send(large.freeze(), None, now).unwrap();
+    a.send(C, large.freeze(), None, now).unwrap();
     a.handle_connected(now);
     b.handle_connected(now);
     a.handle_bytes(&b.poll_transmit().unwrap(), now);
@@ -361,7 +368,7 @@ fn messages_too_large_for_the_peer_are_refused_or_dropped() {
     assert!(matches!(dropped, Some(SessionEvent::Dropped { reason: DropReason::TooLargeForPeer, .. })));
     let mut large = BytesMut::from(&message(2)[..]);
     large.extend_from_slice(&[0u8; 2000]);
-    assert!(matches!(a.send(large.freeze(), None, now), Err(SendError::TooLarge { max: 1007, .. })));
+    assert!(matches!(a.send(C, large.freeze(), None, now), Err(SendError::TooLarge { max: 1024, .. })));
 }
 
 #[test]
@@ -423,7 +430,7 @@ proptest! {
         for s in steps.into_iter().chain([Step::Reconnect]) {
             match s {
                 Step::Send => {
-                    if a.send(message(sent + 1), None, now).is_ok() {
+                    if a.send(C, message(sent + 1), None, now).is_ok() {
                         sent += 1;
                     }
                 }
@@ -438,12 +445,12 @@ proptest! {
                 }
                 Step::Deliver(ok) => {
                     while let Some(e) = b.poll_event() {
-                        if let SessionEvent::Received { sequence, message } = e { pending_b.push((sequence, message.id.sequence)); }
+                        if let SessionEvent::Received { sequence, message, .. } = e { pending_b.push((sequence, message.id.sequence)); }
                     }
                     if ok {
                         if let Some(&(last, _)) = pending_b.last() {
                             stored.extend(pending_b.drain(..).map(|(_, id)| id));
-                            b.handle_delivered(last);
+                            b.handle_delivered(C, last);
                         }
                     } else {
                         pending_b.clear();
@@ -471,9 +478,9 @@ proptest! {
         for _ in 0..50 {
             if let Some(bytes) = out(&mut a, now) { b.handle_bytes(&bytes, now); }
             while let Some(e) = b.poll_event() {
-                if let SessionEvent::Received { sequence, message } = e {
+                if let SessionEvent::Received { sequence, message, .. } = e {
                     stored.push(message.id.sequence);
-                    b.handle_delivered(sequence);
+                    b.handle_delivered(C, sequence);
                 }
             }
             if let Some(bytes) = b.poll_transmit() { a.handle_bytes(&bytes, now); }
@@ -489,7 +496,7 @@ fn writes_respect_the_budget_and_keep_order() {
     let mut p = Pair::new();
     p.connect();
     for n in 1..=8 {
-        p.a.send(message(n), None, p.now).unwrap();
+        p.a.send(C, message(n), None, p.now).unwrap();
     }
     assert_eq!(p.a.unwritten(), 8);
     assert_eq!(p.a.write_pending(p.now, 1), 1, "a budget writes at least one message");
@@ -530,7 +537,7 @@ fn pings_are_throttled_and_not_answered_when_data_flows() {
     assert!(p.b.poll_transmit().is_some(), "but once the interval allows");
     p.b.handle_bytes(&ping(3), p.now + Duration::from_millis(250));
     assert!(p.b.poll_transmit().is_some(), "later ones are answered at once again");
-    p.b.send(message(1), None, p.now).unwrap();
+    p.b.send(C, message(1), None, p.now).unwrap();
     p.b.write_pending(p.now, usize::MAX);
     p.b.handle_bytes(&ping(4), p.now + Duration::from_millis(300));
     assert!(p.b.poll_transmit().is_some(), "the data goes out");
@@ -545,8 +552,8 @@ fn the_byte_window_bounds_memory_but_always_lets_one_message_through() {
     let mut a = Session::new(cfg, now);
     let mut big = BytesMut::from(&message(1)[..]);
     big.extend_from_slice(&[0u8; 500]);
-    assert!(a.has_window(), "an empty window takes any message");
-    a.send(big.freeze(), None, now).unwrap();
-    assert!(!a.has_window(), "500 bytes in flight is over the 100-byte window");
-    assert!(matches!(a.send(message(2), None, now), Err(SendError::WindowFull(1))));
+    assert!(a.has_window(C), "an empty window takes any message");
+    a.send(C, big.freeze(), None, now).unwrap();
+    assert!(!a.has_window(C), "500 bytes in flight is over the 100-byte window");
+    assert!(matches!(a.send(C, message(2), None, now), Err(SendError::WindowFull(1))));
 }

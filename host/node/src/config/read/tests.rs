@@ -60,13 +60,13 @@ fn addresses_and_relations_are_checked() {
         "
 node: { name: A, listen: 'localhost' }
 peers: [ { name: B, address: 'nope' }, { name: A } ]
-messages: { message_bytes_max: 100000000 }
+links: { packet_bytes_max: 2000000 }
 ",
     );
     for e in [
         "peers[0].address: bad address 'nope'",
         "peers[1].name: 'A' is this node's own name",
-        "links.frame_bytes_max: 4718592 is too small",
+        "links.frame_bytes_max: 1048576 is too small",
         "node.listen: bad address 'localhost'",
     ] {
         assert!(errors.iter().any(|m| m.starts_with(e)), "missing '{e}' in {errors:#?}");
