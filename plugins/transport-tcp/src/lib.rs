@@ -4,18 +4,55 @@
 //! on a listen address picks a free port, which [`Listener::local_address`] then reports.
 //! Nagle's algorithm is off: the link session already batches frames into few writes.
 //!
-//! Configuration: `plugins: { transport: { kind: tcp } }` (no other keys yet).
+//! Configuration:
+//!
+//! ```yaml
+//! plugins:
+//!   transport:
+//!     kind: tcp
+//!     # Kernel socket buffers, in bytes; 0 (the default) leaves them to the kernel's
+//!     # autotuning. Smaller buffers keep less data queued below the link's scheduler, so
+//!     # an urgent message overtakes a large one sooner on a busy link; larger ones suit
+//!     # long fat networks.
+//!     send_buffer_bytes: 0
+//!     receive_buffer_bytes: 0
+//! ```
 #![forbid(unsafe_code)]
 
 use std::net::SocketAddr;
 
 use linkbus_plugin_api::registry::{BuildContext, Factory, PluginEntry, PluginError};
-use linkbus_plugin_api::{BoxFuture, ConfigValue, Connection, Listener, Section, Transport, TransportError};
-use tokio::net::{TcpListener, TcpStream};
+use linkbus_plugin_api::{
+    BoxFuture, ConfigValue, Connection, Diagnostics, Listener, Section, Transport, TransportError,
+};
+use tokio::net::{TcpListener, TcpSocket, TcpStream};
 
 /// The `tcp` transport.
 #[derive(Debug, Default, Clone, Copy)]
-pub struct TcpTransport;
+pub struct TcpTransport {
+    /// `SO_SNDBUF` of every link socket (`0`: the kernel's choice).
+    pub send_buffer_bytes: u32,
+    /// `SO_RCVBUF` of every link socket (`0`: the kernel's choice).
+    pub receive_buffer_bytes: u32,
+}
+
+/// Largest socket buffer the configuration accepts.
+const SOCKET_BUFFER_BYTES_MAX: u64 = 1 << 30;
+
+impl TcpTransport {
+    /// A socket for `addr` with the configured buffer sizes (set before connecting or
+    /// listening, so the TCP window is sized from them).
+    fn socket(&self, addr: SocketAddr) -> std::io::Result<TcpSocket> {
+        let socket = if addr.is_ipv4() { TcpSocket::new_v4()? } else { TcpSocket::new_v6()? };
+        if self.send_buffer_bytes > 0 {
+            socket.set_send_buffer_size(self.send_buffer_bytes)?;
+        }
+        if self.receive_buffer_bytes > 0 {
+            socket.set_recv_buffer_size(self.receive_buffer_bytes)?;
+        }
+        Ok(socket)
+    }
+}
 
 fn parse(address: &str) -> Result<SocketAddr, TransportError> {
     address.parse().map_err(|e: std::net::AddrParseError| TransportError::BadAddress {
@@ -62,7 +99,10 @@ impl Transport for TcpTransport {
         Box::pin(async move {
             let addr = parse(address)?;
             let io = |source| TransportError::Io { op: "listen", address: address.to_owned(), source };
-            let listener = TcpListener::bind(addr).await.map_err(io)?;
+            let socket = self.socket(addr).map_err(io)?;
+            socket.set_reuseaddr(true).map_err(io)?;
+            socket.bind(addr).map_err(io)?;
+            let listener: TcpListener = socket.listen(1024).map_err(io)?;
             let local = listener.local_addr().map_err(io)?.to_string();
             Ok(Box::new(TcpAcceptor { listener, local }) as Box<dyn Listener>)
         })
@@ -71,20 +111,31 @@ impl Transport for TcpTransport {
     fn connect<'a>(&'a self, address: &'a str) -> BoxFuture<'a, Result<Connection, TransportError>> {
         Box::pin(async move {
             let addr = parse(address)?;
-            let stream = TcpStream::connect(addr).await.map_err(|source| TransportError::Io {
-                op: "connect",
-                address: address.to_owned(),
-                source,
-            })?;
+            let io = |source| TransportError::Io { op: "connect", address: address.to_owned(), source };
+            let stream: TcpStream = self.socket(addr).map_err(io)?.connect(addr).await.map_err(io)?;
             Ok(connection(stream, addr))
         })
     }
 }
 
-fn check(_section: &Section<'_>) {}
+/// Reads this plugin's section (reporting problems through the section's diagnostics).
+fn read(section: &Section<'_>) -> TcpTransport {
+    let bytes = |key| section.number(key, 0, 0, SOCKET_BUFFER_BYTES_MAX) as u32;
+    TcpTransport {
+        send_buffer_bytes: bytes("send_buffer_bytes"),
+        receive_buffer_bytes: bytes("receive_buffer_bytes"),
+    }
+}
 
-fn build(_config: &ConfigValue, _ctx: &BuildContext) -> Result<Box<dyn Transport>, PluginError> {
-    Ok(Box::new(TcpTransport))
+fn check(section: &Section<'_>) {
+    read(section);
+}
+
+fn build(config: &ConfigValue, _ctx: &BuildContext) -> Result<Box<dyn Transport>, PluginError> {
+    let diag = Diagnostics::new();
+    let transport = Section::new(&diag, "plugins.transport", config).map(|s| read(&s)).unwrap_or_default();
+    diag.finish().map_err(|e| PluginError { plugin: "tcp".into(), reason: e.to_string() })?;
+    Ok(Box::new(transport))
 }
 
 inventory::submit! {
@@ -103,7 +154,7 @@ mod tests {
 
     #[tokio::test]
     async fn bytes_cross_a_loopback_connection() {
-        let t = TcpTransport;
+        let t = TcpTransport { send_buffer_bytes: 64 * 1024, receive_buffer_bytes: 64 * 1024 };
         let mut listener = t.listen("127.0.0.1:0").await.unwrap();
         let addr = listener.local_address();
         assert!(!addr.ends_with(":0"), "the real port is reported");
@@ -117,7 +168,7 @@ mod tests {
 
     #[test]
     fn bad_addresses_are_explained() {
-        let err = TcpTransport.check_address("localhost:x").unwrap_err();
+        let err = TcpTransport::default().check_address("localhost:x").unwrap_err();
         assert!(err.to_string().contains("HOST:PORT"), "{err}");
     }
 }

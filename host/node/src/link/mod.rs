@@ -49,7 +49,7 @@ pub const WRITE_BACKLOG_BYTES_MAX: usize = 16 << 20;
 /// Bytes of packets handed to the writer and not yet written, above which the session
 /// writes no more packets: enough to keep the connection busy, small enough that a packet
 /// of an urgent channel is not queued behind much.
-pub const DATA_BACKLOG_BYTES: usize = 1 << 20;
+pub const DATA_BACKLOG_BYTES: usize = 256 << 10;
 
 struct Active {
     id: u64,
@@ -126,7 +126,7 @@ pub async fn run(node: Arc<NodeState>, handle: Arc<LinkHandle>, mut shutdown: wa
         warn!(peer = %handle.peer.name, "Link task started twice.");
         return;
     };
-    let (conn_tx, mut conn_rx) = mpsc::channel(64);
+    let (conn_tx, mut conn_rx) = mpsc::channel(8);
     let (dial_tx, mut dial_rx) = mpsc::channel(1);
     let links = &node.config.links;
     let mut link = Link {

@@ -104,9 +104,9 @@ impl Pair {
         }
         while let Some(e) = self.b.poll_event() {
             match e {
-                SessionEvent::Received { sequence, message, .. } => {
+                SessionEvent::Received { channel, sequence, message } => {
                     self.received_by_b.push(message.id.sequence);
-                    self.b.handle_delivered(C, sequence);
+                    self.b.handle_delivered(channel, sequence);
                 }
                 SessionEvent::Closed(e) => self.closed.push(e),
                 _ => {}
@@ -556,4 +556,169 @@ fn the_byte_window_bounds_memory_but_always_lets_one_message_through() {
     a.send(C, big.freeze(), None, now).unwrap();
     assert!(!a.has_window(C), "500 bytes in flight is over the 100-byte window");
     assert!(matches!(a.send(C, message(2), None, now), Err(SendError::WindowFull(1))));
+}
+
+fn big_message(n: u64, size: usize) -> Bytes {
+    message_bytes(&Message {
+        id: MessageId { source: NodeName::new("A").unwrap(), sequence: n, created_unix_ms: 0 },
+        hop_count: 0,
+        redelivered: false,
+        content: Content::buf("B:q".parse().unwrap(), vec![(n % 251) as u8; size]),
+    })
+}
+
+/// The channels of the `Data` frames in `bytes`, in order.
+fn packet_channels(bytes: &[u8]) -> Vec<u8> {
+    let mut decoder = FrameDecoder::new(1 << 20);
+    decoder.extend(bytes);
+    std::iter::from_fn(|| decoder.decode().unwrap())
+        .filter_map(|f| match f {
+            Frame::Data { channel, .. } => Some(channel),
+            _ => None,
+        })
+        .collect()
+}
+
+fn packet_pair(packet_bytes_max: usize) -> Pair {
+    let now = Instant::now();
+    let mut a = config("A", "B", 11);
+    a.packet_bytes_max = packet_bytes_max;
+    let b = config("B", "A", 22);
+    Pair {
+        a: Session::new(a, now),
+        b: Session::new(b, now),
+        now,
+        received_by_b: Vec::new(),
+        closed: Vec::new(),
+    }
+}
+
+#[test]
+fn an_urgent_message_overtakes_a_large_one_after_at_most_a_packet() {
+    use crate::channel::{FILE_CHANNEL, SYSTEM_CHANNEL};
+    let mut p = packet_pair(1024);
+    p.connect();
+    p.a.send(FILE_CHANNEL, big_message(1, 50_000), None, p.now).unwrap();
+    assert_eq!(p.a.write_pending(p.now, 1), 1, "one packet of the large message");
+    assert_eq!(p.a.write_pending(p.now, 1), 1, "and another");
+    p.a.send(SYSTEM_CHANNEL, message(2), None, p.now).unwrap();
+    assert_eq!(p.a.write_pending(p.now, 1), 1);
+    let wire = p.a.poll_transmit().unwrap();
+    assert_eq!(
+        packet_channels(&wire),
+        [FILE_CHANNEL, FILE_CHANNEL, SYSTEM_CHANNEL],
+        "the next packet is the urgent one"
+    );
+    p.b.handle_bytes(&wire, p.now);
+    p.drain();
+    assert_eq!(
+        p.received_by_b,
+        [2],
+        "the urgent message is delivered while the large one is still on its way"
+    );
+    p.pump();
+    assert_eq!(p.received_by_b, [2, 1]);
+    assert_eq!(p.a.in_flight(), 0);
+}
+
+#[test]
+fn busy_channels_share_the_connection_by_weight() {
+    let now = Instant::now();
+    let mut cfg = config("A", "B", 11);
+    cfg.packet_bytes_max = 1024;
+    cfg.channel_weights[2] = 3; // channel 2 gets three packets for each of channel 5's
+    let mut p = packet_pair(1024);
+    p.a = Session::new(cfg, now);
+    p.connect();
+    p.a.send(2, big_message(1, 100_000), None, p.now).unwrap();
+    p.a.send(5, big_message(2, 100_000), None, p.now).unwrap();
+    for _ in 0..40 {
+        p.a.write_pending(p.now, 1);
+    }
+    let channels = packet_channels(&p.a.poll_transmit().unwrap());
+    let on_2 = channels.iter().filter(|&&c| c == 2).count();
+    assert_eq!(channels.len(), 40);
+    assert!((29..=31).contains(&on_2), "about 3:1 for weights 3:1, got {on_2} of 40: {channels:?}");
+}
+
+#[test]
+fn a_broken_large_message_resumes_from_the_byte_the_receiver_holds() {
+    let mut p = packet_pair(1024);
+    p.connect();
+    let big = big_message(1, 10_000);
+    p.a.send(C, big.clone(), None, p.now).unwrap();
+    for _ in 0..4 {
+        p.a.write_pending(p.now, 1);
+    }
+    let wire = p.a.poll_transmit().unwrap();
+    p.b.handle_bytes(&wire, p.now);
+    p.drain();
+    assert_eq!(p.b.assembling_bytes(), 4096, "four packets held");
+    p.disconnect();
+    p.a.handle_connected(p.now);
+    p.b.handle_connected(p.now);
+    p.a.handle_bytes(&p.b.poll_transmit().unwrap(), p.now);
+    let resumed = std::iter::from_fn(|| p.a.poll_event()).find_map(|e| match e {
+        SessionEvent::Established { resumed_bytes, resent, .. } => Some((resumed_bytes, resent)),
+        _ => None,
+    });
+    assert_eq!(resumed, Some((4096, 1)), "A continues after the 4096 bytes B holds");
+    p.b.handle_bytes(&p.a.poll_transmit().unwrap(), p.now);
+    p.a.write_pending(p.now, usize::MAX);
+    let rest = p.a.poll_transmit().unwrap();
+    assert!(rest.len() < big.len() - 4096 + 7 * 64, "only the rest of the message is written again");
+    p.b.handle_bytes(&rest, p.now);
+    p.drain();
+    assert_eq!(p.received_by_b, [1], "assembled intact across the two connections");
+    assert_eq!(p.a.stats().resumed_bytes, 4096);
+}
+
+#[test]
+fn a_receiver_holding_other_bytes_of_a_message_starts_it_over() {
+    // A message whose write starts again from its first byte after it waited carries its
+    // new remaining lifetime, so its bytes (and CRC) change: the receiver drops what it
+    // held of the old version and assembles the new one.
+    let mut p = packet_pair(1024);
+    p.connect();
+    let big = big_message(1, 5_000);
+    p.a.send(C, big.clone(), Some(p.now + Duration::from_secs(60)), p.now).unwrap();
+    p.a.write_pending(p.now, usize::MAX);
+    let wire = p.a.poll_transmit().unwrap();
+    let last_packet_starts = wire.len() - (DATA_OVERHEAD_BYTES + big.len() - 4096);
+    p.b.handle_bytes(&wire[..last_packet_starts], p.now); // the last packet is lost
+    p.drain();
+    assert_eq!(p.b.assembling_bytes(), 4096);
+    p.now += Duration::from_secs(4); // past the 3 s retransmit timeout
+    p.a.handle_timeout(p.now);
+    assert_eq!(p.a.stats().retransmit_timeouts, 1);
+    p.a.write_pending(p.now, usize::MAX);
+    p.b.handle_bytes(&p.a.poll_transmit().unwrap(), p.now);
+    let received: Vec<Message> = std::iter::from_fn(|| p.b.poll_event())
+        .filter_map(|e| match e {
+            SessionEvent::Received { message, .. } => Some(message),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(received.len(), 1, "delivered once, whole");
+    let left = received[0].content.lifetime.unwrap().as_ms();
+    assert!((55_000..=56_000).contains(&left), "the new version with 56 s left arrived: {left}");
+}
+
+#[test]
+fn frames_for_unknown_channels_and_oversized_messages_close_the_connection() {
+    let mut p = Pair::new();
+    p.connect();
+    let mut wire = BytesMut::new();
+    Frame::Ack { channel: 200, sequence: 1 }.encode(&mut wire);
+    p.a.handle_bytes(&wire, p.now);
+    assert_eq!(p.a.poll_event(), Some(SessionEvent::Closed(SessionError::UnknownChannel(200))));
+
+    let mut p = Pair::new();
+    p.connect();
+    let mut wire = BytesMut::new();
+    let packet =
+        crate::frame::Packet { channel: C, sequence: 1, offset: 0, total: 1 << 30, crc: 0, bytes: b"x" };
+    Frame::encode_data(&packet, &mut wire);
+    p.b.handle_bytes(&wire, p.now);
+    assert!(matches!(p.b.poll_event(), Some(SessionEvent::Closed(SessionError::MessageTooLarge { .. }))));
 }
