@@ -8,12 +8,13 @@ mod support;
 
 use std::time::{Duration, Instant};
 
+use linkbus::{Client, Content};
 use support::history::History;
 use support::proxy::FaultProxy;
 use support::{NodeProcess, Scratch, stderr, stdout};
 
 const FAST_LINKS: &str = "links: { reconnect_backoff_min_ms: 20, reconnect_backoff_max_ms: 200, \
-     ping_interval_ms: 500, pong_timeout_ms: 1000 }";
+     ping_interval_ms: 500, pong_timeout_ms: 1000 }\nmessages: { message_bytes_max: 100000000 }";
 
 /// B listens; A reaches it only through the proxy; both have queue `q`; `secure` chooses
 /// Noise or plaintext links.
@@ -258,4 +259,55 @@ fn bit_flips_on_noise_links_tear_down_and_resync() {
     let logs = format!("{}{}", a.log_text(), b.log_text());
     assert!(logs.contains("a message failed to decrypt"), "a flip fails decryption and ends the connection");
     assert!(a.log_text().matches("Link up.").count() > 1, "and the link renegotiates");
+}
+
+/// A message too large to cross in the time a connection lives: each connection carries it
+/// on from the byte the receiver holds (resume inside a message), so it arrives whole even
+/// though no connection lasts long enough to carry all of it. Without the resume this
+/// never finishes.
+#[test]
+fn a_large_message_crosses_a_link_cut_more_often_than_it_could_be_sent_whole() {
+    const BYTES: usize = 48 << 20;
+    let s = Scratch::new();
+    let (a, b, proxy) = start_behind_proxy(&s, true);
+    let payload: Vec<u8> = (0..BYTES).map(|i| (i % 253) as u8).collect();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let started = Instant::now();
+    runtime.block_on(async {
+        let mut client = Client::connect(&a.socket).await.unwrap();
+        client.put(Content::buf("B:q".parse().unwrap(), payload.clone())).await.unwrap();
+    });
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let cutter = {
+        let (flag, proxy) = (done.clone(), &proxy);
+        std::thread::scope(|scope| {
+            let cutter = scope.spawn(move || {
+                let mut cuts = 0;
+                // Bounded: at most 60 s of cutting.
+                while !flag.load(std::sync::atomic::Ordering::Relaxed) && cuts < 400 {
+                    std::thread::sleep(Duration::from_millis(150));
+                    proxy.cut();
+                    cuts += 1;
+                }
+                cuts
+            });
+            let got = runtime.block_on(async {
+                let mut client = Client::connect(&b.socket).await.unwrap();
+                client.get("q", 1, Duration::from_secs(60)).await.unwrap()
+            });
+            done.store(true, std::sync::atomic::Ordering::Relaxed);
+            assert_eq!(got.len(), 1, "the message arrived");
+            assert!(got[0].content.payload[..] == payload[..], "intact");
+            cutter.join().unwrap()
+        })
+    };
+    let resumed = status_number(&s, "A", "resumed bytes");
+    let connections = a.log_text().matches("Link up.").count();
+    println!(
+        "{} MiB arrived after {:?}, {cutter} cuts, {connections} connections, {resumed} bytes resumed (not sent again)",
+        BYTES >> 20,
+        started.elapsed()
+    );
+    assert!(resumed > 0, "later connections resumed inside the message");
+    assert!(connections > 2, "more than one connection carried it");
 }

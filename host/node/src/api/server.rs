@@ -202,7 +202,7 @@ fn status(node: &NodeState) -> String {
         let stats = l.stats.lock().map(|s| *s).unwrap_or_default();
         let _ = writeln!(
             s,
-            "  {}: {state}, queued {}, acked {}, received {}; renegotiations {}, resent {}, retransmit timeouts {}, naks sent {}, naks received {}, duplicates {}",
+            "  {}: {state}, queued {}, acked {}, received {}; renegotiations {}, resent {}, retransmit timeouts {}, naks sent {}, naks received {}, duplicates {}, resumed bytes {}",
             l.peer.name,
             l.queued(),
             l.acked_total.load(Ordering::Relaxed),
@@ -213,6 +213,7 @@ fn status(node: &NodeState) -> String {
             stats.naks_sent,
             stats.naks_received,
             stats.duplicates,
+            stats.resumed_bytes,
         );
     }
     let _ = writeln!(s, "queues:");
