@@ -37,6 +37,9 @@ pub enum Command {
     Get(GetArgs),
     /// Show a local node's links and queues.
     Status(Target),
+    /// Manage a local node's links.
+    #[command(subcommand)]
+    Link(LinkCommand),
     /// Work with configuration files.
     #[command(subcommand)]
     Config(ConfigCommand),
@@ -86,6 +89,20 @@ pub struct RunArgs {
     /// The cluster's pre-shared key file (overrides `security.psk_file`).
     #[arg(long)]
     pub psk_file: Option<PathBuf>,
+}
+
+/// `linkbus link ...`.
+#[derive(Debug, Subcommand)]
+pub enum LinkCommand {
+    /// Accept a peer's sequence numbers after they went backwards (its data was wiped or
+    /// restored), restarting the link the node stopped because of it.
+    Reset {
+        /// Which node.
+        #[command(flatten)]
+        target: Target,
+        /// The peer whose link to reset.
+        peer: String,
+    },
 }
 
 /// `linkbus keygen`.
@@ -345,6 +362,17 @@ pub async fn get(args: GetArgs) -> anyhow::Result<()> {
 /// A connection failure.
 pub async fn status(target: Target) -> anyhow::Result<()> {
     print!("{}", target.connect().await?.status().await?);
+    Ok(())
+}
+
+/// Runs `linkbus link ...`.
+///
+/// # Errors
+/// When the node cannot be reached or has no such link.
+pub async fn link(command: LinkCommand) -> anyhow::Result<()> {
+    match command {
+        LinkCommand::Reset { target, peer } => print!("{}", target.connect().await?.reset_link(&peer).await?),
+    }
     Ok(())
 }
 

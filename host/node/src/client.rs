@@ -224,6 +224,18 @@ impl Client {
         }
     }
 
+    /// Accepts the sequence numbers of `peer` as they are and restarts the link if it was
+    /// stopped because they went backwards; returns the node's answer.
+    ///
+    /// # Errors
+    /// [`ClientError::Refused`] when the node has no link to `peer`.
+    pub async fn reset_link(&mut self, peer: &str) -> Result<String, ClientError> {
+        match self.call(&Request::LinkReset { peer: peer.to_owned() }).await? {
+            Response::Status(text) => Ok(text),
+            other => Err(ClientError::Protocol(format!("unexpected answer to link reset: {other:?}"))),
+        }
+    }
+
     /// The node's status: links, queues, store.
     ///
     /// # Errors

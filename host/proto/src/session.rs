@@ -161,6 +161,9 @@ pub struct Session {
     pending_pong: Option<u64>,
     /// Counters for operators and tests.
     stats: SessionStats,
+    /// The operator reset the link: the next `Hello` that knows us is taken as it is, our
+    /// waiting messages renumbered from the numbers it expects.
+    accept_peer_numbers: bool,
 }
 
 impl Session {
@@ -192,7 +195,16 @@ impl Session {
             last_pong: None,
             pending_pong: None,
             stats: SessionStats::default(),
+            accept_peer_numbers: false,
         }
+    }
+
+    /// An operator's reset after the peer's numbers went backwards (its data was restored
+    /// or wiped): the next handshake takes the peer's numbers as they are, renumbering the
+    /// messages still waiting from them (messages it acknowledged before are not sent again:
+    /// they were lost with the peer's data). Takes effect on the next connection.
+    pub fn reset_numbers(&mut self) {
+        self.accept_peer_numbers = true;
     }
 
     /// The neighbour this session is for.
@@ -419,7 +431,8 @@ impl Session {
         self.peer_frame_bytes_max = Some(hello.frame_bytes_max as usize);
         self.peer_message_bytes_max = Some(usize::try_from(hello.message_bytes_max).unwrap_or(usize::MAX));
         let knows_us = hello.your_incarnation == self.config.incarnation;
-        if knows_us {
+        let rebase = knows_us && std::mem::take(&mut self.accept_peer_numbers);
+        if knows_us && !rebase {
             for (channel, position) in hello.channels.iter().enumerate() {
                 if let Err(error) = self.check_position(channel as u8, position) {
                     return self.close(error);
@@ -429,7 +442,10 @@ impl Session {
         let (mut resent, mut resumed_bytes) = (0, 0);
         for (channel, position) in hello.channels.iter().enumerate() {
             let Some(lane) = self.lanes.get_mut(channel) else { continue };
-            let (from, held_bytes) = if knows_us {
+            let (from, held_bytes) = if rebase {
+                lane.sender.rebase(position.expected.max(1));
+                (position.expected.max(1), 0)
+            } else if knows_us {
                 // Received but the ACK was lost: adopt the peer's number.
                 if let Some(messages) = lane.sender.complete_through(position.expected - 1) {
                     let through = position.expected - 1;

@@ -3,7 +3,7 @@
 //!
 //! Every frame is a 4-byte big-endian length, a 1-byte type and a body. Requests: `Put`
 //! (a batch of contents, accepted in order), `Get` (wait up to a time for messages from a
-//! queue) and `Status`. Responses: `PutOk` (the ids given), `Messages`, `Status` text, or
+//! queue), `Status` and `LinkReset` (accept a peer's sequence numbers). Responses: `PutOk` (the ids given), `Messages`, `Status` text, or
 //! `Error` with a code, the number of puts accepted before the error, and a message.
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
@@ -15,6 +15,7 @@ use linkbus_proto::wire::{decode_message, encode_content, encode_message, read_c
 const PUT: u8 = 1;
 const GET: u8 = 2;
 const STATUS: u8 = 3;
+const LINK_RESET: u8 = 4;
 const PUT_OK: u8 = 101;
 const MESSAGES: u8 = 102;
 const STATUS_TEXT: u8 = 103;
@@ -43,6 +44,12 @@ pub enum Request {
     },
     /// Describe the node.
     Status,
+    /// Accept the sequence numbers of a peer whose numbers went backwards, and restart a
+    /// link stopped because of it. Answered with `Status` text.
+    LinkReset {
+        /// The peer's node name.
+        peer: String,
+    },
 }
 
 /// What went wrong with a request.
@@ -132,6 +139,10 @@ impl Request {
                 out.put_u64(*bytes_max);
             }),
             Self::Status => frame(STATUS, out, |_| {}),
+            Self::LinkReset { peer } => frame(LINK_RESET, out, |out| {
+                out.put_u8(u8::try_from(peer.len()).unwrap_or(u8::MAX));
+                out.put_slice(peer.as_bytes().get(..255).unwrap_or(peer.as_bytes()));
+            }),
         }
     }
 
@@ -162,6 +173,7 @@ impl Request {
                 bytes_max: r.u64()?,
             },
             STATUS => Self::Status,
+            LINK_RESET => Self::LinkReset { peer: r.short_string()? },
             other => return Err(ReadError::Invalid { field: "request type", detail: other.to_string() }),
         };
         r.finish()?;
@@ -279,6 +291,7 @@ mod tests {
             bytes_max: 9,
         });
         round_trip_request(Request::Status);
+        round_trip_request(Request::LinkReset { peer: "B".into() });
         let e = Response::Error { code: ErrorCode::NoRoute, accepted: 2, message: "no route".into() };
         let mut out = BytesMut::new();
         e.encode(&mut out);

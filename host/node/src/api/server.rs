@@ -163,6 +163,22 @@ async fn handle(node: &NodeState, request: Request) -> (Response, Option<Arc<Loc
             (get(q, count_max, wait_ms, bytes_max).await, Some(q.clone()))
         }
         Request::Status => (Response::Status(status(node)), None),
+        Request::LinkReset { peer } => {
+            let found = linkbus_plugin_api::NodeName::new(&peer).ok().and_then(|name| node.links.get(&name));
+            let Some(link) = found else {
+                let message = format!("node {} has no link to '{peer}'", node.name());
+                return (Response::Error { code: ErrorCode::NoRoute, accepted: 0, message }, None);
+            };
+            let text = match link.request_reset() {
+                Some(reason) => format!(
+                    "link to {peer} restarted (it was stopped: {reason}); the next handshake takes its sequence numbers as they are\n"
+                ),
+                None => format!(
+                    "link to {peer} was not stopped; its next handshake takes the peer's sequence numbers as they are\n"
+                ),
+            };
+            (Response::Status(text), None)
+        }
     }
 }
 
@@ -198,7 +214,11 @@ fn status(node: &NodeState) -> String {
     let mut links: Vec<_> = node.links.values().collect();
     links.sort_by(|a, b| a.peer.name.cmp(&b.peer.name));
     for l in links {
-        let state = if l.up.load(Ordering::Relaxed) { "up" } else { "down" };
+        let state = match l.stopped() {
+            Some(reason) => format!("STOPPED ({reason}; run `linkbus link reset {}`)", l.peer.name),
+            None if l.up.load(Ordering::Relaxed) => "up".to_owned(),
+            None => "down".to_owned(),
+        };
         let stats = l.stats.lock().map(|s| *s).unwrap_or_default();
         let _ = writeln!(
             s,

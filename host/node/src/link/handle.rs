@@ -66,6 +66,11 @@ pub struct LinkHandle {
     pub received_total: AtomicU64,
     /// The session's counters, copied after every pump.
     pub stats: Mutex<SessionStats>,
+    /// Why the link is stopped until an operator resets it (the peer's sequence numbers
+    /// went backwards), if it is.
+    stopped: Mutex<Option<String>>,
+    /// An operator asked for a reset; the link task applies it.
+    pub(crate) reset_requested: AtomicBool,
 }
 
 impl std::fmt::Debug for LinkHandle {
@@ -91,7 +96,28 @@ impl LinkHandle {
             acked_total: AtomicU64::new(0),
             received_total: AtomicU64::new(0),
             stats: Mutex::new(SessionStats::default()),
+            stopped: Mutex::new(None),
+            reset_requested: AtomicBool::new(false),
         }
+    }
+
+    /// Why the link is stopped, if it is.
+    pub fn stopped(&self) -> Option<String> {
+        self.stopped.lock().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+
+    /// Stops the link until [`LinkHandle::request_reset`].
+    pub(crate) fn stop(&self, reason: String) {
+        *self.stopped.lock().unwrap_or_else(PoisonError::into_inner) = Some(reason);
+    }
+
+    /// An operator's reset: the link restarts and its next handshake takes the peer's
+    /// numbers as they are. Returns why the link was stopped, if it was.
+    pub fn request_reset(&self) -> Option<String> {
+        let was = self.stopped.lock().unwrap_or_else(PoisonError::into_inner).take();
+        self.reset_requested.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.wake.notify_one();
+        was
     }
 
     pub(crate) fn lock(&self) -> std::sync::MutexGuard<'_, TransmissionQueue> {

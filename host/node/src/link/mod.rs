@@ -33,7 +33,7 @@ use linkbus_proto::secure::SecureChannel;
 use linkbus_proto::wire::message_bytes;
 use linkbus_proto::{DropReason, SendError, Session, SessionConfig, SessionError, SessionEvent};
 use tokio::sync::{Notify, mpsc, watch};
-use tracing::{debug, info, warn};
+use tracing::{debug, error, info, warn};
 
 use crate::node::NodeState;
 use backoff::Backoff;
@@ -156,6 +156,7 @@ pub async fn run(node: Arc<NodeState>, handle: Arc<LinkHandle>, mut shutdown: wa
             () = sleep_until(timeout) => link.session.handle_timeout(Instant::now()),
             () = sleep_until(dial_at) => link.start_dial(),
         }
+        link.apply_reset();
         link.pump();
     }
     link.shutdown().await;
@@ -183,7 +184,7 @@ impl Link {
     }
 
     fn dial_due(&self) -> Option<tokio::time::Instant> {
-        if self.active.is_some() || self.dialing {
+        if self.active.is_some() || self.dialing || self.handle.stopped().is_some() {
             return None;
         }
         let wanted = self.handle.peer.permanent || self.handle.queued() > 0 || self.session.in_flight() > 0;
@@ -230,8 +231,33 @@ impl Link {
         }
     }
 
+    /// An operator reset the link: the next handshake takes the peer's numbers, and the
+    /// link dials again at once.
+    fn apply_reset(&mut self) {
+        if self.handle.reset_requested.swap(false, Ordering::Relaxed) {
+            warn!(
+                peer = self.peer(),
+                "Link reset by the operator: the next handshake takes the peer's numbers."
+            );
+            self.session.reset_numbers();
+            self.backoff.reset();
+            if self.handle.peer.address.is_some() {
+                self.next_dial = Some(tokio::time::Instant::now());
+            }
+        }
+    }
+
     /// Takes a new connection, unless the session prefers the current one.
     fn adopt(&mut self, incoming: Incoming, dialed_by_us: bool) {
+        if let Some(reason) = self.handle.stopped() {
+            let reason = format!(
+                "the link is stopped on {} ({reason}); an operator must run `linkbus link reset {}` there",
+                self.node.name(),
+                self.peer()
+            );
+            refuse(incoming.connection, Some(incoming.secure), CloseCode::ProtocolError, &reason);
+            return;
+        }
         if let Some(current) = &self.active {
             let incarnation = incoming.hello.as_ref().map(|h| h.incarnation);
             if !self.session.should_replace(current.dialed_by_us, dialed_by_us, incarnation) {
@@ -474,6 +500,17 @@ impl Link {
             }
             SessionError::PeerClosed { code, reason } if *code == CloseCode::Duplicate as u16 => {
                 debug!(peer = self.peer(), reason, "Duplicate connection closed by the peer.");
+            }
+            SessionError::WentBackwards { .. } => {
+                error!(
+                    peer = self.peer(),
+                    %error,
+                    "Link STOPPED: the peer's sequence numbers went backwards (its data was wiped or restored \
+                     from an old copy). Check its store, then run `linkbus link reset {}` on this node to take \
+                     its numbers as they are (messages it acknowledged before are not sent again).",
+                    self.peer()
+                );
+                self.handle.stop(error.to_string());
             }
             error => warn!(peer = self.peer(), %error, "Link closed."),
         }

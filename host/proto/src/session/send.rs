@@ -187,6 +187,18 @@ impl Sender {
         self.acked = 0;
     }
 
+    /// The operator accepted the peer's numbers after they went backwards (or claimed too
+    /// much): what still waits is numbered from `expected`, the number the peer expects,
+    /// and everything before it counts as acknowledged.
+    pub(super) fn rebase(&mut self, expected: u64) {
+        for (index, pending) in self.unacked.iter_mut().enumerate() {
+            pending.sequence = expected + index as u64;
+            pending.crc = None;
+        }
+        self.next_send = expected + self.unacked.len() as u64;
+        self.acked = expected - 1;
+    }
+
     /// A new connection writes from message `from` on, starting at byte `held_bytes` of it
     /// when the peer holds that many bytes of the same message (CRC `held_crc`). Returns how
     /// many messages that resends and how many bytes the resume saved.

@@ -722,3 +722,61 @@ fn frames_for_unknown_channels_and_oversized_messages_close_the_connection() {
     p.b.handle_bytes(&wire, p.now);
     assert!(matches!(p.b.poll_event(), Some(SessionEvent::Closed(SessionError::MessageTooLarge { .. }))));
 }
+
+fn hello_from_b(your_incarnation: u64, expected: u64) -> BytesMut {
+    let mut wire = BytesMut::new();
+    let position = ChannelPosition { expected, ..ChannelPosition::default() };
+    Frame::Hello(Hello {
+        protocol_version: PROTOCOL_VERSION,
+        api_version: 1,
+        from: "B".into(),
+        to: "A".into(),
+        incarnation: 22,
+        your_incarnation,
+        frame_bytes_max: 1 << 20,
+        message_bytes_max: 1 << 20,
+        flags: 0,
+        channels: vec![position; CHANNELS],
+    })
+    .encode(&mut wire);
+    wire
+}
+
+#[test]
+fn a_peer_whose_numbers_went_backwards_is_refused_until_an_operator_resets() {
+    let mut p = Pair::new();
+    p.connect();
+    for n in 1..=3 {
+        p.a.send(C, message(n), None, p.now).unwrap();
+    }
+    p.pump();
+    assert_eq!(p.received_by_b, [1, 2, 3]);
+    p.disconnect();
+    p.a.send(C, message(4), None, p.now).unwrap();
+    // B comes back knowing A's incarnation but expecting message 1 again: its data was
+    // restored from an old copy.
+    p.a.handle_connected(p.now);
+    p.a.handle_bytes(&hello_from_b(11, 1), p.now);
+    let closed = std::iter::from_fn(|| p.a.poll_event()).find(|e| matches!(e, SessionEvent::Closed(_)));
+    assert_eq!(
+        closed,
+        Some(SessionEvent::Closed(SessionError::WentBackwards { channel: C, expected: 1, acked: 3 }))
+    );
+    p.a.handle_disconnected();
+    p.a.reset_numbers();
+    p.a.handle_connected(p.now);
+    p.a.handle_bytes(&hello_from_b(11, 1), p.now);
+    assert!(p.a.is_established(), "after the reset the peer's numbers are taken as they are");
+    p.a.write_pending(p.now, usize::MAX);
+    let mut decoder = FrameDecoder::new(1 << 20);
+    decoder.extend(&p.a.poll_transmit().unwrap());
+    let data: Vec<(u64, u64)> = std::iter::from_fn(|| decoder.decode().unwrap())
+        .filter_map(|f| match f {
+            Frame::Data { sequence, bytes, .. } => {
+                Some((sequence, crate::wire::decode_message(bytes).unwrap().id.sequence))
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(data, [(1, 4)], "the waiting message goes as the number B expects");
+}
