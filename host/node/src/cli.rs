@@ -101,6 +101,7 @@ pub enum LinkCommand {
         #[command(flatten)]
         target: Target,
         /// The peer whose link to reset.
+        #[arg(value_parser = parse_node_name)]
         peer: String,
     },
 }
@@ -194,6 +195,14 @@ pub struct DemoArgs {
     /// Payload bytes per message (at least 11).
     #[arg(long, default_value_t = 100)]
     pub size: usize,
+}
+
+/// Checks a node name.
+///
+/// # Errors
+/// The naming rule the text breaks.
+fn parse_node_name(text: &str) -> Result<String, String> {
+    linkbus_plugin_api::NodeName::new(text).map(|n| n.to_string()).map_err(|e| e.to_string())
 }
 
 /// Parses `500ms`, `5s`, `2m`, `1h`, or a bare number of seconds.

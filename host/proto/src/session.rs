@@ -48,10 +48,10 @@ use bytes::{Bytes, BytesMut};
 use linkbus_plugin_api::{API_VERSION, NodeName};
 
 pub use event::{DropReason, SendError, SessionError, SessionEvent, SessionStats};
-use receive::{Arrival, PacketIn, PacketOutcome, Receiver};
+use receive::{Arrival, HeldRoom, PacketIn, PacketOutcome, Receiver};
 use send::{NakOutcome, Sender, WriteLimits};
 
-use crate::channel::{CHANNELS, SYSTEM_CHANNEL};
+use crate::channel::{CHANNELS, FILE_CHANNEL, SYSTEM_CHANNEL};
 use crate::frame::{
     ChannelPosition, DATA_OVERHEAD_BYTES, FRAME_BYTES_MIN, Frame, FrameDecoder, HELLO_FLAG_DURABLE, Hello,
     LENGTH_BYTES, PROTOCOL_VERSION,
@@ -83,10 +83,10 @@ pub struct SessionConfig {
     /// Most encoded bytes of one channel sent and not yet acknowledged (one message is
     /// always allowed).
     pub in_flight_bytes_max: usize,
-    /// Most messages of one channel held ahead of a gap; beyond it they are dropped and
-    /// resent later.
+    /// Most messages held ahead of a gap, all channels together (and how far ahead of its
+    /// channel's gap a message may be); beyond it they are dropped and resent later.
     pub reorder_messages_max: usize,
-    /// Most encoded bytes of one channel held ahead of a gap.
+    /// Most encoded bytes held ahead of a gap, all channels together.
     pub reorder_bytes_max: usize,
     /// Time a written message may go unacknowledged before it is written again.
     pub retransmit_timeout: Duration,
@@ -100,6 +100,14 @@ pub struct SessionConfig {
     /// tests can prove their checker catches duplicates. Never set it in production.
     pub skip_dedup_for_tests: bool,
 }
+
+/// Highest sequence number a peer may name: far beyond any real count, low enough that
+/// numbering from it never overflows.
+const SEQUENCE_MAX: u64 = 1 << 62;
+
+/// Smallest `message_bytes_max` a peer may advertise (every node accepts at least its
+/// largest envelope, 512 KiB).
+pub const MESSAGE_BYTES_MIN: u64 = 64 * 1024;
 
 /// A peer gets at most one pong per this interval, however often it pings.
 pub const PONG_INTERVAL_MIN: Duration = Duration::from_millis(100);
@@ -172,7 +180,7 @@ impl Session {
         let decoder = FrameDecoder::new(config.frame_bytes_max);
         let lanes = (0..CHANNELS as u8)
             .map(|channel| {
-                let mut receiver = Receiver::new(config.reorder_messages_max, config.reorder_bytes_max);
+                let mut receiver = Receiver::new(config.reorder_messages_max);
                 receiver.set_skip_dedup(config.skip_dedup_for_tests);
                 Lane { sender: Sender::new(channel), receiver, recent: 0 }
             })
@@ -348,13 +356,13 @@ impl Session {
         self.ping = None;
         match (self.phase, frame) {
             (Phase::Disconnected, _) => {}
-            (Phase::Handshake { .. }, Frame::Hello(hello)) => self.handle_hello(&hello),
+            (Phase::Handshake { .. }, Frame::Hello(hello)) => self.handle_hello(&hello, now),
             (_, Frame::Close { code, reason }) => {
                 self.phase = Phase::Disconnected;
                 self.events.push_back(SessionEvent::Closed(SessionError::PeerClosed { code, reason }));
             }
             (Phase::Established, Frame::Data { channel, sequence, offset, total, crc, bytes }) => {
-                self.handle_data(channel, PacketIn { sequence, offset, total, crc, bytes });
+                self.handle_data(channel, PacketIn { sequence, offset, total, crc, bytes }, now);
             }
             (Phase::Established, Frame::Ack { channel, sequence }) => {
                 self.complete_through(channel, sequence)
@@ -401,7 +409,7 @@ impl Session {
         }
     }
 
-    fn handle_hello(&mut self, hello: &Hello) {
+    fn handle_hello(&mut self, hello: &Hello, now: Instant) {
         if hello.protocol_version != PROTOCOL_VERSION {
             let theirs = hello.protocol_version;
             return self.close(SessionError::Version { ours: PROTOCOL_VERSION, theirs });
@@ -430,21 +438,21 @@ impl Session {
         self.peer_incarnation = Some(hello.incarnation);
         self.peer_frame_bytes_max = Some(hello.frame_bytes_max as usize);
         self.peer_message_bytes_max = Some(usize::try_from(hello.message_bytes_max).unwrap_or(usize::MAX));
-        let knows_us = hello.your_incarnation == self.config.incarnation;
-        let rebase = knows_us && std::mem::take(&mut self.accept_peer_numbers);
-        if knows_us && !rebase {
-            for (channel, position) in hello.channels.iter().enumerate() {
-                if let Err(error) = self.check_position(channel as u8, position) {
-                    return self.close(error);
-                }
-            }
+        if hello.message_bytes_max < MESSAGE_BYTES_MIN {
+            return self.close(SessionError::MessageLimit(hello.message_bytes_max));
         }
+        let knows_us = hello.your_incarnation == self.config.incarnation;
+        let reset = std::mem::take(&mut self.accept_peer_numbers);
+        let rebased = match self.channels_to_rebase(hello, knows_us, reset) {
+            Ok(rebased) => rebased,
+            Err(error) => return self.close(error),
+        };
         let (mut resent, mut resumed_bytes) = (0, 0);
         for (channel, position) in hello.channels.iter().enumerate() {
             let Some(lane) = self.lanes.get_mut(channel) else { continue };
-            let (from, held_bytes) = if rebase {
-                lane.sender.rebase(position.expected.max(1));
-                (position.expected.max(1), 0)
+            let (from, held_bytes) = if rebased.get(channel).copied().unwrap_or(false) {
+                lane.sender.rebase(position.expected);
+                (position.expected, 0)
             } else if knows_us {
                 // Received but the ACK was lost: adopt the peer's number.
                 if let Some(messages) = lane.sender.complete_through(position.expected - 1) {
@@ -458,7 +466,7 @@ impl Session {
                 lane.sender.renumber();
                 (1, 0)
             };
-            let (messages, resumed) = lane.sender.start_connection(from, held_bytes, position.held_crc);
+            let (messages, resumed) = lane.sender.start_connection(from, held_bytes, position.held_crc, now);
             resent += messages;
             resumed_bytes += resumed;
         }
@@ -469,12 +477,42 @@ impl Session {
         self.events.push_back(SessionEvent::Established { peer_restarted, resent, resumed_bytes });
     }
 
+    /// Checks the peer's numbers on every channel (when it knows our incarnation); an
+    /// operator's `reset` applies to this handshake only, and only to the channels whose
+    /// numbers do not fit ours: those are returned, to be renumbered from the peer's.
+    fn channels_to_rebase(
+        &self,
+        hello: &Hello,
+        knows_us: bool,
+        reset: bool,
+    ) -> Result<[bool; CHANNELS], SessionError> {
+        let mut rebased = [false; CHANNELS];
+        if !knows_us {
+            return Ok(rebased);
+        }
+        for (channel, position) in hello.channels.iter().enumerate() {
+            match self.check_position(channel as u8, position) {
+                Ok(()) => {}
+                Err(SessionError::WentBackwards { .. } | SessionError::ClaimsMore { .. }) if reset => {
+                    if let Some(slot) = rebased.get_mut(channel) {
+                        *slot = true;
+                    }
+                }
+                Err(error) => return Err(error),
+            }
+        }
+        Ok(rebased)
+    }
+
     /// A peer that knows our incarnation may expect neither more than we sent nor less than
     /// it acknowledged, on any channel.
     fn check_position(&self, channel: u8, position: &ChannelPosition) -> Result<(), SessionError> {
         let Some(lane) = self.lanes.get(channel as usize) else { return Ok(()) };
         let (last_sent, acked) = (lane.sender.last_sent(), lane.sender.acked());
         let expected = position.expected;
+        if expected == 0 || expected > SEQUENCE_MAX {
+            return Err(SessionError::BadPosition { channel, expected });
+        }
         if expected > last_sent + 1 {
             return Err(SessionError::ClaimsMore { channel, expected, last_sent });
         }
@@ -520,7 +558,12 @@ impl Session {
     fn next_channel(&self) -> Option<usize> {
         let weights = &self.config.channel_weights;
         let waiting = |(_, lane): &(usize, &Lane)| lane.sender.has_unwritten();
-        let mut candidates = self.lanes.iter().enumerate().filter(waiting);
+        // Preference order for ties: the system channel, then the levels from the highest,
+        // then files.
+        let order = std::iter::once(SYSTEM_CHANNEL as usize)
+            .chain((1..FILE_CHANNEL as usize).rev())
+            .chain(std::iter::once(FILE_CHANNEL as usize));
+        let mut candidates = order.filter_map(|c| self.lanes.get(c).map(|lane| (c, lane))).filter(waiting);
         let first = candidates.next()?;
         if first.0 == SYSTEM_CHANNEL as usize {
             return Some(first.0);
@@ -553,7 +596,7 @@ impl Session {
         }
     }
 
-    fn handle_data(&mut self, channel: u8, packet: PacketIn) {
+    fn handle_data(&mut self, channel: u8, packet: PacketIn, now: Instant) {
         let (sequence, crc) = (packet.sequence, packet.crc);
         if packet.total > self.config.message_bytes_max as u64 {
             let max = self.config.message_bytes_max;
@@ -562,9 +605,9 @@ impl Session {
         let Some(lane) = self.lanes.get_mut(channel as usize) else {
             return self.close(SessionError::UnknownChannel(channel));
         };
-        let message = match lane.receiver.packet(packet) {
+        let (message, age) = match lane.receiver.packet(packet, now) {
             PacketOutcome::Partial => return,
-            PacketOutcome::Complete(message) => message,
+            PacketOutcome::Complete { message, age } => (message, age),
             PacketOutcome::Duplicate { last } => {
                 if last {
                     self.stats.duplicates += 1;
@@ -586,7 +629,9 @@ impl Session {
             }
             return;
         }
-        match lane.receiver.arrive(sequence, message) {
+        let room = self.held_room();
+        let Some(lane) = self.lanes.get_mut(channel as usize) else { return };
+        match lane.receiver.arrive(sequence, message, age, room) {
             Err(e) => self.close(SessionError::BadMessage { channel, sequence, reason: e.to_string() }),
             Ok(Arrival::Duplicate) => {
                 self.stats.duplicates += 1;
@@ -602,6 +647,16 @@ impl Session {
                     });
                 }
             }
+        }
+    }
+
+    /// Room left in the reorder buffers, one budget for all channels of the link.
+    fn held_room(&self) -> HeldRoom {
+        let messages: usize = self.lanes.iter().map(|l| l.receiver.held()).sum();
+        let bytes: usize = self.lanes.iter().map(|l| l.receiver.held_bytes()).sum();
+        HeldRoom {
+            messages: self.config.reorder_messages_max.saturating_sub(messages),
+            bytes: self.config.reorder_bytes_max.saturating_sub(bytes),
         }
     }
 

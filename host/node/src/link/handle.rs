@@ -114,8 +114,10 @@ impl LinkHandle {
     /// An operator's reset: the link restarts and its next handshake takes the peer's
     /// numbers as they are. Returns why the link was stopped, if it was.
     pub fn request_reset(&self) -> Option<String> {
+        // The flag first: the link task checks it before taking any connection, so no
+        // connection can slip in between without it.
+        self.reset_requested.store(true, std::sync::atomic::Ordering::SeqCst);
         let was = self.stopped.lock().unwrap_or_else(PoisonError::into_inner).take();
-        self.reset_requested.store(true, std::sync::atomic::Ordering::Relaxed);
         self.wake.notify_one();
         was
     }

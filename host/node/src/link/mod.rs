@@ -234,7 +234,7 @@ impl Link {
     /// An operator reset the link: the next handshake takes the peer's numbers, and the
     /// link dials again at once.
     fn apply_reset(&mut self) {
-        if self.handle.reset_requested.swap(false, Ordering::Relaxed) {
+        if self.handle.reset_requested.swap(false, Ordering::SeqCst) {
             warn!(
                 peer = self.peer(),
                 "Link reset by the operator: the next handshake takes the peer's numbers."
@@ -249,6 +249,7 @@ impl Link {
 
     /// Takes a new connection, unless the session prefers the current one.
     fn adopt(&mut self, incoming: Incoming, dialed_by_us: bool) {
+        self.apply_reset();
         if let Some(reason) = self.handle.stopped() {
             let reason = format!(
                 "the link is stopped on {} ({reason}); an operator must run `linkbus link reset {}` there",

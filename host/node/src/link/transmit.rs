@@ -1,16 +1,20 @@
-//! The transmission queue of a link: one bounded FIFO per priority class (the system class
-//! and levels 0..=9), so a full class never stalls another, drained into the session's
-//! window system class first, then the levels in turn.
+//! The transmission queue of a link: one bounded FIFO per priority class (the system class,
+//! levels 0..=9, and files, which travel on their own channel), so a full class never stalls
+//! another, drained into the session system class first, then the levels and files in
+//! turn.
 
 use std::collections::VecDeque;
 use std::time::Instant;
 
 use linkbus_plugin_api::Message;
-use linkbus_plugin_api::message::PRIORITY_LEVEL_MAX;
+use linkbus_plugin_api::message::{Kind, PRIORITY_LEVEL_MAX};
 
-/// Priority classes: levels 0..=9 and the system class (10).
-pub const CLASSES: usize = PRIORITY_LEVEL_MAX as usize + 2;
-const SYSTEM: usize = CLASSES - 1;
+/// Classes: levels 0..=9, the system class (10) and files (11).
+pub const CLASSES: usize = PRIORITY_LEVEL_MAX as usize + 3;
+const SYSTEM: usize = PRIORITY_LEVEL_MAX as usize + 1;
+const FILES: usize = SYSTEM + 1;
+/// The classes that take turns: levels 9 down to 0, then files.
+const TURNS: [usize; CLASSES - 1] = [9, 8, 7, 6, 5, 4, 3, 2, 1, 0, FILES];
 
 /// See the module doc.
 #[derive(Debug)]
@@ -19,22 +23,20 @@ pub(crate) struct TransmissionQueue {
     classes: Vec<VecDeque<(Message, Instant)>>,
     /// Most messages one class holds.
     class_messages_max: u64,
-    /// The user level served next, so levels take turns.
+    /// The index in [`TURNS`] served next, so classes take turns.
     turn: usize,
     len: usize,
 }
 
 impl TransmissionQueue {
     pub(crate) fn new(class_messages_max: u64) -> Self {
-        Self {
-            classes: (0..CLASSES).map(|_| VecDeque::new()).collect(),
-            class_messages_max,
-            turn: PRIORITY_LEVEL_MAX as usize,
-            len: 0,
-        }
+        Self { classes: (0..CLASSES).map(|_| VecDeque::new()).collect(), class_messages_max, turn: 0, len: 0 }
     }
 
     fn class_of(message: &Message) -> usize {
+        if message.content.kind == Kind::File {
+            return FILES;
+        }
         (message.content.priority.code() as usize).min(SYSTEM)
     }
 
@@ -92,12 +94,13 @@ impl TransmissionQueue {
             self.len -= 1;
             return Some(item);
         }
-        for step in 0..SYSTEM {
-            let class = (self.turn + SYSTEM - step) % SYSTEM;
+        for step in 0..TURNS.len() {
+            let at = (self.turn + step) % TURNS.len();
+            let class = TURNS.get(at).copied().unwrap_or(FILES);
             if let Some(item) =
                 self.classes.get_mut(class).filter(|c| head_ready(c)).and_then(VecDeque::pop_front)
             {
-                self.turn = (class + SYSTEM - 1) % SYSTEM;
+                self.turn = (at + 1) % TURNS.len();
                 self.len -= 1;
                 return Some(item);
             }
@@ -134,5 +137,19 @@ mod tests {
         let order: Vec<u64> = std::iter::from_fn(|| q.pop(|_| true)).map(|(m, _)| m.id.sequence).collect();
         assert_eq!(order, [6, 4, 1, 5, 2], "system first, then the levels take turns, highest first");
         assert_eq!(q.len(), 0);
+    }
+
+    #[test]
+    fn files_have_their_own_class_and_a_blocked_one_does_not_stall_the_others() {
+        let now = Instant::now();
+        let mut q = TransmissionQueue::new(10);
+        let level = Priority::level(4).unwrap();
+        let mut file = message(1, level);
+        file.content.kind = Kind::File;
+        assert!(q.push(file, now) && q.push(message(2, level), now));
+        let first = q.pop(|m| m.content.kind != Kind::File).map(|(m, _)| m.id.sequence);
+        assert_eq!(first, Some(2), "the file's channel has no room; the buffer behind it goes");
+        assert_eq!(q.pop(|m| m.content.kind != Kind::File).map(|(m, _)| m.id.sequence), None);
+        assert_eq!(q.pop(|_| true).map(|(m, _)| m.id.sequence), Some(1));
     }
 }

@@ -135,6 +135,17 @@ pub enum SessionError {
         /// The message's sequence number.
         sequence: u64,
     },
+    /// The peer names a sequence number no link can reach.
+    #[error("peer expects message {expected} on channel {channel}, which no link reaches")]
+    BadPosition {
+        /// The channel.
+        channel: u8,
+        /// The number named.
+        expected: u64,
+    },
+    /// The peer accepts too small messages.
+    #[error("peer accepts messages of only {0} bytes")]
+    MessageLimit(u64),
     /// A frame names a channel that does not exist.
     #[error("no channel {0} on a link")]
     UnknownChannel(u8),

@@ -4,6 +4,7 @@
 //! messages that arrive ahead of a gap.
 
 use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use linkbus_plugin_api::Message;
@@ -18,7 +19,12 @@ pub(super) enum PacketOutcome {
     /// Part of the next message, kept until the rest arrives.
     Partial,
     /// A whole message is here (its CRC not yet checked).
-    Complete(Bytes),
+    Complete {
+        /// The message.
+        message: Bytes,
+        /// Time since its first packet arrived: its lifetime was counted from then.
+        age: Duration,
+    },
     /// A packet of a message already handed over; `last` when it ends that message.
     Duplicate {
         /// The packet ends its message (acknowledge again).
@@ -30,6 +36,29 @@ pub(super) enum PacketOutcome {
         /// The packet ends its message.
         last: bool,
     },
+}
+
+/// A message whose lifetime was counted when its first packet arrived, `age` ago: the
+/// lifetime left now, or `None` (delivered as a skip) when it ran out on the way.
+fn aged(mut message: Message, age: Duration) -> Option<Message> {
+    let ms = age.as_millis() as u64;
+    if ms == 0 {
+        return Some(message);
+    }
+    match message.content.lifetime {
+        Some(lifetime) if !lifetime.is_unlimited() => {
+            message.content.lifetime = Some(lifetime.after(ms)?);
+            Some(message)
+        }
+        _ => Some(message),
+    }
+}
+
+/// Room left in the link's reorder buffers (one budget shared by all channels).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct HeldRoom {
+    pub(super) messages: usize,
+    pub(super) bytes: usize,
 }
 
 /// One packet of a message, as the session hands it over.
@@ -49,6 +78,8 @@ struct Assembly {
     total: u64,
     crc: u32,
     bytes: BytesMut,
+    /// When its first packet arrived (the lifetime it carries was counted from then).
+    started: Instant,
 }
 
 /// What became of an arriving message.
@@ -75,12 +106,10 @@ pub(super) struct Receiver {
     received_through: u64,
     /// Messages that arrived ahead of a gap (`None`: a skip), with their encoded size.
     held: BTreeMap<u64, (Option<Message>, usize)>,
-    /// Most messages `held` keeps.
+    /// Farthest ahead of the gap a held message may be (the link's reorder limit).
     held_max: usize,
     /// Encoded bytes of the held messages.
     held_bytes: usize,
-    /// Most encoded bytes `held` keeps.
-    held_bytes_max: usize,
     /// Test-only negative control: hand duplicates over as if they were new.
     skip_dedup: bool,
     /// The message after `received_through`, while its packets arrive.
@@ -88,14 +117,13 @@ pub(super) struct Receiver {
 }
 
 impl Receiver {
-    pub(super) fn new(held_max: usize, held_bytes_max: usize) -> Self {
+    pub(super) fn new(held_max: usize) -> Self {
         Self {
             expected: 1,
             received_through: 0,
             held: BTreeMap::new(),
             held_max,
             held_bytes: 0,
-            held_bytes_max,
             skip_dedup: false,
             assembly: None,
         }
@@ -120,11 +148,11 @@ impl Receiver {
     /// Takes one packet. A message in one packet is complete at once; a longer one is
     /// assembled only when it is the next to deliver (packets of a message arrive in order,
     /// so what does not continue the assembly is dropped and comes again).
-    pub(super) fn packet(&mut self, p: PacketIn) -> PacketOutcome {
+    pub(super) fn packet(&mut self, p: PacketIn, now: Instant) -> PacketOutcome {
         let end = p.offset.saturating_add(p.bytes.len() as u64);
         let last = end == p.total;
         if p.offset == 0 && last {
-            return PacketOutcome::Complete(p.bytes);
+            return PacketOutcome::Complete { message: p.bytes, age: Duration::ZERO };
         }
         if p.sequence <= self.received_through || self.held.contains_key(&p.sequence) {
             return PacketOutcome::Duplicate { last };
@@ -138,8 +166,13 @@ impl Receiver {
                 return PacketOutcome::Dropped { last };
             }
             // A new message, or the sender's bytes changed (it started over): begin afresh.
-            self.assembly =
-                Some(Assembly { sequence: p.sequence, total: p.total, crc: p.crc, bytes: BytesMut::new() });
+            self.assembly = Some(Assembly {
+                sequence: p.sequence,
+                total: p.total,
+                crc: p.crc,
+                bytes: BytesMut::new(),
+                started: now,
+            });
         }
         let Some(assembly) = self.assembly.as_mut() else { return PacketOutcome::Dropped { last } };
         let have = assembly.bytes.len() as u64;
@@ -153,7 +186,10 @@ impl Receiver {
         if (assembly.bytes.len() as u64) < assembly.total {
             return PacketOutcome::Partial;
         }
-        self.assembly.take().map_or(PacketOutcome::Partial, |a| PacketOutcome::Complete(a.bytes.freeze()))
+        self.assembly.take().map_or(PacketOutcome::Partial, |a| PacketOutcome::Complete {
+            age: now.saturating_duration_since(a.started),
+            message: a.bytes.freeze(),
+        })
     }
 
     /// Turns on the test-only mode that skips duplicate detection.
@@ -169,6 +205,11 @@ impl Receiver {
     /// Messages held in the reorder buffer.
     pub(super) fn held(&self) -> usize {
         self.held.len()
+    }
+
+    /// Encoded bytes held in the reorder buffer.
+    pub(super) fn held_bytes(&self) -> usize {
+        self.held_bytes
     }
 
     /// Whether message `sequence` is still wanted (not yet received or held).
@@ -200,7 +241,17 @@ impl Receiver {
     ///
     /// # Errors
     /// [`ReadError`] when the bytes do not decode as a message.
-    pub(super) fn arrive(&mut self, sequence: u64, message: Bytes) -> Result<Arrival, ReadError> {
+    pub(super) fn arrive(
+        &mut self,
+        sequence: u64,
+        message: Bytes,
+        age: Duration,
+        room: HeldRoom,
+    ) -> Result<Arrival, ReadError> {
+        if self.assembly.as_ref().is_some_and(|a| a.sequence == sequence) {
+            // The message came whole in one packet after all (a skip, or a fresh start).
+            self.assembly = None;
+        }
         if self.skip_dedup && sequence <= self.received_through && !message.is_empty() {
             // The broken mode the fault tests must catch: a copy goes to the host again.
             return Ok(Arrival::Delivered(vec![(sequence, Some(decode_message(message)?))]));
@@ -209,10 +260,10 @@ impl Receiver {
             return Ok(Arrival::Duplicate);
         }
         let size = message.len();
-        let held = if message.is_empty() { None } else { Some(decode_message(message)?) };
+        let held = if message.is_empty() { None } else { aged(decode_message(message)?, age) };
         if sequence != self.received_through + 1 {
             let ahead = sequence - self.received_through;
-            let full = self.held.len() >= self.held_max || self.held_bytes + size > self.held_bytes_max;
+            let full = room.messages == 0 || size > room.bytes;
             if ahead > self.held_max as u64 || full {
                 return Ok(Arrival::Dropped);
             }

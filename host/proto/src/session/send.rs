@@ -200,16 +200,26 @@ impl Sender {
     }
 
     /// A new connection writes from message `from` on, starting at byte `held_bytes` of it
-    /// when the peer holds that many bytes of the same message (CRC `held_crc`). Returns how
-    /// many messages that resends and how many bytes the resume saved.
-    pub(super) fn start_connection(&mut self, from: u64, held_bytes: u64, held_crc: u32) -> (usize, u64) {
+    /// when the peer holds that many bytes of the same message (CRC `held_crc`) and its
+    /// lifetime has not run out (else it starts over, and goes as a skip). Returns how many
+    /// messages that resends and how many bytes the resume saved.
+    pub(super) fn start_connection(
+        &mut self,
+        from: u64,
+        held_bytes: u64,
+        held_crc: u32,
+        now: Instant,
+    ) -> (usize, u64) {
         self.next_write = from;
         self.write_offset = 0;
         for pending in &mut self.unacked {
             pending.written_at = None;
         }
-        let resumable =
-            self.get(from).is_some_and(|p| p.crc == Some(held_crc) && held_bytes < p.message.len() as u64);
+        let resumable = self.get(from).is_some_and(|p| {
+            p.crc == Some(held_crc)
+                && held_bytes < p.message.len() as u64
+                && p.expires_at.is_none_or(|at| at > now)
+        });
         if resumable && held_bytes > 0 {
             self.write_offset = held_bytes;
         }

@@ -354,10 +354,10 @@ fn messages_too_large_for_the_peer_are_refused_or_dropped() {
     let now = Instant::now();
     let mut a = Session::new(config("A", "B", 1), now);
     let mut small = config("B", "A", 2);
-    small.message_bytes_max = 1024;
+    small.message_bytes_max = 70_000;
     let mut b = Session::new(small, now);
     let mut large = BytesMut::from(&message(1)[..]);
-    large.extend_from_slice(&[0u8; 2000]);
+    large.extend_from_slice(&[0u8; 80_000]);
     a.send(C, large.freeze(), None, now).unwrap();
     a.handle_connected(now);
     b.handle_connected(now);
@@ -367,8 +367,8 @@ fn messages_too_large_for_the_peer_are_refused_or_dropped() {
     let dropped = a.poll_event();
     assert!(matches!(dropped, Some(SessionEvent::Dropped { reason: DropReason::TooLargeForPeer, .. })));
     let mut large = BytesMut::from(&message(2)[..]);
-    large.extend_from_slice(&[0u8; 2000]);
-    assert!(matches!(a.send(C, large.freeze(), None, now), Err(SendError::TooLarge { max: 1024, .. })));
+    large.extend_from_slice(&[0u8; 80_000]);
+    assert!(matches!(a.send(C, large.freeze(), None, now), Err(SendError::TooLarge { max: 70_000, .. })));
 }
 
 #[test]
@@ -779,4 +779,125 @@ fn a_peer_whose_numbers_went_backwards_is_refused_until_an_operator_resets() {
         })
         .collect();
     assert_eq!(data, [(1, 4)], "the waiting message goes as the number B expects");
+}
+
+/// A sends messages 1..=n on channel C and B stores them, but B's acknowledgements are lost.
+fn stored_but_unacknowledged(p: &mut Pair, n: u64) {
+    for i in 1..=n {
+        p.a.send(C, message(i), None, p.now).unwrap();
+    }
+    p.a.write_pending(p.now, usize::MAX);
+    p.b.handle_bytes(&p.a.poll_transmit().unwrap(), p.now);
+    p.drain();
+    let _lost_acks = p.b.poll_transmit();
+}
+
+#[test]
+fn a_reset_leaves_channels_whose_numbers_fit_alone() {
+    let mut p = Pair::new();
+    p.connect();
+    stored_but_unacknowledged(&mut p, 3);
+    assert_eq!(p.received_by_b, [1, 2, 3]);
+    p.disconnect();
+    p.a.reset_numbers();
+    p.connect();
+    p.pump();
+    assert_eq!(
+        p.received_by_b,
+        [1, 2, 3],
+        "B's numbers were fine: the lost ACKs are adopted, nothing comes twice"
+    );
+    assert_eq!(p.a.in_flight(), 0);
+    assert!(p.closed.is_empty(), "{:?}", p.closed);
+}
+
+#[test]
+fn a_reset_applies_to_the_next_handshake_only() {
+    let mut p = Pair::new();
+    p.a.reset_numbers(); // before first contact: that handshake takes it
+    p.connect();
+    stored_but_unacknowledged(&mut p, 3);
+    p.disconnect();
+    p.connect();
+    p.pump();
+    assert_eq!(p.received_by_b, [1, 2, 3], "no stale reset renumbers later");
+    assert!(p.closed.is_empty(), "{:?}", p.closed);
+}
+
+#[test]
+fn impossible_numbers_are_refused_even_after_a_reset() {
+    let mut p = Pair::new();
+    p.connect();
+    p.disconnect();
+    p.a.reset_numbers();
+    p.a.handle_connected(p.now);
+    p.a.handle_bytes(&hello_from_b(11, u64::MAX), p.now);
+    let closed = std::iter::from_fn(|| p.a.poll_event()).find(|e| matches!(e, SessionEvent::Closed(_)));
+    assert!(matches!(closed, Some(SessionEvent::Closed(SessionError::BadPosition { .. }))), "{closed:?}");
+
+    let mut a = Session::new(config("A", "B", 1), p.now);
+    a.handle_connected(p.now);
+    let mut wire = BytesMut::new();
+    Frame::Hello(Hello {
+        protocol_version: PROTOCOL_VERSION,
+        api_version: 1,
+        from: "B".into(),
+        to: "A".into(),
+        incarnation: 5,
+        your_incarnation: 0,
+        frame_bytes_max: 1 << 20,
+        message_bytes_max: 0,
+        flags: 0,
+        channels: vec![ChannelPosition::default(); CHANNELS],
+    })
+    .encode(&mut wire);
+    a.handle_bytes(&wire, p.now);
+    assert_eq!(a.poll_event(), Some(SessionEvent::Closed(SessionError::MessageLimit(0))));
+}
+
+#[test]
+fn a_message_that_expired_during_an_outage_is_not_resumed() {
+    let mut p = packet_pair(1024);
+    p.connect();
+    p.a.send(C, big_message(1, 10_000), Some(p.now + Duration::from_secs(5)), p.now).unwrap();
+    for _ in 0..4 {
+        p.a.write_pending(p.now, 1);
+    }
+    p.b.handle_bytes(&p.a.poll_transmit().unwrap(), p.now);
+    p.disconnect();
+    p.now += Duration::from_secs(30);
+    p.a.handle_connected(p.now);
+    p.b.handle_connected(p.now);
+    p.a.handle_bytes(&p.b.poll_transmit().unwrap(), p.now);
+    p.b.handle_bytes(&p.a.poll_transmit().unwrap(), p.now);
+    p.a.write_pending(p.now, usize::MAX);
+    let events: Vec<SessionEvent> = std::iter::from_fn(|| p.a.poll_event()).collect();
+    assert!(
+        events.iter().any(|e| matches!(e, SessionEvent::Dropped { reason: DropReason::Expired, .. })),
+        "{events:?}"
+    );
+    assert_eq!(p.a.stats().resumed_bytes, 0);
+    p.b.handle_bytes(&p.a.poll_transmit().unwrap(), p.now);
+    p.drain();
+    assert!(p.received_by_b.is_empty(), "the expired message is not delivered");
+}
+
+#[test]
+fn a_message_in_packets_loses_the_time_it_took_to_arrive_from_its_lifetime() {
+    let mut p = packet_pair(1024);
+    p.connect();
+    let mut m = crate::wire::decode_message(big_message(1, 5_000)).unwrap();
+    m.content.lifetime = Some(Lifetime::from_ms(60_000));
+    p.a.send(C, message_bytes(&m), Some(p.now + Duration::from_secs(60)), p.now).unwrap();
+    p.a.write_pending(p.now, 1);
+    p.b.handle_bytes(&p.a.poll_transmit().unwrap(), p.now);
+    p.now += Duration::from_secs(20); // the rest arrives 20 s later (a resumed transfer)
+    p.a.write_pending(p.now, usize::MAX);
+    p.b.handle_bytes(&p.a.poll_transmit().unwrap(), p.now);
+    let received = std::iter::from_fn(|| p.b.poll_event()).find_map(|e| match e {
+        SessionEvent::Received { message, .. } => Some(message),
+        _ => None,
+    });
+    let left = received.expect("delivered").content.lifetime.unwrap().as_ms();
+    assert_eq!(left, 40_000, "60 s minus the 20 s since its first packet");
 }
