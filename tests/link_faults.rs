@@ -261,53 +261,36 @@ fn bit_flips_on_noise_links_tear_down_and_resync() {
     assert!(a.log_text().matches("Link up.").count() > 1, "and the link renegotiates");
 }
 
-/// A message too large to cross in the time a connection lives: each connection carries it
-/// on from the byte the receiver holds (resume inside a message), so it arrives whole even
-/// though no connection lasts long enough to carry all of it. Without the resume this
-/// never finishes.
+/// A message larger than any connection carries: the proxy cuts each connection after
+/// 6 MiB, so only resuming from the byte the receiver holds (not from the message's start)
+/// gets a 48 MiB message across. Without the resume it never arrives.
 #[test]
-fn a_large_message_crosses_a_link_cut_more_often_than_it_could_be_sent_whole() {
+fn a_large_message_crosses_a_link_that_breaks_before_it_could_carry_it_whole() {
     const BYTES: usize = 48 << 20;
     let s = Scratch::new();
     let (a, b, proxy) = start_behind_proxy(&s, true);
+    proxy.set_cut_after_bytes(6 << 20);
     let payload: Vec<u8> = (0..BYTES).map(|i| (i % 253) as u8).collect();
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let started = Instant::now();
-    runtime.block_on(async {
+    let got = runtime.block_on(async {
         let mut client = Client::connect(&a.socket).await.unwrap();
         client.put(Content::buf("B:q".parse().unwrap(), payload.clone())).await.unwrap();
+        let mut client = Client::connect(&b.socket).await.unwrap();
+        client.get("q", 1, Duration::from_secs(60)).await.unwrap()
     });
-    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let cutter = {
-        let (flag, proxy) = (done.clone(), &proxy);
-        std::thread::scope(|scope| {
-            let cutter = scope.spawn(move || {
-                let mut cuts = 0;
-                // Bounded: at most 60 s of cutting.
-                while !flag.load(std::sync::atomic::Ordering::Relaxed) && cuts < 400 {
-                    std::thread::sleep(Duration::from_millis(150));
-                    proxy.cut();
-                    cuts += 1;
-                }
-                cuts
-            });
-            let got = runtime.block_on(async {
-                let mut client = Client::connect(&b.socket).await.unwrap();
-                client.get("q", 1, Duration::from_secs(60)).await.unwrap()
-            });
-            done.store(true, std::sync::atomic::Ordering::Relaxed);
-            assert_eq!(got.len(), 1, "the message arrived");
-            assert!(got[0].content.payload[..] == payload[..], "intact");
-            cutter.join().unwrap()
-        })
-    };
+    proxy.set_cut_after_bytes(0);
+    assert_eq!(got.len(), 1, "the message arrived");
+    assert!(got[0].content.payload[..] == payload[..], "intact");
     let resumed = status_number(&s, "A", "resumed bytes");
     let connections = a.log_text().matches("Link up.").count();
     println!(
-        "{} MiB arrived after {:?}, {cutter} cuts, {connections} connections, {resumed} bytes resumed (not sent again)",
+        "{} MiB arrived after {:?}: {} connections cut after 6 MiB, {connections} connections, \
+         {resumed} bytes resumed (not sent again)",
         BYTES >> 20,
-        started.elapsed()
+        started.elapsed(),
+        proxy.cuts()
     );
-    assert!(resumed > 0, "later connections resumed inside the message");
-    assert!(connections > 2, "more than one connection carried it");
+    assert!(proxy.cuts() >= 7, "no connection carried more than 6 MiB");
+    assert!(resumed >= (40 << 20), "later connections resumed inside the message: {resumed}");
 }

@@ -1,7 +1,7 @@
 //! A TCP fault proxy on 127.0.0.1 for link tests: forwards connections to a target and, on
-//! command, cuts every connection, black-holes traffic (reads it, forwards nothing), stalls
-//! it (stops reading, so it queues up), trickles it one byte per write, or flips one bit in
-//! every so many bytes. Threads only; everything stops when the proxy drops.
+//! command, cuts every connection (now, or each one after it carried so many bytes),
+//! black-holes traffic (reads it, forwards nothing), stalls it (stops reading, so it queues
+//! up), trickles it one byte per write, or flips one bit in every so many bytes. Threads only; everything stops when the proxy drops.
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
@@ -29,6 +29,10 @@ struct Modes {
     frame_faults: AtomicUsize,
     /// Connections are parsed into plaintext link frames (set before any connection).
     framed: AtomicBool,
+    /// Cut a connection once one direction of it carried this many bytes (0: never).
+    cut_after_bytes: AtomicUsize,
+    /// Connections cut that way so far.
+    cuts: AtomicUsize,
 }
 
 /// See the module doc.
@@ -81,6 +85,17 @@ impl FaultProxy {
         for stream in self.streams.lock().expect("lock").drain(..) {
             let _ = stream.shutdown(Shutdown::Both);
         }
+    }
+
+    /// Cuts every connection once one of its directions carried `bytes` bytes (0 turns it
+    /// off), so no connection lives long enough to carry more.
+    pub fn set_cut_after_bytes(&self, bytes: usize) {
+        self.modes.cut_after_bytes.store(bytes, Ordering::Relaxed);
+    }
+
+    /// Connections cut by [`FaultProxy::set_cut_after_bytes`] so far.
+    pub fn cuts(&self) -> usize {
+        self.modes.cuts.load(Ordering::Relaxed)
     }
 
     /// While on, connections stay open but nothing crosses them.
@@ -220,6 +235,7 @@ fn pump(mut from: TcpStream, mut to: TcpStream, modes: Arc<Modes>, preamble: usi
     std::thread::spawn(move || {
         let mut buf = vec![0u8; 64 * 1024];
         let mut since_flip = 0usize;
+        let mut carried = 0usize;
         let mut framer = modes.framed.load(Ordering::Relaxed).then(|| Framer::new(preamble));
         loop {
             while modes.stall.load(Ordering::Relaxed) {
@@ -258,6 +274,12 @@ fn pump(mut from: TcpStream, mut to: TcpStream, modes: Arc<Modes>, preamble: usi
                 to.write_all(chunk)
             };
             if written.is_err() {
+                break;
+            }
+            carried += n;
+            let limit = modes.cut_after_bytes.load(Ordering::Relaxed);
+            if limit > 0 && carried >= limit {
+                modes.cuts.fetch_add(1, Ordering::Relaxed);
                 break;
             }
         }
