@@ -139,6 +139,9 @@ fn a_peer_whose_numbers_went_backwards_stops_the_link_until_reset() {
     let status = stdout(&s.run(&["status", "--node", "A"]));
     assert!(!status.contains("STOPPED"), "{status}");
 
+    let again = s.run(&["link", "reset", "--node", "A", "B"]);
+    assert!(stdout(&again).contains("is not stopped; nothing to reset"), "{}", stdout(&again));
+
     let unknown = s.run(&["link", "reset", "--node", "A", "Z"]);
     assert!(!unknown.status.success());
     assert!(stderr(&unknown).contains("no link to 'Z'"), "{}", stderr(&unknown));

@@ -48,7 +48,7 @@ use bytes::{Bytes, BytesMut};
 use linkbus_plugin_api::{API_VERSION, NodeName};
 
 pub use event::{DropReason, SendError, SessionError, SessionEvent, SessionStats};
-use receive::{Arrival, HeldRoom, PacketIn, PacketOutcome, Receiver};
+use receive::{Arrival, Delivery, HeldRoom, PacketIn, PacketOutcome, Receiver};
 use send::{NakOutcome, Sender, WriteLimits};
 
 use crate::channel::{CHANNELS, FILE_CHANNEL, SYSTEM_CHANNEL};
@@ -132,6 +132,15 @@ struct Lane {
 
 /// How fast the scheduler forgets what a channel wrote.
 const RECENT_HALF_LIFE: Duration = Duration::from_millis(100);
+
+/// How one channel's numbers are off when an operator's reset takes the peer's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Rebase {
+    /// The peer expects less than it acknowledged: its data went back.
+    Backwards,
+    /// The peer expects more than we sent: our data went back.
+    Ahead,
+}
 
 /// One link's protocol state; see the module doc for the call order.
 #[derive(Debug)]
@@ -450,8 +459,16 @@ impl Session {
         let (mut resent, mut resumed_bytes) = (0, 0);
         for (channel, position) in hello.channels.iter().enumerate() {
             let Some(lane) = self.lanes.get_mut(channel) else { continue };
-            let (from, held_bytes) = if rebased.get(channel).copied().unwrap_or(false) {
+            let rebase = rebased.get(channel).copied().flatten();
+            let (from, held_bytes) = if let Some(Rebase::Backwards) = rebase {
+                // The peer lost what it had: what still waits goes under its numbers.
                 lane.sender.rebase(position.expected);
+                (position.expected, 0)
+            } else if let Some(Rebase::Ahead) = rebase {
+                // The peer has everything we still hold: complete it, go on from its number.
+                let messages = lane.sender.jump(position.expected);
+                let through = position.expected - 1;
+                self.events.push_back(SessionEvent::Acked { channel: channel as u8, through, messages });
                 (position.expected, 0)
             } else if knows_us {
                 // Received but the ACK was lost: adopt the peer's number.
@@ -479,26 +496,26 @@ impl Session {
 
     /// Checks the peer's numbers on every channel (when it knows our incarnation); an
     /// operator's `reset` applies to this handshake only, and only to the channels whose
-    /// numbers do not fit ours: those are returned, to be renumbered from the peer's.
+    /// numbers do not fit ours: those are returned with how they are off.
     fn channels_to_rebase(
         &self,
         hello: &Hello,
         knows_us: bool,
         reset: bool,
-    ) -> Result<[bool; CHANNELS], SessionError> {
-        let mut rebased = [false; CHANNELS];
+    ) -> Result<[Option<Rebase>; CHANNELS], SessionError> {
+        let mut rebased = [None; CHANNELS];
         if !knows_us {
             return Ok(rebased);
         }
         for (channel, position) in hello.channels.iter().enumerate() {
-            match self.check_position(channel as u8, position) {
-                Ok(()) => {}
-                Err(SessionError::WentBackwards { .. } | SessionError::ClaimsMore { .. }) if reset => {
-                    if let Some(slot) = rebased.get_mut(channel) {
-                        *slot = true;
-                    }
-                }
+            let off = match self.check_position(channel as u8, position) {
+                Ok(()) => continue,
+                Err(SessionError::WentBackwards { .. }) if reset => Rebase::Backwards,
+                Err(SessionError::ClaimsMore { .. }) if reset => Rebase::Ahead,
                 Err(error) => return Err(error),
+            };
+            if let Some(slot) = rebased.get_mut(channel) {
+                *slot = Some(off);
             }
         }
         Ok(rebased)
@@ -605,9 +622,9 @@ impl Session {
         let Some(lane) = self.lanes.get_mut(channel as usize) else {
             return self.close(SessionError::UnknownChannel(channel));
         };
-        let (message, age) = match lane.receiver.packet(packet, now) {
+        let (message, first) = match lane.receiver.packet(packet, now) {
             PacketOutcome::Partial => return,
-            PacketOutcome::Complete { message, age } => (message, age),
+            PacketOutcome::Complete { message, first } => (message, first),
             PacketOutcome::Duplicate { last } => {
                 if last {
                     self.stats.duplicates += 1;
@@ -631,7 +648,7 @@ impl Session {
         }
         let room = self.held_room();
         let Some(lane) = self.lanes.get_mut(channel as usize) else { return };
-        match lane.receiver.arrive(sequence, message, age, room) {
+        match lane.receiver.arrive(sequence, message, first, now, room) {
             Err(e) => self.close(SessionError::BadMessage { channel, sequence, reason: e.to_string() }),
             Ok(Arrival::Duplicate) => {
                 self.stats.duplicates += 1;
@@ -640,10 +657,14 @@ impl Session {
             Ok(Arrival::Held) => self.stats.held += 1,
             Ok(Arrival::Dropped) => self.stats.dropped_ahead += 1,
             Ok(Arrival::Delivered(messages)) => {
-                for (sequence, message) in messages {
-                    self.events.push_back(match message {
-                        Some(message) => SessionEvent::Received { channel, sequence, message },
-                        None => SessionEvent::Skipped { channel, sequence },
+                for (sequence, delivery) in messages {
+                    self.events.push_back(match delivery {
+                        Delivery::Message(message) => SessionEvent::Received { channel, sequence, message },
+                        Delivery::Skip => SessionEvent::Skipped { channel, sequence, expired: None },
+                        Delivery::Expired(id) => {
+                            self.stats.expired_on_the_way += 1;
+                            SessionEvent::Skipped { channel, sequence, expired: Some(id) }
+                        }
                     });
                 }
             }

@@ -173,9 +173,7 @@ async fn handle(node: &NodeState, request: Request) -> (Response, Option<Arc<Loc
                 Some(reason) => format!(
                     "link to {peer} restarted (it was stopped: {reason}); the next handshake takes its sequence numbers as they are\n"
                 ),
-                None => format!(
-                    "link to {peer} was not stopped; its next handshake takes the peer's sequence numbers as they are\n"
-                ),
+                None => format!("link to {peer} is not stopped; nothing to reset\n"),
             };
             (Response::Status(text), None)
         }

@@ -66,11 +66,30 @@ pub struct LinkHandle {
     pub received_total: AtomicU64,
     /// The session's counters, copied after every pump.
     pub stats: Mutex<SessionStats>,
-    /// Why the link is stopped until an operator resets it (the peer's sequence numbers
-    /// went backwards), if it is.
-    stopped: Mutex<Option<String>>,
-    /// An operator asked for a reset; the link task applies it.
-    pub(crate) reset_requested: AtomicBool,
+    /// Whether the link is stopped until an operator resets it (the two ends' sequence
+    /// numbers do not fit: one end's data was wiped or restored from an old copy).
+    stop: Mutex<StopState>,
+}
+
+/// See [`LinkHandle::stop`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum StopState {
+    Running,
+    /// Stopped, and why.
+    Stopped(String),
+    /// An operator reset a stopped link; the link task has not taken it up yet.
+    ResetRequested,
+}
+
+/// What the link task must do with a connection, given the stop state.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Gate {
+    /// Go on as always.
+    Open,
+    /// Go on, and take the peer's numbers in this handshake (the operator reset the link).
+    Reset,
+    /// Refuse it: the link is stopped, for this reason.
+    Stopped(String),
 }
 
 impl std::fmt::Debug for LinkHandle {
@@ -96,30 +115,52 @@ impl LinkHandle {
             acked_total: AtomicU64::new(0),
             received_total: AtomicU64::new(0),
             stats: Mutex::new(SessionStats::default()),
-            stopped: Mutex::new(None),
-            reset_requested: AtomicBool::new(false),
+            stop: Mutex::new(StopState::Running),
         }
+    }
+
+    fn stop_state(&self) -> std::sync::MutexGuard<'_, StopState> {
+        self.stop.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Why the link is stopped, if it is.
     pub fn stopped(&self) -> Option<String> {
-        self.stopped.lock().unwrap_or_else(PoisonError::into_inner).clone()
+        match &*self.stop_state() {
+            StopState::Stopped(reason) => Some(reason.clone()),
+            _ => None,
+        }
     }
 
     /// Stops the link until [`LinkHandle::request_reset`].
     pub(crate) fn stop(&self, reason: String) {
-        *self.stopped.lock().unwrap_or_else(PoisonError::into_inner) = Some(reason);
+        *self.stop_state() = StopState::Stopped(reason);
     }
 
-    /// An operator's reset: the link restarts and its next handshake takes the peer's
-    /// numbers as they are. Returns why the link was stopped, if it was.
+    /// An operator's reset of a stopped link: the link restarts and its next handshake
+    /// takes the peer's numbers. Returns why the link was stopped, or `None` (and changes
+    /// nothing) when it was not.
     pub fn request_reset(&self) -> Option<String> {
-        // The flag first: the link task checks it before taking any connection, so no
-        // connection can slip in between without it.
-        self.reset_requested.store(true, std::sync::atomic::Ordering::SeqCst);
-        let was = self.stopped.lock().unwrap_or_else(PoisonError::into_inner).take();
+        let mut state = self.stop_state();
+        let StopState::Stopped(reason) = &*state else { return None };
+        let reason = reason.clone();
+        *state = StopState::ResetRequested;
+        drop(state);
         self.wake.notify_one();
-        was
+        Some(reason)
+    }
+
+    /// Decides, in one step, what to do with the next connection (or dial): a requested
+    /// reset is taken up here, so no connection slips in between a reset and its effect.
+    pub(crate) fn gate(&self) -> Gate {
+        let mut state = self.stop_state();
+        match &*state {
+            StopState::Running => Gate::Open,
+            StopState::Stopped(reason) => Gate::Stopped(reason.clone()),
+            StopState::ResetRequested => {
+                *state = StopState::Running;
+                Gate::Reset
+            }
+        }
     }
 
     pub(crate) fn lock(&self) -> std::sync::MutexGuard<'_, TransmissionQueue> {

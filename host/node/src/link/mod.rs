@@ -37,7 +37,7 @@ use tracing::{debug, error, info, warn};
 
 use crate::node::NodeState;
 use backoff::Backoff;
-pub(crate) use handle::Incoming;
+pub(crate) use handle::{Gate, Incoming};
 pub use handle::{LinkHandle, TransmissionQueueFull};
 pub(crate) use io::refuse;
 use io::{ConnEvent, read_loop, secure_dial, write_loop};
@@ -156,7 +156,7 @@ pub async fn run(node: Arc<NodeState>, handle: Arc<LinkHandle>, mut shutdown: wa
             () = sleep_until(timeout) => link.session.handle_timeout(Instant::now()),
             () = sleep_until(dial_at) => link.start_dial(),
         }
-        link.apply_reset();
+        let _still_stopped = link.apply_reset();
         link.pump();
     }
     link.shutdown().await;
@@ -231,26 +231,32 @@ impl Link {
         }
     }
 
-    /// An operator reset the link: the next handshake takes the peer's numbers, and the
-    /// link dials again at once.
-    fn apply_reset(&mut self) {
-        if self.handle.reset_requested.swap(false, Ordering::SeqCst) {
-            warn!(
-                peer = self.peer(),
-                "Link reset by the operator: the next handshake takes the peer's numbers."
-            );
-            self.session.reset_numbers();
-            self.backoff.reset();
-            if self.handle.peer.address.is_some() {
-                self.next_dial = Some(tokio::time::Instant::now());
+    /// Takes up an operator's reset of a stopped link: the next handshake takes the peer's
+    /// numbers, and the link dials again at once. Returns why the link is still stopped, if
+    /// it is.
+    fn apply_reset(&mut self) -> Option<String> {
+        match self.handle.gate() {
+            Gate::Open => None,
+            Gate::Stopped(reason) => Some(reason),
+            Gate::Reset => {
+                warn!(
+                    peer = self.peer(),
+                    "Link reset by the operator: the next handshake takes the peer's numbers."
+                );
+                self.session.reset_numbers();
+                self.backoff.reset();
+                if self.handle.peer.address.is_some() {
+                    self.next_dial = Some(tokio::time::Instant::now());
+                }
+                None
             }
         }
     }
 
-    /// Takes a new connection, unless the session prefers the current one.
+    /// Takes a new connection, unless the link is stopped or the session prefers the
+    /// current one.
     fn adopt(&mut self, incoming: Incoming, dialed_by_us: bool) {
-        self.apply_reset();
-        if let Some(reason) = self.handle.stopped() {
+        if let Some(reason) = self.apply_reset() {
             let reason = format!(
                 "the link is stopped on {} ({reason}); an operator must run `linkbus link reset {}` there",
                 self.node.name(),
@@ -447,7 +453,10 @@ impl Link {
                         *slot = Some(sequence);
                     }
                 }
-                SessionEvent::Skipped { channel, sequence } => {
+                SessionEvent::Skipped { channel, sequence, expired } => {
+                    if let Some(id) = expired {
+                        warn!(peer = self.peer(), %id, "Message expired on its way here; dropped.");
+                    }
                     if let Some(slot) = delivered.get_mut(channel as usize) {
                         *slot = Some(sequence);
                     }
@@ -509,6 +518,18 @@ impl Link {
                     "Link STOPPED: the peer's sequence numbers went backwards (its data was wiped or restored \
                      from an old copy). Check its store, then run `linkbus link reset {}` on this node to take \
                      its numbers as they are (messages it acknowledged before are not sent again).",
+                    self.peer()
+                );
+                self.handle.stop(error.to_string());
+            }
+            SessionError::ClaimsMore { .. } => {
+                error!(
+                    peer = self.peer(),
+                    %error,
+                    "Link STOPPED: the peer received more than this node remembers sending (this node's data \
+                     was wiped or restored from an old copy). Check this node's store, then run `linkbus link \
+                     reset {}` on this node to take the peer's numbers (messages waiting here on that channel \
+                     count as delivered: the peer has them).",
                     self.peer()
                 );
                 self.handle.stop(error.to_string());

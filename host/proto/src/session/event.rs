@@ -28,13 +28,17 @@ pub enum SessionEvent {
         /// The message.
         message: Message,
     },
-    /// An empty (skip) message arrived in order: the sender dropped the message with this
-    /// number in transit. Call [`super::Session::handle_delivered`] for it like for any other.
+    /// A sequence number arrived in order without a message to hand over: the sender
+    /// dropped the message in transit (an empty skip message), or its lifetime ran out on the
+    /// way (`expired` names it). Call [`super::Session::handle_delivered`] for it like for
+    /// any other.
     Skipped {
         /// Its channel.
         channel: u8,
         /// Its sequence number on the channel.
         sequence: u64,
+        /// The message whose lifetime ran out on the way, if that is why.
+        expired: Option<linkbus_plugin_api::MessageId>,
     },
     /// A message handed over earlier was not sent after a reconnect: its lifetime ran out,
     /// or it is larger than the peer accepts. Its number travelled as an empty skip message.
@@ -224,6 +228,9 @@ pub struct SessionStats {
     /// Bytes of partly received messages not written again after a reconnect (the peer
     /// held them).
     pub resumed_bytes: u64,
+    /// Messages whose lifetime ran out after their first packet arrived (while the rest
+    /// came, or while they waited behind a gap): not handed over.
+    pub expired_on_the_way: u64,
     /// Times the oldest unacknowledged message timed out and writing went back to it.
     pub retransmit_timeouts: u64,
     /// NAKs sent for messages that failed their CRC.

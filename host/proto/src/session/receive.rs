@@ -4,7 +4,7 @@
 //! messages that arrive ahead of a gap.
 
 use std::collections::BTreeMap;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use bytes::{Bytes, BytesMut};
 use linkbus_plugin_api::Message;
@@ -22,8 +22,8 @@ pub(super) enum PacketOutcome {
     Complete {
         /// The message.
         message: Bytes,
-        /// Time since its first packet arrived: its lifetime was counted from then.
-        age: Duration,
+        /// When its first packet arrived: its lifetime was counted from then.
+        first: Instant,
     },
     /// A packet of a message already handed over; `last` when it ends that message.
     Duplicate {
@@ -38,19 +38,32 @@ pub(super) enum PacketOutcome {
     },
 }
 
-/// A message whose lifetime was counted when its first packet arrived, `age` ago: the
-/// lifetime left now, or `None` (delivered as a skip) when it ran out on the way.
-fn aged(mut message: Message, age: Duration) -> Option<Message> {
-    let ms = age.as_millis() as u64;
-    if ms == 0 {
-        return Some(message);
-    }
+/// What the host gets for a sequence number delivered in order.
+#[derive(Debug)]
+pub(super) enum Delivery {
+    /// A message, its lifetime counted down to now.
+    Message(Message),
+    /// A skip: the sender dropped the message in transit.
+    Skip,
+    /// The message's lifetime ran out on the way (while its packets arrived, or while it
+    /// waited behind a gap); it is not handed over.
+    Expired(linkbus_plugin_api::MessageId),
+}
+
+/// A message (`None`: a skip) whose lifetime was counted when its first packet arrived at
+/// `first`: what to hand over at `now`.
+fn release(message: Option<Message>, first: Instant, now: Instant) -> Delivery {
+    let Some(mut message) = message else { return Delivery::Skip };
+    let ms = now.saturating_duration_since(first).as_millis() as u64;
     match message.content.lifetime {
-        Some(lifetime) if !lifetime.is_unlimited() => {
-            message.content.lifetime = Some(lifetime.after(ms)?);
-            Some(message)
-        }
-        _ => Some(message),
+        Some(lifetime) if ms > 0 && !lifetime.is_unlimited() => match lifetime.after(ms) {
+            Some(left) => {
+                message.content.lifetime = Some(left);
+                Delivery::Message(message)
+            }
+            None => Delivery::Expired(message.id),
+        },
+        _ => Delivery::Message(message),
     }
 }
 
@@ -91,9 +104,8 @@ pub(super) enum Arrival {
     Held,
     /// Ahead of a gap that the reorder buffer cannot bridge: dropped, the sender resends it.
     Dropped,
-    /// Handed over in order, with every held message it unblocked: `(sequence, message)`,
-    /// `None` for a skip.
-    Delivered(Vec<(u64, Option<Message>)>),
+    /// Handed over in order, with every held message it unblocked.
+    Delivered(Vec<(u64, Delivery)>),
 }
 
 /// See the module doc.
@@ -104,8 +116,9 @@ pub(super) struct Receiver {
     /// Highest sequence number handed to the host on this connection (it may not be stored
     /// yet); reset to `expected - 1` with every connection.
     received_through: u64,
-    /// Messages that arrived ahead of a gap (`None`: a skip), with their encoded size.
-    held: BTreeMap<u64, (Option<Message>, usize)>,
+    /// Messages that arrived ahead of a gap (`None`: a skip), with their encoded size and
+    /// when their first packet arrived.
+    held: BTreeMap<u64, (Option<Message>, usize, Instant)>,
     /// Farthest ahead of the gap a held message may be (the link's reorder limit).
     held_max: usize,
     /// Encoded bytes of the held messages.
@@ -152,7 +165,7 @@ impl Receiver {
         let end = p.offset.saturating_add(p.bytes.len() as u64);
         let last = end == p.total;
         if p.offset == 0 && last {
-            return PacketOutcome::Complete { message: p.bytes, age: Duration::ZERO };
+            return PacketOutcome::Complete { message: p.bytes, first: now };
         }
         if p.sequence <= self.received_through || self.held.contains_key(&p.sequence) {
             return PacketOutcome::Duplicate { last };
@@ -187,7 +200,7 @@ impl Receiver {
             return PacketOutcome::Partial;
         }
         self.assembly.take().map_or(PacketOutcome::Partial, |a| PacketOutcome::Complete {
-            age: now.saturating_duration_since(a.started),
+            first: a.started,
             message: a.bytes.freeze(),
         })
     }
@@ -245,7 +258,8 @@ impl Receiver {
         &mut self,
         sequence: u64,
         message: Bytes,
-        age: Duration,
+        first: Instant,
+        now: Instant,
         room: HeldRoom,
     ) -> Result<Arrival, ReadError> {
         if self.assembly.as_ref().is_some_and(|a| a.sequence == sequence) {
@@ -254,29 +268,29 @@ impl Receiver {
         }
         if self.skip_dedup && sequence <= self.received_through && !message.is_empty() {
             // The broken mode the fault tests must catch: a copy goes to the host again.
-            return Ok(Arrival::Delivered(vec![(sequence, Some(decode_message(message)?))]));
+            return Ok(Arrival::Delivered(vec![(sequence, Delivery::Message(decode_message(message)?))]));
         }
         if sequence <= self.received_through || self.held.contains_key(&sequence) {
             return Ok(Arrival::Duplicate);
         }
         let size = message.len();
-        let held = if message.is_empty() { None } else { aged(decode_message(message)?, age) };
+        let held = if message.is_empty() { None } else { Some(decode_message(message)?) };
         if sequence != self.received_through + 1 {
             let ahead = sequence - self.received_through;
             let full = room.messages == 0 || size > room.bytes;
             if ahead > self.held_max as u64 || full {
                 return Ok(Arrival::Dropped);
             }
-            self.held.insert(sequence, (held, size));
+            self.held.insert(sequence, (held, size, first));
             self.held_bytes += size;
             return Ok(Arrival::Held);
         }
-        let mut delivered = vec![(sequence, held)];
+        let mut delivered = vec![(sequence, release(held, first, now))];
         self.received_through = sequence;
-        while let Some((next, size)) = self.held.remove(&(self.received_through + 1)) {
+        while let Some((next, size, first)) = self.held.remove(&(self.received_through + 1)) {
             self.received_through += 1;
             self.held_bytes -= size;
-            delivered.push((self.received_through, next));
+            delivered.push((self.received_through, release(next, first, now)));
         }
         Ok(Arrival::Delivered(delivered))
     }

@@ -187,9 +187,9 @@ impl Sender {
         self.acked = 0;
     }
 
-    /// The operator accepted the peer's numbers after they went backwards (or claimed too
-    /// much): what still waits is numbered from `expected`, the number the peer expects,
-    /// and everything before it counts as acknowledged.
+    /// The operator accepted the peer's numbers after they went backwards (its data was
+    /// wiped or restored): what still waits is numbered from `expected`, the number the peer
+    /// expects, and everything before it counts as acknowledged.
     pub(super) fn rebase(&mut self, expected: u64) {
         for (index, pending) in self.unacked.iter_mut().enumerate() {
             pending.sequence = expected + index as u64;
@@ -197,6 +197,22 @@ impl Sender {
         }
         self.next_send = expected + self.unacked.len() as u64;
         self.acked = expected - 1;
+    }
+
+    /// The operator accepted the peer's numbers after it claimed more than we remember
+    /// sending (our data was restored from an old copy): every message still waiting was
+    /// received by the peer (it expects beyond all of them), so they are complete, and
+    /// numbering goes on from `expected`. Returns how many were completed.
+    pub(super) fn jump(&mut self, expected: u64) -> usize {
+        let done = self.unacked.len();
+        self.unacked.clear();
+        self.unacked_bytes = 0;
+        self.next_send = expected;
+        self.acked = expected - 1;
+        self.next_write = expected;
+        self.write_offset = 0;
+        self.backoff = 0;
+        done
     }
 
     /// A new connection writes from message `from` on, starting at byte `held_bytes` of it

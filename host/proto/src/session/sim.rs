@@ -322,7 +322,7 @@ impl Sim {
                         stored.push(message.id.sequence);
                         delivered[channel as usize] = Some(sequence);
                     }
-                    SessionEvent::Skipped { channel, sequence } => {
+                    SessionEvent::Skipped { channel, sequence, .. } => {
                         delivered[channel as usize] = Some(sequence)
                     }
                     SessionEvent::Closed(_) => closed = true,

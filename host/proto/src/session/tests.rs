@@ -901,3 +901,70 @@ fn a_message_in_packets_loses_the_time_it_took_to_arrive_from_its_lifetime() {
     let left = received.expect("delivered").content.lifetime.unwrap().as_ms();
     assert_eq!(left, 40_000, "60 s minus the 20 s since its first packet");
 }
+
+#[test]
+fn after_a_reset_a_peer_ahead_of_us_has_what_we_still_hold() {
+    // Our data was restored from an old copy: messages 1..=3 wait here again, but B stored
+    // 1..=5 before. B's hello expects 6, more than we remember sending.
+    let mut p = Pair::new();
+    p.connect();
+    p.disconnect();
+    for n in 1..=3 {
+        p.a.send(C, message(n), None, p.now).unwrap();
+    }
+    p.a.handle_connected(p.now);
+    p.a.handle_bytes(&hello_from_b(11, 6), p.now);
+    let closed = std::iter::from_fn(|| p.a.poll_event()).find(|e| matches!(e, SessionEvent::Closed(_)));
+    assert!(
+        matches!(closed, Some(SessionEvent::Closed(SessionError::ClaimsMore { expected: 6, .. }))),
+        "{closed:?}"
+    );
+    p.a.handle_disconnected();
+    p.a.reset_numbers();
+    p.a.handle_connected(p.now);
+    p.a.handle_bytes(&hello_from_b(11, 6), p.now);
+    assert!(p.a.is_established());
+    let acked =
+        std::iter::from_fn(|| p.a.poll_event()).find(|e| matches!(e, SessionEvent::Acked { channel: C, .. }));
+    assert_eq!(acked, Some(SessionEvent::Acked { channel: C, through: 5, messages: 3 }), "B has them");
+    assert_eq!(p.a.in_flight(), 0, "nothing is sent twice");
+    p.a.send(C, message(4), None, p.now).unwrap();
+    p.a.write_pending(p.now, usize::MAX);
+    let mut decoder = FrameDecoder::new(1 << 20);
+    decoder.extend(&p.a.poll_transmit().unwrap());
+    let sequences: Vec<u64> = std::iter::from_fn(|| decoder.decode().unwrap())
+        .filter_map(|f| if let Frame::Data { sequence, .. } = f { Some(sequence) } else { None })
+        .collect();
+    assert_eq!(sequences, [6], "numbering goes on from what B expects");
+}
+
+#[test]
+fn a_message_held_behind_a_gap_ages_while_it_waits() {
+    let mut p = Pair::new();
+    p.connect();
+    let mut m = crate::wire::decode_message(message(1)).unwrap();
+    m.content.lifetime = Some(Lifetime::from_ms(60_000));
+    p.a.send(C, message_bytes(&m), Some(p.now + Duration::from_secs(60)), p.now).unwrap();
+    m.id.sequence = 2;
+    m.content.lifetime = Some(Lifetime::from_ms(5_000));
+    p.a.send(C, message_bytes(&m), Some(p.now + Duration::from_secs(5)), p.now).unwrap();
+    p.a.write_pending(p.now, usize::MAX);
+    let wire = p.a.poll_transmit().unwrap();
+    let mut damaged = BytesMut::from(&wire[..]);
+    let first_len = u32::from_be_bytes([wire[0], wire[1], wire[2], wire[3]]) as usize + 4;
+    damaged[first_len - 1] ^= 1; // message 1 arrives damaged; message 2 is held behind it
+    p.b.handle_bytes(&damaged, p.now);
+    assert_eq!(p.b.held(), 1);
+    p.now += Duration::from_secs(10); // the resend comes after message 2's lifetime ran out
+    let _nak = p.b.poll_transmit();
+    p.a.handle_timeout(p.now);
+    p.a.write_pending(p.now, usize::MAX);
+    p.b.handle_bytes(&p.a.poll_transmit().unwrap(), p.now);
+    let events: Vec<SessionEvent> = std::iter::from_fn(|| p.b.poll_event()).collect();
+    assert!(matches!(events.first(), Some(SessionEvent::Received { sequence: 1, .. })), "{events:?}");
+    assert!(
+        matches!(events.get(1), Some(SessionEvent::Skipped { sequence: 2, expired: Some(_), .. })),
+        "message 2 expired while it waited behind the gap: {events:?}"
+    );
+    assert_eq!(p.b.stats().expired_on_the_way, 1);
+}
