@@ -220,7 +220,7 @@ fn status(node: &NodeState) -> String {
         let stats = l.stats.lock().map(|s| *s).unwrap_or_default();
         let _ = writeln!(
             s,
-            "  {}: {state}, queued {}, acked {}, received {}; renegotiations {}, resent {}, retransmit timeouts {}, naks sent {}, naks received {}, duplicates {}, resumed bytes {}",
+            "  {}: {state}, queued {}, acked {}, received {}; renegotiations {}, resent {}, retransmit timeouts {}, naks sent {}, naks received {}, duplicates {}, resumed bytes {}, expired on the way {}",
             l.peer.name,
             l.queued(),
             l.acked_total.load(Ordering::Relaxed),
@@ -232,6 +232,7 @@ fn status(node: &NodeState) -> String {
             stats.naks_received,
             stats.duplicates,
             stats.resumed_bytes,
+            stats.expired_on_the_way,
         );
     }
     let _ = writeln!(s, "queues:");

@@ -148,12 +148,20 @@ fn config(local: &str, peer: &str, incarnation: u64) -> SessionConfig {
     }
 }
 
+/// A message; every other one has a lifetime (longer than any run, so none expires: the
+/// lifetime arithmetic on resends, resumes and held messages runs without changing what
+/// must arrive).
 fn message(from: &str, n: u64, padding: usize) -> Bytes {
+    let mut content =
+        Content::buf("X:q".parse().expect("valid"), format!("message {n} {}", "x".repeat(padding)));
+    if n % 2 == 0 {
+        content.lifetime = Some(linkbus_plugin_api::Lifetime::from_ms(3_600_000));
+    }
     message_bytes(&Message {
         id: MessageId { source: NodeName::new(from).expect("valid"), sequence: n, created_unix_ms: 0 },
         hop_count: 0,
         redelivered: false,
-        content: Content::buf("X:q".parse().expect("valid"), format!("message {n} {}", "x".repeat(padding))),
+        content,
     })
 }
 
@@ -246,7 +254,8 @@ impl Sim {
                 // One in five takes several packets.
                 let padding = if self.rng.chance(200) { self.rng.below(3_000) } else { self.rng.below(100) };
                 let message = message(from, n, padding as usize);
-                self.sessions[side].send(channel, message, None, now).map_err(|e| e.to_string())?;
+                let expires_at = (n % 2 == 0).then(|| now + Duration::from_secs(3_600));
+                self.sessions[side].send(channel, message, expires_at, now).map_err(|e| e.to_string())?;
                 self.hosts[side].sent += 1;
                 self.hosts[side].sent_on[channel as usize] = n;
             }
