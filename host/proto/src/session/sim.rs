@@ -154,7 +154,7 @@ fn config(local: &str, peer: &str, incarnation: u64) -> SessionConfig {
 fn message(from: &str, n: u64, padding: usize) -> Bytes {
     let mut content =
         Content::buf("X:q".parse().expect("valid"), format!("message {n} {}", "x".repeat(padding)));
-    if n % 2 == 0 {
+    if n.is_multiple_of(2) {
         content.lifetime = Some(linkbus_plugin_api::Lifetime::from_ms(3_600_000));
     }
     message_bytes(&Message {
@@ -254,7 +254,7 @@ impl Sim {
                 // One in five takes several packets.
                 let padding = if self.rng.chance(200) { self.rng.below(3_000) } else { self.rng.below(100) };
                 let message = message(from, n, padding as usize);
-                let expires_at = (n % 2 == 0).then(|| now + Duration::from_secs(3_600));
+                let expires_at = n.is_multiple_of(2).then(|| now + Duration::from_secs(3_600));
                 self.sessions[side].send(channel, message, expires_at, now).map_err(|e| e.to_string())?;
                 self.hosts[side].sent += 1;
                 self.hosts[side].sent_on[channel as usize] = n;
