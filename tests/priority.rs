@@ -86,3 +86,62 @@ fn an_urgent_message_overtakes_a_large_one_on_the_same_link() {
     let status = s.run(&["status", "--node", "A"]);
     println!("{}", support::stdout(&status));
 }
+
+/// With every level waiting, a link shares itself between the levels in proportion to their
+/// quotas (`links.priority_quotas`), and inside a level messages keep their order.
+#[test]
+fn a_saturated_link_is_shared_by_the_priority_quotas() {
+    const PER_LEVEL: usize = 2_000;
+    const WINDOW: usize = 2_000;
+    let s = Scratch::new();
+    let quotas = [1u64, 2, 3, 4, 5, 6, 7, 8, 9, 10];
+    let a_extra = "links: { reconnect_backoff_min_ms: 50, reconnect_backoff_max_ms: 300, \
+                   priority_quotas: [1, 2, 3, 4, 5, 6, 7, 8, 9, 10] }";
+    let (a, mut b) = s.start_pair(a_extra, "queues: [ { name: all, order: fifo } ]");
+    let b_address = b.listen_address();
+    assert!(b.stop(), "B stops");
+    a.wait_for_log("Link down.", 1, Duration::from_secs(10));
+    // Every level queues up while B is away, lowest first.
+    for level in 0..10 {
+        let lines: String =
+            (0..PER_LEVEL).map(|i| format!("L{level} {i:05} {}\n", "x".repeat(200))).collect();
+        let put = s.run_with_input(
+            &["put", "--node", "A", "--to", "B:all", "--priority", &level.to_string(), "-"],
+            lines.as_bytes(),
+            Duration::from_secs(60),
+        );
+        assert!(put.status.success(), "{}", support::stderr(&put));
+    }
+    let b_config = s.path().join("b.yaml");
+    let _b = s.start_node("B", &["-c", b_config.to_str().unwrap(), "--listen", &b_address]);
+    let get =
+        s.run(&["get", "--node", "B", "all", "--count", &(10 * PER_LEVEL).to_string(), "--wait", "60s"]);
+    assert!(get.status.success(), "{}", support::stderr(&get));
+    let arrived: Vec<(usize, usize)> = support::stdout(&get)
+        .lines()
+        .map(|l| {
+            let mut words = l.split(' ');
+            let level = words.next().unwrap()[1..].parse().unwrap();
+            (level, words.next().unwrap().parse().unwrap())
+        })
+        .collect();
+    assert_eq!(arrived.len(), 10 * PER_LEVEL, "everything arrived");
+    for level in 0..10 {
+        let order: Vec<usize> = arrived.iter().filter(|(l, _)| *l == level).map(|(_, i)| *i).collect();
+        assert_eq!(order, (0..PER_LEVEL).collect::<Vec<_>>(), "level {level} keeps its order");
+    }
+    // While every level still waits (level 9 alone would need 5.5 windows to run dry),
+    // the shares follow the quotas.
+    let total: u64 = quotas.iter().sum();
+    let mut report = Vec::new();
+    for level in 0..10 {
+        let got = arrived[..WINDOW].iter().filter(|(l, _)| *l == level).count() as f64;
+        let expected = WINDOW as f64 * quotas[level] as f64 / total as f64;
+        report.push(format!("level {level}: {got} (quota share {expected:.0})"));
+        assert!(
+            (got - expected).abs() <= 0.25 * expected + 10.0,
+            "level {level} got {got} of the first {WINDOW}, expected about {expected:.0}"
+        );
+    }
+    println!("first {WINDOW} of {} arrivals:\n{}", 10 * PER_LEVEL, report.join("\n"));
+}

@@ -17,6 +17,13 @@ pub use read::{Overrides, apply_overrides, from_value, load_file, parse_yaml};
 /// accepts encoded messages of up to `messages.message_bytes_max` plus this.
 pub const ENVELOPE_BYTES_MAX: u64 = 512 * 1024;
 
+/// Default quotas of priority levels 0..=9: each level gets one more share than the one
+/// below it.
+pub const PRIORITY_QUOTAS_DEFAULT: [u64; 10] = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10];
+
+/// Largest quota a level may have.
+pub const QUOTA_MAX: u64 = 1000;
+
 /// Bytes a frame needs beyond the packet it carries (header, channel, numbers, CRCs), rounded
 /// up: `links.frame_bytes_max` must exceed `links.packet_bytes_max` by this.
 pub const PACKET_OVERHEAD_BYTES: u64 = 64;
@@ -148,6 +155,11 @@ pub struct LinkSettings {
     /// Most message bytes in one packet: messages are cut into packets of this size, which
     /// interleave with other channels' packets.
     pub packet_bytes_max: u64,
+    /// Share of a busy link each priority level 0..=9 gets, relative to the others (its
+    /// quota of packets per round); the system class always goes first.
+    pub priority_quotas: [u64; 10],
+    /// Share of a busy link file transfers get, on the same scale.
+    pub file_quota: u64,
     /// Messages sent to a neighbour and not yet acknowledged.
     pub in_flight_messages_max: u64,
     /// Bytes of messages sent to a neighbour and not yet acknowledged.
@@ -223,6 +235,8 @@ impl Default for LinkSettings {
         Self {
             frame_bytes_max: 1 << 20,
             packet_bytes_max: 64 << 10,
+            priority_quotas: PRIORITY_QUOTAS_DEFAULT,
+            file_quota: 5,
             in_flight_messages_max: 4096,
             in_flight_bytes_max: 64 << 20,
             queue_messages_max: 1_000_000,

@@ -12,7 +12,7 @@ use linkbus_plugin_api::{
 
 use super::{
     Config, LinkSettings, MessageSettings, NodeSettings, PACKET_OVERHEAD_BYTES, PeerConfig, PluginChoice,
-    PluginSettings, QUEUE_MESSAGES_MAX_DEFAULT, QueueConfig, QueueOrder, SecuritySettings,
+    PluginSettings, QUEUE_MESSAGES_MAX_DEFAULT, QUOTA_MAX, QueueConfig, QueueOrder, SecuritySettings,
 };
 
 const MS_MAX: u64 = 24 * 3_600_000;
@@ -301,6 +301,8 @@ fn read_links(root: &Section<'_>) -> LinkSettings {
     let settings = LinkSettings {
         frame_bytes_max: s.number("frame_bytes_max", d.frame_bytes_max, 2048, BYTES_MAX),
         packet_bytes_max: s.number("packet_bytes_max", d.packet_bytes_max, 1024, 16 << 20),
+        priority_quotas: read_quotas(&s, d.priority_quotas),
+        file_quota: s.number("file_quota", d.file_quota, 1, QUOTA_MAX),
         in_flight_messages_max: s.number("in_flight_messages_max", d.in_flight_messages_max, 1, 1 << 20),
         in_flight_bytes_max: s.number("in_flight_bytes_max", d.in_flight_bytes_max, 1, BYTES_MAX),
         queue_messages_max: s.number("queue_messages_max", d.queue_messages_max, 1, 1 << 40),
@@ -318,6 +320,38 @@ fn read_links(root: &Section<'_>) -> LinkSettings {
     };
     s.finish();
     settings
+}
+
+/// `links.priority_quotas`: ten integers in 1..=QUOTA_MAX, level 0 first.
+fn read_quotas(s: &Section<'_>, default: [u64; 10]) -> [u64; 10] {
+    let Some(value) = s.get("priority_quotas") else { return default };
+    let ConfigValue::Seq(items) = value else {
+        s.error("priority_quotas", format!("expected a list of 10 integers, found {}", value.type_name()));
+        return default;
+    };
+    if items.len() != default.len() {
+        s.error("priority_quotas", format!("expected 10 quotas (levels 0..=9), found {}", items.len()));
+        return default;
+    }
+    let mut quotas = default;
+    for ((slot, item), level) in quotas.iter_mut().zip(items).zip(0..) {
+        match item {
+            ConfigValue::Uint(n) if (1..=QUOTA_MAX).contains(n) => *slot = *n,
+            other => s.diagnostics().error(
+                format!("{}[{level}]", s.path_of("priority_quotas")),
+                format!("expected an integer in 1..={QUOTA_MAX}, found {}", describe(other)),
+            ),
+        }
+    }
+    quotas
+}
+
+fn describe(value: &ConfigValue) -> String {
+    match value {
+        ConfigValue::Uint(n) => n.to_string(),
+        ConfigValue::Int(n) => n.to_string(),
+        other => other.type_name().to_owned(),
+    }
 }
 
 fn read_security(root: &Section<'_>) -> SecuritySettings {

@@ -94,7 +94,7 @@ fn session_config(node: &NodeState, handle: &LinkHandle) -> SessionConfig {
         frame_bytes_max: links.frame_bytes_max as usize,
         message_bytes_max: node.encoded_message_bytes_max(),
         packet_bytes_max: links.packet_bytes_max as usize,
-        channel_weights: linkbus_proto::channel::EQUAL_WEIGHTS,
+        channel_weights: channel_weights(links),
         in_flight_messages_max: links.in_flight_messages_max as usize,
         in_flight_bytes_max: links.in_flight_bytes_max as usize,
         reorder_messages_max: links.reorder_messages_max as usize,
@@ -105,6 +105,21 @@ fn session_config(node: &NodeState, handle: &LinkHandle) -> SessionConfig {
         handshake_timeout: Duration::from_millis(links.handshake_timeout_ms),
         skip_dedup_for_tests: skip_dedup_for_tests(),
     }
+}
+
+/// The scheduler's weight of each channel: the level quotas, the file quota (the system
+/// channel goes first whatever its weight).
+fn channel_weights(links: &crate::config::LinkSettings) -> [u32; CHANNELS] {
+    let mut weights = linkbus_proto::channel::EQUAL_WEIGHTS;
+    for (level, quota) in (0u8..).zip(links.priority_quotas) {
+        if let Some(w) = weights.get_mut(channel_for(level, false) as usize) {
+            *w = u32::try_from(quota).unwrap_or(u32::MAX);
+        }
+    }
+    if let Some(w) = weights.get_mut(linkbus_proto::channel::FILE_CHANNEL as usize) {
+        *w = u32::try_from(links.file_quota).unwrap_or(u32::MAX);
+    }
+    weights
 }
 
 /// The environment variable that turns on the test-only negative control of the fault tests

@@ -205,3 +205,20 @@ proptest::proptest! {
         }
     }
 }
+
+#[test]
+fn priority_quotas_are_ten_positive_integers() {
+    let good =
+        load("node: { name: A }\nlinks: { priority_quotas: [1, 1, 1, 1, 1, 1, 1, 1, 1, 50], file_quota: 2 }");
+    let links = good.unwrap().links;
+    assert_eq!(links.priority_quotas[9], 50);
+    assert_eq!(links.file_quota, 2);
+    let short = messages("node: { name: A }\nlinks: { priority_quotas: [1, 2, 3] }");
+    assert!(short.iter().any(|m| m.starts_with("links.priority_quotas: expected 10 quotas")), "{short:?}");
+    let zero = messages("node: { name: A }\nlinks: { priority_quotas: [0, 1, 1, 1, 1, 1, 1, 1, 1, x] }");
+    for e in
+        ["links.priority_quotas[0]: expected an integer in 1..=1000, found 0", "links.priority_quotas[9]:"]
+    {
+        assert!(zero.iter().any(|m| m.starts_with(e)), "missing '{e}' in {zero:?}");
+    }
+}
