@@ -299,6 +299,9 @@ pub struct Message {
     pub hop_count: u8,
     /// Whether a consumer already received this message once and did not acknowledge it.
     pub redelivered: bool,
+    /// How many times consumers received it and gave it back unacknowledged (backed out,
+    /// or went away before acknowledging).
+    pub backout_count: u16,
     /// What the sender wrote; `content.lifetime` is always set on an accepted message.
     pub content: Content,
 }

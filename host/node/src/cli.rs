@@ -173,6 +173,10 @@ pub struct GetArgs {
     /// How long to wait for them, e.g. `5s` (default: do not wait).
     #[arg(long, value_parser = parse_duration, default_value = "0s")]
     pub wait: Duration,
+    /// Largest message (encoded, in bytes) to take: a larger one at the head fails the get
+    /// with its size and stays in the queue.
+    #[arg(long, default_value_t = u64::MAX, hide_default_value = true)]
+    pub max_bytes: u64,
 }
 
 /// `linkbus config ...`.
@@ -348,15 +352,21 @@ pub async fn get(args: GetArgs) -> anyhow::Result<()> {
     let mut out = std::io::stdout().lock();
     while got < args.count {
         let wait = deadline.saturating_duration_since(tokio::time::Instant::now());
-        let messages = client.get(&args.queue, args.count - got, wait).await?;
-        if messages.is_empty() {
+        // Pending, and acknowledged only once written out: a get killed halfway loses
+        // nothing (the node gives unacknowledged messages back when the connection ends).
+        let deliveries = client.get_pending(&args.queue, args.count - got, wait, args.max_bytes).await?;
+        if deliveries.is_empty() {
             break;
         }
-        for m in messages {
-            out.write_all(&m.content.payload)?;
+        let mut tags = Vec::with_capacity(deliveries.len());
+        for d in deliveries {
+            out.write_all(&d.message.content.payload)?;
             out.write_all(b"\n")?;
+            tags.push(d.tag);
             got += 1;
         }
+        out.flush()?;
+        client.ack(&args.queue, &tags).await?;
     }
     out.flush()?;
     if got < args.count {

@@ -77,6 +77,16 @@ pub struct Client {
     out: BytesMut,
 }
 
+/// A message handed out pending by [`Client::get_pending`], with the tag that acknowledges
+/// it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Delivery {
+    /// Acknowledges or backs out this message on the connection that got it.
+    pub tag: u64,
+    /// The message.
+    pub message: Message,
+}
+
 impl Client {
     /// Connects to the node listening on `path`.
     ///
@@ -202,7 +212,8 @@ impl Client {
     }
 
     /// Takes up to `count_max` messages from the local queue `queue`, waiting up to `wait`
-    /// for the first; an empty result means the wait ran out.
+    /// for the first; they leave the queue at once (automatic acknowledgement). An empty
+    /// result means the wait ran out.
     ///
     /// # Errors
     /// [`ClientError::Refused`] when the queue does not exist.
@@ -212,15 +223,76 @@ impl Client {
         count_max: u32,
         wait: Duration,
     ) -> Result<Vec<Message>, ClientError> {
+        let (messages, _) = self.get_request(queue, count_max, wait, u64::MAX, false).await?;
+        Ok(messages)
+    }
+
+    /// Like [`Client::get`], but the messages are handed out *pending*: they leave the
+    /// queue only when [`Client::ack`] acknowledges them, and come back to it (marked
+    /// redelivered, their backout count raised) on [`Client::backout`] or when this
+    /// connection ends first. A message longer than `bytes_max` at the head fails the call
+    /// with [`ClientError::Refused`] (code `TooLarge`, its size in the message) and stays.
+    ///
+    /// # Errors
+    /// [`ClientError::Refused`] when the queue does not exist or the message is too large.
+    pub async fn get_pending(
+        &mut self,
+        queue: &str,
+        count_max: u32,
+        wait: Duration,
+        bytes_max: u64,
+    ) -> Result<Vec<Delivery>, ClientError> {
+        let (messages, tags) = self.get_request(queue, count_max, wait, bytes_max, true).await?;
+        if tags.len() != messages.len() {
+            return Err(ClientError::Protocol("a pending get came back without tags".into()));
+        }
+        Ok(tags.into_iter().zip(messages).map(|(tag, message)| Delivery { tag, message }).collect())
+    }
+
+    async fn get_request(
+        &mut self,
+        queue: &str,
+        count_max: u32,
+        wait: Duration,
+        bytes_max: u64,
+        pending: bool,
+    ) -> Result<(Vec<Message>, Vec<u64>), ClientError> {
         let request = Request::Get {
             queue: queue.to_owned(),
             count_max,
             wait_ms: wait.as_millis() as u64,
-            bytes_max: 16 << 20,
+            bytes_max,
+            pending,
         };
         match self.call(&request).await? {
-            Response::Messages(messages) => Ok(messages),
+            Response::Messages { messages, tags } => Ok((messages, tags)),
             other => Err(ClientError::Protocol(format!("unexpected answer to get: {other:?}"))),
+        }
+    }
+
+    /// Acknowledges messages handed out by [`Client::get_pending`] on this connection: they
+    /// leave the queue. Returns how many.
+    ///
+    /// # Errors
+    /// [`ClientError::Refused`] when a tag was not handed out pending on this connection
+    /// (nothing is acknowledged then).
+    pub async fn ack(&mut self, queue: &str, tags: &[u64]) -> Result<u32, ClientError> {
+        self.settle(Request::Ack { queue: queue.to_owned(), tags: tags.to_vec() }).await
+    }
+
+    /// Gives messages handed out by [`Client::get_pending`] back to their queue: they return
+    /// to its head, marked redelivered, their backout count raised. Returns how many.
+    ///
+    /// # Errors
+    /// As [`Client::ack`].
+    pub async fn backout(&mut self, queue: &str, tags: &[u64]) -> Result<u32, ClientError> {
+        self.settle(Request::Backout { queue: queue.to_owned(), tags: tags.to_vec() }).await
+    }
+
+    async fn settle(&mut self, request: Request) -> Result<u32, ClientError> {
+        match self.call(&request).await? {
+            Response::Settled(count) => Ok(count),
+            other => Err(ClientError::Protocol(format!("unexpected answer to ack/backout: {other:?}"))),
         }
     }
 

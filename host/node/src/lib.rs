@@ -37,7 +37,7 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tracing::info;
 
-pub use client::{Client, ClientError};
+pub use client::{Client, ClientError, Delivery};
 pub use config::Config;
 pub use node::{NodeState, StartError};
 

@@ -314,7 +314,7 @@ impl NodeState {
         }
         let sequence = self.next_sequence.fetch_add(1, Ordering::Relaxed);
         let id = MessageId { source: self.name().clone(), sequence, created_unix_ms };
-        Ok(Message { id, hop_count: 0, redelivered: false, content })
+        Ok(Message { id, hop_count: 0, redelivered: false, backout_count: 0, content })
     }
 
     /// Queues one accepted message: into local queues for recipients on this node, and once
@@ -513,6 +513,7 @@ mod tests {
             id: MessageId { source: NodeName::new("B").unwrap(), sequence: 1, created_unix_ms: 0 },
             hop_count: 0,
             redelivered: false,
+            backout_count: 0,
             content: Content::buf(to.parse().unwrap(), "x"),
         };
         let mut twice = message("A:q");
@@ -521,7 +522,8 @@ mod tests {
         n.deliver(message("A:missing"), now).unwrap();
         n.deliver(message("C:q"), now).unwrap();
         assert_eq!(n.queues.get("q").unwrap().len(), 1, "a queue named twice gets one copy");
-        let dead = n.queues.get(DEAD_LETTER_QUEUE).unwrap().pop(10, usize::MAX, now).unwrap();
+        let dead =
+            n.queues.get(DEAD_LETTER_QUEUE).unwrap().pop(crate::queue::PopLimits::auto(10), now).unwrap();
         let reasons: Vec<_> =
             dead.messages.iter().map(|m| m.content.header(DEAD_LETTER_REASON_HEADER).unwrap()).collect();
         assert_eq!(reasons, ["queue 'missing' does not exist on node A", "no recipient on node A"]);

@@ -4,6 +4,11 @@
 //! priority level) and writes each through to the store, keyed by an increasing number, so
 //! a durable store recovers it on start. Expired messages are dropped when they reach the
 //! head, never handed out.
+//!
+//! A get either acknowledges at once (the messages leave the queue and the store) or hands
+//! messages out *pending*: they stay in the store, count against the queue's limit, and
+//! leave only when acknowledged by their tag; backed out (or when the consumer goes away)
+//! they return to the head of their level, marked redelivered, their backout count raised.
 
 use std::collections::VecDeque;
 use std::ops::Bound;
@@ -62,6 +67,8 @@ struct Levels {
     /// One FIFO per level; a `fifo` queue has a single level.
     levels: Vec<VecDeque<Entry>>,
     len: usize,
+    /// Messages handed out and not yet acknowledged, by tag (their store key).
+    pending: std::collections::BTreeMap<u64, Entry>,
     /// Key of the next message pushed at the tail.
     next_key: u64,
     /// Key of the next message restored at the head.
@@ -91,8 +98,49 @@ impl std::fmt::Debug for LocalQueue {
 pub struct Popped {
     /// Messages handed out, with their remaining lifetime updated.
     pub messages: Vec<Message>,
+    /// Their tags, for acknowledging them (pending pops only; empty otherwise).
+    pub tags: Vec<u64>,
     /// Messages dropped because their lifetime ran out.
     pub expired: usize,
+    /// The encoded size of the message at the head when it is larger than the caller can
+    /// take (nothing was handed out then; it stays queued).
+    pub too_large: Option<usize>,
+}
+
+/// How much one pop may hand out.
+#[derive(Debug, Clone, Copy)]
+pub struct PopLimits {
+    /// Most messages.
+    pub count_max: usize,
+    /// Largest encoded message the caller can take: a larger one at the head fails the pop.
+    pub message_bytes_max: usize,
+    /// Most encoded bytes all together (the first message is not held to it).
+    pub total_bytes_max: usize,
+    /// Hand the messages out pending, to be acknowledged by tag.
+    pub pending: bool,
+}
+
+impl PopLimits {
+    /// Up to `count_max` messages of any size, acknowledged at once.
+    pub fn auto(count_max: usize) -> Self {
+        Self { count_max, message_bytes_max: usize::MAX, total_bytes_max: usize::MAX, pending: false }
+    }
+}
+
+/// Tags that match nothing pending.
+#[derive(Debug, thiserror::Error)]
+#[error("no message pending with tag(s) {0:?} in this queue")]
+pub struct UnknownTags(pub Vec<u64>);
+
+/// Why tags could not be settled.
+#[derive(Debug, thiserror::Error)]
+pub enum SettleError {
+    /// Some tags match nothing pending; nothing was done.
+    #[error(transparent)]
+    Unknown(#[from] UnknownTags),
+    /// The store failed; nothing was done.
+    #[error(transparent)]
+    Store(#[from] StoreError),
 }
 
 impl LocalQueue {
@@ -115,6 +163,7 @@ impl LocalQueue {
         let mut levels = Levels {
             levels: (0..level_count).map(|_| VecDeque::new()).collect(),
             len: 0,
+            pending: std::collections::BTreeMap::new(),
             next_key: KEY_MIDDLE,
             front_key: KEY_MIDDLE - 1,
         };
@@ -135,9 +184,14 @@ impl LocalQueue {
         &self.config
     }
 
-    /// Messages waiting.
+    /// Messages waiting (not counting those handed out pending).
     pub fn len(&self) -> usize {
         self.lock().len
+    }
+
+    /// Messages handed out and not yet acknowledged.
+    pub fn pending(&self) -> usize {
+        self.lock().pending.len()
     }
 
     /// Whether nothing waits.
@@ -149,9 +203,61 @@ impl LocalQueue {
         self.inner.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Whether `count` more messages fit now.
+    /// Whether `count` more messages fit now (pending ones still take room).
     pub fn has_room(&self, count: usize) -> bool {
-        (self.lock().len + count) as u64 <= self.config.queue_messages_max
+        let levels = self.lock();
+        (levels.len + levels.pending.len() + count) as u64 <= self.config.queue_messages_max
+    }
+
+    /// Acknowledges pending messages: they leave the queue and the store.
+    ///
+    /// # Errors
+    /// [`SettleError`] when a tag matches nothing pending or the store fails (nothing is
+    /// acknowledged then).
+    pub fn ack(&self, tags: &[u64]) -> Result<usize, SettleError> {
+        let mut levels = self.lock();
+        check_pending(&levels, tags)?;
+        let mut batch = Batch::new();
+        for tag in tags {
+            batch.delete(&self.space, Bytes::copy_from_slice(&tag.to_be_bytes()));
+        }
+        self.store.write(batch, false)?;
+        for tag in tags {
+            levels.pending.remove(tag);
+        }
+        drop(levels);
+        self.room.notify_waiters();
+        Ok(tags.len())
+    }
+
+    /// Gives pending messages back: they return to the head of their level in their
+    /// order, marked redelivered, their backout count raised.
+    ///
+    /// # Errors
+    /// As [`LocalQueue::ack`].
+    pub fn backout(&self, tags: &[u64], now: Instant) -> Result<usize, SettleError> {
+        let mut levels = self.lock();
+        check_pending(&levels, tags)?;
+        let mut sorted = tags.to_vec();
+        sorted.sort_unstable();
+        sorted.dedup();
+        let entries: Vec<Entry> = sorted.iter().filter_map(|t| levels.pending.remove(t)).collect();
+        let count = entries.len();
+        let messages: Vec<(u64, Message)> = entries.into_iter().map(|e| (e.key, e.message)).collect();
+        if let Err(e) = self.requeue_locked(&mut levels, messages.clone(), now) {
+            for (key, message) in messages {
+                levels.pending.insert(key, Entry { key, message, enqueued_at: now });
+            }
+            return Err(e.into());
+        }
+        drop(levels);
+        self.notify.notify_waiters();
+        Ok(count)
+    }
+
+    /// Tags of every pending message (for a consumer that goes away).
+    pub fn pending_tags(&self) -> Vec<u64> {
+        self.lock().pending.keys().copied().collect()
     }
 
     /// Puts messages taken by [`LocalQueue::pop`] back at the head, in their order (a get
@@ -161,23 +267,42 @@ impl LocalQueue {
     /// [`StoreError`] when the store fails; the messages are not restored then.
     pub fn restore(&self, messages: Vec<Message>, now: Instant) -> Result<(), StoreError> {
         let mut levels = self.lock();
+        // Their old keys are gone from the store already (0 is never a key: no delete).
+        self.requeue_locked(&mut levels, messages.into_iter().map(|m| (0, m)).collect(), now)?;
+        drop(levels);
+        self.notify.notify_waiters();
+        Ok(())
+    }
+
+    /// Puts `(old key, message)` pairs back at the head of their levels, in their order,
+    /// marked redelivered with their backout count raised, under new keys (old ones deleted).
+    fn requeue_locked(
+        &self,
+        levels: &mut Levels,
+        messages: Vec<(u64, Message)>,
+        now: Instant,
+    ) -> Result<(), StoreError> {
         let mut batch = Batch::new();
         let mut entries = Vec::with_capacity(messages.len());
-        for mut message in messages.into_iter().rev() {
-            // The client may have seen part of it before it went away.
+        let mut front_key = levels.front_key;
+        for (old, mut message) in messages.into_iter().rev() {
+            // The consumer may have seen it before it went away.
             message.redelivered = true;
-            let key = levels.front_key;
-            levels.front_key -= 1;
+            message.backout_count = message.backout_count.saturating_add(1);
+            if old != 0 {
+                batch.delete(&self.space, Bytes::copy_from_slice(&old.to_be_bytes()));
+            }
+            let key = front_key;
+            front_key -= 1;
             batch.put(&self.space, Bytes::copy_from_slice(&key.to_be_bytes()), message_bytes(&message));
             entries.push(Entry { key, message, enqueued_at: now });
         }
         self.store.write(batch, false)?;
+        levels.front_key = front_key;
         for entry in entries {
-            unpop_entry(&mut levels, self.config.order, entry);
+            unpop_entry(levels, self.config.order, entry);
             levels.len += 1;
         }
-        drop(levels);
-        self.notify.notify_waiters();
         Ok(())
     }
 
@@ -195,7 +320,7 @@ impl LocalQueue {
     /// As [`LocalQueue::push`].
     pub fn push_bounded(&self, message: Message, now: Instant, max: u64) -> Result<(), QueueError> {
         let mut levels = self.lock();
-        if levels.len as u64 >= max {
+        if (levels.len + levels.pending.len()) as u64 >= max {
             return Err(QueueError::Full { queue: self.config.name.clone(), max });
         }
         let key = levels.next_key;
@@ -210,50 +335,74 @@ impl LocalQueue {
         Ok(())
     }
 
-    /// Takes up to `count_max` messages (stopping before their total encoded size passes
-    /// `bytes_max`, but always taking at least one), dropping expired ones on the way.
+    /// Takes messages within `limits`, dropping expired ones on the way: stops before the
+    /// total encoded size would pass `total_bytes_max` (the first message is not held to
+    /// it), and takes nothing when the first message is larger than `message_bytes_max`
+    /// (reported in [`Popped::too_large`]; it stays queued). Pending pops keep the messages
+    /// in the store until [`LocalQueue::ack`].
     ///
     /// # Errors
-    /// [`StoreError`] when removing them from the store fails (they stay queued then).
-    pub fn pop(&self, count_max: usize, bytes_max: usize, now: Instant) -> Result<Popped, StoreError> {
+    /// [`StoreError`] when removing messages from the store fails (they stay queued then).
+    pub fn pop(&self, limits: PopLimits, now: Instant) -> Result<Popped, StoreError> {
         let mut levels = self.lock();
         let mut popped = Popped::default();
-        let mut taken: Vec<Entry> = Vec::new();
+        // Each taken entry, and whether it stays pending.
+        let mut taken: Vec<(Entry, bool)> = Vec::new();
         let mut bytes = 0usize;
         let mut batch = Batch::new();
-        while popped.messages.len() < count_max {
+        while popped.messages.len() < limits.count_max {
             let Some(level) = levels.levels.iter_mut().rev().find(|l| !l.is_empty()) else { break };
             let Some(front) = level.front() else { break };
+            let elapsed = now.saturating_duration_since(front.enqueued_at).as_millis() as u64;
+            let left = front.message.content.lifetime.unwrap_or(Lifetime::UNLIMITED).after(elapsed);
             let size = linkbus_proto::wire::message_encoded_len(
                 front.message.id.source.as_str().len(),
                 &front.message.content,
             );
-            if !popped.messages.is_empty() && bytes + size > bytes_max {
+            if left.is_some() && popped.messages.is_empty() && size > limits.message_bytes_max {
+                popped.too_large = Some(size);
                 break;
             }
-            let Some(entry) = level.pop_front() else { break };
-            batch.delete(&self.space, Bytes::copy_from_slice(&entry.key.to_be_bytes()));
-            let elapsed = now.saturating_duration_since(entry.enqueued_at).as_millis() as u64;
-            match entry.message.content.lifetime.unwrap_or(Lifetime::UNLIMITED).after(elapsed) {
-                None => popped.expired += 1,
-                Some(left) => {
-                    bytes += size;
-                    let mut message = entry.message.clone();
-                    message.content.lifetime = Some(left);
-                    popped.messages.push(message);
-                }
+            if left.is_some() && !popped.messages.is_empty() && bytes + size > limits.total_bytes_max {
+                break;
             }
-            taken.push(entry);
+            let Some(mut entry) = level.pop_front() else { break };
+            let Some(left) = left else {
+                popped.expired += 1;
+                batch.delete(&self.space, Bytes::copy_from_slice(&entry.key.to_be_bytes()));
+                taken.push((entry, false));
+                continue;
+            };
+            bytes += size;
+            let mut message = entry.message.clone();
+            message.content.lifetime = Some(left);
+            popped.messages.push(message);
+            if limits.pending {
+                popped.tags.push(entry.key);
+                entry.message.content.lifetime = Some(left);
+                entry.enqueued_at = now;
+            } else {
+                batch.delete(&self.space, Bytes::copy_from_slice(&entry.key.to_be_bytes()));
+            }
+            taken.push((entry, limits.pending));
         }
         if let Err(e) = self.store.write(batch, false) {
-            for entry in taken.into_iter().rev() {
+            for (entry, _) in taken.into_iter().rev() {
                 unpop_entry(&mut levels, self.config.order, entry);
             }
             return Err(e);
         }
         levels.len -= taken.len();
+        let mut freed = false;
+        for (entry, pending) in taken {
+            if pending {
+                levels.pending.insert(entry.key, entry);
+            } else {
+                freed = true;
+            }
+        }
         drop(levels);
-        if !taken.is_empty() {
+        if freed {
             self.room.notify_waiters();
         }
         Ok(popped)
@@ -293,6 +442,11 @@ fn unpop_entry(levels: &mut Levels, order: QueueOrder, entry: Entry) {
     }
 }
 
+fn check_pending(levels: &Levels, tags: &[u64]) -> Result<(), UnknownTags> {
+    let unknown: Vec<u64> = tags.iter().copied().filter(|t| !levels.pending.contains_key(t)).collect();
+    if unknown.is_empty() { Ok(()) } else { Err(UnknownTags(unknown)) }
+}
+
 fn key_number(key: &[u8]) -> Option<u64> {
     Some(u64::from_be_bytes(key.try_into().ok()?))
 }
@@ -330,6 +484,7 @@ mod tests {
             id: MessageId { source: NodeName::new("A").unwrap(), sequence: n, created_unix_ms: 0 },
             hop_count: 0,
             redelivered: false,
+            backout_count: 0,
             content,
         }
     }
@@ -345,12 +500,12 @@ mod tests {
         for (n, p) in [(1, 1), (2, 9), (3, 1), (4, 9), (5, 4)] {
             q.push(message(n, p, 60_000), now).unwrap();
         }
-        assert_eq!(sequences(&q.pop(10, usize::MAX, now).unwrap()), [2, 4, 5, 1, 3]);
+        assert_eq!(sequences(&q.pop(PopLimits::auto(10), now).unwrap()), [2, 4, 5, 1, 3]);
         let f = queue(QueueOrder::Fifo, 10, Arc::new(MemoryStore::new()));
         for (n, p) in [(1, 1), (2, 9), (3, 1)] {
             f.push(message(n, p, 60_000), now).unwrap();
         }
-        assert_eq!(sequences(&f.pop(10, usize::MAX, now).unwrap()), [1, 2, 3]);
+        assert_eq!(sequences(&f.pop(PopLimits::auto(10), now).unwrap()), [1, 2, 3]);
     }
 
     #[test]
@@ -360,7 +515,7 @@ mod tests {
         q.push(message(1, 4, 100), now).unwrap();
         q.push(message(2, 4, 60_000), now).unwrap();
         assert!(matches!(q.push(message(3, 4, 100), now), Err(QueueError::Full { max: 2, .. })));
-        let popped = q.pop(10, usize::MAX, now + Duration::from_millis(500)).unwrap();
+        let popped = q.pop(PopLimits::auto(10), now + Duration::from_millis(500)).unwrap();
         assert_eq!((sequences(&popped), popped.expired), (vec![2], 1));
         assert_eq!(popped.messages[0].content.lifetime, Some(Lifetime::from_ms(59_500)));
         assert!(q.is_empty());
@@ -374,9 +529,9 @@ mod tests {
         for n in 1..=3 {
             q.push(message(n, 4, 60_000), now).unwrap();
         }
-        assert_eq!(sequences(&q.pop(1, usize::MAX, now).unwrap()), [1]);
+        assert_eq!(sequences(&q.pop(PopLimits::auto(1), now).unwrap()), [1]);
         let reopened = queue(QueueOrder::Fifo, 10, store);
-        assert_eq!(sequences(&reopened.pop(10, usize::MAX, now).unwrap()), [2, 3]);
+        assert_eq!(sequences(&reopened.pop(PopLimits::auto(10), now).unwrap()), [2, 3]);
     }
 
     #[test]
@@ -387,12 +542,56 @@ mod tests {
         for n in 1..=4 {
             q.push(message(n, 4, 60_000), now).unwrap();
         }
-        let taken = q.pop(2, usize::MAX, now).unwrap();
+        let taken = q.pop(PopLimits::auto(2), now).unwrap();
         assert!(q.has_room(8) && !q.has_room(9));
         q.restore(taken.messages, now).unwrap();
         assert!(!q.has_room(7));
         let reopened = queue(QueueOrder::Fifo, 10, store);
-        assert_eq!(sequences(&reopened.pop(10, usize::MAX, now).unwrap()), [1, 2, 3, 4]);
+        assert_eq!(sequences(&reopened.pop(PopLimits::auto(10), now).unwrap()), [1, 2, 3, 4]);
+    }
+
+    #[test]
+    fn a_message_larger_than_the_caller_takes_stays_and_names_its_size() {
+        let q = queue(QueueOrder::Fifo, 10, Arc::new(MemoryStore::new()));
+        let now = Instant::now();
+        q.push(message(10, 4, 60_000), now).unwrap();
+        let size = linkbus_proto::wire::message_encoded_len(1, &message(10, 4, 60_000).content);
+        let small = PopLimits { message_bytes_max: size - 1, ..PopLimits::auto(10) };
+        let popped = q.pop(small, now).unwrap();
+        assert!(popped.messages.is_empty());
+        assert_eq!(popped.too_large, Some(size));
+        assert_eq!(q.len(), 1, "it stays queued");
+        assert_eq!(sequences(&q.pop(PopLimits { message_bytes_max: size, ..small }, now).unwrap()), [10]);
+    }
+
+    #[test]
+    fn pending_messages_leave_on_ack_and_come_back_on_backout() {
+        let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+        let q = queue(QueueOrder::Priority, 4, store.clone());
+        let now = Instant::now();
+        for (n, p) in [(1, 4), (2, 4), (3, 9), (4, 4)] {
+            q.push(message(n, p, 60_000), now).unwrap();
+        }
+        let pending = PopLimits { pending: true, ..PopLimits::auto(3) };
+        let popped = q.pop(pending, now).unwrap();
+        assert_eq!(sequences(&popped), [3, 1, 2]);
+        assert_eq!((q.len(), q.pending()), (1, 3));
+        assert!(!q.has_room(1), "pending messages still take room");
+        assert!(matches!(q.ack(&[popped.tags[0], 12345]), Err(SettleError::Unknown(_))), "nothing done");
+        q.ack(&[popped.tags[0]]).unwrap();
+        q.backout(&popped.tags[1..], now).unwrap();
+        assert_eq!((q.len(), q.pending()), (3, 0));
+        let again = q.pop(PopLimits::auto(10), now).unwrap();
+        assert_eq!(sequences(&again), [1, 2, 4], "backed-out messages return to the head, in order");
+        assert!(again.messages[0].redelivered && again.messages[0].backout_count == 1);
+        assert!(!again.messages[2].redelivered);
+        // A pending message survives in the store (a restart hands it out again).
+        for n in 5..=6 {
+            q.push(message(n, 4, 60_000), now).unwrap();
+        }
+        let _ = q.pop(PopLimits { pending: true, ..PopLimits::auto(1) }, now).unwrap();
+        let reopened = queue(QueueOrder::Priority, 4, store);
+        assert_eq!(sequences(&reopened.pop(PopLimits::auto(10), now).unwrap()), [5, 6]);
     }
 
     #[test]
@@ -403,7 +602,8 @@ mod tests {
             q.push(message(n, 4, 60_000), now).unwrap();
         }
         let one = linkbus_proto::wire::message_encoded_len(1, &message(10, 4, 60_000).content);
-        assert_eq!(sequences(&q.pop(10, 1, now).unwrap()), [10]);
-        assert_eq!(sequences(&q.pop(10, 2 * one, now).unwrap()), [11, 12]);
+        let limits = |total| PopLimits { total_bytes_max: total, ..PopLimits::auto(10) };
+        assert_eq!(sequences(&q.pop(limits(1), now).unwrap()), [10]);
+        assert_eq!(sequences(&q.pop(limits(2 * one), now).unwrap()), [11, 12]);
     }
 }

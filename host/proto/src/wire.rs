@@ -3,7 +3,7 @@
 //! every name and limit, so a decoded value is always a valid one.
 //!
 //! Layout (big-endian): format u8; for a message, the id (source name u8-len, sequence u64,
-//! created u64), hop count u8 and flags u8; then the content: kind u8, priority u8,
+//! created u64), hop count u8, flags u8 and backout count u16; then the content: kind u8, priority u8,
 //! reliability u8, lifetime ms u64 (`0` = not set), name (u32 len), recipients (u8 count, each
 //! node and queue u8-len), headers (u8 count, key u16-len, value u16-len), group (present
 //! flag u8, id u16-len, index u32, last u8), correlation id (present flag u8, u16-len),
@@ -113,7 +113,7 @@ pub fn content_encoded_len(content: &Content) -> usize {
 /// Bytes [`encode_message`] writes for a message with `content` from a source whose name has
 /// `source_name_len` bytes.
 pub fn message_encoded_len(source_name_len: usize, content: &Content) -> usize {
-    1 + 1 + source_name_len + 8 + 8 + 1 + 1 + content_encoded_len(content)
+    1 + 1 + source_name_len + 8 + 8 + 1 + 1 + 2 + content_encoded_len(content)
 }
 
 /// Appends the wire form of `message`.
@@ -127,6 +127,7 @@ pub fn encode_message(message: &Message, out: &mut BytesMut) {
     out.put_u64(message.id.created_unix_ms);
     out.put_u8(message.hop_count);
     out.put_u8(if message.redelivered { FLAG_REDELIVERED } else { 0 });
+    out.put_u16(message.backout_count);
     encode_content(&message.content, out);
 }
 
@@ -134,8 +135,9 @@ pub fn encode_message(message: &Message, out: &mut BytesMut) {
 /// `None` when the bytes are not an encoded message.
 pub fn with_lifetime(message: &Bytes, lifetime_ms: u64) -> Option<Bytes> {
     let source_len = *message.get(1)? as usize;
-    // format, name length, name, sequence, created, hop count, flags, kind, priority, reliability
-    let at = 2 + source_len + 8 + 8 + 1 + 1 + 3;
+    // format, name length, name, sequence, created, hop count, flags, backout count, kind,
+    // priority, reliability
+    let at = 2 + source_len + 8 + 8 + 1 + 1 + 2 + 3;
     let mut copy = BytesMut::from(&message[..]);
     copy.get_mut(at..at + 8)?.copy_from_slice(&lifetime_ms.max(1).to_be_bytes());
     Some(copy.freeze())
@@ -247,9 +249,10 @@ pub fn decode_message(bytes: Bytes) -> Result<Message, ReadError> {
     let id = MessageId { source, sequence: r.u64()?, created_unix_ms: r.u64()? };
     let hop_count = r.u8()?;
     let flags = r.u8()?;
+    let backout_count = r.u16()?;
     let content = read_content(&mut r)?;
     r.finish()?;
-    Ok(Message { id, hop_count, redelivered: flags & FLAG_REDELIVERED != 0, content })
+    Ok(Message { id, hop_count, redelivered: flags & FLAG_REDELIVERED != 0, backout_count, content })
 }
 
 #[cfg(test)]
@@ -271,6 +274,7 @@ mod tests {
             id: MessageId { source: NodeName::new("A").unwrap(), sequence: 7, created_unix_ms: 99 },
             hop_count: 2,
             redelivered: true,
+            backout_count: 3,
             content,
         }
     }

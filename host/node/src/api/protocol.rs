@@ -3,8 +3,11 @@
 //!
 //! Every frame is a 4-byte big-endian length, a 1-byte type and a body. Requests: `Put`
 //! (a batch of contents, accepted in order), `Get` (wait up to a time for messages from a
-//! queue), `Status` and `LinkReset` (accept a peer's sequence numbers). Responses: `PutOk` (the ids given), `Messages`, `Status` text, or
-//! `Error` with a code, the number of puts accepted before the error, and a message.
+//! queue, acknowledged at once or handed out pending), `Ack` / `Backout` (settle pending
+//! messages by tag), `Status` and `LinkReset` (accept a peer's sequence numbers).
+//! Responses: `PutOk` (the ids given), `Messages` (with tags when pending), `Settled`,
+//! `Status` text, or `Error` with a code, the number of puts accepted before the error, and
+//! a message.
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use linkbus_plugin_api::{Content, Message, NodeName};
@@ -16,6 +19,9 @@ const PUT: u8 = 1;
 const GET: u8 = 2;
 const STATUS: u8 = 3;
 const LINK_RESET: u8 = 4;
+const ACK: u8 = 5;
+const BACKOUT: u8 = 6;
+const SETTLED: u8 = 104;
 const PUT_OK: u8 = 101;
 const MESSAGES: u8 = 102;
 const STATUS_TEXT: u8 = 103;
@@ -39,8 +45,26 @@ pub enum Request {
         count_max: u32,
         /// How long to wait for the first message, in milliseconds.
         wait_ms: u64,
-        /// Payload bytes to return at most (at least one message is returned if any waits).
+        /// Largest encoded message the caller can take: a larger one at the head fails the
+        /// get (it stays queued).
         bytes_max: u64,
+        /// Hand the messages out pending: they leave the queue only when acknowledged, and
+        /// come back if the connection ends first.
+        pending: bool,
+    },
+    /// Acknowledge pending messages handed out on this connection.
+    Ack {
+        /// Their queue.
+        queue: String,
+        /// Their tags.
+        tags: Vec<u64>,
+    },
+    /// Give pending messages handed out on this connection back to their queue.
+    Backout {
+        /// Their queue.
+        queue: String,
+        /// Their tags.
+        tags: Vec<u64>,
     },
     /// Describe the node.
     Status,
@@ -98,8 +122,16 @@ pub enum Response {
         /// The ids' creation time.
         created_unix_ms: u64,
     },
-    /// Messages from a `Get` (possibly none, after the wait).
-    Messages(Vec<Message>),
+    /// Messages from a `Get` (possibly none, after the wait), with their tags when handed
+    /// out pending (else no tags).
+    Messages {
+        /// The messages.
+        messages: Vec<Message>,
+        /// Their tags, for `Ack` / `Backout`.
+        tags: Vec<u64>,
+    },
+    /// How many messages an `Ack` or `Backout` settled.
+    Settled(u32),
     /// `Status` text.
     Status(String),
     /// The request failed.
@@ -131,13 +163,15 @@ impl Request {
                     put_length_prefixed(out, |out| encode_content(c, out));
                 }
             }),
-            Self::Get { queue, count_max, wait_ms, bytes_max } => frame(GET, out, |out| {
-                out.put_u8(u8::try_from(queue.len()).unwrap_or(u8::MAX));
-                out.put_slice(queue.as_bytes().get(..255).unwrap_or(queue.as_bytes()));
+            Self::Get { queue, count_max, wait_ms, bytes_max, pending } => frame(GET, out, |out| {
+                put_name(out, queue);
                 out.put_u32(*count_max);
                 out.put_u64(*wait_ms);
                 out.put_u64(*bytes_max);
+                out.put_u8(u8::from(*pending));
             }),
+            Self::Ack { queue, tags } => frame(ACK, out, |out| put_tags(out, queue, tags)),
+            Self::Backout { queue, tags } => frame(BACKOUT, out, |out| put_tags(out, queue, tags)),
             Self::Status => frame(STATUS, out, |_| {}),
             Self::LinkReset { peer } => frame(LINK_RESET, out, |out| {
                 out.put_u8(u8::try_from(peer.len()).unwrap_or(u8::MAX));
@@ -171,7 +205,16 @@ impl Request {
                 count_max: r.u32()?,
                 wait_ms: r.u64()?,
                 bytes_max: r.u64()?,
+                pending: r.u8()? != 0,
             },
+            ACK => {
+                let (queue, tags) = read_tags(&mut r)?;
+                Self::Ack { queue, tags }
+            }
+            BACKOUT => {
+                let (queue, tags) = read_tags(&mut r)?;
+                Self::Backout { queue, tags }
+            }
             STATUS => Self::Status,
             LINK_RESET => Self::LinkReset { peer: r.short_string()? },
             other => return Err(ReadError::Invalid { field: "request type", detail: other.to_string() }),
@@ -192,12 +235,15 @@ impl Response {
                 out.put_u32(sequences.len() as u32);
                 sequences.iter().for_each(|s| out.put_u64(*s));
             }),
-            Self::Messages(messages) => frame(MESSAGES, out, |out| {
+            Self::Messages { messages, tags } => frame(MESSAGES, out, |out| {
                 out.put_u32(messages.len() as u32);
                 for m in messages {
                     put_length_prefixed(out, |out| encode_message(m, out));
                 }
+                out.put_u32(tags.len() as u32);
+                tags.iter().for_each(|t| out.put_u64(*t));
             }),
+            Self::Settled(count) => frame(SETTLED, out, |out| out.put_u32(*count)),
             Self::Status(text) => frame(STATUS_TEXT, out, |out| out.put_slice(text.as_bytes())),
             Self::Error { code, accepted, message } => frame(ERROR, out, |out| {
                 out.put_u16(*code as u16);
@@ -232,8 +278,14 @@ impl Response {
                     let len = r.u32()? as usize;
                     messages.push(decode_message(r.bytes(len)?)?);
                 }
-                Self::Messages(messages)
+                let count = r.u32()? as usize;
+                let mut tags = Vec::with_capacity(count.min(r.remaining() / 8));
+                for _ in 0..count {
+                    tags.push(r.u64()?);
+                }
+                Self::Messages { messages, tags }
             }
+            SETTLED => Self::Settled(r.u32()?),
             STATUS_TEXT => Self::Status(String::from_utf8_lossy(&r.rest()).into_owned()),
             ERROR => {
                 let code = ErrorCode::from_u16(r.u16()?);
@@ -245,6 +297,28 @@ impl Response {
         r.finish()?;
         Ok(response)
     }
+}
+
+fn put_name(out: &mut BytesMut, name: &str) {
+    let bytes = name.as_bytes().get(..255).unwrap_or(name.as_bytes());
+    out.put_u8(bytes.len() as u8);
+    out.put_slice(bytes);
+}
+
+fn put_tags(out: &mut BytesMut, queue: &str, tags: &[u64]) {
+    put_name(out, queue);
+    out.put_u32(tags.len() as u32);
+    tags.iter().for_each(|t| out.put_u64(*t));
+}
+
+fn read_tags(r: &mut Reader) -> Result<(String, Vec<u64>), ReadError> {
+    let queue = r.short_string()?;
+    let count = r.u32()? as usize;
+    let mut tags = Vec::with_capacity(count.min(r.remaining() / 8));
+    for _ in 0..count {
+        tags.push(r.u64()?);
+    }
+    Ok((queue, tags))
 }
 
 /// Splits the next `(type, body)` frame off `buf`: `Ok(None)` when more bytes are needed.
@@ -289,14 +363,33 @@ mod tests {
             count_max: 7,
             wait_ms: 5000,
             bytes_max: 9,
+            pending: true,
         });
         round_trip_request(Request::Status);
         round_trip_request(Request::LinkReset { peer: "B".into() });
-        let e = Response::Error { code: ErrorCode::NoRoute, accepted: 2, message: "no route".into() };
-        let mut out = BytesMut::new();
-        e.encode(&mut out);
-        let (kind, body) = split_frame(&mut out, 1 << 20).unwrap().unwrap();
-        assert_eq!(Response::decode(kind, body).unwrap(), e);
+        round_trip_request(Request::Ack { queue: "orders".into(), tags: vec![1, 2, u64::MAX] });
+        round_trip_request(Request::Backout { queue: "orders".into(), tags: vec![] });
+        let message = Message {
+            id: linkbus_plugin_api::MessageId {
+                source: NodeName::new("A").unwrap(),
+                sequence: 4,
+                created_unix_ms: 5,
+            },
+            hop_count: 0,
+            redelivered: true,
+            backout_count: 2,
+            content: Content::buf("B:q".parse().unwrap(), "x"),
+        };
+        for response in [
+            Response::Error { code: ErrorCode::NoRoute, accepted: 2, message: "no route".into() },
+            Response::Messages { messages: vec![message], tags: vec![77] },
+            Response::Settled(3),
+        ] {
+            let mut out = BytesMut::new();
+            response.encode(&mut out);
+            let (kind, body) = split_frame(&mut out, 1 << 20).unwrap().unwrap();
+            assert_eq!(Response::decode(kind, body).unwrap(), response);
+        }
     }
 
     #[test]

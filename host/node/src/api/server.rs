@@ -14,7 +14,7 @@ use tracing::{debug, warn};
 
 use super::protocol::{ErrorCode, Request, Response, split_frame};
 use crate::node::{NodeState, StartError};
-use crate::queue::{DEAD_LETTER_QUEUE, LocalQueue};
+use crate::queue::{DEAD_LETTER_QUEUE, LocalQueue, PopLimits, SettleError};
 
 /// Most messages one `get` returns.
 pub const GET_MESSAGES_MAX: u32 = 100_000;
@@ -22,8 +22,74 @@ pub const GET_MESSAGES_MAX: u32 = 100_000;
 pub const PUT_WAIT_MS_MAX: u64 = 3_600_000;
 /// Longest a `get` may wait.
 pub const GET_WAIT_MS_MAX: u64 = 3_600_000;
-/// Most encoded message bytes one `get` returns (at least one message is always returned).
+/// Most encoded message bytes one `get` returns beyond its first message.
 pub const GET_BYTES_MAX: usize = 64 << 20;
+
+/// Messages handed out pending on one client connection, by queue; whatever is left when the
+/// connection ends goes back to its queue (redelivered, backout count raised).
+#[derive(Default)]
+struct PendingOnConnection {
+    queues: Vec<(Arc<LocalQueue>, std::collections::BTreeSet<u64>)>,
+}
+
+impl PendingOnConnection {
+    fn add(&mut self, queue: &Arc<LocalQueue>, tags: &[u64]) {
+        match self.queues.iter_mut().find(|(q, _)| Arc::ptr_eq(q, queue)) {
+            Some((_, set)) => set.extend(tags),
+            None => self.queues.push((queue.clone(), tags.iter().copied().collect())),
+        }
+    }
+
+    /// Settles `tags` of `queue` with `settle`, if they were all handed out here.
+    fn settle(
+        &mut self,
+        queue: &Arc<LocalQueue>,
+        tags: &[u64],
+        settle: impl FnOnce(&LocalQueue, &[u64]) -> Result<usize, SettleError>,
+    ) -> Response {
+        let Some((_, set)) = self.queues.iter_mut().find(|(q, _)| Arc::ptr_eq(q, queue)) else {
+            return not_pending(tags);
+        };
+        let unknown: Vec<u64> = tags.iter().copied().filter(|t| !set.contains(t)).collect();
+        if !unknown.is_empty() {
+            return not_pending(&unknown);
+        }
+        match settle(queue, tags) {
+            Ok(count) => {
+                tags.iter().for_each(|t| {
+                    set.remove(t);
+                });
+                Response::Settled(count as u32)
+            }
+            Err(SettleError::Unknown(e)) => not_pending(&e.0),
+            Err(SettleError::Store(e)) => {
+                Response::Error { code: ErrorCode::Internal, accepted: 0, message: e.to_string() }
+            }
+        }
+    }
+}
+
+fn not_pending(tags: &[u64]) -> Response {
+    let message = format!("tag(s) {tags:?} are not pending on this connection");
+    Response::Error { code: ErrorCode::BadRequest, accepted: 0, message }
+}
+
+impl Drop for PendingOnConnection {
+    fn drop(&mut self) {
+        for (queue, tags) in self.queues.drain(..) {
+            let tags: Vec<u64> = tags.into_iter().collect();
+            if tags.is_empty() {
+                continue;
+            }
+            match queue.backout(&tags, Instant::now()) {
+                Ok(count) => debug!(queue = %queue.config().name, count, "Unacknowledged messages returned."),
+                Err(e) => {
+                    warn!(queue = %queue.config().name, error = %e, "Could not return unacknowledged messages.")
+                }
+            }
+        }
+    }
+}
 
 /// Completes when the client closes its connection (or sends more than a frame while a
 /// request waits); bytes of a pipelined request are kept in `buf` for later.
@@ -87,6 +153,7 @@ async fn serve(node: Arc<NodeState>, mut stream: UnixStream, mut shutdown: watch
     let frame_bytes_max = node.encoded_message_bytes_max().saturating_add(1 << 20);
     let mut buf = BytesMut::with_capacity(64 * 1024);
     let mut out = BytesMut::new();
+    let mut pending = PendingOnConnection::default();
     loop {
         let frame = match split_frame(&mut buf, frame_bytes_max) {
             Ok(frame) => frame,
@@ -112,7 +179,7 @@ async fn serve(node: Arc<NodeState>, mut stream: UnixStream, mut shutdown: watch
                 // A get may wait long: stop it, before it takes anything, if the client leaves.
                 tokio::select! {
                     biased;
-                    answer = handle(&node, request) => answer,
+                    answer = handle(&node, request, &mut pending) => answer,
                     () = client_gone(&mut stream, &mut buf, frame_bytes_max) => {
                         debug!("Client left while its request waited.");
                         return;
@@ -128,7 +195,9 @@ async fn serve(node: Arc<NodeState>, mut stream: UnixStream, mut shutdown: watch
         response.encode(&mut out);
         if let Err(e) = stream.write_all(&out).await {
             // The client is gone: messages it never received go back to the head of the queue.
-            if let (Response::Messages(messages), Some(queue)) = (response, taken_from)
+            // (Pending ones go back when `pending` drops.)
+            if let (Response::Messages { messages, tags }, Some(queue)) = (response, taken_from)
+                && tags.is_empty()
                 && !messages.is_empty()
                 && let Err(store) = queue.restore(messages, Instant::now())
             {
@@ -141,7 +210,18 @@ async fn serve(node: Arc<NodeState>, mut stream: UnixStream, mut shutdown: watch
 }
 
 /// Answers one request; for a get, also the queue the messages came from.
-async fn handle(node: &NodeState, request: Request) -> (Response, Option<Arc<LocalQueue>>) {
+async fn handle(
+    node: &NodeState,
+    request: Request,
+    pending: &mut PendingOnConnection,
+) -> (Response, Option<Arc<LocalQueue>>) {
+    let find_queue = |queue: &str| {
+        let found = linkbus_plugin_api::QueueName::new(queue).ok().and_then(|name| node.queues.get(&name));
+        found.cloned().ok_or_else(|| {
+            let message = format!("queue '{queue}' does not exist on node {}", node.name());
+            Response::Error { code: ErrorCode::UnknownQueue, accepted: 0, message }
+        })
+    };
     match request {
         Request::Put { contents, timeout_ms } => {
             let timeout = Duration::from_millis(timeout_ms.min(PUT_WAIT_MS_MAX));
@@ -153,15 +233,31 @@ async fn handle(node: &NodeState, request: Request) -> (Response, Option<Arc<Loc
             };
             (response, None)
         }
-        Request::Get { queue, count_max, wait_ms, bytes_max } => {
-            let found =
-                linkbus_plugin_api::QueueName::new(&queue).ok().and_then(|name| node.queues.get(&name));
-            let Some(q) = found else {
-                let message = format!("queue '{queue}' does not exist on node {}", node.name());
-                return (Response::Error { code: ErrorCode::UnknownQueue, accepted: 0, message }, None);
+        Request::Get { queue, count_max, wait_ms, bytes_max, pending: hand_out } => {
+            let q = match find_queue(&queue) {
+                Ok(q) => q,
+                Err(response) => return (response, None),
             };
-            (get(q, count_max, wait_ms, bytes_max).await, Some(q.clone()))
+            let limits = PopLimits {
+                count_max: count_max.clamp(1, GET_MESSAGES_MAX) as usize,
+                message_bytes_max: usize::try_from(bytes_max).unwrap_or(usize::MAX),
+                total_bytes_max: GET_BYTES_MAX,
+                pending: hand_out,
+            };
+            let response = get(&q, limits, wait_ms).await;
+            if let Response::Messages { tags, .. } = &response {
+                pending.add(&q, tags);
+            }
+            (response, Some(q))
         }
+        Request::Ack { queue, tags } => match find_queue(&queue) {
+            Ok(q) => (pending.settle(&q, &tags, |q, t| q.ack(t)), None),
+            Err(response) => (response, None),
+        },
+        Request::Backout { queue, tags } => match find_queue(&queue) {
+            Ok(q) => (pending.settle(&q, &tags, |q, t| q.backout(t, Instant::now())), None),
+            Err(response) => (response, None),
+        },
         Request::Status => (Response::Status(status(node)), None),
         Request::LinkReset { peer } => {
             let found = linkbus_plugin_api::NodeName::new(&peer).ok().and_then(|name| node.links.get(&name));
@@ -180,13 +276,11 @@ async fn handle(node: &NodeState, request: Request) -> (Response, Option<Arc<Loc
     }
 }
 
-async fn get(q: &LocalQueue, count_max: u32, wait_ms: u64, bytes_max: u64) -> Response {
+async fn get(q: &LocalQueue, limits: PopLimits, wait_ms: u64) -> Response {
     let queue = q.config().name.as_str();
-    let count_max = count_max.clamp(1, GET_MESSAGES_MAX) as usize;
     let deadline = tokio::time::Instant::now() + Duration::from_millis(wait_ms.min(GET_WAIT_MS_MAX));
-    let bytes_max = usize::try_from(bytes_max).unwrap_or(usize::MAX).min(GET_BYTES_MAX);
     loop {
-        match q.pop(count_max, bytes_max, Instant::now()) {
+        match q.pop(limits, Instant::now()) {
             Err(e) => {
                 return Response::Error { code: ErrorCode::Internal, accepted: 0, message: e.to_string() };
             }
@@ -194,8 +288,15 @@ async fn get(q: &LocalQueue, count_max: u32, wait_ms: u64, bytes_max: u64) -> Re
                 if popped.expired > 0 {
                     debug!(queue, expired = popped.expired, "Expired messages dropped.");
                 }
+                if let Some(size) = popped.too_large {
+                    let message = format!(
+                        "the next message in queue '{queue}' has {size} bytes, over this get's limit of {}; it stays in the queue",
+                        limits.message_bytes_max
+                    );
+                    return Response::Error { code: ErrorCode::TooLarge, accepted: 0, message };
+                }
                 if !popped.messages.is_empty() || tokio::time::Instant::now() >= deadline {
-                    return Response::Messages(popped.messages);
+                    return Response::Messages { messages: popped.messages, tags: popped.tags };
                 }
             }
         }

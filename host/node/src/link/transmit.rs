@@ -119,6 +119,7 @@ mod tests {
             id: MessageId { source: NodeName::new("A").unwrap(), sequence: n, created_unix_ms: 0 },
             hop_count: 0,
             redelivered: false,
+            backout_count: 0,
             content: Content::buf("B:q".parse().unwrap(), "x").with_priority(priority),
         }
     }

@@ -161,6 +161,7 @@ fn message(from: &str, n: u64, padding: usize) -> Bytes {
         id: MessageId { source: NodeName::new(from).expect("valid"), sequence: n, created_unix_ms: 0 },
         hop_count: 0,
         redelivered: false,
+        backout_count: 0,
         content,
     })
 }

@@ -37,6 +37,7 @@ fn message(n: u64) -> Bytes {
         id: MessageId { source: NodeName::new("A").unwrap(), sequence: n, created_unix_ms: 0 },
         hop_count: 0,
         redelivered: false,
+        backout_count: 0,
         content: Content::buf("B:q".parse().unwrap(), n.to_string()),
     })
 }
@@ -563,6 +564,7 @@ fn big_message(n: u64, size: usize) -> Bytes {
         id: MessageId { source: NodeName::new("A").unwrap(), sequence: n, created_unix_ms: 0 },
         hop_count: 0,
         redelivered: false,
+        backout_count: 0,
         content: Content::buf("B:q".parse().unwrap(), vec![(n % 251) as u8; size]),
     })
 }
