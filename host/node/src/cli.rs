@@ -40,6 +40,9 @@ pub enum Command {
     /// Manage a local node's links.
     #[command(subcommand)]
     Link(LinkCommand),
+    /// Look at a local node's queues.
+    #[command(subcommand)]
+    Queue(QueueCommand),
     /// Work with configuration files.
     #[command(subcommand)]
     Config(ConfigCommand),
@@ -89,6 +92,25 @@ pub struct RunArgs {
     /// The cluster's pre-shared key file (overrides `security.psk_file`).
     #[arg(long)]
     pub psk_file: Option<PathBuf>,
+}
+
+/// `linkbus queue ...`.
+#[derive(Debug, Subcommand)]
+pub enum QueueCommand {
+    /// One line per queue: order, depth, pending, limit, age of the oldest message.
+    Ls {
+        /// Which node.
+        #[command(flatten)]
+        target: Target,
+    },
+    /// One queue in detail, with its depth per priority.
+    Stat {
+        /// Which node.
+        #[command(flatten)]
+        target: Target,
+        /// The queue.
+        name: String,
+    },
 }
 
 /// `linkbus link ...`.
@@ -381,6 +403,19 @@ pub async fn get(args: GetArgs) -> anyhow::Result<()> {
 /// A connection failure.
 pub async fn status(target: Target) -> anyhow::Result<()> {
     print!("{}", target.connect().await?.status().await?);
+    Ok(())
+}
+
+/// Runs `linkbus queue ...`.
+///
+/// # Errors
+/// When the node cannot be reached or has no such queue.
+pub async fn queue(command: QueueCommand) -> anyhow::Result<()> {
+    let (target, name) = match command {
+        QueueCommand::Ls { target } => (target, String::new()),
+        QueueCommand::Stat { target, name } => (target, name),
+    };
+    print!("{}", target.connect().await?.queues(&name).await?);
     Ok(())
 }
 

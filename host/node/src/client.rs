@@ -296,6 +296,18 @@ impl Client {
         }
     }
 
+    /// A table of the node's queues (`name` empty), or one queue's details: depth per
+    /// priority, pending messages, age of the oldest.
+    ///
+    /// # Errors
+    /// [`ClientError::Refused`] when the named queue does not exist.
+    pub async fn queues(&mut self, name: &str) -> Result<String, ClientError> {
+        match self.call(&Request::Queues { name: name.to_owned() }).await? {
+            Response::Status(text) => Ok(text),
+            other => Err(ClientError::Protocol(format!("unexpected answer to queues: {other:?}"))),
+        }
+    }
+
     /// Accepts the sequence numbers of `peer` as they are and restarts the link if it was
     /// stopped because they went backwards; returns the node's answer.
     ///

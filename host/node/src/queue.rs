@@ -107,6 +107,18 @@ pub struct Popped {
     pub too_large: Option<usize>,
 }
 
+/// What [`LocalQueue::stats`] reports.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QueueStats {
+    /// Messages waiting per level: one entry for a `fifo` queue; for a `priority` queue,
+    /// levels 0..=9 then the system class.
+    pub by_level: Vec<usize>,
+    /// Messages handed out and not yet acknowledged.
+    pub pending: usize,
+    /// How long the oldest waiting message has been in the queue (`None`: empty).
+    pub oldest: Option<std::time::Duration>,
+}
+
 /// How much one pop may hand out.
 #[derive(Debug, Clone, Copy)]
 pub struct PopLimits {
@@ -192,6 +204,18 @@ impl LocalQueue {
     /// Messages handed out and not yet acknowledged.
     pub fn pending(&self) -> usize {
         self.lock().pending.len()
+    }
+
+    /// Depth per level, pending count and the age of the oldest waiting message.
+    pub fn stats(&self, now: Instant) -> QueueStats {
+        let levels = self.lock();
+        let by_level: Vec<usize> = levels.levels.iter().map(VecDeque::len).collect();
+        let oldest = levels
+            .levels
+            .iter()
+            .filter_map(|l| l.front().map(|e| now.saturating_duration_since(e.enqueued_at)))
+            .max();
+        QueueStats { by_level, pending: levels.pending.len(), oldest }
     }
 
     /// Whether nothing waits.

@@ -20,6 +20,7 @@ const GET: u8 = 2;
 const STATUS: u8 = 3;
 const LINK_RESET: u8 = 4;
 const ACK: u8 = 5;
+const QUEUES: u8 = 7;
 const BACKOUT: u8 = 6;
 const SETTLED: u8 = 104;
 const PUT_OK: u8 = 101;
@@ -51,6 +52,11 @@ pub enum Request {
         /// Hand the messages out pending: they leave the queue only when acknowledged, and
         /// come back if the connection ends first.
         pending: bool,
+    },
+    /// Describe the local queues (all, or the one named), answered with `Status` text.
+    Queues {
+        /// One queue's name, for its details; empty for a line per queue.
+        name: String,
     },
     /// Acknowledge pending messages handed out on this connection.
     Ack {
@@ -171,6 +177,7 @@ impl Request {
                 out.put_u8(u8::from(*pending));
             }),
             Self::Ack { queue, tags } => frame(ACK, out, |out| put_tags(out, queue, tags)),
+            Self::Queues { name } => frame(QUEUES, out, |out| put_name(out, name)),
             Self::Backout { queue, tags } => frame(BACKOUT, out, |out| put_tags(out, queue, tags)),
             Self::Status => frame(STATUS, out, |_| {}),
             Self::LinkReset { peer } => frame(LINK_RESET, out, |out| {
@@ -207,6 +214,7 @@ impl Request {
                 bytes_max: r.u64()?,
                 pending: r.u8()? != 0,
             },
+            QUEUES => Self::Queues { name: r.short_string()? },
             ACK => {
                 let (queue, tags) = read_tags(&mut r)?;
                 Self::Ack { queue, tags }
@@ -369,6 +377,7 @@ mod tests {
         round_trip_request(Request::LinkReset { peer: "B".into() });
         round_trip_request(Request::Ack { queue: "orders".into(), tags: vec![1, 2, u64::MAX] });
         round_trip_request(Request::Backout { queue: "orders".into(), tags: vec![] });
+        round_trip_request(Request::Queues { name: String::new() });
         let message = Message {
             id: linkbus_plugin_api::MessageId {
                 source: NodeName::new("A").unwrap(),

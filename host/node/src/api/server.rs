@@ -250,6 +250,11 @@ async fn handle(
             }
             (response, Some(q))
         }
+        Request::Queues { name } if name.is_empty() => (Response::Status(queue_list(node)), None),
+        Request::Queues { name } => match find_queue(&name) {
+            Ok(q) => (Response::Status(queue_detail(&q)), None),
+            Err(response) => (response, None),
+        },
         Request::Ack { queue, tags } => match find_queue(&queue) {
             Ok(q) => (pending.settle(&q, &tags, |q, t| q.ack(t)), None),
             Err(response) => (response, None),
@@ -302,6 +307,57 @@ async fn get(q: &LocalQueue, limits: PopLimits, wait_ms: u64) -> Response {
         }
         q.wait(deadline).await;
     }
+}
+
+fn queue_list(node: &NodeState) -> String {
+    use std::fmt::Write;
+    let mut queues: Vec<_> = node.queues.values().collect();
+    queues.sort_by(|a, b| a.config().name.cmp(&b.config().name));
+    let mut s = format!(
+        "{:<20} {:<9} {:>10} {:>8} {:>10} {:>10}\n",
+        "QUEUE", "ORDER", "DEPTH", "PENDING", "MAX", "OLDEST"
+    );
+    let now = Instant::now();
+    for q in queues {
+        let stats = q.stats(now);
+        let c = q.config();
+        let _ = writeln!(
+            s,
+            "{:<20} {:<9} {:>10} {:>8} {:>10} {:>10}",
+            c.name.as_str(),
+            format!("{:?}", c.order).to_lowercase(),
+            stats.by_level.iter().sum::<usize>(),
+            stats.pending,
+            c.queue_messages_max,
+            age(stats.oldest),
+        );
+    }
+    s
+}
+
+fn queue_detail(q: &LocalQueue) -> String {
+    use std::fmt::Write;
+    let stats = q.stats(Instant::now());
+    let c = q.config();
+    let mut s = String::new();
+    let _ = writeln!(s, "queue: {}", c.name);
+    let _ = writeln!(s, "order: {}", format!("{:?}", c.order).to_lowercase());
+    let _ = writeln!(s, "depth: {}", stats.by_level.iter().sum::<usize>());
+    let _ = writeln!(s, "pending (handed out, not acknowledged): {}", stats.pending);
+    let _ = writeln!(s, "limit: {} messages, {} bytes each", c.queue_messages_max, c.message_bytes_max);
+    let _ = writeln!(s, "oldest: {}", age(stats.oldest));
+    if stats.by_level.len() > 1 {
+        let _ = writeln!(s, "depth by priority:");
+        for (level, depth) in stats.by_level.iter().enumerate().rev() {
+            let name = if level > 9 { "system".to_owned() } else { level.to_string() };
+            let _ = writeln!(s, "  {name:>6}: {depth}");
+        }
+    }
+    s
+}
+
+fn age(oldest: Option<Duration>) -> String {
+    oldest.map_or_else(|| "-".to_owned(), |d| format!("{:.1}s", d.as_secs_f64()))
 }
 
 fn status(node: &NodeState) -> String {
