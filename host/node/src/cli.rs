@@ -43,6 +43,9 @@ pub enum Command {
     /// Look at a local node's queues.
     #[command(subcommand)]
     Queue(QueueCommand),
+    /// Look at and replay a local node's dead-letter queue.
+    #[command(subcommand)]
+    Dlq(DlqCommand),
     /// Work with configuration files.
     #[command(subcommand)]
     Config(ConfigCommand),
@@ -110,6 +113,30 @@ pub enum QueueCommand {
         target: Target,
         /// The queue.
         name: String,
+    },
+}
+
+/// `linkbus dlq ...`.
+#[derive(Debug, Subcommand)]
+pub enum DlqCommand {
+    /// List dead letters without taking them: id, reason code, recipients, size, reason.
+    Ls {
+        /// Which node.
+        #[command(flatten)]
+        target: Target,
+        /// Most messages to list.
+        #[arg(long, default_value_t = 100)]
+        count: u32,
+    },
+    /// Put dead letters again to their recipients (as new messages of this node); those
+    /// that fail again stay in the dead-letter queue.
+    Replay {
+        /// Which node.
+        #[command(flatten)]
+        target: Target,
+        /// Most messages to replay.
+        #[arg(long, default_value_t = 1000)]
+        count: u32,
     },
 }
 
@@ -416,6 +443,59 @@ pub async fn queue(command: QueueCommand) -> anyhow::Result<()> {
         QueueCommand::Stat { target, name } => (target, name),
     };
     print!("{}", target.connect().await?.queues(&name).await?);
+    Ok(())
+}
+
+/// Runs `linkbus dlq ...`.
+///
+/// # Errors
+/// When the node cannot be reached; for `replay`, when some messages failed again.
+pub async fn dlq(command: DlqCommand) -> anyhow::Result<()> {
+    use crate::queue::{DEAD_LETTER_CODE_HEADER, DEAD_LETTER_QUEUE, DEAD_LETTER_REASON_HEADER};
+    match command {
+        DlqCommand::Ls { target, count } => {
+            let messages = target.connect().await?.browse(DEAD_LETTER_QUEUE, count).await?;
+            for m in &messages {
+                let to: Vec<String> = m.content.recipients.iter().map(ToString::to_string).collect();
+                println!(
+                    "{}  {}  to {}  {} bytes  {}",
+                    m.id,
+                    m.content.header(DEAD_LETTER_CODE_HEADER).unwrap_or("-"),
+                    to.join(","),
+                    m.content.payload.len(),
+                    m.content.header(DEAD_LETTER_REASON_HEADER).unwrap_or(""),
+                );
+            }
+            eprintln!("{} dead letter(s) listed", messages.len());
+        }
+        DlqCommand::Replay { target, count } => {
+            let mut client = target.connect().await?;
+            let taken = client.get_pending(DEAD_LETTER_QUEUE, count, Duration::ZERO, u64::MAX).await?;
+            let (mut replayed, mut failed) = (0usize, 0usize);
+            for d in taken {
+                let mut content = d.message.content;
+                content
+                    .headers
+                    .retain(|(k, _)| k != DEAD_LETTER_CODE_HEADER && k != DEAD_LETTER_REASON_HEADER);
+                match client.try_put(content).await {
+                    Ok(id) => {
+                        client.ack(DEAD_LETTER_QUEUE, &[d.tag]).await?;
+                        println!("{} replayed as {id}", d.message.id);
+                        replayed += 1;
+                    }
+                    Err(e) => {
+                        client.backout(DEAD_LETTER_QUEUE, &[d.tag]).await?;
+                        eprintln!("{} not replayed: {e}", d.message.id);
+                        failed += 1;
+                    }
+                }
+            }
+            eprintln!("replayed {replayed}, failed {failed} (still in {DEAD_LETTER_QUEUE})");
+            if failed > 0 {
+                bail!("{failed} dead letter(s) could not be replayed");
+            }
+        }
+    }
     Ok(())
 }
 

@@ -296,6 +296,18 @@ impl Client {
         }
     }
 
+    /// Copies of up to `count_max` messages waiting in `queue`, in hand-out order, without
+    /// taking them.
+    ///
+    /// # Errors
+    /// [`ClientError::Refused`] when the queue does not exist.
+    pub async fn browse(&mut self, queue: &str, count_max: u32) -> Result<Vec<Message>, ClientError> {
+        match self.call(&Request::Browse { queue: queue.to_owned(), count_max }).await? {
+            Response::Messages { messages, .. } => Ok(messages),
+            other => Err(ClientError::Protocol(format!("unexpected answer to browse: {other:?}"))),
+        }
+    }
+
     /// A table of the node's queues (`name` empty), or one queue's details: depth per
     /// priority, pending messages, age of the oldest.
     ///

@@ -30,6 +30,7 @@ fn main() -> ExitCode {
             Command::Status(target) => cli::status(target).await,
             Command::Link(command) => cli::link(command).await,
             Command::Queue(command) => cli::queue(command).await,
+            Command::Dlq(command) => cli::dlq(command).await,
             Command::Demo(demo) => cli::demo(demo).await,
             Command::Keygen(args) => cli::keygen(&args),
             Command::Config(_) => Ok(()),

@@ -17,7 +17,10 @@ use tracing::warn;
 use crate::api::protocol::ErrorCode;
 use crate::config::{Config, QueueConfig, QueueOrder};
 use crate::link::LinkHandle;
-use crate::queue::{DEAD_LETTER_QUEUE, DEAD_LETTER_REASON_HEADER, LocalQueue, QueueError};
+use crate::queue::{
+    DEAD_LETTER_CODE_HEADER, DEAD_LETTER_QUEUE, DEAD_LETTER_REASON_HEADER, DeadLetterCode, LocalQueue,
+    QueueError,
+};
 
 /// Why a put was refused: a code for programs, a message for people, and how many of the
 /// batch's contents were accepted before the refused one.
@@ -373,7 +376,7 @@ impl NodeState {
     /// nothing was queued then, so the caller may leave the message unacknowledged and take
     /// it again later without a duplicate.
     pub fn deliver(&self, message: Message, now: Instant) -> Result<(), QueueError> {
-        let mut targets: Vec<Result<&Arc<LocalQueue>, String>> = Vec::new();
+        let mut targets: Vec<Result<&Arc<LocalQueue>, (DeadLetterCode, String)>> = Vec::new();
         let mut seen: Vec<&QueueName> = Vec::new();
         for to in message.content.recipients.iter().filter(|to| &to.node == self.name()) {
             // A queue named twice among the recipients still gets one copy.
@@ -382,16 +385,19 @@ impl NodeState {
             }
             seen.push(&to.queue);
             targets.push(match self.queues.get(&to.queue) {
-                None => Err(format!("queue '{}' does not exist on node {}", to.queue, to.node)),
+                None => Err((
+                    DeadLetterCode::QueueMissing,
+                    format!("queue '{}' does not exist on node {}", to.queue, to.node),
+                )),
                 Some(q) if message.content.payload.len() as u64 > q.config().message_bytes_max => {
-                    Err(format!("payload is over queue {to}'s message_bytes_max"))
+                    Err((DeadLetterCode::TooLarge, format!("payload is over queue {to}'s message_bytes_max")))
                 }
-                Some(q) if !q.has_room(1) => Err(format!("queue {to} is full")),
+                Some(q) if !q.has_room(1) => Err((DeadLetterCode::QueueFull, format!("queue {to} is full"))),
                 Some(q) => Ok(q),
             });
         }
         if targets.is_empty() {
-            targets.push(Err(format!("no recipient on node {}", self.name())));
+            targets.push(Err((DeadLetterCode::NoRoute, format!("no recipient on node {}", self.name()))));
         }
         let dead = targets.iter().filter(|t| t.is_err()).count();
         let dlq = self.dead_letter_queue();
@@ -403,7 +409,7 @@ impl NodeState {
         for target in targets {
             match target {
                 Ok(queue) => queue.push_bounded(message.clone(), now, u64::MAX)?,
-                Err(reason) => self.dead_letter_unbounded(message.clone(), &reason, now)?,
+                Err((code, reason)) => self.dead_letter_unbounded(message.clone(), code, &reason, now)?,
             }
         }
         Ok(())
@@ -413,29 +419,50 @@ impl NodeState {
         self.queues.get(DEAD_LETTER_QUEUE).expect("the dead-letter queue always exists")
     }
 
-    /// Puts `message` into the dead-letter queue with `reason` in its
-    /// `linkbus.dead_letter_reason` header.
+    /// Puts `message` into the dead-letter queue with `code` in its
+    /// `linkbus.dead_letter_code` header and `reason` in `linkbus.dead_letter_reason`.
     ///
     /// # Errors
     /// When the dead-letter queue is full or the store fails.
-    pub fn dead_letter(&self, message: Message, reason: &str, now: Instant) -> Result<(), QueueError> {
+    pub fn dead_letter(
+        &self,
+        message: Message,
+        code: DeadLetterCode,
+        reason: &str,
+        now: Instant,
+    ) -> Result<(), QueueError> {
         let max = self.dead_letter_queue().config().queue_messages_max;
-        self.dead_letter_bounded(message, reason, now, max)
+        self.dead_letter_bounded(message, (code, reason), now, max)
     }
 
-    fn dead_letter_unbounded(&self, message: Message, reason: &str, now: Instant) -> Result<(), QueueError> {
-        self.dead_letter_bounded(message, reason, now, u64::MAX)
+    fn dead_letter_unbounded(
+        &self,
+        message: Message,
+        code: DeadLetterCode,
+        reason: &str,
+        now: Instant,
+    ) -> Result<(), QueueError> {
+        self.dead_letter_bounded(message, (code, reason), now, u64::MAX)
     }
 
     fn dead_letter_bounded(
         &self,
         mut message: Message,
-        reason: &str,
+        (code, reason): (DeadLetterCode, &str),
         now: Instant,
         max: u64,
     ) -> Result<(), QueueError> {
-        warn!(id = %message.id, reason, "Message dead-lettered.");
-        if message.content.headers.len() < linkbus_plugin_api::message::HEADERS_MAX {
+        warn!(id = %message.id, code = code.as_str(), reason, "Message dead-lettered.");
+        // Earlier dead-letter marks (a replayed message that failed again) make way.
+        message
+            .content
+            .headers
+            .retain(|(k, _)| k != DEAD_LETTER_CODE_HEADER && k != DEAD_LETTER_REASON_HEADER);
+        let room = linkbus_plugin_api::message::HEADERS_MAX.saturating_sub(message.content.headers.len());
+        if room >= 1 {
+            message.content.headers.push((DEAD_LETTER_CODE_HEADER.into(), code.as_str().into()));
+        }
+        if room >= 2 {
             let mut cut = reason.len().min(linkbus_plugin_api::message::HEADER_VALUE_BYTES_MAX);
             while !reason.is_char_boundary(cut) {
                 cut -= 1;

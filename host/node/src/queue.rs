@@ -28,8 +28,45 @@ use crate::config::{QueueConfig, QueueOrder};
 pub const DEAD_LETTER_QUEUE: &str = "DLQ";
 /// Reserved for node events (a later version fills it).
 pub const EVENT_QUEUE: &str = "EVENT";
-/// Header naming why a message was dead-lettered.
+/// Header naming why a message was dead-lettered, for people.
 pub const DEAD_LETTER_REASON_HEADER: &str = "linkbus.dead_letter_reason";
+/// Header with the [`DeadLetterCode`] of a dead-lettered message, for programs.
+pub const DEAD_LETTER_CODE_HEADER: &str = "linkbus.dead_letter_code";
+
+/// Why a message went to the dead-letter queue: a stable code, in the
+/// `linkbus.dead_letter_code` header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeadLetterCode {
+    /// No link or route reaches a recipient's node (or it arrived at the wrong node).
+    NoRoute,
+    /// It crossed more relays than allowed.
+    HopLimit,
+    /// The sender may not send there.
+    NotAuthorised,
+    /// A filter rejected it.
+    FilterRejected,
+    /// It is larger than a queue or a peer takes.
+    TooLarge,
+    /// A recipient queue does not exist.
+    QueueMissing,
+    /// A recipient queue was full.
+    QueueFull,
+}
+
+impl DeadLetterCode {
+    /// The code as written in the header.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::NoRoute => "no_route",
+            Self::HopLimit => "hop_limit",
+            Self::NotAuthorised => "not_authorised",
+            Self::FilterRejected => "filter_rejected",
+            Self::TooLarge => "too_large",
+            Self::QueueMissing => "queue_missing",
+            Self::QueueFull => "queue_full",
+        }
+    }
+}
 
 /// Whether `name` belongs to the node rather than to users' configuration.
 pub fn is_reserved(name: &QueueName) -> bool {
@@ -204,6 +241,26 @@ impl LocalQueue {
     /// Messages handed out and not yet acknowledged.
     pub fn pending(&self) -> usize {
         self.lock().pending.len()
+    }
+
+    /// Copies of up to `count_max` waiting messages in hand-out order, without taking them
+    /// (expired ones are skipped; lifetimes are what is left now).
+    pub fn browse(&self, count_max: usize, now: Instant) -> Vec<Message> {
+        let levels = self.lock();
+        levels
+            .levels
+            .iter()
+            .rev()
+            .flat_map(|l| l.iter())
+            .filter_map(|e| {
+                let elapsed = now.saturating_duration_since(e.enqueued_at).as_millis() as u64;
+                let left = e.message.content.lifetime.unwrap_or(Lifetime::UNLIMITED).after(elapsed)?;
+                let mut message = e.message.clone();
+                message.content.lifetime = Some(left);
+                Some(message)
+            })
+            .take(count_max)
+            .collect()
     }
 
     /// Depth per level, pending count and the age of the oldest waiting message.

@@ -21,6 +21,7 @@ const STATUS: u8 = 3;
 const LINK_RESET: u8 = 4;
 const ACK: u8 = 5;
 const QUEUES: u8 = 7;
+const BROWSE: u8 = 8;
 const BACKOUT: u8 = 6;
 const SETTLED: u8 = 104;
 const PUT_OK: u8 = 101;
@@ -57,6 +58,13 @@ pub enum Request {
     Queues {
         /// One queue's name, for its details; empty for a line per queue.
         name: String,
+    },
+    /// Copies of waiting messages, without taking them; answered with `Messages`.
+    Browse {
+        /// The queue.
+        queue: String,
+        /// Most messages.
+        count_max: u32,
     },
     /// Acknowledge pending messages handed out on this connection.
     Ack {
@@ -178,6 +186,10 @@ impl Request {
             }),
             Self::Ack { queue, tags } => frame(ACK, out, |out| put_tags(out, queue, tags)),
             Self::Queues { name } => frame(QUEUES, out, |out| put_name(out, name)),
+            Self::Browse { queue, count_max } => frame(BROWSE, out, |out| {
+                put_name(out, queue);
+                out.put_u32(*count_max);
+            }),
             Self::Backout { queue, tags } => frame(BACKOUT, out, |out| put_tags(out, queue, tags)),
             Self::Status => frame(STATUS, out, |_| {}),
             Self::LinkReset { peer } => frame(LINK_RESET, out, |out| {
@@ -215,6 +227,7 @@ impl Request {
                 pending: r.u8()? != 0,
             },
             QUEUES => Self::Queues { name: r.short_string()? },
+            BROWSE => Self::Browse { queue: r.short_string()?, count_max: r.u32()? },
             ACK => {
                 let (queue, tags) = read_tags(&mut r)?;
                 Self::Ack { queue, tags }
@@ -378,6 +391,7 @@ mod tests {
         round_trip_request(Request::Ack { queue: "orders".into(), tags: vec![1, 2, u64::MAX] });
         round_trip_request(Request::Backout { queue: "orders".into(), tags: vec![] });
         round_trip_request(Request::Queues { name: String::new() });
+        round_trip_request(Request::Browse { queue: "DLQ".into(), count_max: 10 });
         let message = Message {
             id: linkbus_plugin_api::MessageId {
                 source: NodeName::new("A").unwrap(),

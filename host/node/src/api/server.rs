@@ -215,13 +215,6 @@ async fn handle(
     request: Request,
     pending: &mut PendingOnConnection,
 ) -> (Response, Option<Arc<LocalQueue>>) {
-    let find_queue = |queue: &str| {
-        let found = linkbus_plugin_api::QueueName::new(queue).ok().and_then(|name| node.queues.get(&name));
-        found.cloned().ok_or_else(|| {
-            let message = format!("queue '{queue}' does not exist on node {}", node.name());
-            Response::Error { code: ErrorCode::UnknownQueue, accepted: 0, message }
-        })
-    };
     match request {
         Request::Put { contents, timeout_ms } => {
             let timeout = Duration::from_millis(timeout_ms.min(PUT_WAIT_MS_MAX));
@@ -234,7 +227,7 @@ async fn handle(
             (response, None)
         }
         Request::Get { queue, count_max, wait_ms, bytes_max, pending: hand_out } => {
-            let q = match find_queue(&queue) {
+            let q = match find_queue(node, &queue) {
                 Ok(q) => q,
                 Err(response) => return (response, None),
             };
@@ -250,35 +243,58 @@ async fn handle(
             }
             (response, Some(q))
         }
-        Request::Queues { name } if name.is_empty() => (Response::Status(queue_list(node)), None),
-        Request::Queues { name } => match find_queue(&name) {
-            Ok(q) => (Response::Status(queue_detail(&q)), None),
-            Err(response) => (response, None),
-        },
-        Request::Ack { queue, tags } => match find_queue(&queue) {
-            Ok(q) => (pending.settle(&q, &tags, |q, t| q.ack(t)), None),
-            Err(response) => (response, None),
-        },
-        Request::Backout { queue, tags } => match find_queue(&queue) {
-            Ok(q) => (pending.settle(&q, &tags, |q, t| q.backout(t, Instant::now())), None),
-            Err(response) => (response, None),
-        },
         Request::Status => (Response::Status(status(node)), None),
-        Request::LinkReset { peer } => {
-            let found = linkbus_plugin_api::NodeName::new(&peer).ok().and_then(|name| node.links.get(&name));
-            let Some(link) = found else {
-                let message = format!("node {} has no link to '{peer}'", node.name());
-                return (Response::Error { code: ErrorCode::NoRoute, accepted: 0, message }, None);
-            };
-            let text = match link.request_reset() {
-                Some(reason) => format!(
-                    "link to {peer} restarted (it was stopped: {reason}); the next handshake takes its sequence numbers as they are\n"
-                ),
-                None => format!("link to {peer} is not stopped; nothing to reset\n"),
-            };
-            (Response::Status(text), None)
+        Request::LinkReset { peer } => (link_reset(node, &peer), None),
+        other => (queue_request(node, other, pending), None),
+    }
+}
+
+/// The queue's handle, or the error naming the missing queue.
+fn find_queue(node: &NodeState, queue: &str) -> Result<Arc<LocalQueue>, Response> {
+    let found = linkbus_plugin_api::QueueName::new(queue).ok().and_then(|name| node.queues.get(&name));
+    found.cloned().ok_or_else(|| {
+        let message = format!("queue '{queue}' does not exist on node {}", node.name());
+        Response::Error { code: ErrorCode::UnknownQueue, accepted: 0, message }
+    })
+}
+
+/// Requests about queues that neither wait nor hand messages out.
+fn queue_request(node: &NodeState, request: Request, pending: &mut PendingOnConnection) -> Response {
+    let answer = |queue: &str, f: &mut dyn FnMut(Arc<LocalQueue>) -> Response| match find_queue(node, queue) {
+        Ok(q) => f(q),
+        Err(response) => response,
+    };
+    match request {
+        Request::Queues { name } if name.is_empty() => Response::Status(queue_list(node)),
+        Request::Queues { name } => answer(&name, &mut |q| Response::Status(queue_detail(&q))),
+        Request::Browse { queue, count_max } => answer(&queue, &mut |q| {
+            let messages = q.browse(count_max.clamp(1, GET_MESSAGES_MAX) as usize, Instant::now());
+            Response::Messages { messages, tags: Vec::new() }
+        }),
+        Request::Ack { queue, tags } => answer(&queue, &mut |q| pending.settle(&q, &tags, |q, t| q.ack(t))),
+        Request::Backout { queue, tags } => {
+            answer(&queue, &mut |q| pending.settle(&q, &tags, |q, t| q.backout(t, Instant::now())))
+        }
+        other => {
+            let message = format!("request {other:?} is not a queue request");
+            Response::Error { code: ErrorCode::BadRequest, accepted: 0, message }
         }
     }
+}
+
+fn link_reset(node: &NodeState, peer: &str) -> Response {
+    let found = linkbus_plugin_api::NodeName::new(peer).ok().and_then(|name| node.links.get(&name));
+    let Some(link) = found else {
+        let message = format!("node {} has no link to '{peer}'", node.name());
+        return Response::Error { code: ErrorCode::NoRoute, accepted: 0, message };
+    };
+    let text = match link.request_reset() {
+        Some(reason) => format!(
+            "link to {peer} restarted (it was stopped: {reason}); the next handshake takes its sequence numbers as they are\n"
+        ),
+        None => format!("link to {peer} is not stopped; nothing to reset\n"),
+    };
+    Response::Status(text)
 }
 
 async fn get(q: &LocalQueue, limits: PopLimits, wait_ms: u64) -> Response {

@@ -436,7 +436,7 @@ impl Link {
     }
 
     fn dead_letter_local(&self, message: linkbus_plugin_api::Message, reason: &str, now: Instant) {
-        if let Err(e) = self.node.dead_letter(message, reason, now) {
+        if let Err(e) = self.node.dead_letter(message, crate::queue::DeadLetterCode::TooLarge, reason, now) {
             warn!(peer = self.peer(), error = %e, "Dead-letter queue refused a message; it is lost.");
         }
     }

@@ -1,0 +1,43 @@
+//! Dead letters carry a reason code; `linkbus dlq ls` lists them without taking them and
+//! `linkbus dlq replay` puts them again, keeping those that fail again.
+
+mod support;
+
+use std::time::Duration;
+
+use support::{Scratch, stderr, stdout};
+
+#[test]
+fn dead_letters_have_codes_and_can_be_listed_and_replayed() {
+    let s = Scratch::new();
+    let (_a, b) = s.start_pair("", "queues: [ { name: small, order: fifo, queue_messages_max: 1 } ]");
+    for (to, text) in [("B:small", "first"), ("B:small", "second"), ("B:missing", "lost")] {
+        let put = s.run(&["put", "--node", "A", "--to", to, text]);
+        assert!(put.status.success(), "{}", stderr(&put));
+    }
+    b.wait_for_log("Message dead-lettered.", 2, Duration::from_secs(10));
+
+    let ls = s.run(&["dlq", "ls", "--node", "B"]);
+    assert!(ls.status.success(), "{}", stderr(&ls));
+    let text = stdout(&ls);
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 2, "{text}");
+    assert!(lines[0].contains("queue_full") && lines[0].contains("to B:small"), "{text}");
+    assert!(
+        lines[1].contains("queue_missing") && lines[1].contains("queue 'missing' does not exist"),
+        "{text}"
+    );
+    let again = stdout(&s.run(&["dlq", "ls", "--node", "B"]));
+    assert_eq!(again.lines().count(), 2, "listing takes nothing");
+
+    // Room in `small`: the first replays; the one for a missing queue fails and stays.
+    let get = s.run(&["get", "--node", "B", "small"]);
+    assert_eq!(stdout(&get), "first\n");
+    let replay = s.run(&["dlq", "replay", "--node", "B"]);
+    assert!(!replay.status.success(), "one could not be replayed");
+    assert!(stderr(&replay).contains("replayed 1, failed 1"), "{}", stderr(&replay));
+    let get = s.run(&["get", "--node", "B", "small"]);
+    assert_eq!(stdout(&get), "second\n", "replayed to its recipient");
+    let left = stdout(&s.run(&["dlq", "ls", "--node", "B"]));
+    assert!(left.lines().count() == 1 && left.contains("queue_missing"), "{left}");
+}
