@@ -46,6 +46,8 @@ pub enum Command {
     /// Look at and replay a local node's dead-letter queue.
     #[command(subcommand)]
     Dlq(DlqCommand),
+    /// Take and print the events of a local node (its `EVENT` queue), one per line.
+    Events(EventsArgs),
     /// Work with configuration files.
     #[command(subcommand)]
     Config(ConfigCommand),
@@ -114,6 +116,17 @@ pub enum QueueCommand {
         /// The queue.
         name: String,
     },
+}
+
+/// `linkbus events`.
+#[derive(Debug, Args)]
+pub struct EventsArgs {
+    /// Which node.
+    #[command(flatten)]
+    pub target: Target,
+    /// Keep waiting for new events until interrupted.
+    #[arg(long)]
+    pub follow: bool,
 }
 
 /// `linkbus dlq ...`.
@@ -444,6 +457,33 @@ pub async fn queue(command: QueueCommand) -> anyhow::Result<()> {
     };
     print!("{}", target.connect().await?.queues(&name).await?);
     Ok(())
+}
+
+/// Runs `linkbus events`: each event as `unix-ms kind text`, taken (and acknowledged once
+/// printed) from the node's `EVENT` queue.
+///
+/// # Errors
+/// When the node cannot be reached or output fails.
+pub async fn events(args: EventsArgs) -> anyhow::Result<()> {
+    use crate::queue::EVENT_QUEUE;
+    let mut client = args.target.connect().await?;
+    let mut out = std::io::stdout().lock();
+    loop {
+        let wait = if args.follow { Duration::from_secs(60) } else { Duration::ZERO };
+        let events = client.get_pending(EVENT_QUEUE, 1000, wait, u64::MAX).await?;
+        if events.is_empty() && !args.follow {
+            return Ok(());
+        }
+        let mut tags = Vec::with_capacity(events.len());
+        for e in events {
+            let m = &e.message;
+            let kind = m.content.header(crate::events::EVENT_KIND_HEADER).unwrap_or("event");
+            writeln!(out, "{} {kind} {}", m.id.created_unix_ms, String::from_utf8_lossy(&m.content.payload))?;
+            tags.push(e.tag);
+        }
+        out.flush()?;
+        client.ack(EVENT_QUEUE, &tags).await?;
+    }
 }
 
 /// Runs `linkbus dlq ...`.

@@ -21,6 +21,7 @@ pub mod client;
 pub mod clock;
 pub mod config;
 pub mod demo;
+pub mod events;
 pub mod link;
 pub mod listener;
 pub mod node;

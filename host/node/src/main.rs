@@ -31,6 +31,7 @@ fn main() -> ExitCode {
             Command::Link(command) => cli::link(command).await,
             Command::Queue(command) => cli::queue(command).await,
             Command::Dlq(command) => cli::dlq(command).await,
+            Command::Events(args) => cli::events(args).await,
             Command::Demo(demo) => cli::demo(demo).await,
             Command::Keygen(args) => cli::keygen(&args),
             Command::Config(_) => Ok(()),

@@ -16,10 +16,11 @@ use tracing::warn;
 
 use crate::api::protocol::ErrorCode;
 use crate::config::{Config, QueueConfig, QueueOrder};
+use crate::events::{EVENT_KIND_HEADER, Event, EventKind};
 use crate::link::LinkHandle;
 use crate::queue::{
-    DEAD_LETTER_CODE_HEADER, DEAD_LETTER_QUEUE, DEAD_LETTER_REASON_HEADER, DeadLetterCode, LocalQueue,
-    QueueError,
+    DEAD_LETTER_CODE_HEADER, DEAD_LETTER_QUEUE, DEAD_LETTER_REASON_HEADER, DeadLetterCode, EVENT_QUEUE,
+    LocalQueue, QueueError,
 };
 
 /// Why a put was refused: a code for programs, a message for people, and how many of the
@@ -85,6 +86,8 @@ pub struct NodeState {
     /// Notified when messages leave a queue or a transmission queue, for puts waiting for
     /// room.
     room: Arc<tokio::sync::Notify>,
+    /// Event copies dropped because their queue or link had no room.
+    pub events_dropped: AtomicU64,
 }
 
 impl std::fmt::Debug for NodeState {
@@ -154,7 +157,14 @@ impl NodeState {
             message_bytes_max: config.messages.message_bytes_max,
             reliability: linkbus_plugin_api::Reliability::Volatile,
         };
-        for q in config.queues.iter().cloned().chain([dead_letters]) {
+        let events = QueueConfig {
+            name: QueueName::new(EVENT_QUEUE).expect("valid"),
+            order: QueueOrder::Fifo,
+            queue_messages_max: config.events.queue_messages_max,
+            message_bytes_max: config.messages.message_bytes_max,
+            reliability: linkbus_plugin_api::Reliability::Volatile,
+        };
+        for q in config.queues.iter().cloned().chain([dead_letters, events]) {
             queues.insert(q.name.clone(), Arc::new(LocalQueue::open(q, store.clone(), room.clone(), now)?));
         }
         let links = config
@@ -180,6 +190,7 @@ impl NodeState {
             security,
             next_sequence,
             room,
+            events_dropped: AtomicU64::new(0),
         }))
     }
 
@@ -415,6 +426,60 @@ impl NodeState {
         Ok(())
     }
 
+    /// Raises an event: into the `EVENT` queue, and a copy to each queue subscribed to its
+    /// kind. Never waits: a copy without room is dropped (counted in `events_dropped`).
+    pub fn emit(&self, event: Event) {
+        let now = Instant::now();
+        let mut content = Content::buf(
+            linkbus_plugin_api::Address {
+                node: self.name().clone(),
+                queue: QueueName::new(EVENT_QUEUE).expect("valid"),
+            },
+            event.text,
+        )
+        .with_priority(linkbus_plugin_api::Priority::SYSTEM);
+        content.kind = linkbus_plugin_api::Kind::Event;
+        content.name = event.kind.as_str().to_owned();
+        content.headers.push((EVENT_KIND_HEADER.into(), event.kind.as_str().into()));
+        for (key, value) in event.fields {
+            content.headers.push((format!("linkbus.{key}"), value));
+        }
+        let subscribers = self
+            .config
+            .events
+            .subscriptions
+            .iter()
+            .filter(|s| s.kinds.contains(&event.kind))
+            .map(|s| s.to.clone());
+        // One message per destination, so a full one never holds back the others.
+        let targets: Vec<linkbus_plugin_api::Address> =
+            content.recipients.iter().cloned().chain(subscribers).collect();
+        for to in targets {
+            let mut copy = content.clone();
+            copy.recipients = vec![to];
+            let Ok(message) = self.stamp(copy) else { continue };
+            if let Err((_, reason)) = self.dispatch(message, now) {
+                self.events_dropped.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(kind = %event.kind, reason, "Event copy dropped.");
+            }
+        }
+    }
+
+    /// Stamps an internal message (the node's own, system priority allowed).
+    fn stamp(&self, mut content: Content) -> Result<Message, linkbus_plugin_api::MessageError> {
+        content.validate()?;
+        if content.lifetime.is_none() {
+            content.lifetime = Some(match self.config.messages.lifetime_default_s {
+                0 => Lifetime::UNLIMITED,
+                s => Lifetime::from_secs(s),
+            });
+        }
+        let sequence = self.next_sequence.fetch_add(1, Ordering::Relaxed);
+        let id =
+            MessageId { source: self.name().clone(), sequence, created_unix_ms: crate::clock::unix_ms() };
+        Ok(Message { id, hop_count: 0, redelivered: false, backout_count: 0, content })
+    }
+
     fn dead_letter_queue(&self) -> &Arc<LocalQueue> {
         self.queues.get(DEAD_LETTER_QUEUE).expect("the dead-letter queue always exists")
     }
@@ -453,6 +518,17 @@ impl NodeState {
         max: u64,
     ) -> Result<(), QueueError> {
         warn!(id = %message.id, code = code.as_str(), reason, "Message dead-lettered.");
+        if message.content.kind != linkbus_plugin_api::Kind::Event {
+            self.emit(
+                Event::new(
+                    EventKind::DeadLetter,
+                    format!("message {} dead-lettered ({}): {reason}", message.id, code.as_str()),
+                )
+                .with("id", &message.id)
+                .with("code", code.as_str())
+                .with("reason", reason),
+            );
+        }
         // Earlier dead-letter marks (a replayed message that failed again) make way.
         message
             .content

@@ -13,8 +13,9 @@ use tokio::sync::watch;
 use tracing::{debug, warn};
 
 use super::protocol::{ErrorCode, Request, Response, split_frame};
+use crate::events::{Event, EventKind};
 use crate::node::{NodeState, StartError};
-use crate::queue::{DEAD_LETTER_QUEUE, LocalQueue, PopLimits, SettleError};
+use crate::queue::{DEAD_LETTER_QUEUE, EVENT_QUEUE, LocalQueue, PopLimits, SettleError};
 
 /// Most messages one `get` returns.
 pub const GET_MESSAGES_MAX: u32 = 100_000;
@@ -222,7 +223,14 @@ async fn handle(
                 Ok((sequences, created_unix_ms)) => {
                     Response::PutOk { source: node.name().clone(), sequences, created_unix_ms }
                 }
-                Err(e) => Response::Error { code: e.code, accepted: e.accepted, message: e.message },
+                Err(e) => {
+                    if e.code == ErrorCode::Full {
+                        node.emit(
+                            Event::new(EventKind::QueueFull, e.message.clone()).with("reason", &e.message),
+                        );
+                    }
+                    Response::Error { code: e.code, accepted: e.accepted, message: e.message }
+                }
             };
             (response, None)
         }
@@ -237,7 +245,7 @@ async fn handle(
                 total_bytes_max: GET_BYTES_MAX,
                 pending: hand_out,
             };
-            let response = get(&q, limits, wait_ms).await;
+            let response = get(node, &q, limits, wait_ms).await;
             if let Response::Messages { tags, .. } = &response {
                 pending.add(&q, tags);
             }
@@ -297,7 +305,7 @@ fn link_reset(node: &NodeState, peer: &str) -> Response {
     Response::Status(text)
 }
 
-async fn get(q: &LocalQueue, limits: PopLimits, wait_ms: u64) -> Response {
+async fn get(node: &NodeState, q: &LocalQueue, limits: PopLimits, wait_ms: u64) -> Response {
     let queue = q.config().name.as_str();
     let deadline = tokio::time::Instant::now() + Duration::from_millis(wait_ms.min(GET_WAIT_MS_MAX));
     loop {
@@ -308,6 +316,16 @@ async fn get(q: &LocalQueue, limits: PopLimits, wait_ms: u64) -> Response {
             Ok(popped) => {
                 if popped.expired > 0 {
                     debug!(queue, expired = popped.expired, "Expired messages dropped.");
+                    if queue != EVENT_QUEUE {
+                        node.emit(
+                            Event::new(
+                                EventKind::Expired,
+                                format!("{} message(s) expired in queue '{queue}'", popped.expired),
+                            )
+                            .with("queue", queue)
+                            .with("count", popped.expired),
+                        );
+                    }
                 }
                 if let Some(size) = popped.too_large {
                     let message = format!(
@@ -408,6 +426,7 @@ fn status(node: &NodeState) -> String {
             stats.expired_on_the_way,
         );
     }
+    let _ = writeln!(s, "events dropped (no room): {}", node.events_dropped.load(Ordering::Relaxed));
     let _ = writeln!(s, "queues:");
     let mut queues: Vec<_> = node.queues.values().collect();
     queues.sort_by(|a, b| a.config().name.cmp(&b.config().name));

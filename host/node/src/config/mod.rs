@@ -45,6 +45,32 @@ pub struct Config {
     pub plugins: PluginSettings,
     /// Link security.
     pub security: SecuritySettings,
+    /// The `EVENT` queue and who gets copies of events.
+    pub events: EventSettings,
+}
+
+/// `events:` — the node's `EVENT` queue and subscriptions.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EventSettings {
+    /// Most events the `EVENT` queue holds; newer ones are dropped while it is full.
+    pub queue_messages_max: u64,
+    /// Queues that get a copy of chosen kinds of events.
+    pub subscriptions: Vec<Subscription>,
+}
+
+impl Default for EventSettings {
+    fn default() -> Self {
+        Self { queue_messages_max: 100_000, subscriptions: Vec::new() }
+    }
+}
+
+/// One subscription: events of these kinds are copied to `to`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Subscription {
+    /// The kinds.
+    pub kinds: Vec<crate::events::EventKind>,
+    /// The queue that gets them, on this node or another.
+    pub to: linkbus_plugin_api::Address,
 }
 
 /// `node:` — who this node is and where it keeps things.
@@ -270,6 +296,7 @@ impl Config {
             links: LinkSettings::default(),
             plugins: PluginSettings::default(),
             security: SecuritySettings::default(),
+            events: EventSettings::default(),
         }
     }
 

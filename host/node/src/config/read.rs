@@ -11,8 +11,9 @@ use linkbus_plugin_api::{
 };
 
 use super::{
-    Config, LinkSettings, MessageSettings, NodeSettings, PACKET_OVERHEAD_BYTES, PeerConfig, PluginChoice,
-    PluginSettings, QUEUE_MESSAGES_MAX_DEFAULT, QUOTA_MAX, QueueConfig, QueueOrder, SecuritySettings,
+    Config, EventSettings, LinkSettings, MessageSettings, NodeSettings, PACKET_OVERHEAD_BYTES, PeerConfig,
+    PluginChoice, PluginSettings, QUEUE_MESSAGES_MAX_DEFAULT, QUOTA_MAX, QueueConfig, QueueOrder,
+    SecuritySettings, Subscription,
 };
 
 const MS_MAX: u64 = 24 * 3_600_000;
@@ -197,10 +198,11 @@ pub fn from_value(tree: &ConfigValue) -> Result<Config, ConfigErrors> {
         let links = read_links(&root);
         let plugins = read_plugins(&root);
         let security = read_security(&root);
+        let events = read_events(&root);
         root.finish();
         // Invalid parts were reported and replaced by defaults, so the relations between the
         // valid parts are still checked and every error comes out at once.
-        let config = Config { node, peers, queues, messages, links, plugins, security };
+        let config = Config { node, peers, queues, messages, links, plugins, security, events };
         check_relations(&config, &diag);
         config
     });
@@ -354,6 +356,41 @@ fn describe(value: &ConfigValue) -> String {
     }
 }
 
+fn read_events(root: &Section<'_>) -> EventSettings {
+    let d = EventSettings::default();
+    let Some(s) = root.section("events") else { return d };
+    let queue_messages_max = s.number("queue_messages_max", d.queue_messages_max, 1, 1 << 40);
+    let diag = s.diagnostics();
+    let mut subscriptions = Vec::new();
+    for (path, value) in s.list("subscriptions") {
+        let Some(sub) = Section::new(diag, path.clone(), value) else { continue };
+        let to = sub.required("to", |s, k| s.parsed::<linkbus_plugin_api::Address>(k));
+        let mut kinds = Vec::new();
+        for (kind_path, kind) in sub.list("kinds") {
+            match kind {
+                ConfigValue::Str(k) if k == "all" => kinds.extend(crate::events::EventKind::ALL),
+                ConfigValue::Str(k) => match k.parse() {
+                    Ok(kind) => kinds.push(kind),
+                    Err(e) => diag.error(kind_path, e),
+                },
+                other => {
+                    diag.error(kind_path, format!("expected an event kind, found {}", other.type_name()))
+                }
+            }
+        }
+        if sub.get("kinds").is_none() {
+            sub.error("kinds", "is required (a list of event kinds, or [all])");
+        }
+        sub.finish();
+        if let Some(to) = to {
+            kinds.dedup();
+            subscriptions.push(Subscription { kinds, to });
+        }
+    }
+    s.finish();
+    EventSettings { queue_messages_max, subscriptions }
+}
+
 fn read_security(root: &Section<'_>) -> SecuritySettings {
     let Some(s) = root.section("security") else { return SecuritySettings::default() };
     let settings = SecuritySettings {
@@ -431,6 +468,17 @@ fn check_relations(config: &Config, diag: &Diagnostics) {
     }
     if let Some(listen) = &config.node.listen {
         check("node.listen", listen);
+    }
+    for (i, sub) in config.events.subscriptions.iter().enumerate() {
+        let path = format!("events.subscriptions[{i}].to");
+        if sub.to.node == config.node.name {
+            let local = config.queues.iter().any(|q| q.name == sub.to.queue);
+            if !local && sub.to.queue.as_str() != crate::queue::DEAD_LETTER_QUEUE {
+                diag.error(path, format!("queue '{}' is not declared on this node", sub.to.queue));
+            }
+        } else if !config.peers.iter().any(|p| p.name == sub.to.node) {
+            diag.error(path, format!("node '{}' is not a peer (no route)", sub.to.node));
+        }
     }
 }
 

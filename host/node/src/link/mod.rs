@@ -35,6 +35,7 @@ use linkbus_proto::{DropReason, SendError, Session, SessionConfig, SessionError,
 use tokio::sync::{Notify, mpsc, watch};
 use tracing::{debug, error, info, warn};
 
+use crate::events::{Event, EventKind};
 use crate::node::NodeState;
 use backoff::Backoff;
 pub(crate) use handle::{Gate, Incoming};
@@ -345,6 +346,11 @@ impl Link {
         }
         if self.handle.up.swap(false, Ordering::Relaxed) {
             info!(peer = self.peer(), reason, "Link down.");
+            self.node.emit(
+                Event::new(EventKind::LinkDown, format!("link to {} down: {reason}", self.peer()))
+                    .with("peer", self.peer())
+                    .with("reason", reason),
+            );
         } else {
             debug!(peer = self.peer(), reason, "Connection closed.");
         }
@@ -398,6 +404,9 @@ impl Link {
         }
         let now = Instant::now();
         let mut too_large = Vec::new();
+        // Events are raised after the queue's lock is released (an event copy may go into
+        // this very queue).
+        let mut expired = Vec::new();
         {
             let mut queue = self.handle.lock();
             let before = queue.len();
@@ -410,6 +419,7 @@ impl Link {
                 let lifetime = message.content.lifetime.unwrap_or(Lifetime::UNLIMITED);
                 let Some(left) = lifetime.after(elapsed.as_millis() as u64) else {
                     warn!(peer = self.peer(), id = %message.id, "Message expired before it was sent.");
+                    expired.push(message);
                     continue;
                 };
                 message.content.lifetime = Some(left);
@@ -429,10 +439,59 @@ impl Link {
                 self.handle.room.notify_waiters();
             }
         }
+        for message in &expired {
+            self.expired(message);
+        }
         for (message, max) in too_large {
             let reason = format!("message is larger than peer {}'s message limit ({max} bytes)", self.peer());
             self.dead_letter_local(message, &reason, now);
         }
+    }
+
+    /// The handshake completed: the link is up (logged, and raised as an event).
+    fn established(&mut self, peer_restarted: bool, resent: usize, resumed_bytes: u64) {
+        info!(peer = self.peer(), peer_restarted, resent, resumed_bytes, "Link up.");
+        let renegotiations = self.session.stats().renegotiations;
+        let text = format!(
+            "link to {} up (renegotiation {renegotiations}: {resent} resent, {resumed_bytes} bytes resumed)",
+            self.peer()
+        );
+        self.node.emit(
+            Event::new(EventKind::LinkUp, text)
+                .with("peer", self.peer())
+                .with("renegotiations", renegotiations)
+                .with("resent", resent)
+                .with("resumed_bytes", resumed_bytes)
+                .with("peer_restarted", peer_restarted),
+        );
+        self.handle.up.store(true, Ordering::Relaxed);
+        self.handle.peer_message_bytes_max.store(self.session.message_bytes_max(), Ordering::Relaxed);
+    }
+
+    /// Raises the event for a message of ours that expired before it reached the peer.
+    fn expired(&self, message: &linkbus_plugin_api::Message) {
+        if message.content.kind == linkbus_plugin_api::Kind::Event {
+            return;
+        }
+        self.node.emit(
+            Event::new(
+                EventKind::Expired,
+                format!("message {} expired before it reached {}", message.id, self.peer()),
+            )
+            .with("id", &message.id)
+            .with("peer", self.peer()),
+        );
+    }
+
+    fn stopped_event(&self, error: &SessionError) {
+        self.node.emit(
+            Event::new(
+                EventKind::LinkStopped,
+                format!("link to {} stopped: {error}; run `linkbus link reset {}`", self.peer(), self.peer()),
+            )
+            .with("peer", self.peer())
+            .with("reason", error),
+        );
     }
 
     fn dead_letter_local(&self, message: linkbus_plugin_api::Message, reason: &str, now: Instant) {
@@ -451,11 +510,7 @@ impl Link {
             progressed = true;
             match event {
                 SessionEvent::Established { peer_restarted, resent, resumed_bytes } => {
-                    info!(peer = self.peer(), peer_restarted, resent, resumed_bytes, "Link up.");
-                    self.handle.up.store(true, Ordering::Relaxed);
-                    self.handle
-                        .peer_message_bytes_max
-                        .store(self.session.message_bytes_max(), Ordering::Relaxed);
+                    self.established(peer_restarted, resent, resumed_bytes);
                 }
                 SessionEvent::Received { channel, sequence, message } => {
                     if let Err(e) = self.node.deliver(message, now) {
@@ -471,6 +526,10 @@ impl Link {
                 SessionEvent::Skipped { channel, sequence, expired } => {
                     if let Some(id) = expired {
                         warn!(peer = self.peer(), %id, "Message expired on its way here; dropped.");
+                        let text = format!("message {id} expired on its way from {}", self.peer());
+                        self.node.emit(
+                            Event::new(EventKind::Expired, text).with("id", id).with("peer", self.peer()),
+                        );
                     }
                     if let Some(slot) = delivered.get_mut(channel as usize) {
                         *slot = Some(sequence);
@@ -508,7 +567,8 @@ impl Link {
         let decoded = linkbus_proto::wire::decode_message(message);
         match (reason, decoded) {
             (DropReason::Expired, Ok(m)) => {
-                warn!(peer = self.peer(), id = %m.id, "Message expired before it was resent.")
+                warn!(peer = self.peer(), id = %m.id, "Message expired before it was resent.");
+                self.expired(&m);
             }
             (DropReason::TooLargeForPeer, Ok(m)) => {
                 let reason = format!("message is larger than peer {}'s message limit", self.peer());
@@ -536,6 +596,7 @@ impl Link {
                     self.peer()
                 );
                 self.handle.stop(error.to_string());
+                self.stopped_event(error);
             }
             SessionError::ClaimsMore { .. } => {
                 error!(
@@ -548,6 +609,7 @@ impl Link {
                     self.peer()
                 );
                 self.handle.stop(error.to_string());
+                self.stopped_event(error);
             }
             error => warn!(peer = self.peer(), %error, "Link closed."),
         }

@@ -222,3 +222,24 @@ fn priority_quotas_are_ten_positive_integers() {
         assert!(zero.iter().any(|m| m.starts_with(e)), "missing '{e}' in {zero:?}");
     }
 }
+
+#[test]
+fn event_subscriptions_name_known_kinds_and_reachable_queues() {
+    let good = load(
+        "node: { name: A }\nqueues: [ { name: ops } ]\npeers: [ { name: B, public_key: '0000000000000000000000000000000000000000000000000000000000000000' } ]\n\
+         events: { subscriptions: [ { kinds: [all], to: 'A:ops' }, { kinds: [link_up], to: 'B:x' } ] }",
+    );
+    let events = good.unwrap().events;
+    assert_eq!(events.subscriptions[0].kinds.len(), crate::events::EventKind::ALL.len());
+    let bad = messages(
+        "node: { name: A }\nevents: { subscriptions: [ { kinds: [link_flap], to: 'A:nope' }, { kinds: [link_up], to: 'Z:q' }, { to: 'A:DLQ' } ] }",
+    );
+    for e in [
+        "events.subscriptions[0].kinds[0]: unknown event kind 'link_flap'",
+        "events.subscriptions[0].to: queue 'nope' is not declared on this node",
+        "events.subscriptions[1].to: node 'Z' is not a peer",
+        "events.subscriptions[2].kinds: is required",
+    ] {
+        assert!(bad.iter().any(|m| m.starts_with(e)), "missing '{e}' in {bad:#?}");
+    }
+}
