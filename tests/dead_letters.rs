@@ -10,9 +10,17 @@ use support::{Scratch, stderr, stdout};
 #[test]
 fn dead_letters_have_codes_and_can_be_listed_and_replayed() {
     let s = Scratch::new();
-    let (_a, b) = s.start_pair("", "queues: [ { name: small, order: fifo, queue_messages_max: 1 } ]");
-    for (to, text) in [("B:small", "first"), ("B:small", "second"), ("B:missing", "lost")] {
-        let put = s.run(&["put", "--node", "A", "--to", to, text]);
+    let (_a, b) = s.start_pair(
+        "",
+        "queues: [ { name: small, order: fifo, queue_messages_max: 1 }, { name: aux, order: fifo } ]",
+    );
+    for (to, text) in [("B:small", "first"), ("B:small,B:aux", "second"), ("B:missing", "lost")] {
+        let mut args = vec!["put", "--node", "A"];
+        for t in to.split(',') {
+            args.extend(["--to", t]);
+        }
+        args.push(text);
+        let put = s.run(&args);
         assert!(put.status.success(), "{}", stderr(&put));
     }
     b.wait_for_log("Message dead-lettered.", 2, Duration::from_secs(10));
@@ -38,6 +46,8 @@ fn dead_letters_have_codes_and_can_be_listed_and_replayed() {
     assert!(stderr(&replay).contains("replayed 1, failed 1"), "{}", stderr(&replay));
     let get = s.run(&["get", "--node", "B", "small"]);
     assert_eq!(stdout(&get), "second\n", "replayed to its recipient");
+    let aux = s.run(&["get", "--node", "B", "aux", "--count", "5", "--wait", "300ms"]);
+    assert_eq!(stdout(&aux), "second\n", "the recipient that had it gets no second copy");
     let left = stdout(&s.run(&["dlq", "ls", "--node", "B"]));
     assert!(left.lines().count() == 1 && left.contains("queue_missing"), "{left}");
 }

@@ -19,8 +19,8 @@ use crate::config::{Config, QueueConfig, QueueOrder};
 use crate::events::{EVENT_KIND_HEADER, Event, EventKind};
 use crate::link::LinkHandle;
 use crate::queue::{
-    DEAD_LETTER_CODE_HEADER, DEAD_LETTER_QUEUE, DEAD_LETTER_REASON_HEADER, DeadLetterCode, EVENT_QUEUE,
-    LocalQueue, QueueError,
+    DEAD_LETTER_CODE_HEADER, DEAD_LETTER_QUEUE, DEAD_LETTER_REASON_HEADER, DEAD_LETTER_RECIPIENTS_HEADER,
+    DeadLetterCode, EVENT_QUEUE, LocalQueue, QueueError,
 };
 
 /// Why a put was refused: a code for programs, a message for people, and how many of the
@@ -63,6 +63,18 @@ pub enum StartError {
     /// A node task ended while the node was running.
     #[error("node task failed: {0}")]
     TaskFailed(String),
+}
+
+/// Why a message goes to the dead-letter queue: the code, a reason for people, and the
+/// recipients it failed for (what `linkbus dlq replay` puts it to again; empty: all).
+#[derive(Debug, Clone)]
+pub struct DeadLetter<'a> {
+    /// The reason code.
+    pub code: DeadLetterCode,
+    /// The reason for people.
+    pub reason: &'a str,
+    /// The recipients it could not reach.
+    pub failed: Vec<linkbus_plugin_api::Address>,
 }
 
 /// The state shared by every task of one node.
@@ -387,7 +399,8 @@ impl NodeState {
     /// nothing was queued then, so the caller may leave the message unacknowledged and take
     /// it again later without a duplicate.
     pub fn deliver(&self, message: Message, now: Instant) -> Result<(), QueueError> {
-        let mut targets: Vec<Result<&Arc<LocalQueue>, (DeadLetterCode, String)>> = Vec::new();
+        type Failed = (DeadLetterCode, String, Vec<linkbus_plugin_api::Address>);
+        let mut targets: Vec<Result<&Arc<LocalQueue>, Failed>> = Vec::new();
         let mut seen: Vec<&QueueName> = Vec::new();
         for to in message.content.recipients.iter().filter(|to| &to.node == self.name()) {
             // A queue named twice among the recipients still gets one copy.
@@ -395,24 +408,30 @@ impl NodeState {
                 continue;
             }
             seen.push(&to.queue);
+            let failed = |code, reason: String| Err((code, reason, vec![to.clone()]));
             targets.push(match self.queues.get(&to.queue) {
-                None => Err((
+                None => failed(
                     DeadLetterCode::QueueMissing,
                     format!("queue '{}' does not exist on node {}", to.queue, to.node),
-                )),
-                Some(q) if message.content.payload.len() as u64 > q.config().message_bytes_max => {
-                    Err((DeadLetterCode::TooLarge, format!("payload is over queue {to}'s message_bytes_max")))
-                }
-                Some(q) if !q.has_room(1) => Err((DeadLetterCode::QueueFull, format!("queue {to} is full"))),
+                ),
+                Some(q) if message.content.payload.len() as u64 > q.config().message_bytes_max => failed(
+                    DeadLetterCode::TooLarge,
+                    format!("payload is over queue {to}'s message_bytes_max"),
+                ),
+                Some(q) if !q.has_room(1) => failed(DeadLetterCode::QueueFull, format!("queue {to} is full")),
                 Some(q) => Ok(q),
             });
         }
         if targets.is_empty() {
-            targets.push(Err((DeadLetterCode::NoRoute, format!("no recipient on node {}", self.name()))));
+            let elsewhere = message.content.recipients.clone();
+            let reason = format!("no recipient on node {}", self.name());
+            targets.push(Err((DeadLetterCode::NoRoute, reason, elsewhere)));
         }
+        // An event message that cannot be stored is dropped: events never hold a link up.
+        let event = message.content.kind == linkbus_plugin_api::Kind::Event;
         let dead = targets.iter().filter(|t| t.is_err()).count();
         let dlq = self.dead_letter_queue();
-        if dead > 0 && !dlq.has_room(dead) {
+        if dead > 0 && !event && !dlq.has_room(dead) {
             let max = dlq.config().queue_messages_max;
             return Err(QueueError::Full { queue: dlq.config().name.clone(), max });
         }
@@ -420,7 +439,18 @@ impl NodeState {
         for target in targets {
             match target {
                 Ok(queue) => queue.push_bounded(message.clone(), now, u64::MAX)?,
-                Err((code, reason)) => self.dead_letter_unbounded(message.clone(), code, &reason, now)?,
+                Err((_, reason, _)) if event => {
+                    self.events_dropped.fetch_add(1, Ordering::Relaxed);
+                    tracing::debug!(id = %message.id, reason, "Event message dropped.");
+                }
+                Err((code, reason, failed)) => {
+                    self.dead_letter_bounded(
+                        message.clone(),
+                        DeadLetter { code, reason: &reason, failed },
+                        now,
+                        u64::MAX,
+                    )?;
+                }
             }
         }
         Ok(())
@@ -457,7 +487,10 @@ impl NodeState {
         for to in targets {
             let mut copy = content.clone();
             copy.recipients = vec![to];
-            let Ok(message) = self.stamp(copy) else { continue };
+            let Ok(message) = self.stamp(copy) else {
+                self.events_dropped.fetch_add(1, Ordering::Relaxed);
+                continue;
+            };
             if let Err((_, reason)) = self.dispatch(message, now) {
                 self.events_dropped.fetch_add(1, Ordering::Relaxed);
                 tracing::debug!(kind = %event.kind, reason, "Event copy dropped.");
@@ -484,68 +517,58 @@ impl NodeState {
         self.queues.get(DEAD_LETTER_QUEUE).expect("the dead-letter queue always exists")
     }
 
-    /// Puts `message` into the dead-letter queue with `code` in its
-    /// `linkbus.dead_letter_code` header and `reason` in `linkbus.dead_letter_reason`.
+    /// Puts `message` into the dead-letter queue, marked with why (see [`DeadLetter`]).
     ///
     /// # Errors
     /// When the dead-letter queue is full or the store fails.
-    pub fn dead_letter(
-        &self,
-        message: Message,
-        code: DeadLetterCode,
-        reason: &str,
-        now: Instant,
-    ) -> Result<(), QueueError> {
+    pub fn dead_letter(&self, message: Message, why: DeadLetter<'_>, now: Instant) -> Result<(), QueueError> {
         let max = self.dead_letter_queue().config().queue_messages_max;
-        self.dead_letter_bounded(message, (code, reason), now, max)
-    }
-
-    fn dead_letter_unbounded(
-        &self,
-        message: Message,
-        code: DeadLetterCode,
-        reason: &str,
-        now: Instant,
-    ) -> Result<(), QueueError> {
-        self.dead_letter_bounded(message, (code, reason), now, u64::MAX)
+        self.dead_letter_bounded(message, why, now, max)
     }
 
     fn dead_letter_bounded(
         &self,
         mut message: Message,
-        (code, reason): (DeadLetterCode, &str),
+        why: DeadLetter<'_>,
         now: Instant,
         max: u64,
     ) -> Result<(), QueueError> {
-        warn!(id = %message.id, code = code.as_str(), reason, "Message dead-lettered.");
-        if message.content.kind != linkbus_plugin_api::Kind::Event {
+        let DeadLetter { code, reason, failed } = why;
+        let id = message.id.clone();
+        let event = message.content.kind == linkbus_plugin_api::Kind::Event;
+        // Earlier dead-letter marks (a replayed message that failed again) make way.
+        message.content.headers.retain(|(k, _)| !k.starts_with("linkbus.dead_letter_"));
+        let failed: Vec<String> = failed.iter().map(ToString::to_string).collect();
+        let marks = [
+            (DEAD_LETTER_CODE_HEADER, code.as_str().to_owned()),
+            (DEAD_LETTER_RECIPIENTS_HEADER, failed.join(",")),
+            (DEAD_LETTER_REASON_HEADER, reason.to_owned()),
+        ];
+        for (key, mut value) in marks {
+            if message.content.headers.len() >= linkbus_plugin_api::message::HEADERS_MAX {
+                break;
+            }
+            let mut cut = value.len().min(linkbus_plugin_api::message::HEADER_VALUE_BYTES_MAX);
+            while !value.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            value.truncate(cut);
+            message.content.headers.push((key.into(), value));
+        }
+        self.dead_letter_queue().push_bounded(message, now, max)?;
+        warn!(%id, code = code.as_str(), reason, "Message dead-lettered.");
+        if !event {
             self.emit(
                 Event::new(
                     EventKind::DeadLetter,
-                    format!("message {} dead-lettered ({}): {reason}", message.id, code.as_str()),
+                    format!("message {id} dead-lettered ({}): {reason}", code.as_str()),
                 )
-                .with("id", &message.id)
+                .with("id", &id)
                 .with("code", code.as_str())
                 .with("reason", reason),
             );
         }
-        // Earlier dead-letter marks (a replayed message that failed again) make way.
-        message
-            .content
-            .headers
-            .retain(|(k, _)| k != DEAD_LETTER_CODE_HEADER && k != DEAD_LETTER_REASON_HEADER);
-        let room = linkbus_plugin_api::message::HEADERS_MAX.saturating_sub(message.content.headers.len());
-        if room >= 1 {
-            message.content.headers.push((DEAD_LETTER_CODE_HEADER.into(), code.as_str().into()));
-        }
-        if room >= 2 {
-            let mut cut = reason.len().min(linkbus_plugin_api::message::HEADER_VALUE_BYTES_MAX);
-            while !reason.is_char_boundary(cut) {
-                cut -= 1;
-            }
-            message.content.headers.push((DEAD_LETTER_REASON_HEADER.into(), reason[..cut].to_owned()));
-        }
-        self.dead_letter_queue().push_bounded(message, now, max)
+        Ok(())
     }
 }
 

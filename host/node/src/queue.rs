@@ -32,6 +32,8 @@ pub const EVENT_QUEUE: &str = "EVENT";
 pub const DEAD_LETTER_REASON_HEADER: &str = "linkbus.dead_letter_reason";
 /// Header with the [`DeadLetterCode`] of a dead-lettered message, for programs.
 pub const DEAD_LETTER_CODE_HEADER: &str = "linkbus.dead_letter_code";
+/// Header listing (comma-separated) the recipients a dead-lettered message could not reach.
+pub const DEAD_LETTER_RECIPIENTS_HEADER: &str = "linkbus.dead_letter_recipients";
 
 /// Why a message went to the dead-letter queue: a stable code, in the
 /// `linkbus.dead_letter_code` header.
@@ -137,8 +139,10 @@ pub struct Popped {
     pub messages: Vec<Message>,
     /// Their tags, for acknowledging them (pending pops only; empty otherwise).
     pub tags: Vec<u64>,
-    /// Messages dropped because their lifetime ran out.
+    /// Messages dropped because their lifetime ran out (event messages not counted).
     pub expired: usize,
+    /// Event messages dropped because their lifetime ran out.
+    pub expired_events: usize,
     /// The encoded size of the message at the head when it is larger than the caller can
     /// take (nothing was handed out then; it stays queued).
     pub too_large: Option<usize>,
@@ -245,33 +249,36 @@ impl LocalQueue {
 
     /// Copies of up to `count_max` waiting messages in hand-out order, without taking them
     /// (expired ones are skipped; lifetimes are what is left now).
-    pub fn browse(&self, count_max: usize, now: Instant) -> Vec<Message> {
+    pub fn browse(&self, count_max: usize, bytes_max: usize, now: Instant) -> Vec<Message> {
         let levels = self.lock();
-        levels
-            .levels
-            .iter()
-            .rev()
-            .flat_map(|l| l.iter())
-            .filter_map(|e| {
-                let elapsed = now.saturating_duration_since(e.enqueued_at).as_millis() as u64;
-                let left = e.message.content.lifetime.unwrap_or(Lifetime::UNLIMITED).after(elapsed)?;
-                let mut message = e.message.clone();
-                message.content.lifetime = Some(left);
-                Some(message)
-            })
-            .take(count_max)
-            .collect()
+        let mut out = Vec::new();
+        let mut bytes = 0usize;
+        for e in levels.levels.iter().rev().flatten() {
+            let elapsed = now.saturating_duration_since(e.enqueued_at).as_millis() as u64;
+            let Some(left) = e.message.content.lifetime.unwrap_or(Lifetime::UNLIMITED).after(elapsed) else {
+                continue;
+            };
+            let size = linkbus_proto::wire::message_encoded_len(
+                e.message.id.source.as_str().len(),
+                &e.message.content,
+            );
+            if out.len() >= count_max || (!out.is_empty() && bytes + size > bytes_max) {
+                break;
+            }
+            bytes += size;
+            let mut message = e.message.clone();
+            message.content.lifetime = Some(left);
+            out.push(message);
+        }
+        out
     }
 
     /// Depth per level, pending count and the age of the oldest waiting message.
     pub fn stats(&self, now: Instant) -> QueueStats {
         let levels = self.lock();
         let by_level: Vec<usize> = levels.levels.iter().map(VecDeque::len).collect();
-        let oldest = levels
-            .levels
-            .iter()
-            .filter_map(|l| l.front().map(|e| now.saturating_duration_since(e.enqueued_at)))
-            .max();
+        let oldest =
+            levels.levels.iter().flatten().map(|e| now.saturating_duration_since(e.enqueued_at)).max();
         QueueStats { by_level, pending: levels.pending.len(), oldest }
     }
 
@@ -298,12 +305,15 @@ impl LocalQueue {
     pub fn ack(&self, tags: &[u64]) -> Result<usize, SettleError> {
         let mut levels = self.lock();
         check_pending(&levels, tags)?;
+        let mut tags = tags.to_vec();
+        tags.sort_unstable();
+        tags.dedup();
         let mut batch = Batch::new();
-        for tag in tags {
+        for tag in &tags {
             batch.delete(&self.space, Bytes::copy_from_slice(&tag.to_be_bytes()));
         }
         self.store.write(batch, false)?;
-        for tag in tags {
+        for tag in &tags {
             levels.pending.remove(tag);
         }
         drop(levels);
@@ -324,15 +334,40 @@ impl LocalQueue {
         sorted.dedup();
         let entries: Vec<Entry> = sorted.iter().filter_map(|t| levels.pending.remove(t)).collect();
         let count = entries.len();
-        let messages: Vec<(u64, Message)> = entries.into_iter().map(|e| (e.key, e.message)).collect();
-        if let Err(e) = self.requeue_locked(&mut levels, messages.clone(), now) {
-            for (key, message) in messages {
-                levels.pending.insert(key, Entry { key, message, enqueued_at: now });
+        // The time they were out counts against their lifetime; those that ran out go.
+        let mut messages: Vec<(u64, Message)> = Vec::with_capacity(count);
+        let mut expired = Batch::new();
+        for entry in entries {
+            let elapsed = now.saturating_duration_since(entry.enqueued_at).as_millis() as u64;
+            let lifetime = entry.message.content.lifetime.unwrap_or(Lifetime::UNLIMITED);
+            match lifetime.after(elapsed) {
+                Some(left) => {
+                    let mut message = entry.message;
+                    message.content.lifetime = Some(left);
+                    messages.push((entry.key, message));
+                }
+                None => {
+                    expired.delete(&self.space, Bytes::copy_from_slice(&entry.key.to_be_bytes()));
+                }
             }
-            return Err(e.into());
+        }
+        if let Err(e) = self.store.write(expired, false) {
+            tracing::warn!(queue = %self.config.name, error = %e, "Could not remove expired messages from the store.");
+        }
+        if let Err(e) = self.requeue_locked(&mut levels, messages.clone(), now) {
+            // The store still holds them under their old keys: queue them again in memory
+            // under those keys, so they are not stuck pending (a restart finds them too).
+            tracing::warn!(queue = %self.config.name, error = %e, "Backed-out messages requeued in memory only.");
+            for (key, mut message) in messages.into_iter().rev() {
+                message.redelivered = true;
+                message.backout_count = message.backout_count.saturating_add(1);
+                unpop_entry(&mut levels, self.config.order, Entry { key, message, enqueued_at: now });
+                levels.len += 1;
+            }
         }
         drop(levels);
         self.notify.notify_waiters();
+        self.room.notify_waiters();
         Ok(count)
     }
 
@@ -440,8 +475,11 @@ impl LocalQueue {
                 front.message.id.source.as_str().len(),
                 &front.message.content,
             );
-            if left.is_some() && popped.messages.is_empty() && size > limits.message_bytes_max {
-                popped.too_large = Some(size);
+            if left.is_some() && size > limits.message_bytes_max {
+                // The first fails the get; a later one just ends it.
+                if popped.messages.is_empty() {
+                    popped.too_large = Some(size);
+                }
                 break;
             }
             if left.is_some() && !popped.messages.is_empty() && bytes + size > limits.total_bytes_max {
@@ -449,7 +487,11 @@ impl LocalQueue {
             }
             let Some(mut entry) = level.pop_front() else { break };
             let Some(left) = left else {
-                popped.expired += 1;
+                if entry.message.content.kind == linkbus_plugin_api::Kind::Event {
+                    popped.expired_events += 1;
+                } else {
+                    popped.expired += 1;
+                }
                 batch.delete(&self.space, Bytes::copy_from_slice(&entry.key.to_be_bytes()));
                 taken.push((entry, false));
                 continue;
@@ -462,6 +504,7 @@ impl LocalQueue {
                 popped.tags.push(entry.key);
                 entry.message.content.lifetime = Some(left);
                 entry.enqueued_at = now;
+                self.mark_seen(&entry, &mut batch);
             } else {
                 batch.delete(&self.space, Bytes::copy_from_slice(&entry.key.to_be_bytes()));
             }
@@ -473,20 +516,22 @@ impl LocalQueue {
             }
             return Err(e);
         }
-        levels.len -= taken.len();
-        let mut freed = false;
-        for (entry, pending) in taken {
-            if pending {
-                levels.pending.insert(entry.key, entry);
-            } else {
-                freed = true;
-            }
-        }
+        let freed = settle_taken(&mut levels, taken);
         drop(levels);
         if freed {
             self.room.notify_waiters();
         }
         Ok(popped)
+    }
+
+    /// A message handed out pending is stored marked redelivered, so should the node stop
+    /// before it is acknowledged, it comes back as possibly seen.
+    fn mark_seen(&self, entry: &Entry, batch: &mut Batch) {
+        if !entry.message.redelivered {
+            let mut marked = entry.message.clone();
+            marked.redelivered = true;
+            batch.put(&self.space, Bytes::copy_from_slice(&entry.key.to_be_bytes()), message_bytes(&marked));
+        }
     }
 
     /// Waits until a push happens (or `deadline` passes); callers re-check with `pop`.
@@ -523,8 +568,25 @@ fn unpop_entry(levels: &mut Levels, order: QueueOrder, entry: Entry) {
     }
 }
 
+/// After a pop was stored: taken entries leave the levels, pending ones are kept by tag.
+/// Returns whether any left the queue for good (room was freed).
+fn settle_taken(levels: &mut Levels, taken: Vec<(Entry, bool)>) -> bool {
+    levels.len -= taken.len();
+    let mut freed = false;
+    for (entry, pending) in taken {
+        if pending {
+            levels.pending.insert(entry.key, entry);
+        } else {
+            freed = true;
+        }
+    }
+    freed
+}
+
 fn check_pending(levels: &Levels, tags: &[u64]) -> Result<(), UnknownTags> {
-    let unknown: Vec<u64> = tags.iter().copied().filter(|t| !levels.pending.contains_key(t)).collect();
+    // The first few are enough to say what is wrong.
+    let unknown: Vec<u64> =
+        tags.iter().copied().filter(|t| !levels.pending.contains_key(t)).take(10).collect();
     if unknown.is_empty() { Ok(()) } else { Err(UnknownTags(unknown)) }
 }
 
@@ -673,6 +735,47 @@ mod tests {
         let _ = q.pop(PopLimits { pending: true, ..PopLimits::auto(1) }, now).unwrap();
         let reopened = queue(QueueOrder::Priority, 4, store);
         assert_eq!(sequences(&reopened.pop(PopLimits::auto(10), now).unwrap()), [5, 6]);
+    }
+
+    #[test]
+    fn a_later_message_over_the_limit_ends_the_get_without_failing_it() {
+        let q = queue(QueueOrder::Fifo, 10, Arc::new(MemoryStore::new()));
+        let now = Instant::now();
+        q.push(message(1, 4, 60_000), now).unwrap();
+        let mut big = message(2, 4, 60_000);
+        big.content.payload = bytes::Bytes::from(vec![0u8; 5_000]);
+        q.push(big, now).unwrap();
+        let limits = PopLimits { message_bytes_max: 1_000, ..PopLimits::auto(10) };
+        let popped = q.pop(limits, now).unwrap();
+        assert_eq!((sequences(&popped), popped.too_large), (vec![1], None));
+        assert_eq!(q.pop(limits, now).unwrap().too_large.map(|s| s > 5_000), Some(true));
+    }
+
+    #[test]
+    fn time_out_pending_counts_against_the_lifetime() {
+        let q = queue(QueueOrder::Fifo, 10, Arc::new(MemoryStore::new()));
+        let now = Instant::now();
+        q.push(message(1, 4, 1_000), now).unwrap();
+        q.push(message(2, 4, 60_000), now).unwrap();
+        let popped = q.pop(PopLimits { pending: true, ..PopLimits::auto(2) }, now).unwrap();
+        let later = now + Duration::from_secs(10);
+        q.backout(&popped.tags, later).unwrap();
+        let again = q.pop(PopLimits::auto(10), later).unwrap();
+        assert_eq!(sequences(&again), [2], "the 1 s message ran out while it was out");
+        assert_eq!(again.messages[0].content.lifetime, Some(Lifetime::from_ms(50_000)));
+    }
+
+    #[test]
+    fn a_message_pending_when_the_node_stops_comes_back_marked() {
+        let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+        let now = Instant::now();
+        let q = queue(QueueOrder::Fifo, 10, store.clone());
+        q.push(message(1, 4, 60_000), now).unwrap();
+        let popped = q.pop(PopLimits { pending: true, ..PopLimits::auto(1) }, now).unwrap();
+        assert!(!popped.messages[0].redelivered, "first hand-out");
+        let reopened = queue(QueueOrder::Fifo, 10, store);
+        let again = reopened.pop(PopLimits::auto(1), now).unwrap();
+        assert!(again.messages[0].redelivered, "it may have been seen before the stop");
     }
 
     #[test]

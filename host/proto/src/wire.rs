@@ -21,7 +21,7 @@ use linkbus_plugin_api::{
 use crate::reader::{ReadError, Reader};
 
 /// Version of the message layout.
-pub const MESSAGE_FORMAT: u8 = 1;
+pub const MESSAGE_FORMAT: u8 = 2;
 const FLAG_REDELIVERED: u8 = 1;
 
 fn len_u8(n: usize) -> u8 {

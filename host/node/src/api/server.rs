@@ -15,7 +15,7 @@ use tracing::{debug, warn};
 use super::protocol::{ErrorCode, Request, Response, split_frame};
 use crate::events::{Event, EventKind};
 use crate::node::{NodeState, StartError};
-use crate::queue::{DEAD_LETTER_QUEUE, EVENT_QUEUE, LocalQueue, PopLimits, SettleError};
+use crate::queue::{DEAD_LETTER_QUEUE, LocalQueue, PopLimits, SettleError};
 
 /// Most messages one `get` returns.
 pub const GET_MESSAGES_MAX: u32 = 100_000;
@@ -276,7 +276,8 @@ fn queue_request(node: &NodeState, request: Request, pending: &mut PendingOnConn
         Request::Queues { name } if name.is_empty() => Response::Status(queue_list(node)),
         Request::Queues { name } => answer(&name, &mut |q| Response::Status(queue_detail(&q))),
         Request::Browse { queue, count_max } => answer(&queue, &mut |q| {
-            let messages = q.browse(count_max.clamp(1, GET_MESSAGES_MAX) as usize, Instant::now());
+            let messages =
+                q.browse(count_max.clamp(1, GET_MESSAGES_MAX) as usize, GET_BYTES_MAX, Instant::now());
             Response::Messages { messages, tags: Vec::new() }
         }),
         Request::Ack { queue, tags } => answer(&queue, &mut |q| pending.settle(&q, &tags, |q, t| q.ack(t))),
@@ -316,7 +317,7 @@ async fn get(node: &NodeState, q: &LocalQueue, limits: PopLimits, wait_ms: u64) 
             Ok(popped) => {
                 if popped.expired > 0 {
                     debug!(queue, expired = popped.expired, "Expired messages dropped.");
-                    if queue != EVENT_QUEUE {
+                    {
                         node.emit(
                             Event::new(
                                 EventKind::Expired,

@@ -71,6 +71,8 @@ pub struct Subscription {
     pub kinds: Vec<crate::events::EventKind>,
     /// The queue that gets them, on this node or another.
     pub to: linkbus_plugin_api::Address,
+    /// Where it is declared (`events.subscriptions[2]`), for error messages.
+    pub path: String,
 }
 
 /// `node:` — who this node is and where it keeps things.

@@ -380,11 +380,13 @@ fn read_events(root: &Section<'_>) -> EventSettings {
         }
         if sub.get("kinds").is_none() {
             sub.error("kinds", "is required (a list of event kinds, or [all])");
+        } else if kinds.is_empty() {
+            sub.error("kinds", "is empty: name the event kinds, or [all]");
         }
         sub.finish();
         if let Some(to) = to {
             kinds.dedup();
-            subscriptions.push(Subscription { kinds, to });
+            subscriptions.push(Subscription { kinds, to, path });
         }
     }
     s.finish();
@@ -469,8 +471,8 @@ fn check_relations(config: &Config, diag: &Diagnostics) {
     if let Some(listen) = &config.node.listen {
         check("node.listen", listen);
     }
-    for (i, sub) in config.events.subscriptions.iter().enumerate() {
-        let path = format!("events.subscriptions[{i}].to");
+    for sub in &config.events.subscriptions {
+        let path = format!("{}.to", sub.path);
         if sub.to.node == config.node.name {
             let local = config.queues.iter().any(|q| q.name == sub.to.queue);
             if !local && sub.to.queue.as_str() != crate::queue::DEAD_LETTER_QUEUE {

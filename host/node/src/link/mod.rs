@@ -494,8 +494,12 @@ impl Link {
         );
     }
 
+    /// Dead-letters a message of ours too large for the peer (its recipients there failed).
     fn dead_letter_local(&self, message: linkbus_plugin_api::Message, reason: &str, now: Instant) {
-        if let Err(e) = self.node.dead_letter(message, crate::queue::DeadLetterCode::TooLarge, reason, now) {
+        let failed =
+            message.content.recipients.iter().filter(|a| a.node == self.handle.peer.name).cloned().collect();
+        let why = crate::node::DeadLetter { code: crate::queue::DeadLetterCode::TooLarge, reason, failed };
+        if let Err(e) = self.node.dead_letter(message, why, now) {
             warn!(peer = self.peer(), error = %e, "Dead-letter queue refused a message; it is lost.");
         }
     }

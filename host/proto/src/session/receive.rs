@@ -61,6 +61,8 @@ fn release(message: Option<Message>, first: Instant, now: Instant) -> Delivery {
                 message.content.lifetime = Some(left);
                 Delivery::Message(message)
             }
+            // An expired event message goes quietly (no event about an event).
+            None if message.content.kind == linkbus_plugin_api::Kind::Event => Delivery::Skip,
             None => Delivery::Expired(message.id),
         },
         _ => Delivery::Message(message),
