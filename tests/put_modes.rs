@@ -90,3 +90,67 @@ fn full_classes_refuse_or_wait_and_others_flow() {
     let rest = s.run(&["get", "--node", "A", "small", "--count", "2", "--wait", "5s"]);
     assert_eq!(stdout(&rest), "local 1\nlocal 2\n");
 }
+
+/// Send modes: a no-wait put fails at once on a full queue and refuses persistent messages;
+/// a waiting put never waits longer than the message's lifetime; `--ttl` sets the lifetime.
+#[test]
+fn no_wait_puts_and_lifetimes_bound_waiting() {
+    let s = Scratch::new();
+    let data = s.path().join("a-data");
+    let _a = s.start_node(
+        "A",
+        &["--name", "A", "--listen", "none", "--queue", "q:fifo", "--data-dir", data.to_str().unwrap()],
+    );
+    let put = |args: &[&str]| {
+        let mut full = vec!["put", "--node", "A"];
+        full.extend_from_slice(args);
+        s.run(&full)
+    };
+    let persistent = put(&["--to", "A:q", "--no-wait", "--persistent", "x"]);
+    assert!(!persistent.status.success());
+    assert!(
+        stderr(&persistent).contains("a no-wait put cannot carry a persistent message"),
+        "{}",
+        stderr(&persistent)
+    );
+    assert!(put(&["--to", "A:q", "--persistent", "kept"]).status.success(), "a waiting put takes it");
+
+    // A node whose queue holds one message.
+    let cfg_dir = s.path().join("b-data");
+    let b_yaml = format!(
+        "node: {{ name: B, listen: none, data_dir: '{}' }}\nqueues: [ {{ name: small, queue_messages_max: 1 }} ]\n",
+        cfg_dir.display()
+    );
+    let _b = s.start_node("B", &["-c", s.write("b.yaml", &b_yaml).to_str().unwrap()]);
+    let put_b = |args: &[&str]| {
+        let mut full = vec!["put", "--node", "B"];
+        full.extend_from_slice(args);
+        s.run(&full)
+    };
+    assert!(put_b(&["--to", "B:small", "first"]).status.success());
+    let started = Instant::now();
+    let no_wait = put_b(&["--to", "B:small", "--no-wait", "second"]);
+    assert!(!no_wait.status.success() && stderr(&no_wait).contains("full"), "{}", stderr(&no_wait));
+    assert!(started.elapsed() < Duration::from_secs(5), "a no-wait put does not wait for room");
+    let bounded = put_b(&["--to", "B:small", "--lifetime", "300ms", "third"]);
+    assert!(!bounded.status.success());
+    assert!(
+        stderr(&bounded).contains("no room within 300ms"),
+        "waits its lifetime, not 10 s: {}",
+        stderr(&bounded)
+    );
+
+    // --ttl sets the lifetime in seconds.
+    assert!(put(&["--to", "A:q", "--ttl", "60", "ttl"]).status.success());
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let socket = s.runtime_dir().join("A.sock");
+    let got = runtime.block_on(async {
+        let mut client = linkbus::Client::connect(&socket).await.unwrap();
+        client.get("q", 10, Duration::ZERO).await.unwrap()
+    });
+    let ttl = got.iter().find(|m| &m.content.payload[..] == b"ttl").expect("the ttl message");
+    let left = ttl.content.lifetime.unwrap().as_ms();
+    assert!((50_000..=60_000).contains(&left), "{left}");
+    let kept = got.iter().find(|m| &m.content.payload[..] == b"kept").expect("the persistent message");
+    assert_eq!(kept.content.reliability, linkbus::Reliability::Persistent);
+}

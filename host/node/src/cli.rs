@@ -203,11 +203,20 @@ pub struct PutArgs {
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u8).range(0..=9))]
     pub priority: u8,
     /// Lifetime, e.g. `30s`, `5m`, `2h` (default: the node's `messages.lifetime_default_s`).
-    #[arg(long, value_parser = parse_duration)]
+    #[arg(long, value_parser = parse_duration, conflicts_with = "ttl")]
     pub lifetime: Option<Duration>,
-    /// Persistent (LOG_ON) instead of volatile.
-    #[arg(long)]
+    /// Lifetime in seconds (the same as `--lifetime Ns`).
+    #[arg(long, value_name = "SECONDS")]
+    pub ttl: Option<u64>,
+    /// Persistent (LOG_ON): stored durably before the put returns.
+    #[arg(long, conflicts_with = "volatile")]
     pub persistent: bool,
+    /// Volatile (the default): kept in memory only.
+    #[arg(long)]
+    pub volatile: bool,
+    /// No-wait put: fail at once when a queue is full; refused for persistent messages.
+    #[arg(long, conflicts_with = "timeout")]
+    pub no_wait: bool,
     /// Message name (a user label).
     #[arg(long = "name", default_value = "")]
     pub label: String,
@@ -355,7 +364,10 @@ fn content_for(args: &PutArgs, payload: Bytes) -> anyhow::Result<Content> {
         name: args.label.clone(),
         recipients: args.to.clone(),
         priority: Priority::level(args.priority)?,
-        lifetime: args.lifetime.map(|d| Lifetime::from_ms(d.as_millis().max(1) as u64)),
+        lifetime: args
+            .lifetime
+            .or(args.ttl.map(Duration::from_secs))
+            .map(|d| Lifetime::from_ms(d.as_millis().max(1) as u64)),
         reliability: if args.persistent { Reliability::Persistent } else { Reliability::Volatile },
         payload,
         ..Content::default()
@@ -375,6 +387,7 @@ fn content_for(args: &PutArgs, payload: Bytes) -> anyhow::Result<Content> {
 pub async fn put(args: PutArgs) -> anyhow::Result<()> {
     let mut client = args.target.connect().await?;
     client.set_put_timeout(args.timeout);
+    client.set_no_wait(args.no_wait);
     if args.message != "-" {
         let id = client.put(content_for(&args, Bytes::from(args.message.clone()))?).await?;
         println!("{id}");

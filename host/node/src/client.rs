@@ -59,7 +59,17 @@ pub enum ClientError {
         /// The node's explanation.
         message: String,
     },
+    /// No answer to a put in time: the messages may or may not have been accepted. The
+    /// connection can no longer be used (a late answer would be taken for the next one).
+    #[error("no answer within {0:?}: the outcome is unknown (the message may or may not have been accepted)")]
+    OutcomeUnknown(Duration),
+    /// An earlier call ended without its answer; connect again.
+    #[error("this connection lost track of its answers after a timeout; connect again")]
+    Broken,
 }
+
+/// How long past its put timeout a put's answer may take before the outcome is unknown.
+pub const PUT_ANSWER_MARGIN: Duration = Duration::from_secs(10);
 
 /// How long [`Client::put`] waits for room in a full queue unless told otherwise.
 pub const PUT_TIMEOUT_DEFAULT: Duration = Duration::from_secs(10);
@@ -72,6 +82,10 @@ pub const PUT_TIMEOUT_DEFAULT: Duration = Duration::from_secs(10);
 pub struct Client {
     /// How long a put waits for room in a full queue.
     put_timeout: Duration,
+    /// Puts are no-wait puts (see [`Client::set_no_wait`]).
+    no_wait: bool,
+    /// A call ended without its answer: the stream is out of step.
+    broken: bool,
     stream: UnixStream,
     buf: BytesMut,
     out: BytesMut,
@@ -98,6 +112,8 @@ impl Client {
             .map_err(|source| ClientError::Connect { path: path.to_owned(), source })?;
         Ok(Self {
             put_timeout: PUT_TIMEOUT_DEFAULT,
+            no_wait: false,
+            broken: false,
             stream,
             buf: BytesMut::with_capacity(64 * 1024),
             out: BytesMut::new(),
@@ -113,6 +129,9 @@ impl Client {
     }
 
     async fn call(&mut self, request: &Request) -> Result<Response, ClientError> {
+        if self.broken {
+            return Err(ClientError::Broken);
+        }
         self.out.clear();
         request.encode(&mut self.out);
         self.stream.write_all(&self.out).await?;
@@ -133,8 +152,16 @@ impl Client {
         }
     }
 
+    /// Makes puts no-wait puts: they fail at once when a queue is full and refuse persistent
+    /// messages (nothing would vouch for them) — the fast path for volatile traffic.
+    pub fn set_no_wait(&mut self, no_wait: bool) {
+        self.no_wait = no_wait;
+    }
+
     /// Sets how long puts wait for room when a destination queue is full (zero: they fail
-    /// at once, like [`Client::try_put`]).
+    /// at once, like [`Client::try_put`]). The node never waits longer than a message's
+    /// lifetime; past the timeout and [`PUT_ANSWER_MARGIN`] without an answer, a put fails
+    /// with [`ClientError::OutcomeUnknown`].
     pub fn set_put_timeout(&mut self, timeout: Duration) {
         self.put_timeout = timeout;
     }
@@ -202,7 +229,17 @@ impl Client {
     ) -> Result<Vec<MessageId>, ClientError> {
         // Rounded up, so a sub-millisecond timeout still waits rather than becoming a try.
         let timeout_ms = timeout.as_micros().div_ceil(1000) as u64;
-        match self.call(&Request::Put { contents: batch, timeout_ms }).await? {
+        // The node answers within the timeout; past it (and a margin), the outcome is unknown.
+        let answer = tokio::time::timeout(
+            timeout + PUT_ANSWER_MARGIN,
+            self.call(&Request::Put { contents: batch, timeout_ms, no_wait: self.no_wait }),
+        )
+        .await;
+        let Ok(answer) = answer else {
+            self.broken = true;
+            return Err(ClientError::OutcomeUnknown(timeout + PUT_ANSWER_MARGIN));
+        };
+        match answer? {
             Response::PutOk { source, sequences, created_unix_ms } => Ok(sequences
                 .into_iter()
                 .map(|sequence| MessageId { source: source.clone(), sequence, created_unix_ms })

@@ -307,6 +307,14 @@ impl NodeState {
         for (index, content) in contents.into_iter().enumerate() {
             let message = self.prepare(index, content, created_unix_ms)?;
             let sequence = message.id.sequence;
+            // A message never waits past its lifetime.
+            let (deadline, waits) = match message.content.lifetime {
+                Some(l) if !l.is_unlimited() => {
+                    let life = std::time::Duration::from_millis(l.as_ms());
+                    (deadline.min(tokio::time::Instant::now() + life), timeout.min(life))
+                }
+                _ => (deadline, timeout),
+            };
             loop {
                 let room = self.room.notified();
                 tokio::pin!(room);
@@ -317,7 +325,7 @@ impl NodeState {
                         let waited = tokio::time::Instant::now() < deadline
                             && tokio::time::timeout_at(deadline, room).await.is_ok();
                         if !waited {
-                            let reason = format!("{reason}; no room within {timeout:?}, not accepted");
+                            let reason = format!("{reason}; no room within {waits:?}, not accepted");
                             return Err(put_error(index, (ErrorCode::Full, reason)));
                         }
                     }

@@ -442,8 +442,10 @@ impl LocalQueue {
         let key = levels.next_key;
         let mut batch = Batch::new();
         batch.put(&self.space, Bytes::copy_from_slice(&key.to_be_bytes()), message_bytes(&message));
-        // Under the lock, so the store's order of puts and deletes matches the queue's.
-        self.store.write(batch, false)?;
+        // Under the lock, so the store's order of puts and deletes matches the queue's; a
+        // persistent message is synced before it counts as accepted.
+        let sync = message.content.reliability == linkbus_plugin_api::Reliability::Persistent;
+        self.store.write(batch, sync)?;
         levels.next_key += 1;
         push_entry(&mut levels, self.config.order, Entry { key, message, enqueued_at: now });
         drop(levels);

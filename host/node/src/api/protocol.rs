@@ -36,8 +36,12 @@ pub enum Request {
     Put {
         /// The contents.
         contents: Vec<Content>,
-        /// How long a content may wait for room in a full queue (0: fail at once).
+        /// How long a content may wait for room in a full queue (0: fail at once); never
+        /// longer than the content's lifetime.
         timeout_ms: u64,
+        /// A no-wait put: fails at once when a queue is full, and refuses persistent
+        /// contents (nothing would vouch for them).
+        no_wait: bool,
     },
     /// Take messages from a local queue.
     Get {
@@ -170,8 +174,9 @@ impl Request {
     /// Appends the encoded request.
     pub fn encode(&self, out: &mut BytesMut) {
         match self {
-            Self::Put { contents, timeout_ms } => frame(PUT, out, |out| {
+            Self::Put { contents, timeout_ms, no_wait } => frame(PUT, out, |out| {
                 out.put_u64(*timeout_ms);
+                out.put_u8(u8::from(*no_wait));
                 out.put_u32(contents.len() as u32);
                 for c in contents {
                     put_length_prefixed(out, |out| encode_content(c, out));
@@ -208,6 +213,7 @@ impl Request {
         let request = match kind {
             PUT => {
                 let timeout_ms = r.u64()?;
+                let no_wait = r.u8()? != 0;
                 let count = r.u32()? as usize;
                 // Each content takes at least 20 bytes, which bounds the allocation.
                 let mut contents = Vec::with_capacity(count.min(r.remaining() / 20));
@@ -217,7 +223,7 @@ impl Request {
                     contents.push(read_content(&mut item)?);
                     item.finish()?;
                 }
-                Self::Put { contents, timeout_ms }
+                Self::Put { contents, timeout_ms, no_wait }
             }
             GET => Self::Get {
                 queue: r.short_string()?,
@@ -378,6 +384,7 @@ mod tests {
         round_trip_request(Request::Put {
             contents: vec![Content::buf("B:q".parse().unwrap(), "x"); 3],
             timeout_ms: 7,
+            no_wait: true,
         });
         round_trip_request(Request::Get {
             queue: "orders".into(),

@@ -16,6 +16,7 @@ use super::protocol::{ErrorCode, Request, Response, split_frame};
 use crate::events::{Event, EventKind};
 use crate::node::{NodeState, StartError};
 use crate::queue::{DEAD_LETTER_QUEUE, LocalQueue, PopLimits, SettleError};
+use linkbus_plugin_api::Reliability;
 
 /// Most messages one `get` returns.
 pub const GET_MESSAGES_MAX: u32 = 100_000;
@@ -217,7 +218,17 @@ async fn handle(
     pending: &mut PendingOnConnection,
 ) -> (Response, Option<Arc<LocalQueue>>) {
     match request {
-        Request::Put { contents, timeout_ms } => {
+        Request::Put { contents, no_wait: true, .. }
+            if let Some(i) = contents.iter().position(|c| c.reliability == Reliability::Persistent) =>
+        {
+            let message = format!(
+                "message {}: a no-wait put cannot carry a persistent message (nothing would vouch for it); use a waiting put",
+                i + 1
+            );
+            (Response::Error { code: ErrorCode::Invalid, accepted: 0, message }, None)
+        }
+        Request::Put { contents, timeout_ms, no_wait } => {
+            let timeout_ms = if no_wait { 0 } else { timeout_ms };
             let timeout = Duration::from_millis(timeout_ms.min(PUT_WAIT_MS_MAX));
             let response = match node.put_waiting(contents, timeout).await {
                 Ok((sequences, created_unix_ms)) => {
