@@ -208,7 +208,8 @@ pub struct PutArgs {
     /// Lifetime in seconds (the same as `--lifetime Ns`).
     #[arg(long, value_name = "SECONDS")]
     pub ttl: Option<u64>,
-    /// Persistent (LOG_ON): stored durably before the put returns.
+    /// Persistent (LOG_ON): synced to the node's store before the put returns (durable with
+    /// a durable store).
     #[arg(long, conflicts_with = "volatile")]
     pub persistent: bool,
     /// Volatile (the default): kept in memory only.
