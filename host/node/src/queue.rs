@@ -26,7 +26,7 @@ use crate::config::{QueueConfig, QueueOrder};
 /// The dead-letter queue every node has: messages that could not be delivered, with the
 /// reason in the `linkbus.dead_letter_reason` header.
 pub const DEAD_LETTER_QUEUE: &str = "DLQ";
-/// Reserved for node events (a later version fills it).
+/// The node's event queue (see [`crate::events`]).
 pub const EVENT_QUEUE: &str = "EVENT";
 /// Header naming why a message was dead-lettered, for people.
 pub const DEAD_LETTER_REASON_HEADER: &str = "linkbus.dead_letter_reason";

@@ -19,7 +19,7 @@ pub const CHANNELS: usize = 12;
 pub const SYSTEM_CHANNEL: u8 = 0;
 /// The channel of file messages.
 pub const FILE_CHANNEL: u8 = 11;
-/// Equal weights for every data channel (the default until queues set quotas).
+/// Equal weights for every channel (the host sets the levels' quotas over them).
 pub const EQUAL_WEIGHTS: [u32; CHANNELS] = [1; CHANNELS];
 
 /// The channel of a message with the priority of wire code `priority_code` (levels 0..=9;

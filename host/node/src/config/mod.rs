@@ -1,5 +1,5 @@
 //! The node's configuration: one typed tree, read from one YAML file (plus command-line
-//! overrides) by [`load`], with a default for every key.
+//! overrides) by [`load_file`], with a default for every key.
 //!
 //! The fully commented `examples/config/node.yaml` shows every key with its default; a test
 //! keeps it equal to [`Config::defaults_for`].
