@@ -13,11 +13,7 @@ use linkbus::{Client, ClientError, Content};
 use support::{NodeProcess, Scratch, stdout};
 
 fn start(s: &Scratch) -> NodeProcess {
-    let data = s.path().join("a-data");
-    s.start_node(
-        "A",
-        &["--name", "A", "--listen", "none", "--queue", "q:fifo", "--data-dir", data.to_str().unwrap()],
-    )
+    s.start_lone("A", &["q:fifo"])
 }
 
 async fn put(client: &mut Client, texts: &[&str]) {

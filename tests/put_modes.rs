@@ -96,11 +96,7 @@ fn full_classes_refuse_or_wait_and_others_flow() {
 #[test]
 fn no_wait_puts_and_lifetimes_bound_waiting() {
     let s = Scratch::new();
-    let data = s.path().join("a-data");
-    let _a = s.start_node(
-        "A",
-        &["--name", "A", "--listen", "none", "--queue", "q:fifo", "--data-dir", data.to_str().unwrap()],
-    );
+    let _a = s.start_lone("A", &["q:fifo"]);
     let put = |args: &[&str]| {
         let mut full = vec!["put", "--node", "A"];
         full.extend_from_slice(args);

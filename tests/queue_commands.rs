@@ -11,22 +11,7 @@ use support::{Scratch, stderr, stdout};
 #[test]
 fn queue_ls_and_stat_show_depth_pending_and_priorities() {
     let s = Scratch::new();
-    let data = s.path().join("a-data");
-    let a = s.start_node(
-        "A",
-        &[
-            "--name",
-            "A",
-            "--listen",
-            "none",
-            "--queue",
-            "p:priority",
-            "--queue",
-            "f:fifo",
-            "--data-dir",
-            data.to_str().unwrap(),
-        ],
-    );
+    let a = s.start_lone("A", &["p:priority", "f:fifo"]);
     for (priority, text) in [("1", "low"), ("7", "high"), ("7", "high again")] {
         let put = s.run(&["put", "--node", "A", "--to", "A:p", "--priority", priority, text]);
         assert!(put.status.success(), "{}", stderr(&put));

@@ -152,6 +152,18 @@ impl Scratch {
         (a, b)
     }
 
+    /// Starts node `name` without peers, from flags only, with the given `--queue` values
+    /// (`NAME[:ORDER]`) and its data under the scratch directory.
+    pub fn start_lone(&self, name: &str, queues: &[&str]) -> NodeProcess {
+        let data = self.path().join(format!("{name}-data"));
+        let mut args =
+            vec!["--name", name, "--listen", "none", "--data-dir", data.to_str().expect("utf-8 path")];
+        for q in queues {
+            args.extend(["--queue", q]);
+        }
+        self.start_node(name, &args)
+    }
+
     /// Starts `linkbus node run ARGS` and waits until its client socket answers.
     pub fn start_node(&self, name: &str, args: &[&str]) -> NodeProcess {
         self.start_node_env(name, args, &[])

@@ -162,20 +162,16 @@ impl NodeState {
         let incarnation = incarnation(store.as_ref())?;
         let room = Arc::new(tokio::sync::Notify::new());
         let mut queues = HashMap::new();
-        let dead_letters = QueueConfig {
-            name: QueueName::new(DEAD_LETTER_QUEUE).expect("valid"),
+        // The node's own queues: FIFO, volatile, any message the node accepts.
+        let own = |name: &str, max: u64| QueueConfig {
+            name: QueueName::new(name).expect("valid"),
             order: QueueOrder::Fifo,
-            queue_messages_max: config.messages.dead_letter_messages_max,
+            queue_messages_max: max,
             message_bytes_max: config.messages.message_bytes_max,
             reliability: linkbus_plugin_api::Reliability::Volatile,
         };
-        let events = QueueConfig {
-            name: QueueName::new(EVENT_QUEUE).expect("valid"),
-            order: QueueOrder::Fifo,
-            queue_messages_max: config.events.queue_messages_max,
-            message_bytes_max: config.messages.message_bytes_max,
-            reliability: linkbus_plugin_api::Reliability::Volatile,
-        };
+        let dead_letters = own(DEAD_LETTER_QUEUE, config.messages.dead_letter_messages_max);
+        let events = own(EVENT_QUEUE, config.events.queue_messages_max);
         for q in config.queues.iter().cloned().chain([dead_letters, events]) {
             queues.insert(q.name.clone(), Arc::new(LocalQueue::open(q, store.clone(), room.clone(), now)?));
         }
@@ -337,9 +333,14 @@ impl NodeState {
         Ok((sequences, created_unix_ms))
     }
 
-    /// Checks one content and makes it a message: default lifetime, id.
-    fn prepare(&self, index: usize, mut content: Content, created_unix_ms: u64) -> Result<Message, PutError> {
+    /// Checks one content from a client and makes it a message.
+    fn prepare(&self, index: usize, content: Content, created_unix_ms: u64) -> Result<Message, PutError> {
         self.check_content(&content).map_err(|e| put_error(index, e))?;
+        Ok(self.stamp(content, created_unix_ms))
+    }
+
+    /// Makes a checked content a message of this node: default lifetime, id.
+    fn stamp(&self, mut content: Content, created_unix_ms: u64) -> Message {
         if content.lifetime.is_none() {
             content.lifetime = Some(match self.config.messages.lifetime_default_s {
                 0 => Lifetime::UNLIMITED,
@@ -348,7 +349,7 @@ impl NodeState {
         }
         let sequence = self.next_sequence.fetch_add(1, Ordering::Relaxed);
         let id = MessageId { source: self.name().clone(), sequence, created_unix_ms };
-        Ok(Message { id, hop_count: 0, redelivered: false, backout_count: 0, content })
+        Message { id, hop_count: 0, redelivered: false, backout_count: 0, content }
     }
 
     /// Queues one accepted message: into local queues for recipients on this node, and once
@@ -495,30 +496,17 @@ impl NodeState {
         for to in targets {
             let mut copy = content.clone();
             copy.recipients = vec![to];
-            let Ok(message) = self.stamp(copy) else {
+            // The node's own message: system priority allowed, only its fields checked.
+            if copy.validate().is_err() {
                 self.events_dropped.fetch_add(1, Ordering::Relaxed);
                 continue;
-            };
+            }
+            let message = self.stamp(copy, crate::clock::unix_ms());
             if let Err((_, reason)) = self.dispatch(message, now) {
                 self.events_dropped.fetch_add(1, Ordering::Relaxed);
                 tracing::debug!(kind = %event.kind, reason, "Event copy dropped.");
             }
         }
-    }
-
-    /// Stamps an internal message (the node's own, system priority allowed).
-    fn stamp(&self, mut content: Content) -> Result<Message, linkbus_plugin_api::MessageError> {
-        content.validate()?;
-        if content.lifetime.is_none() {
-            content.lifetime = Some(match self.config.messages.lifetime_default_s {
-                0 => Lifetime::UNLIMITED,
-                s => Lifetime::from_secs(s),
-            });
-        }
-        let sequence = self.next_sequence.fetch_add(1, Ordering::Relaxed);
-        let id =
-            MessageId { source: self.name().clone(), sequence, created_unix_ms: crate::clock::unix_ms() };
-        Ok(Message { id, hop_count: 0, redelivered: false, backout_count: 0, content })
     }
 
     fn dead_letter_queue(&self) -> &Arc<LocalQueue> {

@@ -802,14 +802,25 @@ impl Session {
     }
 
     /// Bytes to write to the connection, all frames since the last call in one buffer:
-    /// control frames first, then packets.
+    /// control frames first, then packets. (Hosts that can write two buffers in a row use
+    /// [`Session::poll_transmit_parts`], which copies nothing.)
     pub fn poll_transmit(&mut self) -> Option<Bytes> {
-        if self.control.is_empty() {
-            return (!self.transmit.is_empty()).then(|| self.transmit.split().freeze());
+        match self.poll_transmit_parts() {
+            (None, data) => data,
+            (Some(control), None) => Some(control),
+            (Some(control), Some(data)) => {
+                let mut out = BytesMut::from(control);
+                out.extend_from_slice(&data);
+                Some(out.freeze())
+            }
         }
-        let mut out = self.control.split();
-        out.unsplit(self.transmit.split());
-        Some(out.freeze())
+    }
+
+    /// What [`Session::poll_transmit`] returns, as the control frames and the packets to
+    /// write after them, each without copying.
+    pub fn poll_transmit_parts(&mut self) -> (Option<Bytes>, Option<Bytes>) {
+        let take = |buf: &mut BytesMut| (!buf.is_empty()).then(|| buf.split().freeze());
+        (take(&mut self.control), take(&mut self.transmit))
     }
 
     /// Bytes waiting for [`Session::poll_transmit`].

@@ -197,10 +197,7 @@ impl Request {
             }),
             Self::Backout { queue, tags } => frame(BACKOUT, out, |out| put_tags(out, queue, tags)),
             Self::Status => frame(STATUS, out, |_| {}),
-            Self::LinkReset { peer } => frame(LINK_RESET, out, |out| {
-                out.put_u8(u8::try_from(peer.len()).unwrap_or(u8::MAX));
-                out.put_slice(peer.as_bytes().get(..255).unwrap_or(peer.as_bytes()));
-            }),
+            Self::LinkReset { peer } => frame(LINK_RESET, out, |out| put_name(out, peer)),
         }
     }
 

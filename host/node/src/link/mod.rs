@@ -360,11 +360,15 @@ impl Link {
         }
     }
 
-    fn write(&mut self, plain: Bytes) {
+    /// Writes what the session has to send: its control frames, then its packets.
+    fn write_transmit(&mut self) {
+        let (control, data) = self.session.poll_transmit_parts();
         if let Some(active) = &mut self.active {
-            if let Err(e) = active.secure.send(&plain) {
-                warn!(peer = self.handle.peer.name.as_str(), error = %e, "Secure channel failed.");
-                return self.drop_connection(&e.to_string());
+            for plain in [control, data].into_iter().flatten() {
+                if let Err(e) = active.secure.send(&plain) {
+                    warn!(peer = self.handle.peer.name.as_str(), error = %e, "Secure channel failed.");
+                    return self.drop_connection(&e.to_string());
+                }
             }
             let Some(bytes) = active.secure.poll_transmit() else { return };
             let len = bytes.len();
@@ -386,9 +390,7 @@ impl Link {
             let budget = DATA_BACKLOG_BYTES.saturating_sub(self.backlog() + self.session.transmit_len());
             self.session.write_pending(Instant::now(), budget);
             let progressed = self.handle_events();
-            if let Some(bytes) = self.session.poll_transmit() {
-                self.write(bytes);
-            }
+            self.write_transmit();
             if !progressed {
                 break;
             }
@@ -559,9 +561,7 @@ impl Link {
             }
         }
         if let Some(reason) = closed {
-            if let Some(bytes) = self.session.poll_transmit() {
-                self.write(bytes);
-            }
+            self.write_transmit();
             self.drop_connection(&reason);
         }
         progressed

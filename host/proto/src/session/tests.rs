@@ -569,16 +569,21 @@ fn big_message(n: u64, size: usize) -> Bytes {
     })
 }
 
-/// The channels of the `Data` frames in `bytes`, in order.
-fn packet_channels(bytes: &[u8]) -> Vec<u8> {
+/// The `Data` frames in `bytes` as (channel, sequence, packet bytes), in order.
+fn packets(bytes: &[u8]) -> Vec<(u8, u64, Bytes)> {
     let mut decoder = FrameDecoder::new(1 << 20);
     decoder.extend(bytes);
     std::iter::from_fn(|| decoder.decode().unwrap())
         .filter_map(|f| match f {
-            Frame::Data { channel, .. } => Some(channel),
+            Frame::Data { channel, sequence, bytes, .. } => Some((channel, sequence, bytes)),
             _ => None,
         })
         .collect()
+}
+
+/// The channels of the `Data` frames in `bytes`, in order.
+fn packet_channels(bytes: &[u8]) -> Vec<u8> {
+    packets(bytes).into_iter().map(|(channel, _, _)| channel).collect()
 }
 
 fn packet_pair(packet_bytes_max: usize) -> Pair {
@@ -770,15 +775,9 @@ fn a_peer_whose_numbers_went_backwards_is_refused_until_an_operator_resets() {
     p.a.handle_bytes(&hello_from_b(11, 1), p.now);
     assert!(p.a.is_established(), "after the reset the peer's numbers are taken as they are");
     p.a.write_pending(p.now, usize::MAX);
-    let mut decoder = FrameDecoder::new(1 << 20);
-    decoder.extend(&p.a.poll_transmit().unwrap());
-    let data: Vec<(u64, u64)> = std::iter::from_fn(|| decoder.decode().unwrap())
-        .filter_map(|f| match f {
-            Frame::Data { sequence, bytes, .. } => {
-                Some((sequence, crate::wire::decode_message(bytes).unwrap().id.sequence))
-            }
-            _ => None,
-        })
+    let data: Vec<(u64, u64)> = packets(&p.a.poll_transmit().unwrap())
+        .into_iter()
+        .map(|(_, sequence, bytes)| (sequence, crate::wire::decode_message(bytes).unwrap().id.sequence))
         .collect();
     assert_eq!(data, [(1, 4)], "the waiting message goes as the number B expects");
 }
@@ -932,11 +931,8 @@ fn after_a_reset_a_peer_ahead_of_us_has_what_we_still_hold() {
     assert_eq!(p.a.in_flight(), 0, "nothing is sent twice");
     p.a.send(C, message(4), None, p.now).unwrap();
     p.a.write_pending(p.now, usize::MAX);
-    let mut decoder = FrameDecoder::new(1 << 20);
-    decoder.extend(&p.a.poll_transmit().unwrap());
-    let sequences: Vec<u64> = std::iter::from_fn(|| decoder.decode().unwrap())
-        .filter_map(|f| if let Frame::Data { sequence, .. } = f { Some(sequence) } else { None })
-        .collect();
+    let sequences: Vec<u64> =
+        packets(&p.a.poll_transmit().unwrap()).into_iter().map(|(_, sequence, _)| sequence).collect();
     assert_eq!(sequences, [6], "numbering goes on from what B expects");
 }
 
