@@ -202,6 +202,10 @@ pub struct Content {
     pub lifetime: Option<Lifetime>,
     /// Persistent or volatile.
     pub reliability: Reliability,
+    /// Whether the origin wants a result back for each recipient: delivered (stored in the
+    /// recipient's queue), expired, or failed with a reason. The origin reports "result wait
+    /// timed out" for a recipient whose result did not come back in time.
+    pub results: bool,
     /// User key/value headers, bounded in count and size.
     pub headers: Vec<(String, String)>,
     /// Group membership, if any.
@@ -236,6 +240,13 @@ impl Content {
     #[must_use]
     pub fn with_reliability(mut self, reliability: Reliability) -> Self {
         self.reliability = reliability;
+        self
+    }
+
+    /// Asks for results (see [`Content::results`]).
+    #[must_use]
+    pub fn with_results(mut self) -> Self {
+        self.results = true;
         self
     }
 

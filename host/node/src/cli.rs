@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use bytes::Bytes;
 use clap::{Args, Parser, Subcommand};
-use linkbus_plugin_api::{Address, Content, Lifetime, Priority, Reliability};
+use linkbus_plugin_api::{Address, Content, Lifetime, MessageId, Priority, Reliability};
 
 use crate::client::Client;
 use crate::config::{self, Overrides};
@@ -48,6 +48,8 @@ pub enum Command {
     Dlq(DlqCommand),
     /// Take and print the events of a local node (its `EVENT` queue), one per line.
     Events(EventsArgs),
+    /// Print what became of messages put with `--results`: one line per recipient.
+    Result(ResultArgs),
     /// Work with configuration files.
     #[command(subcommand)]
     Config(ConfigCommand),
@@ -127,6 +129,20 @@ pub struct EventsArgs {
     /// Keep waiting for new events until interrupted.
     #[arg(long)]
     pub follow: bool,
+}
+
+/// `linkbus result`.
+#[derive(Debug, Args)]
+pub struct ResultArgs {
+    /// Which node (the one that accepted the messages).
+    #[command(flatten)]
+    pub target: Target,
+    /// Wait up to this long for every final result, e.g. `30s` (default: answer at once).
+    #[arg(long, value_parser = parse_duration, default_value = "0s")]
+    pub wait: Duration,
+    /// Message ids as printed by `linkbus put` (`NODE/SEQUENCE`).
+    #[arg(required = true, value_parser = crate::results::parse_id)]
+    pub ids: Vec<MessageId>,
 }
 
 /// `linkbus dlq ...`.
@@ -218,6 +234,14 @@ pub struct PutArgs {
     /// No-wait put: fail at once when a queue is full; refused for persistent messages.
     #[arg(long, conflicts_with = "timeout")]
     pub no_wait: bool,
+    /// Ask for a result per recipient (delivered, expired, failed): see them with
+    /// `linkbus result ID` or as `result` events.
+    #[arg(long)]
+    pub results: bool,
+    /// Ask for results and wait up to this long for them, e.g. `30s`; prints one line per
+    /// recipient and fails unless every recipient got the message.
+    #[arg(long, value_parser = parse_duration, value_name = "TIMEOUT")]
+    pub wait_result: Option<Duration>,
     /// Message name (a user label).
     #[arg(long = "name", default_value = "")]
     pub label: String,
@@ -370,6 +394,7 @@ fn content_for(args: &PutArgs, payload: Bytes) -> anyhow::Result<Content> {
             .or(args.ttl.map(Duration::from_secs))
             .map(|d| Lifetime::from_ms(d.as_millis().max(1) as u64)),
         reliability: if args.persistent { Reliability::Persistent } else { Reliability::Volatile },
+        results: args.results || args.wait_result.is_some(),
         payload,
         ..Content::default()
     };
@@ -392,12 +417,16 @@ pub async fn put(args: PutArgs) -> anyhow::Result<()> {
     if args.message != "-" {
         let id = client.put(content_for(&args, Bytes::from(args.message.clone()))?).await?;
         println!("{id}");
-        return Ok(());
+        return match args.wait_result {
+            Some(wait) => print_results(&mut client, &[id], wait).await,
+            None => Ok(()),
+        };
     }
     let template = content_for(&args, Bytes::new())?;
     let stdin = std::io::stdin().lock();
     let mut batch = Vec::new();
     let mut sent = 0usize;
+    let mut ids = Vec::new();
     for line in stdin.split(b'\n') {
         let mut line = line.context("reading standard input")?;
         if line.last() == Some(&b'\r') {
@@ -405,16 +434,69 @@ pub async fn put(args: PutArgs) -> anyhow::Result<()> {
         }
         batch.push(Content { payload: Bytes::from(line), ..template.clone() });
         if batch.len() >= crate::client::PUT_BATCH_MESSAGES_MAX {
-            sent += client
+            let put = client
                 .put_batch(std::mem::take(&mut batch))
                 .await
-                .with_context(|| format!("after {sent} messages"))?
-                .len();
+                .with_context(|| format!("after {sent} messages"))?;
+            sent += put.len();
+            if args.wait_result.is_some() {
+                ids.extend(put);
+            }
         }
     }
-    sent += client.put_batch(batch).await.with_context(|| format!("after {sent} messages"))?.len();
+    let put = client.put_batch(batch).await.with_context(|| format!("after {sent} messages"))?;
+    sent += put.len();
     eprintln!("put {sent} messages");
+    match args.wait_result {
+        Some(wait) => {
+            ids.extend(put);
+            print_results(&mut client, &ids, wait).await
+        }
+        None => Ok(()),
+    }
+}
+
+/// Prints the results of `ids`, waiting up to `wait` for the final ones; fails unless every
+/// recipient got its message.
+async fn print_results(client: &mut Client, ids: &[MessageId], wait: Duration) -> anyhow::Result<()> {
+    let results = client.results(ids, wait).await?;
+    let mut out = std::io::stdout().lock();
+    let (mut recipients, mut missed) = (0usize, 0usize);
+    for (id, results) in ids.iter().zip(results) {
+        let Some(results) = results else {
+            writeln!(out, "{id} unknown (not put with results wanted, or finished long ago)")?;
+            missed += 1;
+            continue;
+        };
+        for (to, outcome) in results.recipients {
+            recipients += 1;
+            match outcome {
+                Some(crate::results::Outcome::Delivered) => writeln!(out, "{id} {to} delivered")?,
+                Some(outcome) => {
+                    missed += 1;
+                    writeln!(out, "{id} {to} {outcome}")?;
+                }
+                None => {
+                    missed += 1;
+                    writeln!(out, "{id} {to} no result yet")?;
+                }
+            }
+        }
+    }
+    out.flush()?;
+    if missed > 0 {
+        bail!("{missed} of {recipients} recipients did not get their message (or have no result yet)");
+    }
     Ok(())
+}
+
+/// Runs `linkbus result`.
+///
+/// # Errors
+/// A connection failure, ids from another node, or a recipient that did not get its message.
+pub async fn result(args: ResultArgs) -> anyhow::Result<()> {
+    let mut client = args.target.connect().await?;
+    print_results(&mut client, &args.ids, args.wait).await
 }
 
 /// Runs `linkbus get`; fails when fewer than `--count` messages arrived within `--wait`.

@@ -22,6 +22,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
 
 use crate::api::protocol::{ErrorCode, Request, Response, split_frame};
+use crate::results::MessageResults;
 
 /// Encoded bytes [`Client::put_batch`] packs into one request at most (a larger single
 /// message goes alone).
@@ -367,6 +368,51 @@ impl Client {
             Response::Status(text) => Ok(text),
             other => Err(ClientError::Protocol(format!("unexpected answer to link reset: {other:?}"))),
         }
+    }
+
+    /// What became of messages this node accepted with results wanted
+    /// ([`Content::with_results`]), one entry per id in order: each recipient with its final
+    /// outcome, or `None` while it is open. Waits up to `wait` for every outcome to be final
+    /// (zero: answers at once). An entry is `None` when the node does not know the message
+    /// (it wanted no results, or finished too long ago).
+    ///
+    /// # Errors
+    /// [`ClientError::Refused`] when an id is not from this node (results are kept by the
+    /// node that accepted the message).
+    pub async fn results(
+        &mut self,
+        ids: &[MessageId],
+        wait: Duration,
+    ) -> Result<Vec<Option<MessageResults>>, ClientError> {
+        const CHUNK: usize = 10_000;
+        let deadline = tokio::time::Instant::now() + wait;
+        let mut all = Vec::with_capacity(ids.len());
+        for chunk in ids.chunks(CHUNK) {
+            let Some(first) = chunk.first() else { break };
+            if let Some(other) = chunk.iter().find(|id| id.source != first.source) {
+                return Err(ClientError::Refused {
+                    code: ErrorCode::BadRequest,
+                    accepted: 0,
+                    message: format!(
+                        "ids from {} and {} in one request: ask each node",
+                        first.source, other.source
+                    ),
+                });
+            }
+            let wait_ms = deadline.saturating_duration_since(tokio::time::Instant::now()).as_millis() as u64;
+            let request = Request::Results {
+                source: first.source.to_string(),
+                sequences: chunk.iter().map(|id| id.sequence).collect(),
+                wait_ms,
+            };
+            match self.call(&request).await? {
+                Response::Results(results) if results.len() == chunk.len() => all.extend(results),
+                other => {
+                    return Err(ClientError::Protocol(format!("unexpected answer to results: {other:?}")));
+                }
+            }
+        }
+        Ok(all)
     }
 
     /// The node's status: links, queues, store.

@@ -1,5 +1,5 @@
 //! Node events: typed records of what happened (a link came up or went down, a message
-//! expired or was dead-lettered, a queue was full), put as event messages into the node's
+//! expired or was dead-lettered, a queue was full, a message's result came back), put as event messages into the node's
 //! `EVENT` queue and copied to the queues that subscribe to their kind (`events.subscriptions`
 //! in YAML), on this node or another.
 //!
@@ -30,12 +30,21 @@ pub enum EventKind {
     DeadLetter,
     /// A put was refused because a queue or transmission queue stayed full.
     QueueFull,
+    /// The final outcome of a message of this node for one recipient (see `results`).
+    Result,
 }
 
 impl EventKind {
     /// Every kind, for `all` in subscriptions.
-    pub const ALL: [EventKind; 6] =
-        [Self::LinkUp, Self::LinkDown, Self::LinkStopped, Self::Expired, Self::DeadLetter, Self::QueueFull];
+    pub const ALL: [EventKind; 7] = [
+        Self::LinkUp,
+        Self::LinkDown,
+        Self::LinkStopped,
+        Self::Expired,
+        Self::DeadLetter,
+        Self::QueueFull,
+        Self::Result,
+    ];
 
     /// The kind's name in configuration, headers and output.
     pub fn as_str(self) -> &'static str {
@@ -46,6 +55,7 @@ impl EventKind {
             Self::Expired => "expired",
             Self::DeadLetter => "dead_letter",
             Self::QueueFull => "queue_full",
+            Self::Result => "result",
         }
     }
 }

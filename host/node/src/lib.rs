@@ -4,6 +4,7 @@
 //! - [`config`]: the configuration tree, its defaults, and the one YAML reader.
 //! - [`node`]: node state, put acceptance at the origin and delivery at the destination.
 //! - [`queue`]: local queues (FIFO or priority order, limits, expiry, write-through).
+//! - [`results`]: per-recipient message results, tracked at the origin.
 //! - [`link`]: one task per peer pumping a `linkbus_proto::Session` over the transport.
 //! - [`listener`]: accepting links and routing each to its peer's task.
 //! - [`api`]: the client protocol and the Unix-socket server.
@@ -26,6 +27,7 @@ pub mod link;
 pub mod listener;
 pub mod node;
 pub mod queue;
+pub mod results;
 pub mod runtime_dir;
 pub mod security;
 
@@ -83,6 +85,7 @@ impl Node {
         for link in state.links.values() {
             tasks.spawn(link::run(state.clone(), link.clone(), watch_rx.clone()));
         }
+        tasks.spawn(result_timer(state.clone(), watch_rx.clone()));
         if state.security.mode == linkbus_proto::secure::Mode::Plaintext {
             tracing::warn!(node = %state.name(), "INSECURE: links are plaintext, unauthenticated and unencrypted (security.insecure_plaintext).");
         }
@@ -123,6 +126,18 @@ impl Node {
             self.tasks.abort_all();
         }
         info!(node = %self.state.name(), "Node stopped.");
+    }
+}
+
+/// Reports results that did not come back in time, every 100 ms, until shutdown.
+async fn result_timer(state: Arc<NodeState>, mut shutdown: watch::Receiver<bool>) {
+    let mut tick = tokio::time::interval(Duration::from_millis(100));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => state.time_out_results(std::time::Instant::now()),
+            _ = shutdown.changed() => return,
+        }
     }
 }
 

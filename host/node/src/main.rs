@@ -32,6 +32,7 @@ fn main() -> ExitCode {
             Command::Queue(command) => cli::queue(command).await,
             Command::Dlq(command) => cli::dlq(command).await,
             Command::Events(args) => cli::events(args).await,
+            Command::Result(args) => cli::result(args).await,
             Command::Demo(demo) => cli::demo(demo).await,
             Command::Keygen(args) => cli::keygen(&args),
             Command::Config(_) => Ok(()),

@@ -9,10 +9,10 @@ use std::time::Instant;
 
 use linkbus_plugin_api::registry::{self, BuildContext, Factory};
 use linkbus_plugin_api::{
-    Batch, Content, Lifetime, Message, MessageId, NodeName, PluginError, QueueName, Store, StoreError,
-    Transport,
+    Address, Batch, Content, Lifetime, Message, MessageId, NodeName, PluginError, QueueName, Store,
+    StoreError, Transport,
 };
-use tracing::warn;
+use tracing::{debug, warn};
 
 use crate::api::protocol::ErrorCode;
 use crate::config::{Config, QueueConfig, QueueOrder};
@@ -22,6 +22,7 @@ use crate::queue::{
     DEAD_LETTER_CODE_HEADER, DEAD_LETTER_QUEUE, DEAD_LETTER_REASON_HEADER, DEAD_LETTER_RECIPIENTS_HEADER,
     DeadLetterCode, EVENT_QUEUE, LocalQueue, QueueError,
 };
+use crate::results::{Outcome, RESULT_FOR_HEADER, RESULT_NAME, ResultBook, ResultTo};
 
 /// Why a put was refused: a code for programs, a message for people, and how many of the
 /// batch's contents were accepted before the refused one.
@@ -100,6 +101,10 @@ pub struct NodeState {
     room: Arc<tokio::sync::Notify>,
     /// Event copies dropped because their queue or link had no room.
     pub events_dropped: AtomicU64,
+    /// The results of this node's messages that asked for them.
+    pub results: ResultBook,
+    /// Result messages to other nodes dropped because their way had no room.
+    pub results_dropped: AtomicU64,
 }
 
 impl std::fmt::Debug for NodeState {
@@ -188,6 +193,8 @@ impl NodeState {
         // Sequence numbers must not repeat across restarts of a node whose store forgets:
         // start from the clock (microsecond resolution leaves room for 1 M puts a second).
         let next_sequence = AtomicU64::new(crate::clock::unix_ms().saturating_mul(1000));
+        let config_result_wait_ms = config.messages.result_wait_ms;
+        let config_results_pending_max = config.messages.results_pending_max;
         Ok(Arc::new(Self {
             config,
             incarnation,
@@ -199,6 +206,11 @@ impl NodeState {
             next_sequence,
             room,
             events_dropped: AtomicU64::new(0),
+            results: ResultBook::new(
+                std::time::Duration::from_millis(config_result_wait_ms),
+                usize::try_from(config_results_pending_max).unwrap_or(usize::MAX),
+            ),
+            results_dropped: AtomicU64::new(0),
         }))
     }
 
@@ -279,7 +291,9 @@ impl NodeState {
         for (index, content) in contents.into_iter().enumerate() {
             let message = self.prepare(index, content, created_unix_ms)?;
             let sequence = message.id.sequence;
-            self.dispatch(message, Instant::now()).map_err(|e| put_error(index, e))?;
+            let dispatched = self.dispatch(message.clone(), Instant::now());
+            self.accepted(&message, dispatched.is_ok());
+            dispatched.map_err(|e| put_error(index, e))?;
             sequences.push(sequence);
         }
         Ok((sequences, created_unix_ms))
@@ -321,13 +335,18 @@ impl NodeState {
                         let waited = tokio::time::Instant::now() < deadline
                             && tokio::time::timeout_at(deadline, room).await.is_ok();
                         if !waited {
+                            self.accepted(&message, false);
                             let reason = format!("{reason}; no room within {waits:?}, not accepted");
                             return Err(put_error(index, (ErrorCode::Full, reason)));
                         }
                     }
-                    Err(e) => return Err(put_error(index, e)),
+                    Err(e) => {
+                        self.accepted(&message, false);
+                        return Err(put_error(index, e));
+                    }
                 }
             }
+            self.accepted(&message, true);
             sequences.push(sequence);
         }
         Ok((sequences, created_unix_ms))
@@ -336,7 +355,93 @@ impl NodeState {
     /// Checks one content from a client and makes it a message.
     fn prepare(&self, index: usize, content: Content, created_unix_ms: u64) -> Result<Message, PutError> {
         self.check_content(&content).map_err(|e| put_error(index, e))?;
-        Ok(self.stamp(content, created_unix_ms))
+        let message = self.stamp(content, created_unix_ms);
+        if message.content.results {
+            // Tracked before it is queued anywhere, so no result can come back untracked.
+            self.results
+                .track(&message, Instant::now())
+                .map_err(|e| put_error(index, (ErrorCode::Full, e)))?;
+        }
+        Ok(message)
+    }
+
+    /// Settles the results of a message once its put is decided: forgotten when it was not
+    /// accepted, else delivered at once to its recipients on this node.
+    fn accepted(&self, message: &Message, accepted: bool) {
+        if !message.content.results {
+            return;
+        }
+        if !accepted {
+            return self.results.forget(message.id.sequence);
+        }
+        for to in message.content.recipients.iter().filter(|to| &to.node == self.name()) {
+            self.record_result(&message.id, to, Outcome::Delivered);
+        }
+    }
+
+    /// Reports what became of a message at some of its recipients to its origin: recorded
+    /// here when this node is the origin, else sent there as a result message (dropped and
+    /// counted when its way has no room). Nothing happens for a message that wants no results.
+    pub fn report(&self, to: Option<&ResultTo>, outcomes: Vec<(Address, Outcome)>) {
+        let Some(to) = to else { return };
+        if outcomes.is_empty() {
+            return;
+        }
+        if &to.id.source == self.name() {
+            for (recipient, outcome) in outcomes {
+                self.record_result(&to.id, &recipient, outcome);
+            }
+            return;
+        }
+        let origin = Address::new(to.id.source.clone(), QueueName::new(EVENT_QUEUE).expect("valid"));
+        let mut content = Content::buf(origin, crate::results::encode_report(&outcomes))
+            .with_priority(linkbus_plugin_api::Priority::SYSTEM)
+            .with_reliability(to.reliability)
+            .with_lifetime(Lifetime::from_ms(self.config.messages.result_wait_ms));
+        content.kind = linkbus_plugin_api::Kind::Event;
+        content.name = RESULT_NAME.to_owned();
+        content.headers.push((EVENT_KIND_HEADER.into(), RESULT_NAME.into()));
+        content.headers.push((RESULT_FOR_HEADER.into(), to.id.to_string()));
+        if let Err(e) = content.validate() {
+            self.results_dropped.fetch_add(1, Ordering::Relaxed);
+            return warn!(id = %to.id, error = %e, "Result message not valid; dropped.");
+        }
+        let message = self.stamp(content, crate::clock::unix_ms());
+        if let Err((_, reason)) = self.dispatch(message, Instant::now()) {
+            self.results_dropped.fetch_add(1, Ordering::Relaxed);
+            debug!(id = %to.id, reason, "Result message dropped.");
+        }
+    }
+
+    /// Records one outcome of a message of this node and raises it as a `result` event.
+    fn record_result(&self, id: &MessageId, recipient: &Address, outcome: Outcome) {
+        if !self.results.record(id.sequence, recipient, outcome.clone()) {
+            return;
+        }
+        self.emit(result_event(id, recipient, &outcome));
+    }
+
+    /// Reports every recipient whose result did not come back in time as timed out.
+    pub fn time_out_results(&self, now: Instant) {
+        for (id, recipient) in self.results.time_out(now) {
+            self.emit(result_event(&id, &recipient, &Outcome::TimedOut));
+        }
+    }
+
+    /// Takes apart a result message that arrived for this node's `EVENT` queue.
+    fn take_results(&self, message: &Message) {
+        let about = message.content.header(RESULT_FOR_HEADER).map(crate::results::parse_id);
+        let outcomes = crate::results::decode_report(&message.content.payload);
+        match (about, outcomes) {
+            (Some(Ok(id)), Ok(outcomes)) if &id.source == self.name() => {
+                for (recipient, outcome) in outcomes {
+                    self.record_result(&id, &recipient, outcome);
+                }
+            }
+            (about, outcomes) => {
+                warn!(from = %message.id.source, ?about, error = ?outcomes.err(), "Result message not for this node's messages or unreadable; dropped.");
+            }
+        }
     }
 
     /// Makes a checked content a message of this node: default lifetime, id.
@@ -408,6 +513,11 @@ impl NodeState {
     /// nothing was queued then, so the caller may leave the message unacknowledged and take
     /// it again later without a duplicate.
     pub fn deliver(&self, message: Message, now: Instant) -> Result<(), QueueError> {
+        if is_result_message(&message) && message.content.recipients.iter().any(|to| &to.node == self.name())
+        {
+            self.take_results(&message);
+            return Ok(());
+        }
         type Failed = (DeadLetterCode, String, Vec<linkbus_plugin_api::Address>);
         let mut targets: Vec<Result<&Arc<LocalQueue>, Failed>> = Vec::new();
         let mut seen: Vec<&QueueName> = Vec::new();
@@ -445,9 +555,17 @@ impl NodeState {
             return Err(QueueError::Full { queue: dlq.config().name.clone(), max });
         }
         // Room was checked everywhere: push past the limits rather than deliver partly.
+        let result_to = ResultTo::of(&message);
+        let mut delivered = Vec::new();
         for target in targets {
             match target {
-                Ok(queue) => queue.push_bounded(message.clone(), now, u64::MAX)?,
+                Ok(queue) => {
+                    queue.push_bounded(message.clone(), now, u64::MAX)?;
+                    delivered.push((
+                        Address::new(self.name().clone(), queue.config().name.clone()),
+                        Outcome::Delivered,
+                    ));
+                }
                 Err((_, reason, _)) if event => {
                     self.events_dropped.fetch_add(1, Ordering::Relaxed);
                     tracing::debug!(id = %message.id, reason, "Event message dropped.");
@@ -462,6 +580,7 @@ impl NodeState {
                 }
             }
         }
+        self.report(result_to.as_ref(), delivered);
         Ok(())
     }
 
@@ -531,6 +650,8 @@ impl NodeState {
     ) -> Result<(), QueueError> {
         let DeadLetter { code, reason, failed } = why;
         let id = message.id.clone();
+        let result_to = ResultTo::of(&message);
+        let outcomes = failed.iter().map(|to| (to.clone(), Outcome::failed(code.as_str(), reason))).collect();
         let event = message.content.kind == linkbus_plugin_api::Kind::Event;
         // Earlier dead-letter marks (a replayed message that failed again) make way.
         message.content.headers.retain(|(k, _)| !k.starts_with("linkbus.dead_letter_"));
@@ -553,6 +674,7 @@ impl NodeState {
         }
         self.dead_letter_queue().push_bounded(message, now, max)?;
         warn!(%id, code = code.as_str(), reason, "Message dead-lettered.");
+        self.report(result_to.as_ref(), outcomes);
         if !event {
             self.emit(
                 Event::new(
@@ -566,6 +688,27 @@ impl NodeState {
         }
         Ok(())
     }
+}
+
+/// Whether `message` is a result message from another node (only nodes send the system
+/// priority).
+fn is_result_message(message: &Message) -> bool {
+    message.content.kind == linkbus_plugin_api::Kind::Event
+        && message.content.priority.is_system()
+        && message.content.name == RESULT_NAME
+        && message.content.recipients.iter().all(|to| to.queue.as_str() == EVENT_QUEUE)
+}
+
+/// The `result` event for one outcome of message `id`.
+fn result_event(id: &MessageId, recipient: &Address, outcome: &Outcome) -> Event {
+    let mut event = Event::new(EventKind::Result, format!("message {id} to {recipient}: {outcome}"))
+        .with("id", id)
+        .with("recipient", recipient)
+        .with("result", outcome.as_str());
+    if let Outcome::Failed { code, reason } = outcome {
+        event = event.with("code", code).with("reason", reason);
+    }
+    event
 }
 
 fn put_error(index: usize, (code, message): (ErrorCode, String)) -> PutError {
@@ -625,6 +768,66 @@ mod tests {
         largest.group = Some(linkbus_plugin_api::Group { id: "g".repeat(128), index: 0, last: true });
         largest.correlation_id = Some(bytes::Bytes::from(vec![1u8; 128]));
         assert!(n.put(vec![largest]).is_ok());
+    }
+
+    #[test]
+    fn results_are_recorded_from_here_and_from_peers_and_open_ones_time_out() {
+        let n = node("messages: { result_wait_ms: 100 }");
+        let mut content =
+            Content::buf("B:q".parse().unwrap(), "x").with_results().with_lifetime(Lifetime::from_ms(100));
+        content.recipients.extend(["B:r".parse().unwrap(), "A:q".parse().unwrap()]);
+        let (sequences, created) = n.put(vec![content]).unwrap();
+        let id = MessageId { source: n.name().clone(), sequence: sequences[0], created_unix_ms: created };
+        let outcomes = |n: &NodeState| -> Vec<Option<Outcome>> {
+            n.results.get(&sequences)[0].clone().unwrap().recipients.into_iter().map(|(_, o)| o).collect()
+        };
+        assert_eq!(outcomes(&n), [None, None, Some(Outcome::Delivered)], "the local recipient at once");
+
+        // B's result message for B:r; a look-alike from a client (not the system priority)
+        // is an ordinary message.
+        let report = crate::results::encode_report(&[(
+            "B:r".parse().unwrap(),
+            Outcome::failed("queue_missing", "no r"),
+        )]);
+        let mut result = Content::buf(format!("A:{EVENT_QUEUE}").parse().unwrap(), report)
+            .with_priority(linkbus_plugin_api::Priority::SYSTEM);
+        result.kind = linkbus_plugin_api::Kind::Event;
+        result.name = RESULT_NAME.into();
+        result.headers.push((RESULT_FOR_HEADER.into(), id.to_string()));
+        let from_b = |content: Content| Message {
+            id: MessageId { source: NodeName::new("B").unwrap(), sequence: 1, created_unix_ms: 0 },
+            hop_count: 0,
+            redelivered: false,
+            backout_count: 0,
+            content,
+        };
+        let mut forged = result.clone().with_priority(Priority::level(9).unwrap());
+        forged.payload =
+            crate::results::encode_report(&[("B:q".parse().unwrap(), Outcome::Delivered)]).into();
+        n.deliver(from_b(forged), Instant::now()).unwrap();
+        n.deliver(from_b(result), Instant::now()).unwrap();
+        assert_eq!(outcomes(&n)[..2], [None, Some(Outcome::failed("queue_missing", "no r"))]);
+
+        // Nothing came back for B:q within lifetime + result wait.
+        n.time_out_results(Instant::now() + std::time::Duration::from_millis(199));
+        assert_eq!(outcomes(&n)[0], None);
+        n.time_out_results(Instant::now() + std::time::Duration::from_millis(300));
+        assert_eq!(outcomes(&n)[0], Some(Outcome::TimedOut));
+        assert_eq!(n.results.pending(), 0);
+
+        let events = n
+            .queues
+            .get(EVENT_QUEUE)
+            .unwrap()
+            .pop(crate::queue::PopLimits::auto(10), Instant::now())
+            .unwrap();
+        let kinds: Vec<_> =
+            events.messages.iter().map(|m| m.content.header("linkbus.result").unwrap_or("-")).collect();
+        assert_eq!(
+            kinds,
+            ["delivered", "-", "failed", "result_wait_timed_out"],
+            "the forged one is just a message"
+        );
     }
 
     #[test]

@@ -4,7 +4,7 @@
 //!
 //! Layout (big-endian): format u8; for a message, the id (source name u8-len, sequence u64,
 //! created u64), hop count u8, flags u8 and backout count u16; then the content: kind u8, priority u8,
-//! reliability u8, lifetime ms u64 (`0` = not set), name (u32 len), recipients (u8 count, each
+//! reliability u8, lifetime ms u64 (`0` = not set), content flags u8 (bit 0: results wanted), name (u32 len), recipients (u8 count, each
 //! node and queue u8-len), headers (u8 count, key u16-len, value u16-len), group (present
 //! flag u8, id u16-len, index u32, last u8), correlation id (present flag u8, u16-len),
 //! payload (u32 len). Nothing may follow the payload.
@@ -21,8 +21,9 @@ use linkbus_plugin_api::{
 use crate::reader::{ReadError, Reader};
 
 /// Version of the message layout.
-pub const MESSAGE_FORMAT: u8 = 2;
+pub const MESSAGE_FORMAT: u8 = 3;
 const FLAG_REDELIVERED: u8 = 1;
+const CONTENT_FLAG_RESULTS: u8 = 1;
 
 fn len_u8(n: usize) -> u8 {
     u8::try_from(n).expect("validated length fits u8")
@@ -47,6 +48,7 @@ pub fn encode_content(content: &Content, out: &mut BytesMut) {
         Reliability::Persistent => 1,
     });
     out.put_u64(content.lifetime.map_or(0, Lifetime::as_ms));
+    out.put_u8(if content.results { CONTENT_FLAG_RESULTS } else { 0 });
     out.put_u32(len_u32(content.name.len()));
     out.put_slice(content.name.as_bytes());
     out.put_u8(len_u8(content.recipients.len()));
@@ -96,6 +98,7 @@ pub fn content_encoded_len(content: &Content) -> usize {
     let group = content.group.as_ref().map_or(0, |g| 2 + g.id.len() + 4 + 1);
     let correlation = content.correlation_id.as_ref().map_or(0, |c| 2 + c.len());
     3 + 8
+        + 1
         + 4
         + content.name.len()
         + 1
@@ -180,6 +183,11 @@ pub fn read_content(r: &mut Reader) -> Result<Content, ReadError> {
         other => return Err(invalid("reliability", other)),
     };
     let lifetime = Some(r.u64()?).filter(|ms| *ms != 0).map(Lifetime::from_ms);
+    let flags = r.u8()?;
+    if flags & !CONTENT_FLAG_RESULTS != 0 {
+        return Err(invalid("content flags", flags));
+    }
+    let results = flags & CONTENT_FLAG_RESULTS != 0;
     let name_len = bounded("name", r.u32()? as usize, MESSAGE_NAME_BYTES_MAX)?;
     let name = r.string(name_len)?;
     let count = bounded("recipients", r.u8()? as usize, RECIPIENTS_MAX)?;
@@ -226,6 +234,7 @@ pub fn read_content(r: &mut Reader) -> Result<Content, ReadError> {
         priority,
         lifetime,
         reliability,
+        results,
         headers,
         group,
         correlation_id,
@@ -270,6 +279,7 @@ mod tests {
         content.reliability = Reliability::Persistent;
         content.priority = Priority::SYSTEM;
         content.kind = Kind::Event;
+        content.results = true;
         Message {
             id: MessageId { source: NodeName::new("A").unwrap(), sequence: 7, created_unix_ms: 99 },
             hop_count: 2,

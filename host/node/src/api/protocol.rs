@@ -4,16 +4,19 @@
 //! Every frame is a 4-byte big-endian length, a 1-byte type and a body. Requests: `Put`
 //! (a batch of contents, accepted in order), `Get` (wait up to a time for messages from a
 //! queue, acknowledged at once or handed out pending), `Ack` / `Backout` (settle pending
-//! messages by tag), `Status` and `LinkReset` (accept a peer's sequence numbers).
+//! messages by tag), `Results` (of messages put with results wanted, waiting for the final
+//! ones), `Status` and `LinkReset` (accept a peer's sequence numbers).
 //! Responses: `PutOk` (the ids given), `Messages` (with tags when pending), `Settled`,
-//! `Status` text, or `Error` with a code, the number of puts accepted before the error, and
+//! `Results`, `Status` text, or `Error` with a code, the number of puts accepted before the error, and
 //! a message.
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
-use linkbus_plugin_api::{Content, Message, NodeName};
+use linkbus_plugin_api::{Address, Content, Message, MessageId, NodeName, QueueName};
 use linkbus_proto::frame::put_length_prefixed;
 use linkbus_proto::reader::{ReadError, Reader};
 use linkbus_proto::wire::{decode_message, encode_content, encode_message, read_content};
+
+use crate::results::{MessageResults, Outcome};
 
 const PUT: u8 = 1;
 const GET: u8 = 2;
@@ -23,6 +26,8 @@ const ACK: u8 = 5;
 const QUEUES: u8 = 7;
 const BROWSE: u8 = 8;
 const BACKOUT: u8 = 6;
+const RESULTS: u8 = 9;
+const RESULTS_ANSWER: u8 = 105;
 const SETTLED: u8 = 104;
 const PUT_OK: u8 = 101;
 const MESSAGES: u8 = 102;
@@ -83,6 +88,16 @@ pub enum Request {
         queue: String,
         /// Their tags.
         tags: Vec<u64>,
+    },
+    /// What became of messages of this node put with results wanted, waiting up to
+    /// `wait_ms` for their final results; answered with `Results`.
+    Results {
+        /// The node that accepted them (it keeps their results).
+        source: String,
+        /// Their sequence numbers.
+        sequences: Vec<u64>,
+        /// How long to wait for every final result, in milliseconds.
+        wait_ms: u64,
     },
     /// Describe the node.
     Status,
@@ -150,6 +165,8 @@ pub enum Response {
     },
     /// How many messages an `Ack` or `Backout` settled.
     Settled(u32),
+    /// The results asked for, in order (`None`: not tracked, or forgotten).
+    Results(Vec<Option<MessageResults>>),
     /// `Status` text.
     Status(String),
     /// The request failed.
@@ -196,6 +213,10 @@ impl Request {
                 out.put_u32(*count_max);
             }),
             Self::Backout { queue, tags } => frame(BACKOUT, out, |out| put_tags(out, queue, tags)),
+            Self::Results { source, sequences, wait_ms } => frame(RESULTS, out, |out| {
+                put_tags(out, source, sequences);
+                out.put_u64(*wait_ms);
+            }),
             Self::Status => frame(STATUS, out, |_| {}),
             Self::LinkReset { peer } => frame(LINK_RESET, out, |out| put_name(out, peer)),
         }
@@ -239,6 +260,10 @@ impl Request {
                 let (queue, tags) = read_tags(&mut r)?;
                 Self::Backout { queue, tags }
             }
+            RESULTS => {
+                let (source, sequences) = read_tags(&mut r)?;
+                Self::Results { source, sequences, wait_ms: r.u64()? }
+            }
             STATUS => Self::Status,
             LINK_RESET => Self::LinkReset { peer: r.short_string()? },
             other => return Err(ReadError::Invalid { field: "request type", detail: other.to_string() }),
@@ -268,6 +293,10 @@ impl Response {
                 tags.iter().for_each(|t| out.put_u64(*t));
             }),
             Self::Settled(count) => frame(SETTLED, out, |out| out.put_u32(*count)),
+            Self::Results(results) => frame(RESULTS_ANSWER, out, |out| {
+                out.put_u32(results.len() as u32);
+                results.iter().for_each(|r| put_results(out, r.as_ref()));
+            }),
             Self::Status(text) => frame(STATUS_TEXT, out, |out| out.put_slice(text.as_bytes())),
             Self::Error { code, accepted, message } => frame(ERROR, out, |out| {
                 out.put_u16(*code as u16);
@@ -310,6 +339,14 @@ impl Response {
                 Self::Messages { messages, tags }
             }
             SETTLED => Self::Settled(r.u32()?),
+            RESULTS_ANSWER => {
+                let count = r.u32()? as usize;
+                let mut results = Vec::with_capacity(count.min(r.remaining()));
+                for _ in 0..count {
+                    results.push(read_results(&mut r)?);
+                }
+                Self::Results(results)
+            }
             STATUS_TEXT => Self::Status(String::from_utf8_lossy(&r.rest()).into_owned()),
             ERROR => {
                 let code = ErrorCode::from_u16(r.u16()?);
@@ -321,6 +358,61 @@ impl Response {
         r.finish()?;
         Ok(response)
     }
+}
+
+fn put_results(out: &mut BytesMut, results: Option<&MessageResults>) {
+    let Some(results) = results else { return out.put_u8(0) };
+    out.put_u8(1);
+    put_name(out, results.id.source.as_str());
+    out.put_u64(results.id.sequence);
+    out.put_u64(results.id.created_unix_ms);
+    out.put_u8(results.recipients.len() as u8);
+    for (to, outcome) in &results.recipients {
+        put_name(out, to.node.as_str());
+        put_name(out, to.queue.as_str());
+        out.put_u8(match outcome {
+            None => 0,
+            Some(Outcome::Delivered) => 1,
+            Some(Outcome::Expired) => 2,
+            Some(Outcome::Failed { .. }) => 3,
+            Some(Outcome::TimedOut) => 4,
+        });
+        if let Some(Outcome::Failed { code, reason }) = outcome {
+            put_name(out, code);
+            let reason = &reason.as_bytes()[..reason.len().min(usize::from(u16::MAX))];
+            out.put_u16(reason.len() as u16);
+            out.put_slice(reason);
+        }
+    }
+}
+
+fn read_results(r: &mut Reader) -> Result<Option<MessageResults>, ReadError> {
+    let invalid = |field, detail: String| ReadError::Invalid { field, detail };
+    if r.u8()? == 0 {
+        return Ok(None);
+    }
+    let source = NodeName::new(&r.short_string()?).map_err(|e| invalid("source", e.to_string()))?;
+    let id = MessageId { source, sequence: r.u64()?, created_unix_ms: r.u64()? };
+    let count = r.u8()?;
+    let mut recipients = Vec::with_capacity(usize::from(count));
+    for _ in 0..count {
+        let node = NodeName::new(&r.short_string()?).map_err(|e| invalid("node", e.to_string()))?;
+        let queue = QueueName::new(&r.short_string()?).map_err(|e| invalid("queue", e.to_string()))?;
+        let outcome = match r.u8()? {
+            0 => None,
+            1 => Some(Outcome::Delivered),
+            2 => Some(Outcome::Expired),
+            3 => {
+                let code = r.short_string()?;
+                let len = usize::from(r.u16()?);
+                Some(Outcome::Failed { code, reason: String::from_utf8_lossy(&r.bytes(len)?).into_owned() })
+            }
+            4 => Some(Outcome::TimedOut),
+            other => return Err(invalid("outcome", other.to_string())),
+        };
+        recipients.push((Address::new(node, queue), outcome));
+    }
+    Ok(Some(MessageResults { id, recipients }))
 }
 
 fn put_name(out: &mut BytesMut, name: &str) {
@@ -396,6 +488,7 @@ mod tests {
         round_trip_request(Request::Backout { queue: "orders".into(), tags: vec![] });
         round_trip_request(Request::Queues { name: String::new() });
         round_trip_request(Request::Browse { queue: "DLQ".into(), count_max: 10 });
+        round_trip_request(Request::Results { source: "A".into(), sequences: vec![1, u64::MAX], wait_ms: 3 });
         let message = Message {
             id: linkbus_plugin_api::MessageId {
                 source: NodeName::new("A").unwrap(),
@@ -411,6 +504,21 @@ mod tests {
             Response::Error { code: ErrorCode::NoRoute, accepted: 2, message: "no route".into() },
             Response::Messages { messages: vec![message], tags: vec![77] },
             Response::Settled(3),
+            Response::Results(vec![
+                None,
+                Some(MessageResults {
+                    id: linkbus_plugin_api::MessageId {
+                        source: NodeName::new("A").unwrap(),
+                        sequence: 9,
+                        created_unix_ms: 1,
+                    },
+                    recipients: vec![
+                        ("B:q".parse().unwrap(), None),
+                        ("B:r".parse().unwrap(), Some(Outcome::failed("queue_missing", "no queue r"))),
+                        ("C:q".parse().unwrap(), Some(Outcome::TimedOut)),
+                    ],
+                }),
+            ]),
         ] {
             let mut out = BytesMut::new();
             response.encode(&mut out);

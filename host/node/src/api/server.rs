@@ -262,6 +262,9 @@ async fn handle(
             }
             (response, Some(q))
         }
+        Request::Results { source, sequences, wait_ms } => {
+            (results(node, &source, &sequences, wait_ms).await, None)
+        }
         Request::Status => (Response::Status(status(node)), None),
         Request::LinkReset { peer } => (link_reset(node, &peer), None),
         other => (queue_request(node, other, pending), None),
@@ -402,6 +405,23 @@ fn queue_detail(q: &LocalQueue) -> String {
     s
 }
 
+/// The results of messages of this node, once all are final or after `wait_ms`.
+async fn results(node: &NodeState, source: &str, sequences: &[u64], wait_ms: u64) -> Response {
+    if source != node.name().as_str() {
+        let message = format!(
+            "the results of messages from {source} are kept by node {source}, not by {}",
+            node.name()
+        );
+        return Response::Error { code: ErrorCode::BadRequest, accepted: 0, message };
+    }
+    if sequences.len() > GET_MESSAGES_MAX as usize {
+        let message = format!("at most {GET_MESSAGES_MAX} messages per results request");
+        return Response::Error { code: ErrorCode::BadRequest, accepted: 0, message };
+    }
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(wait_ms.min(GET_WAIT_MS_MAX));
+    Response::Results(node.results.wait(sequences, deadline).await)
+}
+
 fn age(oldest: Option<Duration>) -> String {
     oldest.map_or_else(|| "-".to_owned(), |d| format!("{:.1}s", d.as_secs_f64()))
 }
@@ -439,6 +459,12 @@ fn status(node: &NodeState) -> String {
         );
     }
     let _ = writeln!(s, "events dropped (no room): {}", node.events_dropped.load(Ordering::Relaxed));
+    let _ = writeln!(
+        s,
+        "results: {} messages waiting for theirs; result messages dropped (no room): {}",
+        node.results.pending(),
+        node.results_dropped.load(Ordering::Relaxed)
+    );
     let _ = writeln!(s, "queues:");
     let mut queues: Vec<_> = node.queues.values().collect();
     queues.sort_by(|a, b| a.config().name.cmp(&b.config().name));

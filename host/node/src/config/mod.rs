@@ -173,6 +173,12 @@ pub struct MessageSettings {
     pub message_bytes_max: u64,
     /// Most messages the dead-letter queue `DLQ` holds.
     pub dead_letter_messages_max: u64,
+    /// How long past a message's lifetime its origin waits for results before it reports
+    /// "result wait timed out", in milliseconds.
+    pub result_wait_ms: u64,
+    /// Most messages whose results the origin waits for at once; a put asking for results
+    /// beyond it is refused.
+    pub results_pending_max: u64,
 }
 
 /// `links:` — the link protocol's limits and timers.
@@ -254,7 +260,13 @@ impl Default for NodeSettings {
 
 impl Default for MessageSettings {
     fn default() -> Self {
-        Self { lifetime_default_s: 86_400, message_bytes_max: 4 << 20, dead_letter_messages_max: 1_000_000 }
+        Self {
+            lifetime_default_s: 86_400,
+            message_bytes_max: 4 << 20,
+            dead_letter_messages_max: 1_000_000,
+            result_wait_ms: 60_000,
+            results_pending_max: 100_000,
+        }
     }
 }
 

@@ -292,6 +292,8 @@ fn read_messages(root: &Section<'_>) -> MessageSettings {
             1,
             1 << 40,
         ),
+        result_wait_ms: s.number("result_wait_ms", d.result_wait_ms, 100, 1 << 40),
+        results_pending_max: s.number("results_pending_max", d.results_pending_max, 1, 1 << 32),
     };
     s.finish();
     settings

@@ -37,6 +37,7 @@ use tracing::{debug, error, info, warn};
 
 use crate::events::{Event, EventKind};
 use crate::node::NodeState;
+use crate::results::{Outcome, ResultTo};
 use backoff::Backoff;
 pub(crate) use handle::{Gate, Incoming};
 pub use handle::{LinkHandle, TransmissionQueueFull};
@@ -51,6 +52,8 @@ pub const WRITE_BACKLOG_BYTES_MAX: usize = 16 << 20;
 /// writes no more packets: enough to keep the connection busy, small enough that a packet
 /// of an urgent channel is not queued behind much.
 pub const DATA_BACKLOG_BYTES: usize = 256 << 10;
+/// How often expired messages are swept out of a transmission queue.
+const EXPIRY_SWEEP: Duration = Duration::from_millis(250);
 
 struct Active {
     id: u64,
@@ -158,6 +161,10 @@ pub async fn run(node: Arc<NodeState>, handle: Arc<LinkHandle>, mut shutdown: wa
         drained: Arc::new(Notify::new()),
         dialing: false,
     };
+    // Expired messages leave the transmission queue also while the link is down (or its
+    // window is full), so their origin learns of them.
+    let mut sweep = tokio::time::interval(EXPIRY_SWEEP);
+    sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         let timeout = link.session.poll_timeout().map(tokio::time::Instant::from_std);
         let dial_at = link.dial_due();
@@ -171,6 +178,7 @@ pub async fn run(node: Arc<NodeState>, handle: Arc<LinkHandle>, mut shutdown: wa
             () = link.drained.notified() => {}
             () = sleep_until(timeout) => link.session.handle_timeout(Instant::now()),
             () = sleep_until(dial_at) => link.start_dial(),
+            _ = sweep.tick() => link.sweep_expired(),
         }
         let _still_stopped = link.apply_reset();
         link.pump();
@@ -442,11 +450,25 @@ impl Link {
             }
         }
         for message in &expired {
-            self.expired(message);
+            self.expired(message, false);
         }
         for (message, max) in too_large {
             let reason = format!("message is larger than peer {}'s message limit ({max} bytes)", self.peer());
             self.dead_letter_local(message, &reason, now);
+        }
+    }
+
+    /// Takes expired messages out of the transmission queue and reports them (see
+    /// [`Link::expired`]).
+    fn sweep_expired(&self) {
+        let expired = self.handle.lock().take_expired(Instant::now());
+        if expired.is_empty() {
+            return;
+        }
+        self.handle.room.notify_waiters();
+        for message in &expired {
+            warn!(peer = self.peer(), id = %message.id, "Message expired before it was sent.");
+            self.expired(message, false);
         }
     }
 
@@ -470,11 +492,20 @@ impl Link {
         self.handle.peer_message_bytes_max.store(self.session.message_bytes_max(), Ordering::Relaxed);
     }
 
-    /// Raises the event for a message of ours that expired before it reached the peer.
-    fn expired(&self, message: &linkbus_plugin_api::Message) {
+    /// Raises the event for a message of ours that expired before it reached the peer, and
+    /// reports it to the message's origin: for its recipients on the peer it failed (expired
+    /// before it was sent from its origin) or expired (after it was `sent`, or on a relay).
+    fn expired(&self, message: &linkbus_plugin_api::Message, sent: bool) {
         if message.content.kind == linkbus_plugin_api::Kind::Event {
             return;
         }
+        let outcome = if sent || &message.id.source != self.node.name() {
+            Outcome::Expired
+        } else {
+            Outcome::failed("expired", format!("expired before it was sent to {}", self.peer()))
+        };
+        let outcomes = self.recipients_here(message).map(|to| (to, outcome.clone())).collect();
+        self.node.report(ResultTo::of(message).as_ref(), outcomes);
         self.node.emit(
             Event::new(
                 EventKind::Expired,
@@ -496,10 +527,18 @@ impl Link {
         );
     }
 
+    /// The recipients of `message` this link takes it to.
+    fn recipients_here<'m>(
+        &self,
+        message: &'m linkbus_plugin_api::Message,
+    ) -> impl Iterator<Item = linkbus_plugin_api::Address> + 'm {
+        let peer = self.handle.peer.name.clone();
+        message.content.recipients.iter().filter(move |a| a.node == peer).cloned()
+    }
+
     /// Dead-letters a message of ours too large for the peer (its recipients there failed).
     fn dead_letter_local(&self, message: linkbus_plugin_api::Message, reason: &str, now: Instant) {
-        let failed =
-            message.content.recipients.iter().filter(|a| a.node == self.handle.peer.name).cloned().collect();
+        let failed = self.recipients_here(&message).collect();
         let why = crate::node::DeadLetter { code: crate::queue::DeadLetterCode::TooLarge, reason, failed };
         if let Err(e) = self.node.dead_letter(message, why, now) {
             warn!(peer = self.peer(), error = %e, "Dead-letter queue refused a message; it is lost.");
@@ -572,7 +611,7 @@ impl Link {
         match (reason, decoded) {
             (DropReason::Expired, Ok(m)) => {
                 warn!(peer = self.peer(), id = %m.id, "Message expired before it was resent.");
-                self.expired(&m);
+                self.expired(&m, true);
             }
             (DropReason::TooLargeForPeer, Ok(m)) => {
                 let reason = format!("message is larger than peer {}'s message limit", self.peer());

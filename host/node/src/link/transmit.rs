@@ -83,6 +83,25 @@ impl TransmissionQueue {
         }
     }
 
+    /// Takes out every message whose lifetime ran out since it was queued (by `now`).
+    pub(crate) fn take_expired(&mut self, now: Instant) -> Vec<Message> {
+        let mut expired = Vec::new();
+        for class in &mut self.classes {
+            let before = class.len();
+            class.retain_mut(|(message, queued_at)| {
+                let elapsed = now.saturating_duration_since(*queued_at).as_millis() as u64;
+                let lifetime = message.content.lifetime.unwrap_or(linkbus_plugin_api::Lifetime::UNLIMITED);
+                if lifetime.after(elapsed).is_some() {
+                    return true;
+                }
+                expired.push(message.clone());
+                false
+            });
+            self.len -= before - class.len();
+        }
+        expired
+    }
+
     /// The next message to send among those `ready` takes (it is asked about the head of
     /// each class; the session's window is per channel): the system class first, then the
     /// levels in turn, highest first in each round.
@@ -138,6 +157,29 @@ mod tests {
         let order: Vec<u64> = std::iter::from_fn(|| q.pop(|_| true)).map(|(m, _)| m.id.sequence).collect();
         assert_eq!(order, [6, 4, 1, 5, 2], "system first, then the levels take turns, highest first");
         assert_eq!(q.len(), 0);
+    }
+
+    #[test]
+    fn expired_messages_are_taken_out_of_every_class() {
+        let now = Instant::now();
+        let mut q = TransmissionQueue::new(10);
+        let brief = |n, p| {
+            let mut m = message(n, p);
+            m.content.lifetime = Some(linkbus_plugin_api::Lifetime::from_ms(100));
+            m
+        };
+        assert!(q.push(brief(1, Priority::level(1).unwrap()), now));
+        assert!(q.push(message(2, Priority::level(1).unwrap()), now));
+        assert!(q.push(brief(3, Priority::SYSTEM), now));
+        assert!(q.take_expired(now + std::time::Duration::from_millis(99)).is_empty());
+        let gone: Vec<u64> = q
+            .take_expired(now + std::time::Duration::from_millis(100))
+            .iter()
+            .map(|m| m.id.sequence)
+            .collect();
+        assert_eq!(gone, [1, 3]);
+        assert_eq!(q.len(), 1);
+        assert_eq!(q.pop(|_| true).map(|(m, _)| m.id.sequence), Some(2));
     }
 
     #[test]
