@@ -52,3 +52,36 @@ fn events_reach_the_event_queue_and_subscribers() {
     let b_events = events_until(&s, "B", "expired");
     assert!(b_events.contains("1 message(s) expired in queue 'orders'"), "{b_events}");
 }
+
+#[test]
+fn a_client_subscription_copies_results_to_a_queue_on_another_node_until_it_ends() {
+    let s = Scratch::new();
+    let (_a, _b) = s.start_pair("", "queues: [ { name: ops, order: fifo }, { name: orders } ]");
+    let sub = s.run(&["events", "subscribe", "--node", "A", "--kinds", "result,link_down", "--to", "B:ops"]);
+    assert_eq!(stdout(&sub), "B:ops subscribed\n", "{}", stderr(&sub));
+    let ls = s.run(&["events", "ls", "--node", "A"]);
+    assert_eq!(stdout(&ls), "B:ops  link_down,result  (client)\n", "{}", stderr(&ls));
+
+    let put = s.run(&["put", "--node", "A", "--to", "B:orders", "--wait-result", "10s", "first"]);
+    assert!(put.status.success(), "{}", stderr(&put));
+    let id = stdout(&put).lines().next().unwrap_or_default().to_owned();
+    let ops = s.run(&["get", "--node", "B", "ops", "--wait", "5s"]);
+    assert_eq!(stdout(&ops), format!("message {id} to B:orders: delivered\n"));
+
+    let unsub = s.run(&["events", "unsubscribe", "--node", "A", "--to", "B:ops"]);
+    assert_eq!(stdout(&unsub), "B:ops unsubscribed\n", "{}", stderr(&unsub));
+    let put = s.run(&["put", "--node", "A", "--to", "B:orders", "--wait-result", "10s", "second"]);
+    assert!(put.status.success(), "{}", stderr(&put));
+    let ops = s.run(&["get", "--node", "B", "ops", "--wait", "1s"]);
+    assert!(!ops.status.success(), "no copy after unsubscribing: {}", stdout(&ops));
+
+    for (args, error) in [
+        (["--kinds", "bogus", "--to", "B:ops"], "unknown event kind 'bogus'"),
+        (["--kinds", "all", "--to", "C:ops"], "no route to node 'C'"),
+        (["--kinds", "all", "--to", "A:EVENT"], "already gets every event"),
+        (["--kinds", "all", "--to", "A:nothing"], "queue 'nothing' does not exist on node A"),
+    ] {
+        let out = s.run(&[&["events", "subscribe", "--node", "A"][..], &args[..]].concat());
+        assert!(!out.status.success() && stderr(&out).contains(error), "{args:?}: {}", stderr(&out));
+    }
+}

@@ -122,6 +122,7 @@ pub enum QueueCommand {
 
 /// `linkbus events`.
 #[derive(Debug, Args)]
+#[command(args_conflicts_with_subcommands = true)]
 pub struct EventsArgs {
     /// Which node.
     #[command(flatten)]
@@ -129,6 +130,43 @@ pub struct EventsArgs {
     /// Keep waiting for new events until interrupted.
     #[arg(long)]
     pub follow: bool,
+    /// Manage subscriptions instead.
+    #[command(subcommand)]
+    pub command: Option<EventsCommand>,
+}
+
+/// `linkbus events ...`: subscriptions copy chosen kinds of events to a queue.
+#[derive(Debug, Subcommand)]
+pub enum EventsCommand {
+    /// Copy events of some kinds to a queue, here or on a peer (replaces the kinds of an
+    /// earlier subscription of that queue made this way).
+    Subscribe {
+        /// Which node raises the events.
+        #[command(flatten)]
+        target: Target,
+        /// Event kinds, comma-separated (link_up, link_down, link_stopped, expired,
+        /// dead_letter, queue_full, result), or `all`.
+        #[arg(long, value_delimiter = ',', required = true)]
+        kinds: Vec<String>,
+        /// The queue that gets the copies, as NODE:QUEUE.
+        #[arg(long)]
+        to: Address,
+    },
+    /// End a subscription made with `subscribe`.
+    Unsubscribe {
+        /// Which node.
+        #[command(flatten)]
+        target: Target,
+        /// The subscribed queue, as NODE:QUEUE.
+        #[arg(long)]
+        to: Address,
+    },
+    /// List the subscriptions in force (from the configuration and from `subscribe`).
+    Ls {
+        /// Which node.
+        #[command(flatten)]
+        target: Target,
+    },
 }
 
 /// `linkbus result`.
@@ -562,6 +600,20 @@ pub async fn queue(command: QueueCommand) -> anyhow::Result<()> {
 /// When the node cannot be reached or output fails.
 pub async fn events(args: EventsArgs) -> anyhow::Result<()> {
     use crate::queue::EVENT_QUEUE;
+    if let Some(command) = args.command {
+        let text = match command {
+            EventsCommand::Subscribe { target, kinds, to } => {
+                let kinds: Vec<&str> = kinds.iter().map(String::as_str).collect();
+                target.connect().await?.subscribe(&to.to_string(), &kinds).await?
+            }
+            EventsCommand::Unsubscribe { target, to } => {
+                target.connect().await?.unsubscribe(&to.to_string()).await?
+            }
+            EventsCommand::Ls { target } => target.connect().await?.subscriptions().await?,
+        };
+        print!("{text}");
+        return Ok(());
+    }
     let mut client = args.target.connect().await?;
     let mut out = std::io::stdout().lock();
     loop {

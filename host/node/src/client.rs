@@ -415,6 +415,43 @@ impl Client {
         Ok(all)
     }
 
+    /// Copies events of `kinds` (names such as `link_down`, `result`, or `all`) to queue
+    /// `to` (`node:queue`, here or on a peer) from now on, replacing the kinds of an earlier
+    /// client subscription of that queue. The node keeps it in its store.
+    ///
+    /// # Errors
+    /// [`ClientError::Refused`] for an unknown kind, a queue that does not exist or is not
+    /// reachable, or one the configuration subscribes.
+    pub async fn subscribe(&mut self, to: &str, kinds: &[&str]) -> Result<String, ClientError> {
+        let request =
+            Request::Subscribe { to: to.to_owned(), kinds: kinds.iter().map(|k| (*k).to_owned()).collect() };
+        self.text(&request, "subscribe").await
+    }
+
+    /// Ends the client subscription of queue `to`.
+    ///
+    /// # Errors
+    /// [`ClientError::Refused`] when it has none (or the configuration declares it).
+    pub async fn unsubscribe(&mut self, to: &str) -> Result<String, ClientError> {
+        self.text(&Request::Unsubscribe { to: to.to_owned() }, "unsubscribe").await
+    }
+
+    /// The subscriptions in force, one line each: queue, kinds, and whether the
+    /// configuration or a client made it.
+    ///
+    /// # Errors
+    /// [`ClientError`] when the call fails.
+    pub async fn subscriptions(&mut self) -> Result<String, ClientError> {
+        self.text(&Request::Subscriptions, "subscriptions").await
+    }
+
+    async fn text(&mut self, request: &Request, what: &str) -> Result<String, ClientError> {
+        match self.call(request).await? {
+            Response::Status(text) => Ok(text),
+            other => Err(ClientError::Protocol(format!("unexpected answer to {what}: {other:?}"))),
+        }
+    }
+
     /// The node's status: links, queues, store.
     ///
     /// # Errors

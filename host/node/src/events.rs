@@ -10,7 +10,11 @@
 //! subscriptions cannot feed each other in a loop.
 
 use std::fmt;
+use std::ops::Bound;
 use std::str::FromStr;
+use std::sync::RwLock;
+
+use linkbus_plugin_api::{Address, Batch, Store, StoreError};
 
 /// Header naming an event message's kind.
 pub const EVENT_KIND_HEADER: &str = "linkbus.event";
@@ -102,9 +106,146 @@ impl Event {
     }
 }
 
+/// Store space of the subscriptions made by clients (key: the queue address, value: the
+/// kinds, comma-separated).
+const SUBSCRIPTIONS_SPACE: &str = "subscriptions";
+
+/// One subscription in force: its kinds, its queue, and whether a client made it (else the
+/// configuration declares it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Subscription {
+    /// The kinds copied.
+    pub kinds: Vec<EventKind>,
+    /// The queue that gets the copies.
+    pub to: Address,
+    /// Made by a client (kept in the store), not declared in the configuration.
+    pub from_client: bool,
+}
+
+/// The subscriptions in force: those of the configuration, then those clients made, which
+/// are kept in the node's store (so they last as long as its data).
+#[derive(Debug)]
+pub struct Subscriptions {
+    list: RwLock<Vec<Subscription>>,
+}
+
+impl Subscriptions {
+    /// The configuration's subscriptions plus the clients' ones recorded in `store`.
+    ///
+    /// # Errors
+    /// When the store fails.
+    pub fn load(config: &[crate::config::Subscription], store: &dyn Store) -> Result<Self, StoreError> {
+        let mut list: Vec<Subscription> = config
+            .iter()
+            .map(|s| Subscription { kinds: s.kinds.clone(), to: s.to.clone(), from_client: false })
+            .collect();
+        let stored = store.scan(SUBSCRIPTIONS_SPACE, Bound::Unbounded, Bound::Unbounded, usize::MAX)?;
+        for (key, value) in stored {
+            let to = std::str::from_utf8(&key).ok().and_then(|k| k.parse::<Address>().ok());
+            let kinds: Option<Vec<EventKind>> =
+                std::str::from_utf8(&value).ok().and_then(|v| v.split(',').map(|k| k.parse().ok()).collect());
+            match (to, kinds) {
+                (Some(to), Some(kinds)) => list.push(Subscription { kinds, to, from_client: true }),
+                _ => {
+                    tracing::warn!(key = %String::from_utf8_lossy(&key), "Stored subscription unreadable; ignored.")
+                }
+            }
+        }
+        Ok(Self { list: RwLock::new(list) })
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, Vec<Subscription>> {
+        self.list.read().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The queues subscribed to `kind`.
+    pub fn targets(&self, kind: EventKind) -> Vec<Address> {
+        self.read().iter().filter(|s| s.kinds.contains(&kind)).map(|s| s.to.clone()).collect()
+    }
+
+    /// Every subscription in force.
+    pub fn all(&self) -> Vec<Subscription> {
+        self.read().clone()
+    }
+
+    /// Subscribes `to` (checked by the caller) to `kinds`, replacing the kinds of a client
+    /// subscription of the same queue; recorded in `store` (synced) first.
+    ///
+    /// # Errors
+    /// A reason when the configuration already subscribes that queue, or the store fails.
+    pub fn subscribe(&self, to: &Address, kinds: &[EventKind], store: &dyn Store) -> Result<(), String> {
+        let mut list = self.list.write().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if list.iter().any(|s| &s.to == to && !s.from_client) {
+            return Err(format!(
+                "{to} is subscribed in the configuration (events.subscriptions); change it there"
+            ));
+        }
+        let mut kinds = kinds.to_vec();
+        kinds.sort_by_key(|k| EventKind::ALL.iter().position(|a| a == k));
+        kinds.dedup();
+        let names: Vec<&str> = kinds.iter().map(|k| k.as_str()).collect();
+        let mut batch = Batch::new();
+        batch.put(SUBSCRIPTIONS_SPACE, to.to_string().into_bytes(), names.join(",").into_bytes());
+        store.write(batch, true).map_err(|e| format!("store: {e}"))?;
+        list.retain(|s| &s.to != to);
+        list.push(Subscription { kinds, to: to.clone(), from_client: true });
+        Ok(())
+    }
+
+    /// Ends the client subscription of `to`.
+    ///
+    /// # Errors
+    /// A reason when there is none (or the configuration declares it), or the store fails.
+    pub fn unsubscribe(&self, to: &Address, store: &dyn Store) -> Result<(), String> {
+        let mut list = self.list.write().unwrap_or_else(std::sync::PoisonError::into_inner);
+        match list.iter().find(|s| &s.to == to) {
+            None => return Err(format!("{to} has no subscription")),
+            Some(s) if !s.from_client => {
+                return Err(format!(
+                    "{to} is subscribed in the configuration (events.subscriptions); change it there"
+                ));
+            }
+            Some(_) => {}
+        }
+        let mut batch = Batch::new();
+        batch.delete(SUBSCRIPTIONS_SPACE, to.to_string().into_bytes());
+        store.write(batch, true).map_err(|e| format!("store: {e}"))?;
+        list.retain(|s| &s.to != to);
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn client_subscriptions_are_stored_and_config_ones_are_left_alone() {
+        let store = linkbus_store_memory::MemoryStore::new();
+        let ops: Address = "B:ops".parse().unwrap();
+        let audit: Address = "A:audit".parse().unwrap();
+        let config = [crate::config::Subscription {
+            kinds: vec![EventKind::LinkUp],
+            to: audit.clone(),
+            path: "events.subscriptions[0]".into(),
+        }];
+        let subs = Subscriptions::load(&config, &store).unwrap();
+        assert!(subs.subscribe(&audit, &[EventKind::Result], &store).unwrap_err().contains("configuration"));
+        subs.subscribe(&ops, &[EventKind::Result, EventKind::LinkDown, EventKind::Result], &store).unwrap();
+        assert_eq!(subs.targets(EventKind::Result), [ops.clone()]);
+        assert_eq!(subs.targets(EventKind::LinkUp), [audit.clone()]);
+        // Subscribing again replaces the kinds.
+        subs.subscribe(&ops, &[EventKind::Expired], &store).unwrap();
+        assert!(subs.targets(EventKind::Result).is_empty());
+
+        // What a client made is read back from the store; the configuration's is not stored.
+        let again = Subscriptions::load(&config, &store).unwrap();
+        assert_eq!(again.all(), subs.all());
+        assert!(again.unsubscribe(&audit, &store).unwrap_err().contains("configuration"));
+        again.unsubscribe(&ops, &store).unwrap();
+        assert!(again.unsubscribe(&ops, &store).unwrap_err().contains("no subscription"));
+        assert_eq!(Subscriptions::load(&config, &store).unwrap().all().len(), 1);
+    }
 
     #[test]
     fn kinds_read_back_and_unknown_ones_are_explained() {

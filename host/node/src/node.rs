@@ -16,7 +16,7 @@ use tracing::{debug, warn};
 
 use crate::api::protocol::ErrorCode;
 use crate::config::{Config, QueueConfig, QueueOrder};
-use crate::events::{EVENT_KIND_HEADER, Event, EventKind};
+use crate::events::{EVENT_KIND_HEADER, Event, EventKind, Subscriptions};
 use crate::link::LinkHandle;
 use crate::queue::{
     DEAD_LETTER_CODE_HEADER, DEAD_LETTER_QUEUE, DEAD_LETTER_REASON_HEADER, DEAD_LETTER_RECIPIENTS_HEADER,
@@ -105,6 +105,8 @@ pub struct NodeState {
     pub results: ResultBook,
     /// Result messages to other nodes dropped because their way had no room.
     pub results_dropped: AtomicU64,
+    /// Queues that get copies of events: from the configuration and from clients.
+    pub subscriptions: Subscriptions,
 }
 
 impl std::fmt::Debug for NodeState {
@@ -193,6 +195,7 @@ impl NodeState {
         // Sequence numbers must not repeat across restarts of a node whose store forgets:
         // start from the clock (microsecond resolution leaves room for 1 M puts a second).
         let next_sequence = AtomicU64::new(crate::clock::unix_ms().saturating_mul(1000));
+        let subscriptions = Subscriptions::load(&config.events.subscriptions, store.as_ref())?;
         let config_result_wait_ms = config.messages.result_wait_ms;
         let config_results_pending_max = config.messages.results_pending_max;
         Ok(Arc::new(Self {
@@ -211,6 +214,7 @@ impl NodeState {
                 usize::try_from(config_results_pending_max).unwrap_or(usize::MAX),
             ),
             results_dropped: AtomicU64::new(0),
+            subscriptions,
         }))
     }
 
@@ -602,13 +606,7 @@ impl NodeState {
         for (key, value) in event.fields {
             content.headers.push((format!("linkbus.{key}"), value));
         }
-        let subscribers = self
-            .config
-            .events
-            .subscriptions
-            .iter()
-            .filter(|s| s.kinds.contains(&event.kind))
-            .map(|s| s.to.clone());
+        let subscribers = self.subscriptions.targets(event.kind);
         // One message per destination, so a full one never holds back the others.
         let targets: Vec<linkbus_plugin_api::Address> =
             content.recipients.iter().cloned().chain(subscribers).collect();
@@ -626,6 +624,35 @@ impl NodeState {
                 tracing::debug!(kind = %event.kind, reason, "Event copy dropped.");
             }
         }
+    }
+
+    /// Subscribes queue `to` to events of `kinds` for a client (replacing the kinds of its
+    /// earlier subscription); kept in the store.
+    ///
+    /// # Errors
+    /// When `to` is not a queue here or on a peer, is this node's `EVENT` queue, is
+    /// subscribed by the configuration, or the store fails.
+    pub fn subscribe(&self, to: &Address, kinds: &[EventKind]) -> Result<(), (ErrorCode, String)> {
+        if kinds.is_empty() {
+            return Err((ErrorCode::Invalid, "no event kinds given".into()));
+        }
+        if &to.node == self.name() {
+            if to.queue.as_str() == EVENT_QUEUE {
+                return Err((ErrorCode::Invalid, format!("{to} already gets every event")));
+            }
+            if !self.queues.contains_key(&to.queue) {
+                return Err((
+                    ErrorCode::UnknownQueue,
+                    format!("queue '{}' does not exist on node {}", to.queue, to.node),
+                ));
+            }
+        } else if !self.links.contains_key(&to.node) {
+            return Err((
+                ErrorCode::NoRoute,
+                format!("no route to node '{}' (not a configured peer)", to.node),
+            ));
+        }
+        self.subscriptions.subscribe(to, kinds, self.store.as_ref()).map_err(|e| (ErrorCode::Invalid, e))
     }
 
     fn dead_letter_queue(&self) -> &Arc<LocalQueue> {

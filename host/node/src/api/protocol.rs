@@ -5,7 +5,8 @@
 //! (a batch of contents, accepted in order), `Get` (wait up to a time for messages from a
 //! queue, acknowledged at once or handed out pending), `Ack` / `Backout` (settle pending
 //! messages by tag), `Results` (of messages put with results wanted, waiting for the final
-//! ones), `Status` and `LinkReset` (accept a peer's sequence numbers).
+//! ones), `Subscribe` / `Unsubscribe` / `Subscriptions` (event copies to a queue), `Status`
+//! and `LinkReset` (accept a peer's sequence numbers).
 //! Responses: `PutOk` (the ids given), `Messages` (with tags when pending), `Settled`,
 //! `Results`, `Status` text, or `Error` with a code, the number of puts accepted before the error, and
 //! a message.
@@ -27,6 +28,9 @@ const QUEUES: u8 = 7;
 const BROWSE: u8 = 8;
 const BACKOUT: u8 = 6;
 const RESULTS: u8 = 9;
+const SUBSCRIBE: u8 = 10;
+const UNSUBSCRIBE: u8 = 11;
+const SUBSCRIPTIONS: u8 = 12;
 const RESULTS_ANSWER: u8 = 105;
 const SETTLED: u8 = 104;
 const PUT_OK: u8 = 101;
@@ -99,6 +103,21 @@ pub enum Request {
         /// How long to wait for every final result, in milliseconds.
         wait_ms: u64,
     },
+    /// Copy events of these kinds to a queue (replacing the kinds of an earlier client
+    /// subscription of it); answered with `Status` text.
+    Subscribe {
+        /// The queue, `node:queue`.
+        to: String,
+        /// The kinds' names.
+        kinds: Vec<String>,
+    },
+    /// End a client subscription; answered with `Status` text.
+    Unsubscribe {
+        /// The queue, `node:queue`.
+        to: String,
+    },
+    /// List the subscriptions in force; answered with `Status` text.
+    Subscriptions,
     /// Describe the node.
     Status,
     /// Accept the sequence numbers of a peer whose numbers went backwards, and restart a
@@ -217,6 +236,13 @@ impl Request {
                 put_tags(out, source, sequences);
                 out.put_u64(*wait_ms);
             }),
+            Self::Subscribe { to, kinds } => frame(SUBSCRIBE, out, |out| {
+                put_name(out, to);
+                out.put_u8(kinds.len().min(255) as u8);
+                kinds.iter().take(255).for_each(|k| put_name(out, k));
+            }),
+            Self::Unsubscribe { to } => frame(UNSUBSCRIBE, out, |out| put_name(out, to)),
+            Self::Subscriptions => frame(SUBSCRIPTIONS, out, |_| {}),
             Self::Status => frame(STATUS, out, |_| {}),
             Self::LinkReset { peer } => frame(LINK_RESET, out, |out| put_name(out, peer)),
         }
@@ -264,6 +290,14 @@ impl Request {
                 let (source, sequences) = read_tags(&mut r)?;
                 Self::Results { source, sequences, wait_ms: r.u64()? }
             }
+            SUBSCRIBE => {
+                let to = r.short_string()?;
+                let count = r.u8()?;
+                let kinds = (0..count).map(|_| r.short_string()).collect::<Result<_, _>>()?;
+                Self::Subscribe { to, kinds }
+            }
+            UNSUBSCRIBE => Self::Unsubscribe { to: r.short_string()? },
+            SUBSCRIPTIONS => Self::Subscriptions,
             STATUS => Self::Status,
             LINK_RESET => Self::LinkReset { peer: r.short_string()? },
             other => return Err(ReadError::Invalid { field: "request type", detail: other.to_string() }),
@@ -488,6 +522,12 @@ mod tests {
         round_trip_request(Request::Backout { queue: "orders".into(), tags: vec![] });
         round_trip_request(Request::Queues { name: String::new() });
         round_trip_request(Request::Browse { queue: "DLQ".into(), count_max: 10 });
+        round_trip_request(Request::Subscribe {
+            to: "B:ops".into(),
+            kinds: vec!["result".into(), "link_up".into()],
+        });
+        round_trip_request(Request::Unsubscribe { to: "B:ops".into() });
+        round_trip_request(Request::Subscriptions);
         round_trip_request(Request::Results { source: "A".into(), sequences: vec![1, u64::MAX], wait_ms: 3 });
         let message = Message {
             id: linkbus_plugin_api::MessageId {

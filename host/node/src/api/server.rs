@@ -16,7 +16,7 @@ use super::protocol::{ErrorCode, Request, Response, split_frame};
 use crate::events::{Event, EventKind};
 use crate::node::{NodeState, StartError};
 use crate::queue::{DEAD_LETTER_QUEUE, LocalQueue, PopLimits, SettleError};
-use linkbus_plugin_api::Reliability;
+use linkbus_plugin_api::{Address, Reliability};
 
 /// Most messages one `get` returns.
 pub const GET_MESSAGES_MAX: u32 = 100_000;
@@ -265,6 +265,9 @@ async fn handle(
         Request::Results { source, sequences, wait_ms } => {
             (results(node, &source, &sequences, wait_ms).await, None)
         }
+        Request::Subscribe { to, kinds } => (subscribe(node, &to, &kinds), None),
+        Request::Unsubscribe { to } => (unsubscribe(node, &to), None),
+        Request::Subscriptions => (Response::Status(subscriptions(node)), None),
         Request::Status => (Response::Status(status(node)), None),
         Request::LinkReset { peer } => (link_reset(node, &peer), None),
         other => (queue_request(node, other, pending), None),
@@ -420,6 +423,54 @@ async fn results(node: &NodeState, source: &str, sequences: &[u64], wait_ms: u64
     }
     let deadline = tokio::time::Instant::now() + Duration::from_millis(wait_ms.min(GET_WAIT_MS_MAX));
     Response::Results(node.results.wait(sequences, deadline).await)
+}
+
+fn refused(code: ErrorCode, message: String) -> Response {
+    Response::Error { code, accepted: 0, message }
+}
+
+fn subscribe(node: &NodeState, to: &str, kinds: &[String]) -> Response {
+    let to: Address = match to.parse() {
+        Ok(to) => to,
+        Err(e) => return refused(ErrorCode::Invalid, format!("'{to}': {e}")),
+    };
+    let mut parsed = Vec::new();
+    for kind in kinds {
+        match kind.as_str() {
+            "all" => parsed.extend(EventKind::ALL),
+            k => match k.parse::<EventKind>() {
+                Ok(kind) => parsed.push(kind),
+                Err(e) => return refused(ErrorCode::Invalid, e),
+            },
+        }
+    }
+    match node.subscribe(&to, &parsed) {
+        Ok(()) => Response::Status(format!("{to} subscribed\n")),
+        Err((code, message)) => refused(code, message),
+    }
+}
+
+fn unsubscribe(node: &NodeState, to: &str) -> Response {
+    let to: Address = match to.parse() {
+        Ok(to) => to,
+        Err(e) => return refused(ErrorCode::Invalid, format!("'{to}': {e}")),
+    };
+    match node.subscriptions.unsubscribe(&to, node.store.as_ref()) {
+        Ok(()) => Response::Status(format!("{to} unsubscribed\n")),
+        Err(message) => refused(ErrorCode::Invalid, message),
+    }
+}
+
+/// One line per subscription: queue, kinds, where it comes from.
+fn subscriptions(node: &NodeState) -> String {
+    use std::fmt::Write;
+    let mut s = String::new();
+    for sub in node.subscriptions.all() {
+        let kinds: Vec<&str> = sub.kinds.iter().map(|k| k.as_str()).collect();
+        let from = if sub.from_client { "client" } else { "configuration" };
+        let _ = writeln!(s, "{}  {}  ({from})", sub.to, kinds.join(","));
+    }
+    s
 }
 
 fn age(oldest: Option<Duration>) -> String {
