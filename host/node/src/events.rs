@@ -232,8 +232,8 @@ mod tests {
         let subs = Subscriptions::load(&config, &store).unwrap();
         assert!(subs.subscribe(&audit, &[EventKind::Result], &store).unwrap_err().contains("configuration"));
         subs.subscribe(&ops, &[EventKind::Result, EventKind::LinkDown, EventKind::Result], &store).unwrap();
-        assert_eq!(subs.targets(EventKind::Result), [ops.clone()]);
-        assert_eq!(subs.targets(EventKind::LinkUp), [audit.clone()]);
+        assert_eq!(subs.targets(EventKind::Result), std::slice::from_ref(&ops));
+        assert_eq!(subs.targets(EventKind::LinkUp), std::slice::from_ref(&audit));
         // Subscribing again replaces the kinds.
         subs.subscribe(&ops, &[EventKind::Expired], &store).unwrap();
         assert!(subs.targets(EventKind::Result).is_empty());
