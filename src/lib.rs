@@ -19,6 +19,6 @@ pub use linkbus_host as host;
 pub use linkbus_host::{Client, ClientError, Config, Node, StartError, client, config};
 pub use linkbus_plugin_api as plugin_api;
 pub use linkbus_plugin_api::{
-    Address, Content, Message, MessageId, NodeName, Priority, QueueName, Reliability,
+    Address, Content, Lifetime, Message, MessageId, NodeName, Priority, QueueName, Reliability,
 };
 pub use linkbus_proto as proto;

@@ -91,7 +91,7 @@ fn expiry_before_sending_fails_and_after_sending_is_reported_expired() {
         s.run(&["put", "--node", "A", "--to", "B:orders", "--lifetime", "300ms", "--wait-result", "5s", "x"]);
     let out = stdout(&put);
     assert!(
-        out.contains("B:orders failed expired: expired before it was sent to B"),
+        out.contains("B:orders failed expired_before_sending: expired before it was sent to B"),
         "{out}{}",
         stderr(&put)
     );

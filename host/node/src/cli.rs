@@ -270,8 +270,12 @@ pub struct PutArgs {
     #[arg(long)]
     pub volatile: bool,
     /// No-wait put: fail at once when a queue is full; refused for persistent messages.
-    #[arg(long, conflicts_with = "timeout")]
+    #[arg(long, conflicts_with_all = ["timeout", "transaction"])]
     pub no_wait: bool,
+    /// Put all the messages (every line of standard input) in one transaction: all are
+    /// queued, or none (at most 10,000 messages and 64 MiB).
+    #[arg(long)]
+    pub transaction: bool,
     /// Ask for a result per recipient (delivered, expired, failed): see them with
     /// `linkbus result ID` or as `result` events.
     #[arg(long)]
@@ -452,8 +456,14 @@ pub async fn put(args: PutArgs) -> anyhow::Result<()> {
     let mut client = args.target.connect().await?;
     client.set_put_timeout(args.timeout);
     client.set_no_wait(args.no_wait);
+    if args.transaction {
+        client.begin().await?;
+    }
     if args.message != "-" {
         let id = client.put(content_for(&args, Bytes::from(args.message.clone()))?).await?;
+        if args.transaction {
+            client.commit().await?;
+        }
         println!("{id}");
         return match args.wait_result {
             Some(wait) => print_results(&mut client, &[id], wait).await,
@@ -477,18 +487,27 @@ pub async fn put(args: PutArgs) -> anyhow::Result<()> {
                 .await
                 .with_context(|| format!("after {sent} messages"))?;
             sent += put.len();
-            if args.wait_result.is_some() {
+            if args.results || args.wait_result.is_some() {
                 ids.extend(put);
             }
         }
     }
     let put = client.put_batch(batch).await.with_context(|| format!("after {sent} messages"))?;
     sent += put.len();
-    eprintln!("put {sent} messages");
+    if args.transaction {
+        client.commit().await.with_context(|| format!("committing {sent} messages"))?;
+        eprintln!("put {sent} messages (committed)");
+    } else {
+        eprintln!("put {sent} messages");
+    }
+    ids.extend(put);
     match args.wait_result {
-        Some(wait) => {
-            ids.extend(put);
-            print_results(&mut client, &ids, wait).await
+        Some(wait) => print_results(&mut client, &ids, wait).await,
+        // The ids to ask `linkbus result` about.
+        None if args.results => {
+            let mut out = std::io::stdout().lock();
+            ids.iter().try_for_each(|id| writeln!(out, "{id}"))?;
+            Ok(())
         }
         None => Ok(()),
     }
@@ -499,11 +518,11 @@ pub async fn put(args: PutArgs) -> anyhow::Result<()> {
 async fn print_results(client: &mut Client, ids: &[MessageId], wait: Duration) -> anyhow::Result<()> {
     let results = client.results(ids, wait).await?;
     let mut out = std::io::stdout().lock();
-    let (mut recipients, mut missed) = (0usize, 0usize);
+    let (mut recipients, mut missed, mut unknown) = (0usize, 0usize, 0usize);
     for (id, results) in ids.iter().zip(results) {
         let Some(results) = results else {
             writeln!(out, "{id} unknown (not put with results wanted, or finished long ago)")?;
-            missed += 1;
+            unknown += 1;
             continue;
         };
         for (to, outcome) in results.recipients {
@@ -522,6 +541,9 @@ async fn print_results(client: &mut Client, ids: &[MessageId], wait: Duration) -
         }
     }
     out.flush()?;
+    if unknown > 0 {
+        bail!("{unknown} of {} messages unknown to this node", ids.len());
+    }
     if missed > 0 {
         bail!("{missed} of {recipients} recipients did not get their message (or have no result yet)");
     }
@@ -708,6 +730,9 @@ async fn replay_one(client: &mut Client, message: &linkbus_plugin_api::Message) 
             failed.map_err(|e| anyhow::anyhow!("bad {DEAD_LETTER_RECIPIENTS_HEADER} header: {e}"))?;
     }
     content.headers.retain(|(k, _)| !k.starts_with("linkbus.dead_letter_"));
+    // A new message of this node: the original's origin keeps its result (failed), and
+    // nobody here asked for one.
+    content.results = false;
     Ok(client.try_put(content).await?.to_string())
 }
 

@@ -330,7 +330,7 @@ impl Client {
     async fn settle(&mut self, request: Request) -> Result<u32, ClientError> {
         match self.call(&request).await? {
             Response::Settled(count) => Ok(count),
-            other => Err(ClientError::Protocol(format!("unexpected answer to ack/backout: {other:?}"))),
+            other => Err(ClientError::Protocol(format!("unexpected answer to {request:?}: {other:?}"))),
         }
     }
 
@@ -413,6 +413,46 @@ impl Client {
             }
         }
         Ok(all)
+    }
+
+    /// Opens a transaction on this connection (one at a time): until [`Client::commit`] or
+    /// [`Client::rollback`], puts are checked and given ids but held, and gets take messages
+    /// that leave their queue only at commit. Several queues, here and on peers, can take
+    /// part. If the connection ends first, the transaction is rolled back.
+    ///
+    /// # Errors
+    /// [`ClientError::Refused`] when a transaction is already open.
+    pub async fn begin(&mut self) -> Result<(), ClientError> {
+        self.settle(Request::Begin).await.map(|_| ())
+    }
+
+    /// Commits the open transaction: all its puts are queued (waiting up to the put timeout
+    /// for room for all of them together; their lifetimes count from now) and its gets are
+    /// acknowledged. Returns how many messages it put and got.
+    ///
+    /// # Errors
+    /// [`ClientError::Refused`] when no transaction is open, or when the puts could not all
+    /// be queued: the transaction is then rolled back (nothing put, the gets given back).
+    pub async fn commit(&mut self) -> Result<u32, ClientError> {
+        let timeout_ms = self.put_timeout.as_millis() as u64;
+        let limit = self.put_timeout + PUT_ANSWER_MARGIN;
+        let Ok(answer) = tokio::time::timeout(limit, self.call(&Request::Commit { timeout_ms })).await else {
+            self.broken = true;
+            return Err(ClientError::OutcomeUnknown(limit));
+        };
+        match answer? {
+            Response::Settled(count) => Ok(count),
+            other => Err(ClientError::Protocol(format!("unexpected answer to commit: {other:?}"))),
+        }
+    }
+
+    /// Rolls the open transaction back: its puts are dropped, its gets go back to their
+    /// queues (marked redelivered, backout count raised). Returns how many messages it held.
+    ///
+    /// # Errors
+    /// [`ClientError::Refused`] when no transaction is open.
+    pub async fn rollback(&mut self) -> Result<u32, ClientError> {
+        self.settle(Request::Rollback).await
     }
 
     /// Copies events of `kinds` (names such as `link_down`, `result`, or `all`) to queue

@@ -22,7 +22,7 @@ use crate::queue::{
     DEAD_LETTER_CODE_HEADER, DEAD_LETTER_QUEUE, DEAD_LETTER_REASON_HEADER, DEAD_LETTER_RECIPIENTS_HEADER,
     DeadLetterCode, EVENT_QUEUE, LocalQueue, QueueError,
 };
-use crate::results::{Outcome, RESULT_FOR_HEADER, RESULT_NAME, ResultBook, ResultTo};
+use crate::results::{Outcome, RESULT_FOR_HEADER, RESULT_MESSAGE_NAME, ResultBook, ResultTo};
 
 /// Why a put was refused: a code for programs, a message for people, and how many of the
 /// batch's contents were accepted before the refused one.
@@ -64,6 +64,35 @@ pub enum StartError {
     /// A node task ended while the node was running.
     #[error("node task failed: {0}")]
     TaskFailed(String),
+}
+
+/// Results tracking of messages not yet accepted: forgotten on drop unless kept.
+struct Tracking<'a> {
+    book: &'a ResultBook,
+    sequences: Vec<u64>,
+}
+
+impl Tracking<'_> {
+    /// The messages were accepted (now): their results stay tracked, and time out counting
+    /// from now.
+    fn keep(mut self) {
+        let now = Instant::now();
+        for sequence in std::mem::take(&mut self.sequences) {
+            self.book.accepted(sequence, now);
+        }
+    }
+}
+
+impl Drop for Tracking<'_> {
+    fn drop(&mut self) {
+        self.sequences.iter().for_each(|s| self.book.forget(*s));
+    }
+}
+
+/// Where one message goes: local queues and links, each once.
+struct Targets<'a> {
+    local: Vec<&'a Arc<LocalQueue>>,
+    remote: Vec<&'a Arc<LinkHandle>>,
 }
 
 /// Why a message goes to the dead-letter queue: the code, a reason for people, and the
@@ -294,11 +323,11 @@ impl NodeState {
         let mut sequences = Vec::with_capacity(contents.len());
         for (index, content) in contents.into_iter().enumerate() {
             let message = self.prepare(index, content, created_unix_ms)?;
-            let sequence = message.id.sequence;
-            let dispatched = self.dispatch(message.clone(), Instant::now());
-            self.accepted(&message, dispatched.is_ok());
-            dispatched.map_err(|e| put_error(index, e))?;
-            sequences.push(sequence);
+            let tracking = self.track([&message]).map_err(|e| put_error(index, e))?;
+            self.dispatch(message.clone(), Instant::now()).map_err(|e| put_error(index, e))?;
+            tracking.keep();
+            self.delivered_here(&message);
+            sequences.push(message.id.sequence);
         }
         Ok((sequences, created_unix_ms))
     }
@@ -320,7 +349,8 @@ impl NodeState {
         let mut sequences = Vec::with_capacity(contents.len());
         for (index, content) in contents.into_iter().enumerate() {
             let message = self.prepare(index, content, created_unix_ms)?;
-            let sequence = message.id.sequence;
+            // Undone if the put is refused, or abandoned while it waits.
+            let tracking = self.track([&message]).map_err(|e| put_error(index, e))?;
             // A message never waits past its lifetime.
             let (deadline, waits) = match message.content.lifetime {
                 Some(l) if !l.is_unlimited() => {
@@ -339,19 +369,16 @@ impl NodeState {
                         let waited = tokio::time::Instant::now() < deadline
                             && tokio::time::timeout_at(deadline, room).await.is_ok();
                         if !waited {
-                            self.accepted(&message, false);
                             let reason = format!("{reason}; no room within {waits:?}, not accepted");
                             return Err(put_error(index, (ErrorCode::Full, reason)));
                         }
                     }
-                    Err(e) => {
-                        self.accepted(&message, false);
-                        return Err(put_error(index, e));
-                    }
+                    Err(e) => return Err(put_error(index, e)),
                 }
             }
-            self.accepted(&message, true);
-            sequences.push(sequence);
+            tracking.keep();
+            self.delivered_here(&message);
+            sequences.push(message.id.sequence);
         }
         Ok((sequences, created_unix_ms))
     }
@@ -359,24 +386,29 @@ impl NodeState {
     /// Checks one content from a client and makes it a message.
     fn prepare(&self, index: usize, content: Content, created_unix_ms: u64) -> Result<Message, PutError> {
         self.check_content(&content).map_err(|e| put_error(index, e))?;
-        let message = self.stamp(content, created_unix_ms);
-        if message.content.results {
-            // Tracked before it is queued anywhere, so no result can come back untracked.
-            self.results
-                .track(&message, Instant::now())
-                .map_err(|e| put_error(index, (ErrorCode::Full, e)))?;
-        }
-        Ok(message)
+        Ok(self.stamp(content, created_unix_ms))
     }
 
-    /// Settles the results of a message once its put is decided: forgotten when it was not
-    /// accepted, else delivered at once to its recipients on this node.
-    fn accepted(&self, message: &Message, accepted: bool) {
+    /// Starts tracking the results of those of `messages` that want them — before they are
+    /// queued anywhere, so no result can come back untracked. Undone when the returned
+    /// guard drops before [`Tracking::keep`].
+    fn track<'m>(
+        &self,
+        messages: impl IntoIterator<Item = &'m Message>,
+    ) -> Result<Tracking<'_>, (ErrorCode, String)> {
+        let mut tracking = Tracking { book: &self.results, sequences: Vec::new() };
+        for message in messages.into_iter().filter(|m| m.content.results) {
+            self.results.track(message).map_err(|e| (ErrorCode::Busy, e))?;
+            tracking.sequences.push(message.id.sequence);
+        }
+        Ok(tracking)
+    }
+
+    /// Records an accepted message that wants results as delivered to its recipients on
+    /// this node.
+    fn delivered_here(&self, message: &Message) {
         if !message.content.results {
             return;
-        }
-        if !accepted {
-            return self.results.forget(message.id.sequence);
         }
         for to in message.content.recipients.iter().filter(|to| &to.node == self.name()) {
             self.record_result(&message.id, to, Outcome::Delivered);
@@ -391,6 +423,7 @@ impl NodeState {
         if outcomes.is_empty() {
             return;
         }
+        let payload = crate::results::encode_report(&outcomes);
         if &to.id.source == self.name() {
             for (recipient, outcome) in outcomes {
                 self.record_result(&to.id, &recipient, outcome);
@@ -398,13 +431,12 @@ impl NodeState {
             return;
         }
         let origin = Address::new(to.id.source.clone(), QueueName::new(EVENT_QUEUE).expect("valid"));
-        let mut content = Content::buf(origin, crate::results::encode_report(&outcomes))
+        let mut content = Content::buf(origin, payload)
             .with_priority(linkbus_plugin_api::Priority::SYSTEM)
             .with_reliability(to.reliability)
             .with_lifetime(Lifetime::from_ms(self.config.messages.result_wait_ms));
         content.kind = linkbus_plugin_api::Kind::Event;
-        content.name = RESULT_NAME.to_owned();
-        content.headers.push((EVENT_KIND_HEADER.into(), RESULT_NAME.into()));
+        content.name = RESULT_MESSAGE_NAME.to_owned();
         content.headers.push((RESULT_FOR_HEADER.into(), to.id.to_string()));
         if let Err(e) = content.validate() {
             self.results_dropped.fetch_add(1, Ordering::Relaxed);
@@ -414,6 +446,17 @@ impl NodeState {
         if let Err((_, reason)) = self.dispatch(message, Instant::now()) {
             self.results_dropped.fetch_add(1, Ordering::Relaxed);
             debug!(id = %to.id, reason, "Result message dropped.");
+        }
+    }
+
+    /// Records what the sender of a message of this node can only guess for some of its
+    /// recipients (it sent the message, which then expired there): final one result wait
+    /// later unless their node reports first.
+    pub fn report_provisional(&self, to: Option<&ResultTo>, outcomes: Vec<(Address, Outcome)>) {
+        let Some(to) = to.filter(|to| &to.id.source == self.name()) else { return };
+        let now = Instant::now();
+        for (recipient, outcome) in outcomes {
+            self.results.record_provisional(to.id.sequence, &recipient, outcome, now);
         }
     }
 
@@ -427,8 +470,8 @@ impl NodeState {
 
     /// Reports every recipient whose result did not come back in time as timed out.
     pub fn time_out_results(&self, now: Instant) {
-        for (id, recipient) in self.results.time_out(now) {
-            self.emit(result_event(&id, &recipient, &Outcome::TimedOut));
+        for (id, recipient, outcome) in self.results.time_out(now) {
+            self.emit(result_event(&id, &recipient, &outcome));
         }
     }
 
@@ -438,8 +481,14 @@ impl NodeState {
         let outcomes = crate::results::decode_report(&message.content.payload);
         match (about, outcomes) {
             (Some(Ok(id)), Ok(outcomes)) if &id.source == self.name() => {
+                // A node reports only about its own recipients (relays will report the
+                // recipients they route).
                 for (recipient, outcome) in outcomes {
-                    self.record_result(&id, &recipient, outcome);
+                    if recipient.node == message.id.source {
+                        self.record_result(&id, &recipient, outcome);
+                    } else {
+                        warn!(from = %message.id.source, %recipient, "Result about another node's recipient; ignored.");
+                    }
                 }
             }
             (about, outcomes) => {
@@ -465,48 +514,146 @@ impl NodeState {
     /// onto each link whose node has recipients. Room is checked everywhere first, so a
     /// refusal leaves nothing queued (unless a concurrent put takes the room in between).
     fn dispatch(&self, message: Message, now: Instant) -> Result<(), (ErrorCode, String)> {
-        let mut local: Vec<&Arc<LocalQueue>> = Vec::new();
-        let mut remote: Vec<&Arc<LinkHandle>> = Vec::new();
+        let targets = self.targets(&message)?;
+        self.check_room(&[(&message, &targets)])?;
+        self.push(message, targets, now)
+    }
+
+    /// The local queues and links of `message`'s recipients, each once.
+    fn targets(&self, message: &Message) -> Result<Targets<'_>, (ErrorCode, String)> {
+        let mut targets = Targets { local: Vec::new(), remote: Vec::new() };
         for to in &message.content.recipients {
             if &to.node == self.name() {
                 let queue = self.queues.get(&to.queue).ok_or((ErrorCode::UnknownQueue, to.to_string()))?;
-                if !local.iter().any(|q| Arc::ptr_eq(q, queue)) {
-                    local.push(queue);
+                if !targets.local.iter().any(|q| Arc::ptr_eq(q, queue)) {
+                    targets.local.push(queue);
                 }
             } else {
                 let link = self.links.get(&to.node).ok_or((ErrorCode::NoRoute, to.node.to_string()))?;
-                if !remote.iter().any(|l| Arc::ptr_eq(l, link)) {
-                    remote.push(link);
+                if !targets.remote.iter().any(|l| Arc::ptr_eq(l, link)) {
+                    targets.remote.push(link);
                 }
             }
         }
-        if let Some(full) = local.iter().find(|q| !q.has_room(1)) {
+        Ok(targets)
+    }
+
+    /// Checks that every target has room for all the `planned` messages together, and that
+    /// each fits the peers it goes to.
+    fn check_room(&self, planned: &[(&Message, &Targets<'_>)]) -> Result<(), (ErrorCode, String)> {
+        let mut local: Vec<(&Arc<LocalQueue>, usize)> = Vec::new();
+        // Per link and transmission class: a message of the class, and how many.
+        let mut remote: Vec<(&Arc<LinkHandle>, &Message, usize)> = Vec::new();
+        for (message, targets) in planned {
+            for queue in &targets.local {
+                match local.iter_mut().find(|(q, _)| Arc::ptr_eq(q, queue)) {
+                    Some((_, n)) => *n += 1,
+                    None => local.push((queue, 1)),
+                }
+            }
+            let encoded = message_bytes_len(message);
+            for link in &targets.remote {
+                let max = link.peer_message_bytes_max.load(std::sync::atomic::Ordering::Relaxed);
+                if max != 0 && encoded > max {
+                    let msg =
+                        format!("message of {encoded} bytes is larger than node {} accepts", link.peer.name);
+                    return Err((ErrorCode::TooLarge, msg));
+                }
+                let same = |(l, m, _): &&mut (&Arc<LinkHandle>, &Message, usize)| {
+                    Arc::ptr_eq(l, link) && LinkHandle::same_class(m, message)
+                };
+                match remote.iter_mut().find(same) {
+                    Some((_, _, n)) => *n += 1,
+                    None => remote.push((link, message, 1)),
+                }
+            }
+        }
+        if let Some((full, _)) = local.iter().find(|(q, n)| !q.has_room(*n)) {
             let max = full.config().queue_messages_max;
             return Err((
                 ErrorCode::Full,
                 format!("queue '{}' is full ({max} messages)", full.config().name),
             ));
         }
-        let encoded = message_bytes_len(&message);
-        if let Some(small) = remote.iter().find(|l| {
-            let max = l.peer_message_bytes_max.load(std::sync::atomic::Ordering::Relaxed);
-            max != 0 && encoded > max
-        }) {
-            let msg = format!("message of {encoded} bytes is larger than node {} accepts", small.peer.name);
-            return Err((ErrorCode::TooLarge, msg));
-        }
-        if let Some(full) = remote.iter().find(|l| !l.has_room_for(&message)) {
+        if let Some((full, _, _)) = remote.iter().find(|(l, m, n)| !l.has_room_for_many(m, *n)) {
             return Err((ErrorCode::Full, format!("transmission queue to node {} is full", full.peer.name)));
         }
-        // Room was checked: a concurrent put may overfill a queue by a message, but a
-        // message is never queued in some places and refused in others.
-        for queue in local {
+        Ok(())
+    }
+
+    /// Queues `message` at its targets, whose room was checked: a concurrent put may
+    /// overfill a queue by a message, but a message is never queued in some places and
+    /// refused in others.
+    fn push(&self, message: Message, targets: Targets<'_>, now: Instant) -> Result<(), (ErrorCode, String)> {
+        for queue in targets.local {
             queue.push_bounded(message.clone(), now, u64::MAX).map_err(|e| queue_error(&e))?;
         }
-        for link in remote {
+        for link in targets.remote {
             link.enqueue_checked(message.clone(), now);
         }
         Ok(())
+    }
+
+    /// Checks a content put inside a transaction and makes it a message of this node; it
+    /// is queued only when the transaction commits.
+    ///
+    /// # Errors
+    /// Why the content is refused (as for a put).
+    pub fn prepare_in_transaction(
+        &self,
+        content: Content,
+        created_unix_ms: u64,
+    ) -> Result<Message, (ErrorCode, String)> {
+        self.check_content(&content)?;
+        Ok(self.stamp(content, created_unix_ms))
+    }
+
+    /// Commits the puts of a transaction: all of `messages` are queued, or none. When some
+    /// destination lacks room, waits up to `timeout` for room for all of them together.
+    /// Their lifetimes count from now.
+    ///
+    /// # Errors
+    /// Why nothing was queued (no room within the timeout, no route, too large, too many
+    /// results pending), or a store failure while queueing (then some may be queued: the
+    /// store's atomic batches come with the storage work).
+    pub async fn commit(
+        &self,
+        messages: &[Message],
+        timeout: std::time::Duration,
+    ) -> Result<(), (ErrorCode, String)> {
+        // Undone if the commit fails, or is abandoned while it waits.
+        let tracking = self.track(messages)?;
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let room = self.room.notified();
+            tokio::pin!(room);
+            room.as_mut().enable();
+            let planned =
+                messages.iter().map(|m| self.targets(m).map(|t| (m, t))).collect::<Result<Vec<_>, _>>()?;
+            let refs: Vec<(&Message, &Targets<'_>)> = planned.iter().map(|(m, t)| (*m, t)).collect();
+            match self.check_room(&refs) {
+                Ok(()) => {
+                    let now = Instant::now();
+                    for (message, targets) in planned {
+                        self.push(message.clone(), targets, now)?;
+                    }
+                    tracking.keep();
+                    messages.iter().for_each(|m| self.delivered_here(m));
+                    return Ok(());
+                }
+                Err((ErrorCode::Full, reason)) => {
+                    let waited = tokio::time::Instant::now() < deadline
+                        && tokio::time::timeout_at(deadline, room).await.is_ok();
+                    if !waited {
+                        return Err((
+                            ErrorCode::Full,
+                            format!("{reason}; no room for the transaction within {timeout:?}"),
+                        ));
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        }
     }
 
     /// Delivers a message that arrived on a link to its recipients on this node; what cannot
@@ -559,7 +706,8 @@ impl NodeState {
             return Err(QueueError::Full { queue: dlq.config().name.clone(), max });
         }
         // Room was checked everywhere: push past the limits rather than deliver partly.
-        let result_to = ResultTo::of(&message);
+        // (A message of this node that came back over a link reports nothing from here.)
+        let result_to = ResultTo::of(&message).filter(|to| &to.id.source != self.name());
         let mut delivered = Vec::new();
         for target in targets {
             match target {
@@ -678,7 +826,12 @@ impl NodeState {
         let DeadLetter { code, reason, failed } = why;
         let id = message.id.clone();
         let result_to = ResultTo::of(&message);
-        let outcomes = failed.iter().map(|to| (to.clone(), Outcome::failed(code.as_str(), reason))).collect();
+        // Reported for recipients this node settles: its own, or any of a message of its own.
+        let outcomes = failed
+            .iter()
+            .filter(|to| &to.node == self.name() || &message.id.source == self.name())
+            .map(|to| (to.clone(), Outcome::failed(code.as_str(), reason)))
+            .collect();
         let event = message.content.kind == linkbus_plugin_api::Kind::Event;
         // Earlier dead-letter marks (a replayed message that failed again) make way.
         message.content.headers.retain(|(k, _)| !k.starts_with("linkbus.dead_letter_"));
@@ -722,7 +875,8 @@ impl NodeState {
 fn is_result_message(message: &Message) -> bool {
     message.content.kind == linkbus_plugin_api::Kind::Event
         && message.content.priority.is_system()
-        && message.content.name == RESULT_NAME
+        && message.content.name == RESULT_MESSAGE_NAME
+        && message.content.header(RESULT_FOR_HEADER).is_some()
         && message.content.recipients.iter().all(|to| to.queue.as_str() == EVENT_QUEUE)
 }
 
@@ -819,7 +973,7 @@ mod tests {
         let mut result = Content::buf(format!("A:{EVENT_QUEUE}").parse().unwrap(), report)
             .with_priority(linkbus_plugin_api::Priority::SYSTEM);
         result.kind = linkbus_plugin_api::Kind::Event;
-        result.name = RESULT_NAME.into();
+        result.name = RESULT_MESSAGE_NAME.into();
         result.headers.push((RESULT_FOR_HEADER.into(), id.to_string()));
         let from_b = |content: Content| Message {
             id: MessageId { source: NodeName::new("B").unwrap(), sequence: 1, created_unix_ms: 0 },

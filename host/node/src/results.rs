@@ -5,26 +5,28 @@
 //! [`ResultBook`], one open slot per recipient. Each slot gets one final outcome:
 //! - `delivered`: the recipient's node stored it in the recipient's queue (end-to-end
 //!   receipt; whether a consumer took it is not part of it);
-//! - `expired`: its lifetime ran out after it was sent, before it arrived;
+//! - `expired`: its lifetime ran out after it was sent, before it arrived. The sender cannot
+//!   be sure (its peer may have stored it and not yet acknowledged), so this outcome is
+//!   *provisional* for one result wait: a report from the recipient's node replaces it;
 //! - `failed`: it cannot arrive, with a code and a reason — dead-lettered on the way or at the
 //!   destination (the dead-letter codes), or expired at its origin before it was sent
-//!   (`expired`: the send failed);
+//!   (`expired_before_sending`: the send failed);
 //! - `result_wait_timed_out`: nothing came back within `messages.result_wait_ms` after its
 //!   lifetime ran out. It does not mean the recipient failed: the result may have been lost
 //!   or dropped (the way back was full), or the message expired on the last hop, where its
 //!   recipients are no longer known.
 //!
 //! A node that settles a message for some recipients sends the origin a *result message*: a
-//! system-priority event message named `result` to the origin's `EVENT` queue, with the id in
+//! system-priority event message named `linkbus.results` to the origin's `EVENT` queue, with the id in
 //! the `linkbus.result_for` header and one line per recipient as payload
 //! (`node:queue TAB outcome TAB code TAB reason`). It travels like any message (across relays
-//! once routes exist) and the origin takes it apart on arrival: each outcome is recorded and
-//! raised as a `result` event. A result message that finds no room on its way is dropped and
+//! once routes exist) and the origin takes it apart on arrival: each outcome about a recipient
+//! on the reporting node is recorded and raised as a `result` event. A result message that finds no room on its way is dropped and
 //! counted, never waited for.
 //!
 //! [`Content::results`]: linkbus_plugin_api::Content::results
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::fmt;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -33,8 +35,23 @@ use linkbus_plugin_api::{Address, Message, MessageId, NodeName, Reliability};
 
 /// Header of a result message naming the message its results are about.
 pub const RESULT_FOR_HEADER: &str = "linkbus.result_for";
-/// Name of result messages (and of the events they raise).
-pub const RESULT_NAME: &str = "result";
+/// Name of result messages (the events they raise are named `result`).
+pub const RESULT_MESSAGE_NAME: &str = "linkbus.results";
+/// Failure code of a message that expired at its origin before it was sent.
+pub const EXPIRED_BEFORE_SENDING: &str = "expired_before_sending";
+/// Longest failure reason kept, in bytes.
+const REASON_BYTES_MAX: usize = 1024;
+/// Failure codes a result may carry: the dead-letter codes, and expiry before sending.
+const FAILURE_CODES: [&str; 8] = [
+    "no_route",
+    "hop_limit",
+    "not_authorised",
+    "filter_rejected",
+    "too_large",
+    "queue_missing",
+    "queue_full",
+    EXPIRED_BEFORE_SENDING,
+];
 /// Finished results kept for late questions (`linkbus result ID`), oldest forgotten first.
 const FINISHED_KEPT: usize = 100_000;
 
@@ -147,14 +164,22 @@ impl ResultTo {
 }
 
 struct Tracked {
+    /// Final outcomes only.
     results: MessageResults,
-    /// When open recipients are reported as timed out (`None`: unlimited lifetime).
+    /// Outcomes the sender guessed (it sent the message, which then expired there): final
+    /// at the instant given unless the recipient's node reports first.
+    provisional: Vec<(usize, Outcome, Instant)>,
+    /// The message's lifetime when accepted (`None`: unlimited).
+    lifetime: Option<Duration>,
+    /// When open recipients time out: set once the message is accepted.
     deadline: Option<Instant>,
 }
 
 #[derive(Default)]
 struct Book {
     open: HashMap<u64, Tracked>,
+    /// Deadlines and provisional outcomes coming due, by instant.
+    due: BTreeSet<(Instant, u64)>,
     finished: HashMap<u64, MessageResults>,
     finished_order: VecDeque<u64>,
 }
@@ -190,12 +215,12 @@ impl ResultBook {
         self.lock().open.len()
     }
 
-    /// Starts tracking an accepted message (its lifetime set) with one open slot per
-    /// distinct recipient.
+    /// Starts tracking a message (its lifetime set) with one open slot per distinct
+    /// recipient; it times out only once [`ResultBook::accepted`].
     ///
     /// # Errors
     /// When `pending_max` messages already wait for results.
-    pub fn track(&self, message: &Message, now: Instant) -> Result<(), String> {
+    pub fn track(&self, message: &Message) -> Result<(), String> {
         let mut book = self.lock();
         if book.open.len() >= self.pending_max {
             return Err(format!(
@@ -209,15 +234,27 @@ impl ResultBook {
                 recipients.push((to.clone(), None));
             }
         }
-        let deadline = match message.content.lifetime {
-            Some(l) if !l.is_unlimited() => {
-                now.checked_add(Duration::from_millis(l.as_ms()) + self.result_wait)
-            }
+        let lifetime = match message.content.lifetime {
+            Some(l) if !l.is_unlimited() => Some(Duration::from_millis(l.as_ms())),
             _ => None,
         };
         let results = MessageResults { id: message.id.clone(), recipients };
-        book.open.insert(message.id.sequence, Tracked { results, deadline });
+        book.open.insert(
+            message.id.sequence,
+            Tracked { results, provisional: Vec::new(), lifetime, deadline: None },
+        );
         Ok(())
+    }
+
+    /// The message was accepted at `now`: its open recipients time out `result_wait` after
+    /// its lifetime from now.
+    pub fn accepted(&self, sequence: u64, now: Instant) {
+        let mut book = self.lock();
+        let wait = self.result_wait;
+        let Some(tracked) = book.open.get_mut(&sequence) else { return };
+        let Some(deadline) = tracked.lifetime.and_then(|l| now.checked_add(l + wait)) else { return };
+        tracked.deadline = Some(deadline);
+        book.due.insert((deadline, sequence));
     }
 
     /// Stops tracking a message that was not accepted after all.
@@ -225,16 +262,18 @@ impl ResultBook {
         self.lock().open.remove(&sequence);
     }
 
-    /// Records `outcome` for `recipient` of the message with `sequence`. Returns whether it
-    /// was new: only the first final outcome of an open recipient counts.
+    /// Records the final `outcome` for `recipient` of the message with `sequence`. Returns
+    /// whether it was new: only the first final outcome of a recipient counts (it replaces a
+    /// provisional one).
     pub fn record(&self, sequence: u64, recipient: &Address, outcome: Outcome) -> bool {
         let mut book = self.lock();
         let Some(tracked) = book.open.get_mut(&sequence) else { return false };
-        let Some(slot) = tracked.results.recipients.iter_mut().find(|(a, o)| a == recipient && o.is_none())
+        let Some(slot) = tracked.results.recipients.iter().position(|(a, o)| a == recipient && o.is_none())
         else {
             return false;
         };
-        slot.1 = Some(outcome);
+        tracked.results.recipients[slot].1 = Some(outcome);
+        tracked.provisional.retain(|(s, _, _)| *s != slot);
         if tracked.results.is_final() {
             finish(&mut book, sequence);
         }
@@ -243,38 +282,80 @@ impl ResultBook {
         true
     }
 
-    /// Reports every open recipient whose deadline passed as timed out; returns them.
-    pub fn time_out(&self, now: Instant) -> Vec<(MessageId, Address)> {
+    /// Records an outcome the sender can only guess for `recipient`: it becomes final
+    /// `result_wait` after `now` unless a final one is recorded first.
+    pub fn record_provisional(&self, sequence: u64, recipient: &Address, outcome: Outcome, now: Instant) {
         let mut book = self.lock();
-        let due: Vec<u64> =
-            book.open.iter().filter(|(_, t)| t.deadline.is_some_and(|d| d <= now)).map(|(s, _)| *s).collect();
-        let mut timed_out = Vec::new();
-        for sequence in due {
-            if let Some(tracked) = book.open.get_mut(&sequence) {
+        let until = now + self.result_wait;
+        let Some(tracked) = book.open.get_mut(&sequence) else { return };
+        let Some(slot) = tracked.results.recipients.iter().position(|(a, o)| a == recipient && o.is_none())
+        else {
+            return;
+        };
+        if tracked.provisional.iter().any(|(s, _, _)| *s == slot) {
+            return;
+        }
+        tracked.provisional.push((slot, outcome, until));
+        book.due.insert((until, sequence));
+    }
+
+    /// Makes final what came due by `now`: provisional outcomes, and open recipients past
+    /// their message's deadline (their provisional outcome if any, else timed out). Returns
+    /// those outcomes.
+    pub fn time_out(&self, now: Instant) -> Vec<(MessageId, Address, Outcome)> {
+        let mut book = self.lock();
+        let mut settled = Vec::new();
+        while let Some(&(at, sequence)) = book.due.first() {
+            if at > now {
+                break;
+            }
+            book.due.pop_first();
+            let Some(tracked) = book.open.get_mut(&sequence) else { continue };
+            let past_deadline = tracked.deadline.is_some_and(|d| d <= now);
+            let provisional = std::mem::take(&mut tracked.provisional);
+            for (slot, outcome, until) in provisional {
+                if until <= now || past_deadline {
+                    if let Some((to, o)) = tracked.results.recipients.get_mut(slot) {
+                        *o = Some(outcome.clone());
+                        settled.push((tracked.results.id.clone(), to.clone(), outcome));
+                    }
+                } else {
+                    tracked.provisional.push((slot, outcome, until));
+                }
+            }
+            if past_deadline {
                 for (to, outcome) in &mut tracked.results.recipients {
                     if outcome.is_none() {
                         *outcome = Some(Outcome::TimedOut);
-                        timed_out.push((tracked.results.id.clone(), to.clone()));
+                        settled.push((tracked.results.id.clone(), to.clone(), Outcome::TimedOut));
                     }
                 }
             }
-            finish(&mut book, sequence);
+            if tracked.results.is_final() {
+                finish(&mut book, sequence);
+            }
         }
         drop(book);
-        if !timed_out.is_empty() {
+        if !settled.is_empty() {
             self.changed.notify_waiters();
         }
-        timed_out
+        settled
     }
 
     /// What is known of the messages with these sequence numbers (`None`: not tracked, or
-    /// finished long ago).
+    /// finished long ago). Provisional outcomes show as open.
     pub fn get(&self, sequences: &[u64]) -> Vec<Option<MessageResults>> {
         let book = self.lock();
         sequences
             .iter()
             .map(|s| book.open.get(s).map(|t| t.results.clone()).or_else(|| book.finished.get(s).cloned()))
             .collect()
+    }
+
+    /// Whether every one of these messages is finished (or unknown).
+    fn all_final(&self, sequences: &[u64]) -> bool {
+        let book = self.lock();
+        sequences.iter().all(|s| !book.open.contains_key(s))
     }
 
     /// Waits until every one of these messages has its final results (or is unknown), or
@@ -288,10 +369,8 @@ impl ResultBook {
             let changed = self.changed.notified();
             tokio::pin!(changed);
             changed.as_mut().enable();
-            let known = self.get(sequences);
-            let done = known.iter().all(|r| r.as_ref().is_none_or(MessageResults::is_final));
-            if done || tokio::time::timeout_at(deadline, changed).await.is_err() {
-                return known;
+            if self.all_final(sequences) || tokio::time::timeout_at(deadline, changed).await.is_err() {
+                return self.get(sequences);
             }
         }
     }
@@ -311,7 +390,6 @@ fn finish(book: &mut Book, sequence: u64) {
 
 /// The payload of a result message: one line per recipient.
 pub fn encode_report(outcomes: &[(Address, Outcome)]) -> String {
-    let clean = |s: &str| s.replace(['\t', '\n', '\r'], " ");
     let mut text = String::new();
     for (to, outcome) in outcomes {
         text.push_str(&format!(
@@ -324,10 +402,20 @@ pub fn encode_report(outcomes: &[(Address, Outcome)]) -> String {
     text
 }
 
+/// `text` on one line, at most [`REASON_BYTES_MAX`] bytes.
+fn clean(text: &str) -> String {
+    let mut cut = text.len().min(REASON_BYTES_MAX);
+    while !text.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    text[..cut].replace(['\t', '\n', '\r'], " ")
+}
+
 /// Reads the payload of a result message.
 ///
 /// # Errors
-/// The first line that is not `node:queue TAB outcome TAB code TAB reason`.
+/// The first line that is not `node:queue TAB outcome TAB code TAB reason` with a known
+/// outcome and failure code.
 pub fn decode_report(payload: &[u8]) -> Result<Vec<(Address, Outcome)>, String> {
     let text = std::str::from_utf8(payload).map_err(|_| "result payload is not UTF-8".to_owned())?;
     text.lines()
@@ -335,9 +423,13 @@ pub fn decode_report(payload: &[u8]) -> Result<Vec<(Address, Outcome)>, String> 
             let mut parts = line.splitn(4, '\t');
             let mut next = || parts.next().unwrap_or("");
             let (to, name, code, reason) = (next(), next(), next(), next());
-            let to: Address = to.parse().map_err(|e| format!("result line '{line}': {e}"))?;
-            let outcome = Outcome::from_parts(name, code, reason)
-                .ok_or_else(|| format!("result line '{line}': unknown outcome"))?;
+            let shown = clean(line);
+            let to: Address = to.parse().map_err(|e| format!("result line '{shown}': {e}"))?;
+            if name == "failed" && !FAILURE_CODES.contains(&code) {
+                return Err(format!("result line '{shown}': unknown failure code"));
+            }
+            let outcome = Outcome::from_parts(name, code, &clean(reason))
+                .ok_or_else(|| format!("result line '{shown}': unknown outcome"))?;
             Ok((to, outcome))
         })
         .collect()
@@ -378,7 +470,8 @@ mod tests {
     fn each_recipient_gets_one_final_outcome() {
         let book = ResultBook::new(Duration::from_millis(100), 10);
         let now = Instant::now();
-        book.track(&message(1, &["B:q", "C:q", "B:q"], 1000), now).unwrap();
+        book.track(&message(1, &["B:q", "C:q", "B:q"], 1000)).unwrap();
+        book.accepted(1, now);
         let b: Address = "B:q".parse().unwrap();
         let c: Address = "C:q".parse().unwrap();
         assert!(book.record(1, &b, Outcome::Delivered));
@@ -396,12 +489,34 @@ mod tests {
     fn open_recipients_time_out_after_lifetime_plus_wait_and_the_limit_holds() {
         let book = ResultBook::new(Duration::from_millis(100), 1);
         let now = Instant::now();
-        book.track(&message(1, &["B:q"], 1000), now).unwrap();
-        assert!(book.track(&message(2, &["B:q"], 1000), now).unwrap_err().contains("results_pending_max"));
+        book.track(&message(1, &["B:q"], 1000)).unwrap();
+        assert!(book.track(&message(2, &["B:q"], 1000)).unwrap_err().contains("results_pending_max"));
+        assert!(book.time_out(now + Duration::from_secs(3600)).is_empty(), "not accepted yet: no deadline");
+        book.accepted(1, now);
         assert!(book.time_out(now + Duration::from_millis(1099)).is_empty());
         let out = book.time_out(now + Duration::from_millis(1100));
         assert_eq!(out.len(), 1);
+        assert_eq!(out[0].2, Outcome::TimedOut);
         assert_eq!(book.get(&[1])[0].as_ref().unwrap().recipients[0].1, Some(Outcome::TimedOut));
+    }
+
+    #[test]
+    fn a_provisional_outcome_gives_way_to_a_report_or_becomes_final_later() {
+        let book = ResultBook::new(Duration::from_millis(100), 10);
+        let now = Instant::now();
+        book.track(&message(1, &["B:q", "B:r"], 60_000)).unwrap();
+        book.accepted(1, now);
+        let (q, r): (Address, Address) = ("B:q".parse().unwrap(), "B:r".parse().unwrap());
+        book.record_provisional(1, &q, Outcome::Expired, now);
+        book.record_provisional(1, &r, Outcome::Expired, now);
+        assert_eq!(book.get(&[1])[0].as_ref().unwrap().recipients[0].1, None, "shown as open");
+        assert!(book.record(1, &q, Outcome::Delivered), "the recipient's node knows better");
+        let settled = book.time_out(now + Duration::from_millis(100));
+        assert_eq!(settled.len(), 1);
+        assert_eq!((&settled[0].1, &settled[0].2), (&r, &Outcome::Expired));
+        let results = book.get(&[1]).remove(0).unwrap();
+        assert_eq!(results.recipients[0].1, Some(Outcome::Delivered));
+        assert!(results.is_final() && book.pending() == 0);
     }
 
     #[test]
@@ -416,6 +531,9 @@ mod tests {
         assert_eq!(back[1].1, Outcome::failed("queue_missing", "queue 'r' does not exist"));
         assert_eq!(back[2], outcomes[2]);
         assert!(decode_report(b"B:q\tlost\t\t\n").unwrap_err().contains("unknown outcome"));
+        assert!(decode_report(b"B:q\tfailed\tbogus\tx\n").unwrap_err().contains("unknown failure code"));
+        let long = format!("B:q\tfailed\tqueue_full\t{}\n", "\u{e9}".repeat(2000));
+        assert_eq!(decode_report(long.as_bytes()).unwrap()[0].1.reason().len(), 1024, "reasons are capped");
         assert_eq!(parse_id("A/42").unwrap().sequence, 42);
         assert!(parse_id("A42").is_err() && parse_id("A/x").is_err() && parse_id("1A/2").is_err());
     }

@@ -25,7 +25,7 @@ use bytes::{BufMut, Bytes, BytesMut};
 use crate::reader::{ReadError, Reader};
 
 /// The link protocol version this build speaks; a peer with another version is refused.
-pub const PROTOCOL_VERSION: u16 = 2;
+pub const PROTOCOL_VERSION: u16 = 3;
 /// First bytes of every `Hello`, so a stray client of another protocol is recognised at once.
 pub const HELLO_MAGIC: [u8; 4] = *b"LNKB";
 /// Bytes of the length prefix.

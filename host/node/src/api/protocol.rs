@@ -6,7 +6,8 @@
 //! queue, acknowledged at once or handed out pending), `Ack` / `Backout` (settle pending
 //! messages by tag), `Results` (of messages put with results wanted, waiting for the final
 //! ones), `Subscribe` / `Unsubscribe` / `Subscriptions` (event copies to a queue), `Status`
-//! and `LinkReset` (accept a peer's sequence numbers).
+//! and `LinkReset`; `Begin` / `Commit` / `Rollback` open and end a transaction on the
+//! connection (answered with `Settled`) (accept a peer's sequence numbers).
 //! Responses: `PutOk` (the ids given), `Messages` (with tags when pending), `Settled`,
 //! `Results`, `Status` text, or `Error` with a code, the number of puts accepted before the error, and
 //! a message.
@@ -31,6 +32,9 @@ const RESULTS: u8 = 9;
 const SUBSCRIBE: u8 = 10;
 const UNSUBSCRIBE: u8 = 11;
 const SUBSCRIPTIONS: u8 = 12;
+const BEGIN: u8 = 13;
+const COMMIT: u8 = 14;
+const ROLLBACK: u8 = 15;
 const RESULTS_ANSWER: u8 = 105;
 const SETTLED: u8 = 104;
 const PUT_OK: u8 = 101;
@@ -118,6 +122,19 @@ pub enum Request {
     },
     /// List the subscriptions in force; answered with `Status` text.
     Subscriptions,
+    /// Open a transaction on this connection: until `Commit` or `Rollback`, its puts are
+    /// held and its gets taken pending; answered with `Settled(0)`.
+    Begin,
+    /// Queue the transaction's puts (all or none, waiting up to `timeout_ms` for room) and
+    /// acknowledge its gets; answered with `Settled` (puts plus gets). A failed commit rolls
+    /// the transaction back.
+    Commit {
+        /// How long to wait for room for all the puts together.
+        timeout_ms: u64,
+    },
+    /// Drop the transaction's puts and give its gets back (redelivered, backout count
+    /// raised); answered with `Settled` (puts plus gets).
+    Rollback,
     /// Describe the node.
     Status,
     /// Accept the sequence numbers of a peer whose numbers went backwards, and restart a
@@ -146,6 +163,9 @@ pub enum ErrorCode {
     Invalid = 6,
     /// The node failed (store error, shutting down).
     Internal = 7,
+    /// The node holds as much as it may of something other than queued messages (results
+    /// waited for): try again later.
+    Busy = 8,
 }
 
 impl ErrorCode {
@@ -157,6 +177,7 @@ impl ErrorCode {
             4 => Self::NoRoute,
             5 => Self::TooLarge,
             6 => Self::Invalid,
+            8 => Self::Busy,
             _ => Self::Internal,
         }
     }
@@ -243,6 +264,9 @@ impl Request {
             }),
             Self::Unsubscribe { to } => frame(UNSUBSCRIBE, out, |out| put_name(out, to)),
             Self::Subscriptions => frame(SUBSCRIPTIONS, out, |_| {}),
+            Self::Begin => frame(BEGIN, out, |_| {}),
+            Self::Commit { timeout_ms } => frame(COMMIT, out, |out| out.put_u64(*timeout_ms)),
+            Self::Rollback => frame(ROLLBACK, out, |_| {}),
             Self::Status => frame(STATUS, out, |_| {}),
             Self::LinkReset { peer } => frame(LINK_RESET, out, |out| put_name(out, peer)),
         }
@@ -298,6 +322,9 @@ impl Request {
             }
             UNSUBSCRIBE => Self::Unsubscribe { to: r.short_string()? },
             SUBSCRIPTIONS => Self::Subscriptions,
+            BEGIN => Self::Begin,
+            COMMIT => Self::Commit { timeout_ms: r.u64()? },
+            ROLLBACK => Self::Rollback,
             STATUS => Self::Status,
             LINK_RESET => Self::LinkReset { peer: r.short_string()? },
             other => return Err(ReadError::Invalid { field: "request type", detail: other.to_string() }),
@@ -528,6 +555,9 @@ mod tests {
         });
         round_trip_request(Request::Unsubscribe { to: "B:ops".into() });
         round_trip_request(Request::Subscriptions);
+        round_trip_request(Request::Begin);
+        round_trip_request(Request::Commit { timeout_ms: 12 });
+        round_trip_request(Request::Rollback);
         round_trip_request(Request::Results { source: "A".into(), sequences: vec![1, u64::MAX], wait_ms: 3 });
         let message = Message {
             id: linkbus_plugin_api::MessageId {

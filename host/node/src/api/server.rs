@@ -93,6 +93,160 @@ impl Drop for PendingOnConnection {
     }
 }
 
+/// Most messages one transaction puts and gets together.
+pub const TRANSACTION_MESSAGES_MAX: usize = 10_000;
+/// Most payload bytes one transaction puts (held in memory until commit).
+pub const TRANSACTION_BYTES_MAX: usize = 64 << 20;
+
+/// The open transaction of a connection: puts held until commit, messages taken pending
+/// until commit (acknowledged) or rollback (given back). Dropping it — the connection ended
+/// — rolls it back.
+#[derive(Default)]
+struct Transaction {
+    puts: Vec<linkbus_plugin_api::Message>,
+    put_bytes: usize,
+    gets: PendingOnConnection,
+    got: usize,
+}
+
+impl Transaction {
+    fn count(&self) -> usize {
+        self.puts.len() + self.got
+    }
+
+    /// Checks and stamps the contents now; they are queued at commit.
+    fn put(
+        &mut self,
+        node: &NodeState,
+        contents: Vec<linkbus_plugin_api::Content>,
+        no_wait: bool,
+    ) -> Response {
+        if no_wait {
+            let message = "a no-wait put cannot be part of a transaction".to_owned();
+            return refused(ErrorCode::Invalid, message);
+        }
+        let created_unix_ms = crate::clock::unix_ms();
+        let mut sequences = Vec::with_capacity(contents.len());
+        for (index, content) in contents.into_iter().enumerate() {
+            let accepted = index as u32;
+            if self.count() >= TRANSACTION_MESSAGES_MAX
+                || self.put_bytes + content.payload.len() > TRANSACTION_BYTES_MAX
+            {
+                let message = format!(
+                    "message {}: a transaction holds at most {TRANSACTION_MESSAGES_MAX} messages and {TRANSACTION_BYTES_MAX} bytes of puts; commit first",
+                    index + 1
+                );
+                return Response::Error { code: ErrorCode::TooLarge, accepted, message };
+            }
+            match node.prepare_in_transaction(content, created_unix_ms) {
+                Ok(message) => {
+                    self.put_bytes += message.content.payload.len();
+                    sequences.push(message.id.sequence);
+                    self.puts.push(message);
+                }
+                Err((code, message)) => {
+                    return Response::Error {
+                        code,
+                        accepted,
+                        message: format!("message {}: {message}", index + 1),
+                    };
+                }
+            }
+        }
+        Response::PutOk { source: node.name().clone(), sequences, created_unix_ms }
+    }
+
+    /// Takes messages pending under the transaction (no tags: commit or rollback settles them).
+    async fn get(
+        &mut self,
+        node: &NodeState,
+        queue: &str,
+        count_max: u32,
+        wait_ms: u64,
+        bytes_max: u64,
+        hand_out: bool,
+    ) -> Response {
+        if hand_out {
+            let message =
+                "inside a transaction, gets are settled by commit or rollback, not by ack".to_owned();
+            return refused(ErrorCode::BadRequest, message);
+        }
+        let q = match find_queue(node, queue) {
+            Ok(q) => q,
+            Err(response) => return response,
+        };
+        let room = TRANSACTION_MESSAGES_MAX.saturating_sub(self.count());
+        if room == 0 {
+            let message =
+                format!("a transaction holds at most {TRANSACTION_MESSAGES_MAX} messages; commit first");
+            return refused(ErrorCode::TooLarge, message);
+        }
+        let limits = PopLimits {
+            count_max: (count_max.clamp(1, GET_MESSAGES_MAX) as usize).min(room),
+            message_bytes_max: usize::try_from(bytes_max).unwrap_or(usize::MAX),
+            total_bytes_max: GET_BYTES_MAX,
+            pending: true,
+        };
+        match get(node, &q, limits, wait_ms).await {
+            Response::Messages { messages, tags } => {
+                self.gets.add(&q, &tags);
+                self.got += tags.len();
+                Response::Messages { messages, tags: Vec::new() }
+            }
+            other => other,
+        }
+    }
+}
+
+/// `Begin`, `Commit` and `Rollback`.
+async fn transact(node: &NodeState, request: Request, transaction: &mut Option<Transaction>) -> Response {
+    match (request, transaction.take()) {
+        (Request::Begin, None) => {
+            *transaction = Some(Transaction::default());
+            Response::Settled(0)
+        }
+        (Request::Begin, Some(open)) => {
+            *transaction = Some(open);
+            refused(ErrorCode::BadRequest, "a transaction is already open on this connection".into())
+        }
+        (Request::Commit { .. } | Request::Rollback, None) => {
+            refused(ErrorCode::BadRequest, "no transaction is open on this connection".into())
+        }
+        (Request::Commit { timeout_ms }, Some(mut tx)) => {
+            let timeout = Duration::from_millis(timeout_ms.min(PUT_WAIT_MS_MAX));
+            // A commit abandoned while it waits (the client left) drops `tx`: rolled back.
+            if let Err((code, reason)) = node.commit(&tx.puts, timeout).await {
+                return refused(code, format!("transaction rolled back: {reason}"));
+            }
+            let count = tx.count();
+            let mut queues = std::mem::take(&mut tx.gets.queues).into_iter();
+            while let Some((queue, tags)) = queues.next() {
+                let list: Vec<u64> = tags.iter().copied().collect();
+                if let Err(e) = queue.ack(&list) {
+                    warn!(queue = %queue.config().name, error = %e, "Could not acknowledge a transaction's gets.");
+                    let message = format!(
+                        "puts committed, but the gets from '{}' on were not acknowledged (they go back): {e}",
+                        queue.config().name
+                    );
+                    // Dropping `tx` gives back what was not acknowledged.
+                    tx.gets.queues = std::iter::once((queue, tags)).chain(queues).collect();
+                    return refused(ErrorCode::Internal, message);
+                }
+            }
+            Response::Settled(count as u32)
+        }
+        (Request::Rollback, Some(tx)) => {
+            let count = tx.count();
+            drop(tx);
+            Response::Settled(count as u32)
+        }
+        (other, open) => {
+            *transaction = open;
+            refused(ErrorCode::BadRequest, format!("request {other:?} is not a transaction request"))
+        }
+    }
+}
+
 /// Completes when the client closes its connection (or sends more than a frame while a
 /// request waits); bytes of a pipelined request are kept in `buf` for later.
 async fn client_gone(stream: &mut UnixStream, buf: &mut BytesMut, frame_bytes_max: usize) {
@@ -156,6 +310,8 @@ async fn serve(node: Arc<NodeState>, mut stream: UnixStream, mut shutdown: watch
     let mut buf = BytesMut::with_capacity(64 * 1024);
     let mut out = BytesMut::new();
     let mut pending = PendingOnConnection::default();
+    // Dropped with the connection: an open transaction is rolled back.
+    let mut transaction: Option<Transaction> = None;
     loop {
         let frame = match split_frame(&mut buf, frame_bytes_max) {
             Ok(frame) => frame,
@@ -181,7 +337,7 @@ async fn serve(node: Arc<NodeState>, mut stream: UnixStream, mut shutdown: watch
                 // A get may wait long: stop it, before it takes anything, if the client leaves.
                 tokio::select! {
                     biased;
-                    answer = handle(&node, request, &mut pending) => answer,
+                    answer = handle(&node, request, &mut pending, &mut transaction) => answer,
                     () = client_gone(&mut stream, &mut buf, frame_bytes_max) => {
                         debug!("Client left while its request waited.");
                         return;
@@ -211,39 +367,59 @@ async fn serve(node: Arc<NodeState>, mut stream: UnixStream, mut shutdown: watch
     }
 }
 
+/// A put outside a transaction.
+async fn put(
+    node: &NodeState,
+    contents: Vec<linkbus_plugin_api::Content>,
+    timeout_ms: u64,
+    no_wait: bool,
+) -> Response {
+    if no_wait && let Some(i) = contents.iter().position(|c| c.reliability == Reliability::Persistent) {
+        let message = format!(
+            "message {}: a no-wait put cannot carry a persistent message (nothing would vouch for it); use a waiting put",
+            i + 1
+        );
+        return refused(ErrorCode::Invalid, message);
+    }
+    let timeout_ms = if no_wait { 0 } else { timeout_ms };
+    let timeout = Duration::from_millis(timeout_ms.min(PUT_WAIT_MS_MAX));
+    match node.put_waiting(contents, timeout).await {
+        Ok((sequences, created_unix_ms)) => {
+            Response::PutOk { source: node.name().clone(), sequences, created_unix_ms }
+        }
+        Err(e) => {
+            if e.code == ErrorCode::Full {
+                node.emit(Event::new(EventKind::QueueFull, e.message.clone()).with("reason", &e.message));
+            }
+            Response::Error { code: e.code, accepted: e.accepted, message: e.message }
+        }
+    }
+}
+
 /// Answers one request; for a get, also the queue the messages came from.
 async fn handle(
     node: &NodeState,
     request: Request,
     pending: &mut PendingOnConnection,
+    transaction: &mut Option<Transaction>,
 ) -> (Response, Option<Arc<LocalQueue>>) {
     match request {
-        Request::Put { contents, no_wait: true, .. }
-            if let Some(i) = contents.iter().position(|c| c.reliability == Reliability::Persistent) =>
-        {
-            let message = format!(
-                "message {}: a no-wait put cannot carry a persistent message (nothing would vouch for it); use a waiting put",
-                i + 1
-            );
-            (Response::Error { code: ErrorCode::Invalid, accepted: 0, message }, None)
+        Request::Begin | Request::Commit { .. } | Request::Rollback => {
+            return (transact(node, request, transaction).await, None);
         }
+        Request::Put { contents, no_wait, .. } if let Some(tx) = transaction.as_mut() => {
+            return (tx.put(node, contents, no_wait), None);
+        }
+        Request::Get { queue, count_max, wait_ms, bytes_max, pending: hand_out }
+            if let Some(tx) = transaction.as_mut() =>
+        {
+            return (tx.get(node, &queue, count_max, wait_ms, bytes_max, hand_out).await, None);
+        }
+        _ => {}
+    }
+    match request {
         Request::Put { contents, timeout_ms, no_wait } => {
-            let timeout_ms = if no_wait { 0 } else { timeout_ms };
-            let timeout = Duration::from_millis(timeout_ms.min(PUT_WAIT_MS_MAX));
-            let response = match node.put_waiting(contents, timeout).await {
-                Ok((sequences, created_unix_ms)) => {
-                    Response::PutOk { source: node.name().clone(), sequences, created_unix_ms }
-                }
-                Err(e) => {
-                    if e.code == ErrorCode::Full {
-                        node.emit(
-                            Event::new(EventKind::QueueFull, e.message.clone()).with("reason", &e.message),
-                        );
-                    }
-                    Response::Error { code: e.code, accepted: e.accepted, message: e.message }
-                }
-            };
-            (response, None)
+            (put(node, contents, timeout_ms, no_wait).await, None)
         }
         Request::Get { queue, count_max, wait_ms, bytes_max, pending: hand_out } => {
             let q = match find_queue(node, &queue) {

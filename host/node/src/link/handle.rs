@@ -172,6 +172,16 @@ impl LinkHandle {
         self.lock().has_room_for(message)
     }
 
+    /// Whether `message`'s priority class has room for `count` messages now.
+    pub fn has_room_for_many(&self, message: &Message, count: usize) -> bool {
+        self.lock().has_room_for_many(message, count)
+    }
+
+    /// Whether two messages wait in the same class of a transmission queue.
+    pub fn same_class(a: &Message, b: &Message) -> bool {
+        TransmissionQueue::class_of(a) == TransmissionQueue::class_of(b)
+    }
+
     /// Queues a message for the peer in its priority class.
     ///
     /// # Errors

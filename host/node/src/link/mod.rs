@@ -37,7 +37,7 @@ use tracing::{debug, error, info, warn};
 
 use crate::events::{Event, EventKind};
 use crate::node::NodeState;
-use crate::results::{Outcome, ResultTo};
+use crate::results::{EXPIRED_BEFORE_SENDING, Outcome, RESULT_MESSAGE_NAME, ResultTo};
 use backoff::Backoff;
 pub(crate) use handle::{Gate, Incoming};
 pub use handle::{LinkHandle, TransmissionQueueFull};
@@ -497,15 +497,26 @@ impl Link {
     /// before it was sent from its origin) or expired (after it was `sent`, or on a relay).
     fn expired(&self, message: &linkbus_plugin_api::Message, sent: bool) {
         if message.content.kind == linkbus_plugin_api::Kind::Event {
+            if message.content.name == RESULT_MESSAGE_NAME {
+                self.node.results_dropped.fetch_add(1, Ordering::Relaxed);
+            }
             return;
         }
-        let outcome = if sent || &message.id.source != self.node.name() {
-            Outcome::Expired
-        } else {
-            Outcome::failed("expired", format!("expired before it was sent to {}", self.peer()))
-        };
-        let outcomes = self.recipients_here(message).map(|to| (to, outcome.clone())).collect();
-        self.node.report(ResultTo::of(message).as_ref(), outcomes);
+        let to = ResultTo::of(message);
+        let with = |outcome: Outcome| self.recipients_here(message).map(|r| (r, outcome.clone())).collect();
+        match (&message.id.source == self.node.name(), sent) {
+            // Never sent from its origin: the send failed.
+            (true, false) => {
+                let reason = format!("expired before it was sent to {}", self.peer());
+                self.node.report(to.as_ref(), with(Outcome::failed(EXPIRED_BEFORE_SENDING, reason)));
+            }
+            // Sent, but the peer may have it and not have acknowledged yet: a guess.
+            (true, true) => self.node.report_provisional(to.as_ref(), with(Outcome::Expired)),
+            // A relay that never sent it on knows it expired.
+            (false, false) => self.node.report(to.as_ref(), with(Outcome::Expired)),
+            // A relay that sent it on cannot know: the origin waits for the recipients' node.
+            (false, true) => {}
+        }
         self.node.emit(
             Event::new(
                 EventKind::Expired,

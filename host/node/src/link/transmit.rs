@@ -26,18 +26,38 @@ pub(crate) struct TransmissionQueue {
     /// The index in [`TURNS`] served next, so classes take turns.
     turn: usize,
     len: usize,
+    /// No message expires before this (`None`: none expires), so sweeps are cheap.
+    next_expiry: Option<Instant>,
 }
 
 impl TransmissionQueue {
     pub(crate) fn new(class_messages_max: u64) -> Self {
-        Self { classes: (0..CLASSES).map(|_| VecDeque::new()).collect(), class_messages_max, turn: 0, len: 0 }
+        Self {
+            classes: (0..CLASSES).map(|_| VecDeque::new()).collect(),
+            class_messages_max,
+            turn: 0,
+            len: 0,
+            next_expiry: None,
+        }
     }
 
-    fn class_of(message: &Message) -> usize {
+    pub(crate) fn class_of(message: &Message) -> usize {
         if message.content.kind == Kind::File {
             return FILES;
         }
         (message.content.priority.code() as usize).min(SYSTEM)
+    }
+
+    /// When `message`, queued at `queued_at`, expires (`None`: never).
+    fn expiry(message: &Message, queued_at: Instant) -> Option<Instant> {
+        let lifetime = message.content.lifetime.filter(|l| !l.is_unlimited())?;
+        queued_at.checked_add(std::time::Duration::from_millis(lifetime.as_ms()))
+    }
+
+    fn note_expiry(&mut self, message: &Message, queued_at: Instant) {
+        if let Some(at) = Self::expiry(message, queued_at) {
+            self.next_expiry = Some(self.next_expiry.map_or(at, |next| next.min(at)));
+        }
     }
 
     /// Messages waiting, all classes together.
@@ -47,7 +67,14 @@ impl TransmissionQueue {
 
     /// Whether one more message of `message`'s class fits.
     pub(crate) fn has_room_for(&self, message: &Message) -> bool {
-        self.classes.get(Self::class_of(message)).is_some_and(|c| (c.len() as u64) < self.class_messages_max)
+        self.has_room_for_many(message, 1)
+    }
+
+    /// Whether `count` more messages of `message`'s class fit.
+    pub(crate) fn has_room_for_many(&self, message: &Message, count: usize) -> bool {
+        self.classes
+            .get(Self::class_of(message))
+            .is_some_and(|c| (c.len() + count) as u64 <= self.class_messages_max)
     }
 
     /// Queues a message at the back of its class; `false` when the class is full.
@@ -55,11 +82,7 @@ impl TransmissionQueue {
         if !self.has_room_for(&message) {
             return false;
         }
-        let class = Self::class_of(&message);
-        if let Some(c) = self.classes.get_mut(class) {
-            c.push_back((message, now));
-            self.len += 1;
-        }
+        self.push_checked(message, now);
         true
     }
 
@@ -67,6 +90,7 @@ impl TransmissionQueue {
     /// room since (a class may then hold a message more than its limit; a message is never
     /// queued in one place and refused in another).
     pub(crate) fn push_checked(&mut self, message: Message, now: Instant) {
+        self.note_expiry(&message, now);
         let class = Self::class_of(&message);
         if let Some(c) = self.classes.get_mut(class) {
             c.push_back((message, now));
@@ -76,6 +100,7 @@ impl TransmissionQueue {
 
     /// Puts back a message taken by [`TransmissionQueue::pop`] (the window was full).
     pub(crate) fn unpop(&mut self, message: Message, queued_at: Instant) {
+        self.note_expiry(&message, queued_at);
         let class = Self::class_of(&message);
         if let Some(c) = self.classes.get_mut(class) {
             c.push_front((message, queued_at));
@@ -86,12 +111,19 @@ impl TransmissionQueue {
     /// Takes out every message whose lifetime ran out since it was queued (by `now`).
     pub(crate) fn take_expired(&mut self, now: Instant) -> Vec<Message> {
         let mut expired = Vec::new();
+        if self.next_expiry.is_none_or(|next| next > now) {
+            return expired;
+        }
+        let mut next: Option<Instant> = None;
         for class in &mut self.classes {
             let before = class.len();
             class.retain_mut(|(message, queued_at)| {
                 let elapsed = now.saturating_duration_since(*queued_at).as_millis() as u64;
                 let lifetime = message.content.lifetime.unwrap_or(linkbus_plugin_api::Lifetime::UNLIMITED);
                 if lifetime.after(elapsed).is_some() {
+                    if let Some(at) = Self::expiry(message, *queued_at) {
+                        next = Some(next.map_or(at, |n| n.min(at)));
+                    }
                     return true;
                 }
                 expired.push(message.clone());
@@ -99,6 +131,7 @@ impl TransmissionQueue {
             });
             self.len -= before - class.len();
         }
+        self.next_expiry = next;
         expired
     }
 
