@@ -116,12 +116,23 @@ async fn open(
             let Some(peer) = node.security.identify(&key).cloned() else {
                 return Err(refusal("unknown static key", CloseCode::UnknownPeer, None));
             };
-            if !node.security.is_fresh(&peer, stamp, crate::clock::unix_ms()) {
-                return Err(refusal(
-                    format!("replayed handshake from {peer}"),
-                    CloseCode::ProtocolError,
-                    None,
-                ));
+            match node.security.check_fresh(&peer, stamp, crate::clock::unix_ms()) {
+                Ok(()) => {}
+                Err(crate::security::Stale::Replayed) => {
+                    return Err(refusal(
+                        format!("replayed handshake from {peer}"),
+                        CloseCode::ProtocolError,
+                        None,
+                    ));
+                }
+                Err(crate::security::Stale::Ahead { by_ms, max_s }) => {
+                    let reason = format!(
+                        "handshake from {peer} is stamped {:.1} s ahead of this node's clock, more than \
+                         security.clock_skew_max_s ({max_s} s) allows: set the clocks right, or raise it",
+                        by_ms as f64 / 1000.0
+                    );
+                    return Err(refusal(reason, CloseCode::ProtocolError, None));
+                }
             }
             secure.accept().map_err(|e| refusal(e.to_string(), CloseCode::ProtocolError, None))?;
             if let Some(bytes) = secure.poll_transmit() {

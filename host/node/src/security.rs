@@ -22,6 +22,8 @@ pub struct Security {
     peer_keys: Vec<(NodeName, [u8; KEY_BYTES])>,
     /// The newest handshake time seen from each peer; an older or equal one is a replay.
     stamps: Mutex<HashMap<NodeName, u64>>,
+    /// How far ahead of our clock a handshake stamp may be.
+    skew_ms_max: u64,
 }
 
 impl std::fmt::Debug for Security {
@@ -30,8 +32,19 @@ impl std::fmt::Debug for Security {
     }
 }
 
-/// How far ahead of our clock a handshake stamp may be.
-pub const CLOCK_SKEW_MS_MAX: u64 = 10 * 60 * 1000;
+/// Why a handshake's stamp is refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stale {
+    /// Not newer than the last handshake from the peer that completed: a replay.
+    Replayed,
+    /// Further ahead of this node's clock than `security.clock_skew_max_s` allows.
+    Ahead {
+        /// By how much, in milliseconds.
+        by_ms: u64,
+        /// The limit, in seconds.
+        max_s: u64,
+    },
+}
 
 /// Where the node's private key is read from.
 pub fn key_path(config: &Config) -> PathBuf {
@@ -77,10 +90,11 @@ impl Security {
     /// [`ConfigErrors`] for unreadable, too open or malformed key files.
     pub fn load(config: &Config) -> Result<Self, ConfigErrors> {
         let stamps = Mutex::new(HashMap::new());
+        let skew_ms_max = config.security.clock_skew_max_s.saturating_mul(1000);
         // A node without peers has no links to protect (and needs no keys).
         if config.security.insecure_plaintext || config.peers.is_empty() {
             let mode = if config.security.insecure_plaintext { Mode::Plaintext } else { Mode::Noise };
-            return Ok(Self { mode, keys: None, psk: None, peer_keys: Vec::new(), stamps });
+            return Ok(Self { mode, keys: None, psk: None, peer_keys: Vec::new(), stamps, skew_ms_max });
         }
         let mut issues = Vec::new();
         let mut issue = |path: &str, message: String| issues.push(ConfigIssue { path: path.into(), message });
@@ -107,7 +121,7 @@ impl Security {
             return Err(ConfigErrors(issues));
         }
         let peer_keys = config.peers.iter().filter_map(|p| Some((p.name.clone(), p.public_key?))).collect();
-        Ok(Self { mode: Mode::Noise, keys, psk, peer_keys, stamps })
+        Ok(Self { mode: Mode::Noise, keys, psk, peer_keys, stamps, skew_ms_max })
     }
 
     /// This node's public key, when it has one.
@@ -153,13 +167,21 @@ impl Security {
         self.peer_keys.iter().find(|(_, k)| k == key).map(|(name, _)| name)
     }
 
-    /// Whether a handshake from `peer` stamped `unix_ms` is newer than the last one that
+    /// Checks that a handshake from `peer` stamped `unix_ms` is newer than the last one that
     /// completed (else it is a replay) and not from too far in the future (`now_ms` is our
-    /// clock; [`CLOCK_SKEW_MS_MAX`] of difference is tolerated).
-    pub fn is_fresh(&self, peer: &NodeName, unix_ms: u64, now_ms: u64) -> bool {
+    /// clock; `security.clock_skew_max_s` of difference is tolerated).
+    ///
+    /// # Errors
+    /// [`Stale`] saying which.
+    pub fn check_fresh(&self, peer: &NodeName, unix_ms: u64, now_ms: u64) -> Result<(), Stale> {
+        if unix_ms > now_ms.saturating_add(self.skew_ms_max) {
+            return Err(Stale::Ahead { by_ms: unix_ms - now_ms, max_s: self.skew_ms_max / 1000 });
+        }
         let stamps = self.stamps.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        unix_ms <= now_ms.saturating_add(CLOCK_SKEW_MS_MAX)
-            && stamps.get(peer).is_none_or(|last| unix_ms > *last)
+        if stamps.get(peer).is_some_and(|last| unix_ms <= *last) {
+            return Err(Stale::Replayed);
+        }
+        Ok(())
     }
 
     /// Records the stamp of a handshake from `peer` that completed (its `Hello` decrypted).

@@ -102,7 +102,7 @@ pub struct PeerConfig {
 }
 
 /// `security:` — how links are protected.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SecuritySettings {
     /// Plaintext links (no authentication, no encryption): tests and benchmarks only; a
     /// warning is logged at every start.
@@ -111,6 +111,16 @@ pub struct SecuritySettings {
     pub key_file: Option<PathBuf>,
     /// The cluster's pre-shared key file; required for Noise links when there are peers.
     pub psk_file: Option<PathBuf>,
+    /// How far ahead of this node's clock a peer's handshake may be stamped, in seconds
+    /// (a stamp further ahead is refused, so a handshake recorded from a node with a wrong
+    /// clock cannot be replayed later). Message lifetimes never compare clocks.
+    pub clock_skew_max_s: u64,
+}
+
+impl Default for SecuritySettings {
+    fn default() -> Self {
+        Self { insecure_plaintext: false, key_file: None, psk_file: None, clock_skew_max_s: 600 }
+    }
 }
 
 /// Order in which a queue hands out messages.

@@ -396,11 +396,13 @@ fn read_events(root: &Section<'_>) -> EventSettings {
 }
 
 fn read_security(root: &Section<'_>) -> SecuritySettings {
-    let Some(s) = root.section("security") else { return SecuritySettings::default() };
+    let d = SecuritySettings::default();
+    let Some(s) = root.section("security") else { return d };
     let settings = SecuritySettings {
         insecure_plaintext: s.bool("insecure_plaintext", false),
         key_file: s.string("key_file").map(PathBuf::from),
         psk_file: s.string("psk_file").map(PathBuf::from),
+        clock_skew_max_s: s.number("clock_skew_max_s", d.clock_skew_max_s, 1, 7 * 86_400),
     };
     s.finish();
     settings
