@@ -38,7 +38,8 @@ fn lifetimes_count_time_spent_not_clocks() {
     a.wait_for_log("Link up.", 1, Duration::from_secs(10));
 
     // Three seconds to live, whatever the clocks say: it arrives.
-    let put = s.run(&["put", "--node", "A", "--to", "B:q", "--lifetime", "3s", "--wait-result", "5s", "fresh"]);
+    let put =
+        s.run(&["put", "--node", "A", "--to", "B:q", "--lifetime", "3s", "--wait-result", "5s", "fresh"]);
     assert!(put.status.success(), "{}{}", stdout(&put), stderr(&put));
     assert!(stdout(&put).contains("B:q delivered"), "{}", stdout(&put));
     let get = s.run(&["get", "--node", "B", "q", "--wait", "5s"]);

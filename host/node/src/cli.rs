@@ -475,6 +475,21 @@ pub async fn put(args: PutArgs) -> anyhow::Result<()> {
     let mut batch = Vec::new();
     let mut sent = 0usize;
     let mut ids = Vec::new();
+    // Ids for `linkbus result` are printed as soon as they are final: at once, or (in a
+    // transaction) after the commit.
+    let print_now = args.results && args.wait_result.is_none() && !args.transaction;
+    let mut keep = |put: Vec<MessageId>| -> std::io::Result<()> {
+        if print_now {
+            let mut out = std::io::stdout().lock();
+            put.iter().try_for_each(|id| writeln!(out, "{id}"))?;
+            out.flush()
+        } else {
+            if args.results || args.wait_result.is_some() {
+                ids.extend(put);
+            }
+            Ok(())
+        }
+    };
     for line in stdin.split(b'\n') {
         let mut line = line.context("reading standard input")?;
         if line.last() == Some(&b'\r') {
@@ -487,29 +502,25 @@ pub async fn put(args: PutArgs) -> anyhow::Result<()> {
                 .await
                 .with_context(|| format!("after {sent} messages"))?;
             sent += put.len();
-            if args.results || args.wait_result.is_some() {
-                ids.extend(put);
-            }
+            keep(put)?;
         }
     }
     let put = client.put_batch(batch).await.with_context(|| format!("after {sent} messages"))?;
     sent += put.len();
+    keep(put)?;
     if args.transaction {
         client.commit().await.with_context(|| format!("committing {sent} messages"))?;
         eprintln!("put {sent} messages (committed)");
     } else {
         eprintln!("put {sent} messages");
     }
-    ids.extend(put);
     match args.wait_result {
         Some(wait) => print_results(&mut client, &ids, wait).await,
-        // The ids to ask `linkbus result` about.
-        None if args.results => {
+        None => {
             let mut out = std::io::stdout().lock();
             ids.iter().try_for_each(|id| writeln!(out, "{id}"))?;
             Ok(())
         }
-        None => Ok(()),
     }
 }
 

@@ -142,9 +142,17 @@ impl Subscriptions {
         let stored = store.scan(SUBSCRIPTIONS_SPACE, Bound::Unbounded, Bound::Unbounded, usize::MAX)?;
         for (key, value) in stored {
             let to = std::str::from_utf8(&key).ok().and_then(|k| k.parse::<Address>().ok());
-            let kinds: Option<Vec<EventKind>> =
-                std::str::from_utf8(&value).ok().and_then(|v| v.split(',').map(|k| k.parse().ok()).collect());
+            let kinds: Option<Vec<EventKind>> = std::str::from_utf8(&value).ok().and_then(|v| match v {
+                "all" => Some(EventKind::ALL.to_vec()),
+                v => v.split(',').map(|k| k.parse().ok()).collect(),
+            });
             match (to, kinds) {
+                (Some(to), _) if list.iter().any(|s| s.to == to) => {
+                    tracing::warn!(%to, "A client subscription of a queue the configuration now subscribes; removed.");
+                    let mut batch = Batch::new();
+                    batch.delete(SUBSCRIPTIONS_SPACE, key.clone());
+                    store.write(batch, true)?;
+                }
                 (Some(to), Some(kinds)) => list.push(Subscription { kinds, to, from_client: true }),
                 _ => {
                     tracing::warn!(key = %String::from_utf8_lossy(&key), "Stored subscription unreadable; ignored.")
@@ -152,6 +160,32 @@ impl Subscriptions {
             }
         }
         Ok(Self { list: RwLock::new(list) })
+    }
+
+    /// Removes (from the store too) the client subscriptions whose queue `check` refuses,
+    /// saying why in the log: a queue or peer dropped from the configuration since.
+    ///
+    /// # Errors
+    /// When the store fails.
+    pub fn remove_unreachable(
+        &self,
+        store: &dyn Store,
+        check: impl Fn(&Address) -> Result<(), String>,
+    ) -> Result<(), StoreError> {
+        let mut list = self.list.write().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut batch = Batch::new();
+        list.retain(|s| match check(&s.to) {
+            Err(reason) if s.from_client => {
+                tracing::warn!(to = %s.to, reason, "A client subscription's queue cannot be reached any more; removed.");
+                batch.delete(SUBSCRIPTIONS_SPACE, s.to.to_string().into_bytes());
+                false
+            }
+            _ => true,
+        });
+        if !batch.is_empty() {
+            store.write(batch, true)?;
+        }
+        Ok(())
     }
 
     fn read(&self) -> std::sync::RwLockReadGuard<'_, Vec<Subscription>> {
@@ -183,9 +217,11 @@ impl Subscriptions {
         let mut kinds = kinds.to_vec();
         kinds.sort_by_key(|k| EventKind::ALL.iter().position(|a| a == k));
         kinds.dedup();
+        // Every kind is stored as `all`, so kinds added later are included.
         let names: Vec<&str> = kinds.iter().map(|k| k.as_str()).collect();
+        let value = if kinds.len() == EventKind::ALL.len() { "all".to_owned() } else { names.join(",") };
         let mut batch = Batch::new();
-        batch.put(SUBSCRIPTIONS_SPACE, to.to_string().into_bytes(), names.join(",").into_bytes());
+        batch.put(SUBSCRIPTIONS_SPACE, to.to_string().into_bytes(), value.into_bytes());
         store.write(batch, true).map_err(|e| format!("store: {e}"))?;
         list.retain(|s| &s.to != to);
         list.push(Subscription { kinds, to: to.clone(), from_client: true });
@@ -245,6 +281,28 @@ mod tests {
         again.unsubscribe(&ops, &store).unwrap();
         assert!(again.unsubscribe(&ops, &store).unwrap_err().contains("no subscription"));
         assert_eq!(Subscriptions::load(&config, &store).unwrap().all().len(), 1);
+
+        // `all` stays `all`; a queue gone from reach, or now subscribed by the configuration,
+        // is removed at the next start.
+        subs.subscribe(&ops, &EventKind::ALL, &store).unwrap();
+        assert!(store.get(SUBSCRIPTIONS_SPACE, b"B:ops").unwrap().is_some_and(|v| &v[..] == b"all"));
+        let gone: Address = "C:gone".parse().unwrap();
+        subs.subscribe(&gone, &[EventKind::Result], &store).unwrap();
+        let mut config = config.to_vec();
+        config.push(crate::config::Subscription {
+            kinds: vec![EventKind::LinkUp],
+            to: ops.clone(),
+            path: "p".into(),
+        });
+        let again = Subscriptions::load(&config, &store).unwrap();
+        again
+            .remove_unreachable(
+                &store,
+                |to| if to.node.as_str() == "C" { Err("no peer".into()) } else { Ok(()) },
+            )
+            .unwrap();
+        assert!(again.all().iter().all(|s| !s.from_client), "{:?}", again.all());
+        assert!(store.scan(SUBSCRIPTIONS_SPACE, Bound::Unbounded, Bound::Unbounded, 10).unwrap().is_empty());
     }
 
     #[test]

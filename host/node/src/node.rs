@@ -66,6 +66,15 @@ pub enum StartError {
     TaskFailed(String),
 }
 
+/// Why a commit failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CommitError {
+    /// Nothing was queued.
+    Refused((ErrorCode, String)),
+    /// The store failed after some puts were queued.
+    Partly(String),
+}
+
 /// Results tracking of messages not yet accepted: forgotten on drop unless kept.
 struct Tracking<'a> {
     book: &'a ResultBook,
@@ -73,6 +82,17 @@ struct Tracking<'a> {
 }
 
 impl Tracking<'_> {
+    /// These messages were accepted (the others, when the guard drops, were not).
+    fn keep_these<'m>(&mut self, messages: impl IntoIterator<Item = &'m Message>) {
+        let now = Instant::now();
+        for message in messages {
+            if let Some(at) = self.sequences.iter().position(|s| *s == message.id.sequence) {
+                self.sequences.swap_remove(at);
+                self.book.accepted(message.id.sequence, now);
+            }
+        }
+    }
+
     /// The messages were accepted (now): their results stay tracked, and time out counting
     /// from now.
     fn keep(mut self) {
@@ -136,6 +156,9 @@ pub struct NodeState {
     pub results_dropped: AtomicU64,
     /// Queues that get copies of events: from the configuration and from clients.
     pub subscriptions: Subscriptions,
+    /// Held while room is checked and filled for client puts and commits, so that two of
+    /// them never both take the last room.
+    admission: std::sync::Mutex<()>,
 }
 
 impl std::fmt::Debug for NodeState {
@@ -211,7 +234,7 @@ impl NodeState {
         for q in config.queues.iter().cloned().chain([dead_letters, events]) {
             queues.insert(q.name.clone(), Arc::new(LocalQueue::open(q, store.clone(), room.clone(), now)?));
         }
-        let links = config
+        let links: HashMap<NodeName, Arc<LinkHandle>> = config
             .peers
             .iter()
             .map(|p| {
@@ -225,6 +248,10 @@ impl NodeState {
         // start from the clock (microsecond resolution leaves room for 1 M puts a second).
         let next_sequence = AtomicU64::new(crate::clock::unix_ms().saturating_mul(1000));
         let subscriptions = Subscriptions::load(&config.events.subscriptions, store.as_ref())?;
+        subscriptions.remove_unreachable(store.as_ref(), |to| {
+            subscription_target(&config.node.name, to, |q| queues.contains_key(q), |n| links.contains_key(n))
+                .map_err(|(_, reason)| reason)
+        })?;
         let config_result_wait_ms = config.messages.result_wait_ms;
         let config_results_pending_max = config.messages.results_pending_max;
         Ok(Arc::new(Self {
@@ -244,6 +271,7 @@ impl NodeState {
             ),
             results_dropped: AtomicU64::new(0),
             subscriptions,
+            admission: std::sync::Mutex::new(()),
         }))
     }
 
@@ -515,7 +543,8 @@ impl NodeState {
     /// refusal leaves nothing queued (unless a concurrent put takes the room in between).
     fn dispatch(&self, message: Message, now: Instant) -> Result<(), (ErrorCode, String)> {
         let targets = self.targets(&message)?;
-        self.check_room(&[(&message, &targets)])?;
+        let _admission = self.admission.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        self.check_room(&[(&message, &targets)], &[])?;
         self.push(message, targets, now)
     }
 
@@ -540,7 +569,11 @@ impl NodeState {
 
     /// Checks that every target has room for all the `planned` messages together, and that
     /// each fits the peers it goes to.
-    fn check_room(&self, planned: &[(&Message, &Targets<'_>)]) -> Result<(), (ErrorCode, String)> {
+    fn check_room(
+        &self,
+        planned: &[(&Message, &Targets<'_>)],
+        credit: &[(&Arc<LocalQueue>, usize)],
+    ) -> Result<(), (ErrorCode, String)> {
         let mut local: Vec<(&Arc<LocalQueue>, usize)> = Vec::new();
         // Per link and transmission class: a message of the class, and how many.
         let mut remote: Vec<(&Arc<LinkHandle>, &Message, usize)> = Vec::new();
@@ -568,7 +601,26 @@ impl NodeState {
                 }
             }
         }
-        if let Some((full, _)) = local.iter().find(|(q, n)| !q.has_room(*n)) {
+        // More than a queue ever holds can never fit: refused at once, not waited for.
+        if let Some((q, n)) = local.iter().find(|(q, n)| *n as u64 > q.config().queue_messages_max) {
+            let (name, max) = (&q.config().name, q.config().queue_messages_max);
+            return Err((
+                ErrorCode::TooLarge,
+                format!("{n} messages for queue '{name}', which holds at most {max}"),
+            ));
+        }
+        if let Some((l, _, n)) = remote.iter().find(|(l, _, n)| *n as u64 > l.class_messages_max()) {
+            let (name, max) = (&l.peer.name, l.class_messages_max());
+            return Err((
+                ErrorCode::TooLarge,
+                format!(
+                    "{n} messages of one priority for node {name}, whose transmission queue holds {max} of each"
+                ),
+            ));
+        }
+        let credit_of =
+            |q: &Arc<LocalQueue>| credit.iter().filter(|(c, _)| Arc::ptr_eq(c, q)).map(|(_, n)| *n).sum();
+        if let Some((full, _)) = local.iter().find(|(q, n)| !q.has_room(n.saturating_sub(credit_of(q)))) {
             let max = full.config().queue_messages_max;
             return Err((
                 ErrorCode::Full,
@@ -581,9 +633,9 @@ impl NodeState {
         Ok(())
     }
 
-    /// Queues `message` at its targets, whose room was checked: a concurrent put may
-    /// overfill a queue by a message, but a message is never queued in some places and
-    /// refused in others.
+    /// Queues `message` at its targets, whose room was checked under the admission lock
+    /// (deliveries from links and the node's own events do not take it: they may overfill
+    /// a queue a little). A message is never queued in some places and refused in others.
     fn push(&self, message: Message, targets: Targets<'_>, now: Instant) -> Result<(), (ErrorCode, String)> {
         for queue in targets.local {
             queue.push_bounded(message.clone(), now, u64::MAX).map_err(|e| queue_error(&e))?;
@@ -612,46 +664,63 @@ impl NodeState {
     /// destination lacks room, waits up to `timeout` for room for all of them together.
     /// Their lifetimes count from now.
     ///
+    /// `credit` counts, per queue, the transaction's own gets from it: they leave at the
+    /// commit, so their room counts as free.
+    ///
     /// # Errors
-    /// Why nothing was queued (no room within the timeout, no route, too large, too many
-    /// results pending), or a store failure while queueing (then some may be queued: the
-    /// store's atomic batches come with the storage work).
+    /// [`CommitError::Refused`]: nothing was queued (no room within the timeout, more puts
+    /// for a queue than it ever holds, no route, too large, too many results pending);
+    /// [`CommitError::Partly`]: the store failed while queueing, after some were queued
+    /// (the store's atomic batches come with the storage work).
     pub async fn commit(
         &self,
         messages: &[Message],
+        credit: &[(&Arc<LocalQueue>, usize)],
         timeout: std::time::Duration,
-    ) -> Result<(), (ErrorCode, String)> {
+    ) -> Result<(), CommitError> {
         // Undone if the commit fails, or is abandoned while it waits.
-        let tracking = self.track(messages)?;
+        let mut tracking = self.track(messages).map_err(CommitError::Refused)?;
         let deadline = tokio::time::Instant::now() + timeout;
         loop {
             let room = self.room.notified();
             tokio::pin!(room);
             room.as_mut().enable();
-            let planned =
-                messages.iter().map(|m| self.targets(m).map(|t| (m, t))).collect::<Result<Vec<_>, _>>()?;
+            let planned = messages
+                .iter()
+                .map(|m| self.targets(m).map(|t| (m, t)))
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(CommitError::Refused)?;
             let refs: Vec<(&Message, &Targets<'_>)> = planned.iter().map(|(m, t)| (*m, t)).collect();
-            match self.check_room(&refs) {
+            let admission = self.admission.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            match self.check_room(&refs, credit) {
                 Ok(()) => {
                     let now = Instant::now();
-                    for (message, targets) in planned {
-                        self.push(message.clone(), targets, now)?;
+                    for (done, (message, targets)) in planned.into_iter().enumerate() {
+                        if let Err((_, e)) = self.push(message.clone(), targets, now) {
+                            drop(admission);
+                            // Those queued (this one perhaps in part) stay tracked.
+                            tracking.keep_these(&messages[..=done]);
+                            return Err(CommitError::Partly(format!(
+                                "{done} of {} puts were queued, then: {e}",
+                                messages.len()
+                            )));
+                        }
                     }
+                    drop(admission);
                     tracking.keep();
                     messages.iter().for_each(|m| self.delivered_here(m));
                     return Ok(());
                 }
                 Err((ErrorCode::Full, reason)) => {
+                    drop(admission);
                     let waited = tokio::time::Instant::now() < deadline
                         && tokio::time::timeout_at(deadline, room).await.is_ok();
                     if !waited {
-                        return Err((
-                            ErrorCode::Full,
-                            format!("{reason}; no room for the transaction within {timeout:?}"),
-                        ));
+                        let reason = format!("{reason}; no room for the transaction within {timeout:?}");
+                        return Err(CommitError::Refused((ErrorCode::Full, reason)));
                     }
                 }
-                Err(e) => return Err(e),
+                Err(e) => return Err(CommitError::Refused(e)),
             }
         }
     }
@@ -784,23 +853,16 @@ impl NodeState {
         if kinds.is_empty() {
             return Err((ErrorCode::Invalid, "no event kinds given".into()));
         }
-        if &to.node == self.name() {
-            if to.queue.as_str() == EVENT_QUEUE {
-                return Err((ErrorCode::Invalid, format!("{to} already gets every event")));
-            }
-            if !self.queues.contains_key(&to.queue) {
-                return Err((
-                    ErrorCode::UnknownQueue,
-                    format!("queue '{}' does not exist on node {}", to.queue, to.node),
-                ));
-            }
-        } else if !self.links.contains_key(&to.node) {
-            return Err((
-                ErrorCode::NoRoute,
-                format!("no route to node '{}' (not a configured peer)", to.node),
-            ));
-        }
-        self.subscriptions.subscribe(to, kinds, self.store.as_ref()).map_err(|e| (ErrorCode::Invalid, e))
+        subscription_target(
+            self.name(),
+            to,
+            |q| self.queues.contains_key(q),
+            |n| self.links.contains_key(n),
+        )?;
+        self.subscriptions.subscribe(to, kinds, self.store.as_ref()).map_err(|e| {
+            let code = if e.starts_with("store:") { ErrorCode::Internal } else { ErrorCode::Invalid };
+            (code, e)
+        })
     }
 
     fn dead_letter_queue(&self) -> &Arc<LocalQueue> {
@@ -868,6 +930,30 @@ impl NodeState {
         }
         Ok(())
     }
+}
+
+/// Checks that `to` can take event copies from node `node`: a queue there (not `EVENT`),
+/// or a peer's queue.
+fn subscription_target(
+    node: &NodeName,
+    to: &Address,
+    queue_exists: impl Fn(&QueueName) -> bool,
+    is_peer: impl Fn(&NodeName) -> bool,
+) -> Result<(), (ErrorCode, String)> {
+    if &to.node == node {
+        if to.queue.as_str() == EVENT_QUEUE {
+            return Err((ErrorCode::Invalid, format!("{to} already gets every event")));
+        }
+        if !queue_exists(&to.queue) {
+            return Err((
+                ErrorCode::UnknownQueue,
+                format!("queue '{}' does not exist on node {}", to.queue, to.node),
+            ));
+        }
+    } else if !is_peer(&to.node) {
+        return Err((ErrorCode::NoRoute, format!("no route to node '{}' (not a configured peer)", to.node)));
+    }
+    Ok(())
 }
 
 /// Whether `message` is a result message from another node (only nodes send the system

@@ -52,6 +52,9 @@ const FAILURE_CODES: [&str; 8] = [
     "queue_full",
     EXPIRED_BEFORE_SENDING,
 ];
+/// How long the results of a message with an unlimited lifetime are waited for (plus the
+/// result wait).
+pub const UNLIMITED_LIFETIME_RESULT_WAIT: Duration = Duration::from_secs(7 * 86_400);
 /// Finished results kept for late questions (`linkbus result ID`), oldest forgotten first.
 const FINISHED_KEPT: usize = 100_000;
 
@@ -252,14 +255,17 @@ impl ResultBook {
         let mut book = self.lock();
         let wait = self.result_wait;
         let Some(tracked) = book.open.get_mut(&sequence) else { return };
-        let Some(deadline) = tracked.lifetime.and_then(|l| now.checked_add(l + wait)) else { return };
+        // An unlimited lifetime still gets an end: a result lost on the way (dropped for
+        // want of room, a peer restarted with a forgetting store) must not hold a slot forever.
+        let waits = tracked.lifetime.unwrap_or(UNLIMITED_LIFETIME_RESULT_WAIT) + wait;
+        let Some(deadline) = now.checked_add(waits) else { return };
         tracked.deadline = Some(deadline);
         book.due.insert((deadline, sequence));
     }
 
     /// Stops tracking a message that was not accepted after all.
     pub fn forget(&self, sequence: u64) {
-        self.lock().open.remove(&sequence);
+        close(&mut self.lock(), sequence);
     }
 
     /// Records the final `outcome` for `recipient` of the message with `sequence`. Returns
@@ -273,8 +279,16 @@ impl ResultBook {
             return false;
         };
         tracked.results.recipients[slot].1 = Some(outcome);
+        let replaced: Vec<Instant> =
+            tracked.provisional.iter().filter(|(s, _, _)| *s == slot).map(|(_, _, until)| *until).collect();
         tracked.provisional.retain(|(s, _, _)| *s != slot);
-        if tracked.results.is_final() {
+        // An index entry may stand for several outcomes coming due at once.
+        let still_due: Vec<Instant> =
+            tracked.provisional.iter().map(|(_, _, u)| *u).chain(tracked.deadline).collect();
+        for until in replaced.into_iter().filter(|u| !still_due.contains(u)) {
+            book.due.remove(&(until, sequence));
+        }
+        if book.open.get(&sequence).is_some_and(|t| t.results.is_final()) {
             finish(&mut book, sequence);
         }
         drop(book);
@@ -376,8 +390,20 @@ impl ResultBook {
     }
 }
 
+/// Removes an open message and its entries in the `due` index.
+fn close(book: &mut Book, sequence: u64) -> Option<Tracked> {
+    let tracked = book.open.remove(&sequence)?;
+    if let Some(deadline) = tracked.deadline {
+        book.due.remove(&(deadline, sequence));
+    }
+    for (_, _, until) in &tracked.provisional {
+        book.due.remove(&(*until, sequence));
+    }
+    Some(tracked)
+}
+
 fn finish(book: &mut Book, sequence: u64) {
-    if let Some(tracked) = book.open.remove(&sequence) {
+    if let Some(tracked) = close(book, sequence) {
         book.finished.insert(sequence, tracked.results);
         book.finished_order.push_back(sequence);
         while book.finished_order.len() > FINISHED_KEPT {
@@ -517,6 +543,20 @@ mod tests {
         let results = book.get(&[1]).remove(0).unwrap();
         assert_eq!(results.recipients[0].1, Some(Outcome::Delivered));
         assert!(results.is_final() && book.pending() == 0);
+        assert!(book.lock().due.is_empty(), "a finished message leaves nothing in the index");
+
+        // An unlimited lifetime still comes to an end; forgetting clears the index.
+        let mut forever = message(2, &["B:q"], 1);
+        forever.content.lifetime = Some(linkbus_plugin_api::Lifetime::UNLIMITED);
+        book.track(&forever).unwrap();
+        book.accepted(2, now);
+        assert_eq!(book.lock().due.len(), 1);
+        let end = now + UNLIMITED_LIFETIME_RESULT_WAIT + Duration::from_millis(100);
+        assert_eq!(book.time_out(end).len(), 1);
+        book.track(&message(3, &["B:q"], 1000)).unwrap();
+        book.accepted(3, now);
+        book.forget(3);
+        assert!(book.lock().due.is_empty());
     }
 
     #[test]

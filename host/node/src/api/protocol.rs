@@ -5,12 +5,12 @@
 //! (a batch of contents, accepted in order), `Get` (wait up to a time for messages from a
 //! queue, acknowledged at once or handed out pending), `Ack` / `Backout` (settle pending
 //! messages by tag), `Results` (of messages put with results wanted, waiting for the final
-//! ones), `Subscribe` / `Unsubscribe` / `Subscriptions` (event copies to a queue), `Status`
-//! and `LinkReset`; `Begin` / `Commit` / `Rollback` open and end a transaction on the
-//! connection (answered with `Settled`) (accept a peer's sequence numbers).
-//! Responses: `PutOk` (the ids given), `Messages` (with tags when pending), `Settled`,
-//! `Results`, `Status` text, or `Error` with a code, the number of puts accepted before the error, and
-//! a message.
+//! ones), `Subscribe` / `Unsubscribe` / `Subscriptions` (event copies to a queue), `Begin` /
+//! `Commit` / `Rollback` (a transaction on the connection), `Status`, and `LinkReset` (accept
+//! a peer's sequence numbers). Responses: `PutOk` (the ids given), `Messages` (with tags when
+//! pending), `Settled`, `Results`, `Status` text, or `Error` with a code, the number of puts
+//! accepted before the error, and a message. The protocol is not versioned: a client and its
+//! node come from the same build.
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use linkbus_plugin_api::{Address, Content, Message, MessageId, NodeName, QueueName};

@@ -14,7 +14,7 @@ use tracing::{debug, warn};
 
 use super::protocol::{ErrorCode, Request, Response, split_frame};
 use crate::events::{Event, EventKind};
-use crate::node::{NodeState, StartError};
+use crate::node::{CommitError, NodeState, StartError};
 use crate::queue::{DEAD_LETTER_QUEUE, LocalQueue, PopLimits, SettleError};
 use linkbus_plugin_api::{Address, Reliability};
 
@@ -129,18 +129,17 @@ impl Transaction {
         let mut sequences = Vec::with_capacity(contents.len());
         for (index, content) in contents.into_iter().enumerate() {
             let accepted = index as u32;
-            if self.count() >= TRANSACTION_MESSAGES_MAX
-                || self.put_bytes + content.payload.len() > TRANSACTION_BYTES_MAX
-            {
+            let bytes = linkbus_proto::wire::content_encoded_len(&content);
+            if self.count() >= TRANSACTION_MESSAGES_MAX || self.put_bytes + bytes > TRANSACTION_BYTES_MAX {
                 let message = format!(
-                    "message {}: a transaction holds at most {TRANSACTION_MESSAGES_MAX} messages and {TRANSACTION_BYTES_MAX} bytes of puts; commit first",
+                    "message {}: a transaction holds at most {TRANSACTION_MESSAGES_MAX} messages and {TRANSACTION_BYTES_MAX} bytes of encoded puts",
                     index + 1
                 );
                 return Response::Error { code: ErrorCode::TooLarge, accepted, message };
             }
             match node.prepare_in_transaction(content, created_unix_ms) {
                 Ok(message) => {
-                    self.put_bytes += message.content.payload.len();
+                    self.put_bytes += bytes;
                     sequences.push(message.id.sequence);
                     self.puts.push(message);
                 }
@@ -177,8 +176,7 @@ impl Transaction {
         };
         let room = TRANSACTION_MESSAGES_MAX.saturating_sub(self.count());
         if room == 0 {
-            let message =
-                format!("a transaction holds at most {TRANSACTION_MESSAGES_MAX} messages; commit first");
+            let message = format!("a transaction holds at most {TRANSACTION_MESSAGES_MAX} messages");
             return refused(ErrorCode::TooLarge, message);
         }
         let limits = PopLimits {
@@ -209,14 +207,27 @@ async fn transact(node: &NodeState, request: Request, transaction: &mut Option<T
             *transaction = Some(open);
             refused(ErrorCode::BadRequest, "a transaction is already open on this connection".into())
         }
-        (Request::Commit { .. } | Request::Rollback, None) => {
-            refused(ErrorCode::BadRequest, "no transaction is open on this connection".into())
-        }
+        // As with MQ's MQCMIT / MQBACK, nothing open: nothing to do.
+        (Request::Commit { .. } | Request::Rollback, None) => Response::Settled(0),
         (Request::Commit { timeout_ms }, Some(mut tx)) => {
             let timeout = Duration::from_millis(timeout_ms.min(PUT_WAIT_MS_MAX));
+            let credit: Vec<(&Arc<LocalQueue>, usize)> =
+                tx.gets.queues.iter().map(|(q, t)| (q, t.len())).collect();
             // A commit abandoned while it waits (the client left) drops `tx`: rolled back.
-            if let Err((code, reason)) = node.commit(&tx.puts, timeout).await {
-                return refused(code, format!("transaction rolled back: {reason}"));
+            match node.commit(&tx.puts, &credit, timeout).await {
+                Ok(()) => {}
+                Err(CommitError::Refused((code, reason))) => {
+                    if code == ErrorCode::Full {
+                        node.emit(Event::new(EventKind::QueueFull, reason.clone()).with("reason", &reason));
+                    }
+                    return refused(code, format!("transaction rolled back: {reason}"));
+                }
+                Err(CommitError::Partly(reason)) => {
+                    let message = format!(
+                        "transaction partly committed (the store failed): {reason}; its gets go back to their queues"
+                    );
+                    return refused(ErrorCode::Internal, message);
+                }
             }
             let count = tx.count();
             let mut queues = std::mem::take(&mut tx.gets.queues).into_iter();

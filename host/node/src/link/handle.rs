@@ -177,6 +177,11 @@ impl LinkHandle {
         self.lock().has_room_for_many(message, count)
     }
 
+    /// Most messages one class of the transmission queue holds.
+    pub fn class_messages_max(&self) -> u64 {
+        self.lock().class_messages_max()
+    }
+
     /// Whether two messages wait in the same class of a transmission queue.
     pub fn same_class(a: &Message, b: &Message) -> bool {
         TransmissionQueue::class_of(a) == TransmissionQueue::class_of(b)

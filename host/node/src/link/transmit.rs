@@ -60,6 +60,11 @@ impl TransmissionQueue {
         }
     }
 
+    /// Most messages one class holds.
+    pub(crate) fn class_messages_max(&self) -> u64 {
+        self.class_messages_max
+    }
+
     /// Messages waiting, all classes together.
     pub(crate) fn len(&self) -> usize {
         self.len
