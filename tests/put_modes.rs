@@ -150,3 +150,47 @@ fn no_wait_puts_and_lifetimes_bound_waiting() {
     let kept = got.iter().find(|m| &m.content.payload[..] == b"kept").expect("the persistent message");
     assert_eq!(kept.content.reliability, linkbus::Reliability::Persistent);
 }
+
+/// A queue's declared defaults: the reliability of puts that choose none, and whether a put
+/// to it when full waits or is refused at once.
+#[test]
+fn queue_defaults_decide_reliability_and_what_a_full_queue_does() {
+    let s = Scratch::new();
+    let yaml = format!(
+        "node: {{ name: C, listen: none, data_dir: '{}' }}\nqueues: [ {{ name: durable, order: fifo, reliability: persistent }}, \
+         {{ name: plain, order: fifo }}, {{ name: strict, queue_messages_max: 1, when_full: reject }} ]\n",
+        s.path().join("c-data").display()
+    );
+    let _c = s.start_node("C", &["-c", s.write("c.yaml", &yaml).to_str().unwrap()]);
+    let put = |args: &[&str]| s.run(&[&["put", "--node", "C"][..], args].concat());
+    for (args, ok) in [
+        (&["--to", "C:durable", "chosen by the queue"][..], true),
+        (&["--to", "C:durable", "--volatile", "chosen by the sender"][..], true),
+        (&["--to", "C:plain", "plain"][..], true),
+        (&["--to", "C:durable", "--no-wait", "no-wait"][..], false),
+    ] {
+        let out = put(args);
+        assert_eq!(out.status.success(), ok, "{args:?}: {}", stderr(&out));
+    }
+    let no_wait = put(&["--to", "C:durable", "--no-wait", "x"]);
+    assert!(stderr(&no_wait).contains("cannot carry a persistent message"), "{}", stderr(&no_wait));
+
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let socket = s.runtime_dir().join("C.sock");
+    let (durable, plain) = runtime.block_on(async {
+        let mut client = linkbus::Client::connect(&socket).await.unwrap();
+        let durable = client.get("durable", 10, Duration::ZERO).await.unwrap();
+        (durable, client.get("plain", 10, Duration::ZERO).await.unwrap())
+    });
+    let reliability: Vec<_> = durable.iter().chain(&plain).map(|m| m.content.reliability).collect();
+    use linkbus::Reliability::{Persistent, Volatile};
+    assert_eq!(reliability, [Persistent, Volatile, Volatile]);
+
+    // `when_full: reject`: refused at once although the put would wait 10 s.
+    assert!(put(&["--to", "C:strict", "first"]).status.success());
+    let started = Instant::now();
+    let second = put(&["--to", "C:strict", "second"]);
+    assert!(!second.status.success());
+    assert!(stderr(&second).contains("is full (1 messages) and rejects puts then"), "{}", stderr(&second));
+    assert!(started.elapsed() < Duration::from_secs(5), "not waited for");
+}

@@ -132,8 +132,12 @@ pub enum Reliability {
     /// LOG_ON: stored durably before it is acknowledged; survives crashes.
     Persistent,
     /// LOG_OFF: survives network faults but not a restart; faster.
-    #[default]
     Volatile,
+    /// Not chosen by the sender: the node that accepts the message makes it persistent when
+    /// a queue of that node among its recipients is persistent by default, else volatile
+    /// (IBM MQ's "as queue definition"). Accepted messages never carry it.
+    #[default]
+    AsQueue,
 }
 
 /// Remaining lifetime of a message, in milliseconds.

@@ -266,7 +266,9 @@ pub struct PutArgs {
     /// a durable store).
     #[arg(long, conflicts_with = "volatile")]
     pub persistent: bool,
-    /// Volatile (the default): kept in memory only.
+    /// Volatile: kept in memory only. With neither flag, a message is persistent when a
+    /// queue of the accepting node among its recipients is persistent by default, else
+    /// volatile.
     #[arg(long)]
     pub volatile: bool,
     /// No-wait put: fail at once when a queue is full; refused for persistent messages.
@@ -435,7 +437,11 @@ fn content_for(args: &PutArgs, payload: Bytes) -> anyhow::Result<Content> {
             .lifetime
             .or(args.ttl.map(Duration::from_secs))
             .map(|d| Lifetime::from_ms(d.as_millis().max(1) as u64)),
-        reliability: if args.persistent { Reliability::Persistent } else { Reliability::Volatile },
+        reliability: match (args.persistent, args.volatile) {
+            (true, _) => Reliability::Persistent,
+            (_, true) => Reliability::Volatile,
+            _ => Reliability::AsQueue,
+        },
         results: args.results || args.wait_result.is_some(),
         payload,
         ..Content::default()

@@ -9,13 +9,13 @@ use std::time::Instant;
 
 use linkbus_plugin_api::registry::{self, BuildContext, Factory};
 use linkbus_plugin_api::{
-    Address, Batch, Content, Lifetime, Message, MessageId, NodeName, PluginError, QueueName, Store,
-    StoreError, Transport,
+    Address, Batch, Content, Lifetime, Message, MessageId, NodeName, PluginError, QueueName, Reliability,
+    Store, StoreError, Transport,
 };
 use tracing::{debug, warn};
 
 use crate::api::protocol::ErrorCode;
-use crate::config::{Config, QueueConfig, QueueOrder};
+use crate::config::{Config, QueueConfig, QueueOrder, WhenFull};
 use crate::events::{EVENT_KIND_HEADER, Event, EventKind, Subscriptions};
 use crate::link::LinkHandle;
 use crate::queue::{
@@ -228,6 +228,7 @@ impl NodeState {
             queue_messages_max: max,
             message_bytes_max: config.messages.message_bytes_max,
             reliability: linkbus_plugin_api::Reliability::Volatile,
+            when_full: WhenFull::Block,
         };
         let dead_letters = own(DEAD_LETTER_QUEUE, config.messages.dead_letter_messages_max);
         let events = own(EVENT_QUEUE, config.events.queue_messages_max);
@@ -525,8 +526,26 @@ impl NodeState {
         }
     }
 
-    /// Makes a checked content a message of this node: default lifetime, id.
+    /// The reliability `content` gets here: its own, or (when it chose none) persistent if
+    /// one of its recipient queues on this node is persistent by default.
+    pub fn reliability_of(&self, content: &Content) -> Reliability {
+        if content.reliability != Reliability::AsQueue {
+            return content.reliability;
+        }
+        let persistent = content.recipients.iter().any(|to| {
+            &to.node == self.name()
+                && self
+                    .queues
+                    .get(&to.queue)
+                    .is_some_and(|q| q.config().reliability == Reliability::Persistent)
+        });
+        if persistent { Reliability::Persistent } else { Reliability::Volatile }
+    }
+
+    /// Makes a checked content a message of this node: reliability and lifetime defaults,
+    /// id.
     fn stamp(&self, mut content: Content, created_unix_ms: u64) -> Message {
+        content.reliability = self.reliability_of(&content);
         if content.lifetime.is_none() {
             content.lifetime = Some(match self.config.messages.lifetime_default_s {
                 0 => Lifetime::UNLIMITED,
@@ -621,11 +640,15 @@ impl NodeState {
         let credit_of =
             |q: &Arc<LocalQueue>| credit.iter().filter(|(c, _)| Arc::ptr_eq(c, q)).map(|(_, n)| *n).sum();
         if let Some((full, _)) = local.iter().find(|(q, n)| !q.has_room(n.saturating_sub(credit_of(q)))) {
-            let max = full.config().queue_messages_max;
-            return Err((
-                ErrorCode::Full,
-                format!("queue '{}' is full ({max} messages)", full.config().name),
-            ));
+            let (name, max) = (&full.config().name, full.config().queue_messages_max);
+            if full.config().when_full == WhenFull::Reject {
+                // Not `Full`: nobody waits for room.
+                return Err((
+                    ErrorCode::Rejected,
+                    format!("queue '{name}' is full ({max} messages) and rejects puts then"),
+                ));
+            }
+            return Err((ErrorCode::Full, format!("queue '{name}' is full ({max} messages)")));
         }
         if let Some((full, _, _)) = remote.iter().find(|(l, m, n)| !l.has_room_for_many(m, *n)) {
             return Err((ErrorCode::Full, format!("transmission queue to node {} is full", full.peer.name)));

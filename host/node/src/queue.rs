@@ -17,7 +17,7 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use linkbus_plugin_api::message::PRIORITY_LEVEL_MAX;
-use linkbus_plugin_api::{Batch, Lifetime, Message, QueueName, Store, StoreError};
+use linkbus_plugin_api::{Batch, Lifetime, Message, QueueName, Reliability, Store, StoreError};
 use linkbus_proto::wire::{decode_message, message_bytes};
 use tokio::sync::Notify;
 
@@ -444,7 +444,11 @@ impl LocalQueue {
         batch.put(&self.space, Bytes::copy_from_slice(&key.to_be_bytes()), message_bytes(&message));
         // Under the lock, so the store's order of puts and deletes matches the queue's; a
         // persistent message is synced before it counts as accepted.
-        let sync = message.content.reliability == linkbus_plugin_api::Reliability::Persistent;
+        let sync = match message.content.reliability {
+            Reliability::Persistent => true,
+            Reliability::Volatile => false,
+            Reliability::AsQueue => self.config.reliability == Reliability::Persistent,
+        };
         self.store.write(batch, sync)?;
         levels.next_key += 1;
         push_entry(&mut levels, self.config.order, Entry { key, message, enqueued_at: now });
@@ -617,6 +621,7 @@ mod tests {
             queue_messages_max: max,
             message_bytes_max: 1024,
             reliability: Reliability::Volatile,
+            when_full: crate::config::WhenFull::Block,
         };
         LocalQueue::open(config, store, Arc::new(Notify::new()), Instant::now()).unwrap()
     }

@@ -4,7 +4,7 @@
 //!
 //! Layout (big-endian): format u8; for a message, the id (source name u8-len, sequence u64,
 //! created u64), hop count u8, flags u8 and backout count u16; then the content: kind u8, priority u8,
-//! reliability u8, lifetime ms u64 (`0` = not set), content flags u8 (bit 0: results wanted), name (u32 len), recipients (u8 count, each
+//! reliability u8 (0 volatile, 1 persistent, 2 as the queue's default), lifetime ms u64 (`0` = not set), content flags u8 (bit 0: results wanted), name (u32 len), recipients (u8 count, each
 //! node and queue u8-len), headers (u8 count, key u16-len, value u16-len), group (present
 //! flag u8, id u16-len, index u32, last u8), correlation id (present flag u8, u16-len),
 //! payload (u32 len). Nothing may follow the payload.
@@ -46,6 +46,7 @@ pub fn encode_content(content: &Content, out: &mut BytesMut) {
     out.put_u8(match content.reliability {
         Reliability::Volatile => 0,
         Reliability::Persistent => 1,
+        Reliability::AsQueue => 2,
     });
     out.put_u64(content.lifetime.map_or(0, Lifetime::as_ms));
     out.put_u8(if content.results { CONTENT_FLAG_RESULTS } else { 0 });
@@ -180,6 +181,7 @@ pub fn read_content(r: &mut Reader) -> Result<Content, ReadError> {
     let reliability = match r.u8()? {
         0 => Reliability::Volatile,
         1 => Reliability::Persistent,
+        2 => Reliability::AsQueue,
         other => return Err(invalid("reliability", other)),
     };
     let lifetime = Some(r.u64()?).filter(|ms| *ms != 0).map(Lifetime::from_ms);

@@ -166,6 +166,8 @@ pub enum ErrorCode {
     /// The node holds as much as it may of something other than queued messages (results
     /// waited for): try again later.
     Busy = 8,
+    /// A queue that rejects puts when full (`when_full: reject`) is full.
+    Rejected = 9,
 }
 
 impl ErrorCode {
@@ -178,6 +180,7 @@ impl ErrorCode {
             5 => Self::TooLarge,
             6 => Self::Invalid,
             8 => Self::Busy,
+            9 => Self::Rejected,
             _ => Self::Internal,
         }
     }

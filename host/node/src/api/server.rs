@@ -217,7 +217,7 @@ async fn transact(node: &NodeState, request: Request, transaction: &mut Option<T
             match node.commit(&tx.puts, &credit, timeout).await {
                 Ok(()) => {}
                 Err(CommitError::Refused((code, reason))) => {
-                    if code == ErrorCode::Full {
+                    if matches!(code, ErrorCode::Full | ErrorCode::Rejected) {
                         node.emit(Event::new(EventKind::QueueFull, reason.clone()).with("reason", &reason));
                     }
                     return refused(code, format!("transaction rolled back: {reason}"));
@@ -385,7 +385,9 @@ async fn put(
     timeout_ms: u64,
     no_wait: bool,
 ) -> Response {
-    if no_wait && let Some(i) = contents.iter().position(|c| c.reliability == Reliability::Persistent) {
+    if no_wait
+        && let Some(i) = contents.iter().position(|c| node.reliability_of(c) == Reliability::Persistent)
+    {
         let message = format!(
             "message {}: a no-wait put cannot carry a persistent message (nothing would vouch for it); use a waiting put",
             i + 1
@@ -399,7 +401,7 @@ async fn put(
             Response::PutOk { source: node.name().clone(), sequences, created_unix_ms }
         }
         Err(e) => {
-            if e.code == ErrorCode::Full {
+            if matches!(e.code, ErrorCode::Full | ErrorCode::Rejected) {
                 node.emit(Event::new(EventKind::QueueFull, e.message.clone()).with("reason", &e.message));
             }
             Response::Error { code: e.code, accepted: e.accepted, message: e.message }

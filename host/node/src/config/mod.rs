@@ -169,6 +169,19 @@ pub struct QueueConfig {
     pub message_bytes_max: u64,
     /// Reliability of puts that do not choose one.
     pub reliability: Reliability,
+    /// What a put from a client of this node finds when the queue is full.
+    pub when_full: WhenFull,
+}
+
+/// What a put from a client finds when its queue is full. (A message arriving from a link
+/// for a full queue goes to the dead-letter queue either way.)
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum WhenFull {
+    /// It waits for room up to the put's timeout (a try-put or no-wait put does not wait).
+    #[default]
+    Block,
+    /// It is refused at once, whatever the put's timeout.
+    Reject,
 }
 
 /// Defaults of [`QueueConfig`], also used for the built-in queues.

@@ -13,7 +13,7 @@ use linkbus_plugin_api::{
 use super::{
     Config, EventSettings, LinkSettings, MessageSettings, NodeSettings, PACKET_OVERHEAD_BYTES, PeerConfig,
     PluginChoice, PluginSettings, QUEUE_MESSAGES_MAX_DEFAULT, QUOTA_MAX, QueueConfig, QueueOrder,
-    SecuritySettings, Subscription,
+    SecuritySettings, Subscription, WhenFull,
 };
 
 const MS_MAX: u64 = 24 * 3_600_000;
@@ -267,6 +267,14 @@ fn read_queues(root: &Section<'_>, messages: &MessageSettings) -> Vec<QueueConfi
                 Reliability::Volatile
             }
         };
+        let when_full = match s.string("when_full").as_deref() {
+            None | Some("block") => WhenFull::Block,
+            Some("reject") => WhenFull::Reject,
+            Some(other) => {
+                s.error("when_full", format!("unknown choice '{other}'; expected block or reject"));
+                WhenFull::Block
+            }
+        };
         s.finish();
         let Some(name) = name else { continue };
         if crate::queue::is_reserved(&name) {
@@ -275,7 +283,14 @@ fn read_queues(root: &Section<'_>, messages: &MessageSettings) -> Vec<QueueConfi
         if queues.iter().any(|q| q.name == name) {
             diag.error(format!("{path}.name"), format!("queue '{name}' is declared twice"));
         }
-        queues.push(QueueConfig { name, order, queue_messages_max, message_bytes_max, reliability });
+        queues.push(QueueConfig {
+            name,
+            order,
+            queue_messages_max,
+            message_bytes_max,
+            reliability,
+            when_full,
+        });
     }
     queues
 }
