@@ -57,10 +57,14 @@ fn a_message_too_large_for_its_queue_is_dead_lettered_and_its_sender_told() {
     let s = Scratch::new();
     let (_a, _b) = s.start_pair("", "queues: [ { name: tiny, message_bytes_max: 10 } ]");
     // A cannot know B's queue limit: B dead-letters it, and the result says why.
-    let put = s.run(&["put", "--node", "A", "--to", "B:tiny", "--wait-result", "10s", "twenty bytes of text"]);
+    let put =
+        s.run(&["put", "--node", "A", "--to", "B:tiny", "--wait-result", "10s", "twenty bytes of text"]);
     assert!(!put.status.success());
     let out = stdout(&put);
-    assert!(out.contains("B:tiny failed too_large: payload is over queue B:tiny's message_bytes_max"), "{out}");
+    assert!(
+        out.contains("B:tiny failed too_large: payload is over queue B:tiny's message_bytes_max"),
+        "{out}"
+    );
     let ls = stdout(&s.run(&["dlq", "ls", "--node", "B"]));
     assert!(ls.contains("too_large") && ls.contains("to B:tiny"), "{ls}");
 }
