@@ -430,9 +430,12 @@ impl Client {
     /// for room for all of them together; their lifetimes count from now) and its gets are
     /// acknowledged. Returns how many messages it put and got.
     ///
+    /// With no transaction open it does nothing and returns 0 (as MQ's MQCMIT does), so
+    /// check the count after a commit that might repeat one already ended.
+    ///
     /// # Errors
-    /// [`ClientError::Refused`] when no transaction is open, or when the puts could not all
-    /// be queued: the transaction is then rolled back (nothing put, the gets given back).
+    /// [`ClientError::Refused`] when the puts could not all be queued: the transaction is
+    /// then rolled back (nothing put, the gets given back).
     pub async fn commit(&mut self) -> Result<u32, ClientError> {
         let timeout_ms = self.put_timeout.as_millis() as u64;
         let limit = self.put_timeout + PUT_ANSWER_MARGIN;
@@ -449,8 +452,10 @@ impl Client {
     /// Rolls the open transaction back: its puts are dropped, its gets go back to their
     /// queues (marked redelivered, backout count raised). Returns how many messages it held.
     ///
+    /// With no transaction open it does nothing and returns 0.
+    ///
     /// # Errors
-    /// [`ClientError::Refused`] when no transaction is open.
+    /// [`ClientError`] when the call fails.
     pub async fn rollback(&mut self) -> Result<u32, ClientError> {
         self.settle(Request::Rollback).await
     }

@@ -472,7 +472,7 @@ impl NodeState {
             return warn!(id = %to.id, error = %e, "Result message not valid; dropped.");
         }
         let message = self.stamp(content, crate::clock::unix_ms());
-        if let Err((_, reason)) = self.dispatch(message, Instant::now()) {
+        if let Err((_, reason)) = self.dispatch_own(message, Instant::now()) {
             self.results_dropped.fetch_add(1, Ordering::Relaxed);
             debug!(id = %to.id, reason, "Result message dropped.");
         }
@@ -567,6 +567,14 @@ impl NodeState {
         self.push(message, targets, now)
     }
 
+    /// Like [`NodeState::dispatch`] for the node's own messages (events, results), without
+    /// the admission lock: they never wait behind client puts.
+    fn dispatch_own(&self, message: Message, now: Instant) -> Result<(), (ErrorCode, String)> {
+        let targets = self.targets(&message)?;
+        self.check_room(&[(&message, &targets)], &[])?;
+        self.push(message, targets, now)
+    }
+
     /// The local queues and links of `message`'s recipients, each once.
     fn targets(&self, message: &Message) -> Result<Targets<'_>, (ErrorCode, String)> {
         let mut targets = Targets { local: Vec::new(), remote: Vec::new() };
@@ -639,15 +647,21 @@ impl NodeState {
         }
         let credit_of =
             |q: &Arc<LocalQueue>| credit.iter().filter(|(c, _)| Arc::ptr_eq(c, q)).map(|(_, n)| *n).sum();
-        if let Some((full, _)) = local.iter().find(|(q, n)| !q.has_room(n.saturating_sub(credit_of(q)))) {
+        let lacking: Vec<&Arc<LocalQueue>> = local
+            .iter()
+            .filter(|(q, n)| !q.has_room(n.saturating_sub(credit_of(q))))
+            .map(|(q, _)| *q)
+            .collect();
+        // A queue that rejects when full decides, wherever it stands among the recipients.
+        if let Some(full) = lacking.iter().find(|q| q.config().when_full == WhenFull::Reject) {
             let (name, max) = (&full.config().name, full.config().queue_messages_max);
-            if full.config().when_full == WhenFull::Reject {
-                // Not `Full`: nobody waits for room.
-                return Err((
-                    ErrorCode::Rejected,
-                    format!("queue '{name}' is full ({max} messages) and rejects puts then"),
-                ));
-            }
+            return Err((
+                ErrorCode::Rejected,
+                format!("queue '{name}' is full ({max} messages) and rejects puts then"),
+            ));
+        }
+        if let Some(full) = lacking.first() {
+            let (name, max) = (&full.config().name, full.config().queue_messages_max);
             return Err((ErrorCode::Full, format!("queue '{name}' is full ({max} messages)")));
         }
         if let Some((full, _, _)) = remote.iter().find(|(l, m, n)| !l.has_room_for_many(m, *n)) {
@@ -656,9 +670,10 @@ impl NodeState {
         Ok(())
     }
 
-    /// Queues `message` at its targets, whose room was checked under the admission lock
-    /// (deliveries from links and the node's own events do not take it: they may overfill
-    /// a queue a little). A message is never queued in some places and refused in others.
+    /// Queues `message` at its targets, whose room was checked (under the admission lock for
+    /// client puts and commits; deliveries from links, events and result messages do not
+    /// take it and may overfill a queue a little). A message is never queued in some places
+    /// and refused in others.
     fn push(&self, message: Message, targets: Targets<'_>, now: Instant) -> Result<(), (ErrorCode, String)> {
         for queue in targets.local {
             queue.push_bounded(message.clone(), now, u64::MAX).map_err(|e| queue_error(&e))?;
@@ -687,8 +702,8 @@ impl NodeState {
     /// destination lacks room, waits up to `timeout` for room for all of them together.
     /// Their lifetimes count from now.
     ///
-    /// `credit` counts, per queue, the transaction's own gets from it: they leave at the
-    /// commit, so their room counts as free.
+    /// `gets` are the transaction's own gets (queue, tags): they are acknowledged in the same
+    /// step, so the room they leave counts as free for the puts.
     ///
     /// # Errors
     /// [`CommitError::Refused`]: nothing was queued (no room within the timeout, more puts
@@ -698,11 +713,12 @@ impl NodeState {
     pub async fn commit(
         &self,
         messages: &[Message],
-        credit: &[(&Arc<LocalQueue>, usize)],
+        gets: &[(Arc<LocalQueue>, Vec<u64>)],
         timeout: std::time::Duration,
     ) -> Result<(), CommitError> {
         // Undone if the commit fails, or is abandoned while it waits.
         let mut tracking = self.track(messages).map_err(CommitError::Refused)?;
+        let credit: Vec<(&Arc<LocalQueue>, usize)> = gets.iter().map(|(q, tags)| (q, tags.len())).collect();
         let deadline = tokio::time::Instant::now() + timeout;
         loop {
             let room = self.room.notified();
@@ -715,24 +731,38 @@ impl NodeState {
                 .map_err(CommitError::Refused)?;
             let refs: Vec<(&Message, &Targets<'_>)> = planned.iter().map(|(m, t)| (*m, t)).collect();
             let admission = self.admission.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-            match self.check_room(&refs, credit) {
+            match self.check_room(&refs, &credit) {
                 Ok(()) => {
                     let now = Instant::now();
                     for (done, (message, targets)) in planned.into_iter().enumerate() {
                         if let Err((_, e)) = self.push(message.clone(), targets, now) {
                             drop(admission);
-                            // Those queued (this one perhaps in part) stay tracked.
-                            tracking.keep_these(&messages[..=done]);
+                            // Those queued stay tracked (the one that failed may be in some
+                            // of its queues: its results are not followed).
+                            tracking.keep_these(&messages[..done]);
+                            messages[..done].iter().for_each(|m| self.delivered_here(m));
                             return Err(CommitError::Partly(format!(
                                 "{done} of {} puts were queued, then: {e}",
                                 messages.len()
                             )));
                         }
                     }
+                    // The gets leave in the same section, so the room they made is not
+                    // counted twice.
+                    let acked = gets.iter().try_for_each(|(queue, tags)| {
+                        queue
+                            .ack(tags)
+                            .map(|_| ())
+                            .map_err(|e| format!("queue '{}': {e}", queue.config().name))
+                    });
                     drop(admission);
                     tracking.keep();
                     messages.iter().for_each(|m| self.delivered_here(m));
-                    return Ok(());
+                    return acked.map_err(|e| {
+                        CommitError::Partly(format!(
+                            "the puts were queued, but the gets were not acknowledged: {e}"
+                        ))
+                    });
                 }
                 Err((ErrorCode::Full, reason)) => {
                     drop(admission);
@@ -755,7 +785,9 @@ impl NodeState {
     /// When the dead-letter queue has no room for what must go there (or the store fails):
     /// nothing was queued then, so the caller may leave the message unacknowledged and take
     /// it again later without a duplicate.
-    pub fn deliver(&self, message: Message, now: Instant) -> Result<(), QueueError> {
+    pub fn deliver(&self, mut message: Message, now: Instant) -> Result<(), QueueError> {
+        // Origins resolve it; one that did not gets it resolved here.
+        message.content.reliability = self.reliability_of(&message.content);
         if is_result_message(&message) && message.content.recipients.iter().any(|to| &to.node == self.name())
         {
             self.take_results(&message);
@@ -839,7 +871,8 @@ impl NodeState {
             },
             event.text,
         )
-        .with_priority(linkbus_plugin_api::Priority::SYSTEM);
+        .with_priority(linkbus_plugin_api::Priority::SYSTEM)
+        .with_reliability(Reliability::Volatile);
         content.kind = linkbus_plugin_api::Kind::Event;
         content.name = event.kind.as_str().to_owned();
         content.headers.push((EVENT_KIND_HEADER.into(), event.kind.as_str().into()));
@@ -859,7 +892,7 @@ impl NodeState {
                 continue;
             }
             let message = self.stamp(copy, crate::clock::unix_ms());
-            if let Err((_, reason)) = self.dispatch(message, now) {
+            if let Err((_, reason)) = self.dispatch_own(message, now) {
                 self.events_dropped.fetch_add(1, Ordering::Relaxed);
                 tracing::debug!(kind = %event.kind, reason, "Event copy dropped.");
             }

@@ -52,8 +52,8 @@ const FAILURE_CODES: [&str; 8] = [
     "queue_full",
     EXPIRED_BEFORE_SENDING,
 ];
-/// How long the results of a message with an unlimited lifetime are waited for (plus the
-/// result wait).
+/// Longest a message's results are waited for, plus the result wait: its lifetime, or this
+/// when the lifetime is longer or unlimited.
 pub const UNLIMITED_LIFETIME_RESULT_WAIT: Duration = Duration::from_secs(7 * 86_400);
 /// Finished results kept for late questions (`linkbus result ID`), oldest forgotten first.
 const FINISHED_KEPT: usize = 100_000;
@@ -257,7 +257,9 @@ impl ResultBook {
         let Some(tracked) = book.open.get_mut(&sequence) else { return };
         // An unlimited lifetime still gets an end: a result lost on the way (dropped for
         // want of room, a peer restarted with a forgetting store) must not hold a slot forever.
-        let waits = tracked.lifetime.unwrap_or(UNLIMITED_LIFETIME_RESULT_WAIT) + wait;
+        let waits =
+            tracked.lifetime.unwrap_or(UNLIMITED_LIFETIME_RESULT_WAIT).min(UNLIMITED_LIFETIME_RESULT_WAIT)
+                + wait;
         let Some(deadline) = now.checked_add(waits) else { return };
         tracked.deadline = Some(deadline);
         book.due.insert((deadline, sequence));

@@ -211,40 +211,28 @@ async fn transact(node: &NodeState, request: Request, transaction: &mut Option<T
         (Request::Commit { .. } | Request::Rollback, None) => Response::Settled(0),
         (Request::Commit { timeout_ms }, Some(mut tx)) => {
             let timeout = Duration::from_millis(timeout_ms.min(PUT_WAIT_MS_MAX));
-            let credit: Vec<(&Arc<LocalQueue>, usize)> =
-                tx.gets.queues.iter().map(|(q, t)| (q, t.len())).collect();
+            let gets: Vec<(Arc<LocalQueue>, Vec<u64>)> =
+                tx.gets.queues.iter().map(|(q, tags)| (q.clone(), tags.iter().copied().collect())).collect();
+            let count = tx.count();
             // A commit abandoned while it waits (the client left) drops `tx`: rolled back.
-            match node.commit(&tx.puts, &credit, timeout).await {
-                Ok(()) => {}
+            match node.commit(&tx.puts, &gets, timeout).await {
+                Ok(()) => {
+                    // Acknowledged by the commit: nothing left to give back.
+                    tx.gets.queues.clear();
+                    Response::Settled(count as u32)
+                }
                 Err(CommitError::Refused((code, reason))) => {
                     if matches!(code, ErrorCode::Full | ErrorCode::Rejected) {
                         node.emit(Event::new(EventKind::QueueFull, reason.clone()).with("reason", &reason));
                     }
-                    return refused(code, format!("transaction rolled back: {reason}"));
+                    refused(code, format!("transaction rolled back: {reason}"))
                 }
                 Err(CommitError::Partly(reason)) => {
-                    let message = format!(
-                        "transaction partly committed (the store failed): {reason}; its gets go back to their queues"
-                    );
-                    return refused(ErrorCode::Internal, message);
+                    // What was not acknowledged goes back when `tx` drops.
+                    let message = format!("transaction partly committed (the store failed): {reason}");
+                    refused(ErrorCode::Internal, message)
                 }
             }
-            let count = tx.count();
-            let mut queues = std::mem::take(&mut tx.gets.queues).into_iter();
-            while let Some((queue, tags)) = queues.next() {
-                let list: Vec<u64> = tags.iter().copied().collect();
-                if let Err(e) = queue.ack(&list) {
-                    warn!(queue = %queue.config().name, error = %e, "Could not acknowledge a transaction's gets.");
-                    let message = format!(
-                        "puts committed, but the gets from '{}' on were not acknowledged (they go back): {e}",
-                        queue.config().name
-                    );
-                    // Dropping `tx` gives back what was not acknowledged.
-                    tx.gets.queues = std::iter::once((queue, tags)).chain(queues).collect();
-                    return refused(ErrorCode::Internal, message);
-                }
-            }
-            Response::Settled(count as u32)
         }
         (Request::Rollback, Some(tx)) => {
             let count = tx.count();
