@@ -42,3 +42,30 @@ pub fn check_store(store: &dyn Store) {
     store.sync().expect("sync");
     assert_eq!(store.spaces().expect("spaces"), ["a"], "an emptied space disappears");
 }
+
+/// Checks that a durable store keeps what was written — synced, or written and then synced
+/// with [`Store::sync`] — after it is dropped and opened again with `open` (which must open
+/// the same place each time, empty the first time).
+///
+/// # Panics
+/// On the first violation, naming it.
+pub fn check_store_reopens(open: &dyn Fn() -> Box<dyn Store>) {
+    {
+        let store = open();
+        assert!(store.durable(), "a store checked for reopening must say it is durable");
+        assert!(store.spaces().expect("spaces").is_empty(), "the first open must be empty");
+        let mut batch = Batch::new();
+        batch.put("q", vec![1], "one").put("q", vec![2], "two").put("meta", "key", "value");
+        store.write(batch, true).expect("write");
+        let mut later = Batch::new();
+        later.delete("q", vec![1]).put("q", vec![3], "three");
+        store.write(later, false).expect("write");
+        store.sync().expect("sync");
+    }
+    let store = open();
+    let q = store.scan("q", Bound::Unbounded, Bound::Unbounded, usize::MAX).expect("scan");
+    let q: Vec<(u8, &[u8])> = q.iter().map(|(k, v)| (k[0], &v[..])).collect();
+    assert_eq!(q, [(2, &b"two"[..]), (3, &b"three"[..])], "synced writes survive a reopen, in order");
+    assert_eq!(store.get("meta", b"key").expect("get").as_deref(), Some(&b"value"[..]));
+    assert_eq!(store.spaces().expect("spaces"), ["meta", "q"]);
+}

@@ -65,7 +65,11 @@ impl Scratch {
     /// A `linkbus` command with this scratch's runtime directory.
     pub fn command(&self, args: &[&str]) -> Command {
         let mut cmd = Command::new(linkbus_bin());
-        cmd.args(args).env("LINKBUS_RUNTIME_DIR", self.runtime_dir()).env_remove("LINKBUS_LOG");
+        // Relative paths (the default data directories) land in the scratch directory.
+        cmd.args(args)
+            .current_dir(self.path())
+            .env("LINKBUS_RUNTIME_DIR", self.runtime_dir())
+            .env_remove("LINKBUS_LOG");
         cmd
     }
 

@@ -45,6 +45,7 @@ pub use config::Config;
 pub use node::{NodeState, StartError};
 
 // The linker drops a crate nothing names, and its plugin registrations with it.
+use linkbus_store_fjall as _;
 use linkbus_store_memory as _;
 use linkbus_transport_tcp as _;
 
@@ -171,6 +172,6 @@ mod tests {
     #[test]
     fn every_built_in_plugin_is_registered() {
         assert_eq!(registry::names("transport"), ["tcp"]);
-        assert_eq!(registry::names("store"), ["memory"]);
+        assert_eq!(registry::names("store"), ["fjall", "memory"]);
     }
 }

@@ -221,13 +221,35 @@ impl LocalQueue {
             front_key: KEY_MIDDLE - 1,
         };
         let stored = store.scan(&space, Bound::Unbounded, Bound::Unbounded, usize::MAX)?;
+        let now_unix = crate::clock::unix_ms();
+        let mut largest = 0u64;
         for (key, value) in stored {
             let key = key_number(&key).ok_or_else(|| corrupt(&space, &key, "bad key"))?;
-            let message =
-                decode_message(value).map_err(|e| corrupt(&space, &key.to_be_bytes(), &e.to_string()))?;
+            let (message, enqueued_unix_ms) =
+                decode_record(value).map_err(|e| corrupt(&space, &key.to_be_bytes(), &e))?;
+            largest = largest.max(message.content.payload.len() as u64);
+            // Lifetimes kept counting while the node was down (by the wall clock: the only
+            // time measure that spans a restart).
+            let down = std::time::Duration::from_millis(now_unix.saturating_sub(enqueued_unix_ms));
+            let enqueued_at = now.checked_sub(down).unwrap_or(now);
             levels.next_key = levels.next_key.max(key + 1);
             levels.front_key = levels.front_key.min(key.saturating_sub(1));
-            push_entry(&mut levels, config.order, Entry { key, message, enqueued_at: now });
+            push_entry(&mut levels, config.order, Entry { key, message, enqueued_at });
+        }
+        // A limit lowered below what the queue holds is not guessed at.
+        if levels.len as u64 > config.queue_messages_max {
+            return Err(recovery_refused(format!(
+                "queue '{}' holds {} messages, more than its queue_messages_max {}: raise the limit (or \
+                 empty the queue under the old one) before starting",
+                config.name, levels.len, config.queue_messages_max
+            )));
+        }
+        if largest > config.message_bytes_max {
+            return Err(recovery_refused(format!(
+                "queue '{}' holds a message of {largest} bytes, more than its message_bytes_max {}: raise \
+                 the limit before starting",
+                config.name, config.message_bytes_max
+            )));
         }
         Ok(Self { config, space, store, inner: Mutex::new(levels), notify: Notify::new(), room })
     }
@@ -310,9 +332,11 @@ impl LocalQueue {
         tags.dedup();
         let mut batch = Batch::new();
         for tag in &tags {
-            batch.delete(&self.space, Bytes::copy_from_slice(&tag.to_be_bytes()));
+            if let Some(entry) = levels.pending.get(tag) {
+                self.delete_op(&mut batch, entry.key, &entry.message);
+            }
         }
-        self.store.write(batch, false)?;
+        self.write(batch, false)?;
         for tag in &tags {
             levels.pending.remove(tag);
         }
@@ -346,12 +370,10 @@ impl LocalQueue {
                     message.content.lifetime = Some(left);
                     messages.push((entry.key, message));
                 }
-                None => {
-                    expired.delete(&self.space, Bytes::copy_from_slice(&entry.key.to_be_bytes()));
-                }
+                None => self.delete_op(&mut expired, entry.key, &entry.message),
             }
         }
-        if let Err(e) = self.store.write(expired, false) {
+        if let Err(e) = self.write(expired, false) {
             tracing::warn!(queue = %self.config.name, error = %e, "Could not remove expired messages from the store.");
         }
         if let Err(e) = self.requeue_locked(&mut levels, messages.clone(), now) {
@@ -406,14 +428,14 @@ impl LocalQueue {
             message.redelivered = true;
             message.backout_count = message.backout_count.saturating_add(1);
             if old != 0 {
-                batch.delete(&self.space, Bytes::copy_from_slice(&old.to_be_bytes()));
+                self.delete_op(&mut batch, old, &message);
             }
             let key = front_key;
             front_key -= 1;
-            batch.put(&self.space, Bytes::copy_from_slice(&key.to_be_bytes()), message_bytes(&message));
+            self.put_op(&mut batch, key, &message);
             entries.push(Entry { key, message, enqueued_at: now });
         }
-        self.store.write(batch, false)?;
+        self.write(batch, false)?;
         levels.front_key = front_key;
         for entry in entries {
             unpop_entry(levels, self.config.order, entry);
@@ -441,15 +463,11 @@ impl LocalQueue {
         }
         let key = levels.next_key;
         let mut batch = Batch::new();
-        batch.put(&self.space, Bytes::copy_from_slice(&key.to_be_bytes()), message_bytes(&message));
         // Under the lock, so the store's order of puts and deletes matches the queue's; a
-        // persistent message is synced before it counts as accepted.
-        let sync = match message.content.reliability {
-            Reliability::Persistent => true,
-            Reliability::Volatile => false,
-            Reliability::AsQueue => self.config.reliability == Reliability::Persistent,
-        };
-        self.store.write(batch, sync)?;
+        // persistent message is synced before it counts as accepted, a volatile one is
+        // never written.
+        self.put_op(&mut batch, key, &message);
+        self.write(batch, true)?;
         levels.next_key += 1;
         push_entry(&mut levels, self.config.order, Entry { key, message, enqueued_at: now });
         drop(levels);
@@ -498,7 +516,7 @@ impl LocalQueue {
                 } else {
                     popped.expired += 1;
                 }
-                batch.delete(&self.space, Bytes::copy_from_slice(&entry.key.to_be_bytes()));
+                self.delete_op(&mut batch, entry.key, &entry.message);
                 taken.push((entry, false));
                 continue;
             };
@@ -512,11 +530,11 @@ impl LocalQueue {
                 entry.enqueued_at = now;
                 self.mark_seen(&entry, &mut batch);
             } else {
-                batch.delete(&self.space, Bytes::copy_from_slice(&entry.key.to_be_bytes()));
+                self.delete_op(&mut batch, entry.key, &entry.message);
             }
             taken.push((entry, limits.pending));
         }
-        if let Err(e) = self.store.write(batch, false) {
+        if let Err(e) = self.write(batch, false) {
             for (entry, _) in taken.into_iter().rev() {
                 unpop_entry(&mut levels, self.config.order, entry);
             }
@@ -533,11 +551,43 @@ impl LocalQueue {
     /// A message handed out pending is stored marked redelivered, so should the node stop
     /// before it is acknowledged, it comes back as possibly seen.
     fn mark_seen(&self, entry: &Entry, batch: &mut Batch) {
-        if !entry.message.redelivered {
-            let mut marked = entry.message.clone();
-            marked.redelivered = true;
-            batch.put(&self.space, Bytes::copy_from_slice(&entry.key.to_be_bytes()), message_bytes(&marked));
+        let mut marked = entry.message.clone();
+        marked.redelivered = true;
+        // Stored again in any case: its lifetime and enqueue time changed.
+        self.put_op(batch, entry.key, &marked);
+    }
+
+    /// Whether `message` is kept in the store: persistent messages are, volatile ones live
+    /// in memory only.
+    fn stored(&self, message: &Message) -> bool {
+        match message.content.reliability {
+            Reliability::Persistent => true,
+            Reliability::Volatile => false,
+            Reliability::AsQueue => self.config.reliability == Reliability::Persistent,
         }
+    }
+
+    /// Adds the store write of `message` under `key` (enqueued now), if it is kept there.
+    fn put_op(&self, batch: &mut Batch, key: u64, message: &Message) {
+        if self.stored(message) {
+            batch.put(&self.space, Bytes::copy_from_slice(&key.to_be_bytes()), encode_record(message));
+        }
+    }
+
+    /// Adds the store delete of `message` under `key`, if it is kept there.
+    fn delete_op(&self, batch: &mut Batch, key: u64, message: &Message) {
+        if self.stored(message) {
+            batch.delete(&self.space, Bytes::copy_from_slice(&key.to_be_bytes()));
+        }
+    }
+
+    /// Writes `batch` unless it is empty; synced when `sync` (a batch holds only persistent
+    /// messages' records, so a synced push costs nothing for a volatile one).
+    fn write(&self, batch: Batch, sync: bool) -> Result<(), StoreError> {
+        if batch.is_empty() {
+            return Ok(());
+        }
+        self.store.write(batch, sync)
     }
 
     /// Waits until a push happens (or `deadline` passes); callers re-check with `pop`.
@@ -600,6 +650,46 @@ fn key_number(key: &[u8]) -> Option<u64> {
     Some(u64::from_be_bytes(key.try_into().ok()?))
 }
 
+/// Version of a stored queue record.
+const RECORD_FORMAT: u8 = 1;
+/// Bytes before the message in a stored record: format, CRC32C, enqueue time.
+const RECORD_HEADER_BYTES: usize = 1 + 4 + 8;
+
+/// A queue record: format u8, CRC32C (u32, of everything after it), the wall-clock time it
+/// was (re)queued in milliseconds (u64), then the message (its remaining lifetime as of then).
+fn encode_record(message: &Message) -> Bytes {
+    let mut body = Vec::with_capacity(RECORD_HEADER_BYTES + 256);
+    body.extend_from_slice(&crate::clock::unix_ms().to_be_bytes());
+    body.extend_from_slice(&message_bytes(message));
+    let mut record = Vec::with_capacity(RECORD_HEADER_BYTES + body.len());
+    record.push(RECORD_FORMAT);
+    record.extend_from_slice(&crc32c::crc32c(&body).to_be_bytes());
+    record.extend_from_slice(&body);
+    Bytes::from(record)
+}
+
+/// The message and its enqueue time from a record written by [`encode_record`].
+fn decode_record(record: Bytes) -> Result<(Message, u64), String> {
+    if record.len() < RECORD_HEADER_BYTES {
+        return Err(format!("record of {} bytes is shorter than its header", record.len()));
+    }
+    if record[0] != RECORD_FORMAT {
+        return Err(format!("unknown record format {}", record[0]));
+    }
+    let crc = u32::from_be_bytes([record[1], record[2], record[3], record[4]]);
+    if crc32c::crc32c(&record[5..]) != crc {
+        return Err("checksum mismatch".into());
+    }
+    let mut at = [0u8; 8];
+    at.copy_from_slice(&record[5..13]);
+    let message = decode_message(record.slice(RECORD_HEADER_BYTES..)).map_err(|e| e.to_string())?;
+    Ok((message, u64::from_be_bytes(at)))
+}
+
+fn recovery_refused(reason: String) -> StoreError {
+    StoreError::Backend { op: "recover", reason }
+}
+
 fn corrupt(space: &str, key: &[u8], why: &str) -> StoreError {
     StoreError::Backend {
         op: "recover",
@@ -629,7 +719,8 @@ mod tests {
     fn message(n: u64, priority: u8, lifetime_ms: u64) -> Message {
         let content = Content::buf("A:q".parse().unwrap(), n.to_string())
             .with_priority(Priority::level(priority).unwrap())
-            .with_lifetime(Lifetime::from_ms(lifetime_ms));
+            .with_lifetime(Lifetime::from_ms(lifetime_ms))
+            .with_reliability(Reliability::Persistent);
         Message {
             id: MessageId { source: NodeName::new("A").unwrap(), sequence: n, created_unix_ms: 0 },
             hop_count: 0,
@@ -796,5 +887,119 @@ mod tests {
         let limits = |total| PopLimits { total_bytes_max: total, ..PopLimits::auto(10) };
         assert_eq!(sequences(&q.pop(limits(1), now).unwrap()), [10]);
         assert_eq!(sequences(&q.pop(limits(2 * one), now).unwrap()), [11, 12]);
+    }
+
+    fn config(order: QueueOrder, max: u64, bytes_max: u64) -> QueueConfig {
+        QueueConfig {
+            name: QueueName::new("q").unwrap(),
+            order,
+            queue_messages_max: max,
+            message_bytes_max: bytes_max,
+            reliability: Reliability::Volatile,
+            when_full: crate::config::WhenFull::Block,
+        }
+    }
+
+    fn open(config: QueueConfig, store: &Arc<dyn Store>) -> Result<LocalQueue, StoreError> {
+        LocalQueue::open(config, store.clone(), Arc::new(Notify::new()), Instant::now())
+    }
+
+    #[test]
+    fn volatile_messages_stay_out_of_the_store() {
+        let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+        let q = queue(QueueOrder::Fifo, 10, store.clone());
+        let mut volatile = message(1, 4, 60_000);
+        volatile.content.reliability = Reliability::Volatile;
+        q.push(volatile, Instant::now()).unwrap();
+        q.push(message(2, 4, 60_000), Instant::now()).unwrap();
+        let stored = store.scan("q.q", Bound::Unbounded, Bound::Unbounded, 10).unwrap();
+        assert_eq!(stored.len(), 1, "only the persistent one");
+        let popped = q.pop(PopLimits::auto(10), Instant::now()).unwrap();
+        assert_eq!(popped.messages.len(), 2);
+        assert!(store.spaces().unwrap().is_empty());
+    }
+
+    #[test]
+    fn recovery_reorganises_changed_orders_and_refuses_lowered_limits() {
+        let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+        let fifo = open(config(QueueOrder::Fifo, 10, 1024), &store).unwrap();
+        for (n, priority) in [(1, 2), (2, 9), (3, 5)] {
+            fifo.push(message(n, priority, 60_000), Instant::now()).unwrap();
+        }
+        drop(fifo);
+        // FIFO to priority: by priority, then arrival.
+        let by_priority = open(config(QueueOrder::Priority, 10, 1024), &store).unwrap();
+        let order: Vec<u64> = by_priority
+            .pop(PopLimits { pending: true, ..PopLimits::auto(10) }, Instant::now())
+            .unwrap()
+            .messages
+            .iter()
+            .map(|m| m.id.sequence)
+            .collect();
+        assert_eq!(order, [2, 3, 1]);
+        drop(by_priority);
+        // Priority to FIFO: by arrival (the pending ones came back marked, in their order).
+        let fifo = open(config(QueueOrder::Fifo, 10, 1024), &store).unwrap();
+        let order: Vec<u64> = fifo
+            .pop(PopLimits { pending: true, ..PopLimits::auto(10) }, Instant::now())
+            .unwrap()
+            .messages
+            .iter()
+            .map(|m| m.id.sequence)
+            .collect();
+        assert_eq!(order, [1, 2, 3]);
+        drop(fifo);
+
+        let fewer = open(config(QueueOrder::Fifo, 2, 1024), &store).unwrap_err().to_string();
+        assert!(fewer.contains("queue 'q' holds 3 messages, more than its queue_messages_max 2"), "{fewer}");
+        let smaller = open(config(QueueOrder::Fifo, 10, 0), &store).unwrap_err().to_string();
+        assert!(
+            smaller.contains("holds a message of 1 bytes, more than its message_bytes_max 0"),
+            "{smaller}"
+        );
+    }
+
+    #[test]
+    fn a_damaged_record_stops_recovery_and_lifetimes_count_while_down() {
+        let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+        let q = open(config(QueueOrder::Fifo, 10, 1024), &store).unwrap();
+        q.push(message(1, 4, 60_000), Instant::now()).unwrap();
+        q.push(message(2, 4, 60_000), Instant::now()).unwrap();
+        drop(q);
+        let records = store.scan("q.q", Bound::Unbounded, Bound::Unbounded, 10).unwrap();
+
+        // The first record written an hour ago: its minute ran out while the node was down.
+        let (first, _) = decode_record(records[0].1.clone()).unwrap();
+        let mut old = records[0].1.to_vec();
+        let body_at = RECORD_HEADER_BYTES - 8;
+        old[body_at..RECORD_HEADER_BYTES]
+            .copy_from_slice(&(crate::clock::unix_ms() - 3_600_000).to_be_bytes());
+        let crc = crc32c::crc32c(&old[5..]);
+        old[1..5].copy_from_slice(&crc.to_be_bytes());
+        let mut batch = Batch::new();
+        batch.put("q.q", records[0].0.clone(), old);
+        store.write(batch, true).unwrap();
+        let q = open(config(QueueOrder::Fifo, 10, 1024), &store).unwrap();
+        let popped = q.pop(PopLimits::auto(10), Instant::now()).unwrap();
+        assert_eq!((popped.expired, popped.messages.len()), (1, 1), "{} expired while down", first.id);
+        drop(q);
+
+        // A flipped byte: recovery stops and names the queue and key.
+        q_push_and_damage(&store);
+        let err = open(config(QueueOrder::Fifo, 10, 1024), &store).unwrap_err().to_string();
+        assert!(err.contains("corrupt record in q.q at key") && err.contains("checksum mismatch"), "{err}");
+    }
+
+    fn q_push_and_damage(store: &Arc<dyn Store>) {
+        let q = open(config(QueueOrder::Fifo, 10, 1024), store).unwrap();
+        q.push(message(3, 4, 60_000), Instant::now()).unwrap();
+        drop(q);
+        let (key, value) = store.scan("q.q", Bound::Unbounded, Bound::Unbounded, 1).unwrap().remove(0);
+        let mut damaged = value.to_vec();
+        let last = damaged.len() - 1;
+        damaged[last] ^= 0x40;
+        let mut batch = Batch::new();
+        batch.put("q.q", key, damaged);
+        store.write(batch, true).unwrap();
     }
 }

@@ -318,15 +318,21 @@ impl Default for LinkSettings {
 
 impl Default for PluginSettings {
     fn default() -> Self {
-        Self { transport: PluginChoice::named("tcp"), store: PluginChoice::named("memory") }
+        Self { transport: PluginChoice::named("tcp"), store: PluginChoice::named("fjall") }
     }
+}
+
+/// Where node `name` keeps its data unless told otherwise: `linkbus-data/NAME` in the
+/// working directory (so two nodes started from one directory never share a store).
+pub fn default_data_dir(name: &NodeName) -> PathBuf {
+    PathBuf::from("linkbus-data").join(name.as_str())
 }
 
 impl Config {
     /// The configuration of a node called `name` with every other key at its default.
     pub fn defaults_for(name: NodeName) -> Self {
         Self {
-            node: NodeSettings { name, ..NodeSettings::default() },
+            node: NodeSettings { data_dir: default_data_dir(&name), name, ..NodeSettings::default() },
             peers: Vec::new(),
             queues: Vec::new(),
             messages: MessageSettings::default(),

@@ -220,9 +220,10 @@ fn read_node(root: &Section<'_>) -> NodeSettings {
         Some(_) => s.string("listen"),
     };
     let client_socket = s.string("client_socket").map(PathBuf::from);
-    let data_dir = s.string("data_dir").map_or(d.data_dir, PathBuf::from);
+    let name = name.unwrap_or(d.name);
+    let data_dir = s.string("data_dir").map_or_else(|| super::default_data_dir(&name), PathBuf::from);
     s.finish();
-    NodeSettings { name: name.unwrap_or(d.name), listen, client_socket, data_dir }
+    NodeSettings { name, listen, client_socket, data_dir }
 }
 
 fn read_peers(root: &Section<'_>) -> Vec<PeerConfig> {
