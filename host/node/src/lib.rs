@@ -11,6 +11,7 @@
 //! - [`client`]: the Rust client library.
 //! - [`runtime_dir`]: where clients find a node's socket.
 //! - [`security`]: keys, the link security mode, and the handshake replay check.
+//! - [`storage`]: group commit (one store sync for many writers).
 //! - [`demo`]: `linkbus demo`, two nodes in one process.
 //! - [`cli`]: the `linkbus` command line.
 //! - [`clock`]: the single wall-clock read.
@@ -30,6 +31,7 @@ pub mod queue;
 pub mod results;
 pub mod runtime_dir;
 pub mod security;
+pub mod storage;
 
 use std::future::Future;
 use std::path::{Path, PathBuf};
@@ -149,8 +151,14 @@ async fn result_timer(state: Arc<NodeState>, mut shutdown: watch::Receiver<bool>
 /// tasks ended on its own (a bug): the node stops rather than run without, say, a link.
 pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(), StartError> {
     let mut node = Node::start(config).await?;
+    let state = node.state.clone();
     tokio::select! {
         () = shutdown => {}
+        reason = state.failed() => {
+            tracing::error!(reason, "Node failed; stopping.");
+            node.shutdown().await;
+            return Err(StartError::TaskFailed(reason));
+        }
         failure = node.tasks.join_next() => {
             let reason = match failure {
                 Some(Err(e)) => e.to_string(),

@@ -159,6 +159,10 @@ pub struct NodeState {
     /// Held while room is checked and filled for client puts and commits, so that two of
     /// them never both take the last room.
     admission: std::sync::Mutex<()>,
+    /// The store thread: queues' writes in order, group commit.
+    pub committer: Arc<crate::storage::Committer>,
+    /// Why the node must stop (a store failure), once it must.
+    failure: Arc<crate::storage::Failure>,
 }
 
 impl std::fmt::Debug for NodeState {
@@ -220,6 +224,11 @@ impl NodeState {
         let now = Instant::now();
         let incarnation = incarnation(store.as_ref())?;
         let room = Arc::new(tokio::sync::Notify::new());
+        let failure = Arc::new(crate::storage::Failure::default());
+        let committer = Arc::new(
+            crate::storage::Committer::start(store.clone(), failure.clone())
+                .map_err(|source| StartError::Io { what: "store thread".into(), source })?,
+        );
         let mut queues = HashMap::new();
         // The node's own queues: FIFO, volatile, any message the node accepts.
         let own = |name: &str, max: u64| QueueConfig {
@@ -233,7 +242,8 @@ impl NodeState {
         let dead_letters = own(DEAD_LETTER_QUEUE, config.messages.dead_letter_messages_max);
         let events = own(EVENT_QUEUE, config.events.queue_messages_max);
         for q in config.queues.iter().cloned().chain([dead_letters, events]) {
-            queues.insert(q.name.clone(), Arc::new(LocalQueue::open(q, store.clone(), room.clone(), now)?));
+            let queue = LocalQueue::open(q, store.as_ref(), committer.clone(), room.clone(), now)?;
+            queues.insert(queue.config().name.clone(), Arc::new(queue));
         }
         let links: HashMap<NodeName, Arc<LinkHandle>> = config
             .peers
@@ -273,7 +283,35 @@ impl NodeState {
             results_dropped: AtomicU64::new(0),
             subscriptions,
             admission: std::sync::Mutex::new(()),
+            committer,
+            failure,
         }))
+    }
+
+    /// Stops the node: the store failed, so nothing more may be acknowledged. The node's
+    /// run ends with an error (exit status non-zero).
+    pub fn fail(&self, reason: String) {
+        tracing::error!(reason, "Store failed: the node stops acknowledging and exits.");
+        self.failure.set(reason);
+    }
+
+    /// Completes with the reason once the node must stop (see [`NodeState::fail`]; the
+    /// store thread calls it too).
+    pub async fn failed(&self) -> String {
+        self.failure.wait().await
+    }
+
+    /// Makes every write so far durable, for the messages a client is about to be told are
+    /// accepted (group commit); a failure stops the node.
+    async fn make_durable(&self, persistent: bool) -> Result<(), String> {
+        if !persistent {
+            return Ok(());
+        }
+        self.committer.sync().await.map_err(|e| {
+            let reason = format!("store sync failed, so accepted messages may not be durable: {e}");
+            self.fail(reason.clone());
+            reason
+        })
     }
 
     /// This node's name.
@@ -358,6 +396,12 @@ impl NodeState {
             self.delivered_here(&message);
             sequences.push(message.id.sequence);
         }
+        // Blocking: this form is for callers outside the runtime (tests, tools).
+        self.committer.sync_blocking().map_err(|e| PutError {
+            code: ErrorCode::Internal,
+            accepted: 0,
+            message: e.to_string(),
+        })?;
         Ok((sequences, created_unix_ms))
     }
 
@@ -372,6 +416,26 @@ impl NodeState {
         &self,
         contents: Vec<Content>,
         timeout: std::time::Duration,
+    ) -> Result<(Vec<u64>, u64), PutError> {
+        let mut persistent = false;
+        let outcome = self.put_waiting_unsynced(contents, timeout, &mut persistent).await;
+        // Whatever was accepted (all, or those before a refused one) is durable before the
+        // client hears of it.
+        if let Err(reason) = self.make_durable(persistent).await {
+            let accepted = match &outcome {
+                Ok((sequences, _)) => sequences.len() as u32,
+                Err(e) => e.accepted,
+            };
+            return Err(PutError { code: ErrorCode::Internal, accepted, message: reason });
+        }
+        outcome
+    }
+
+    async fn put_waiting_unsynced(
+        &self,
+        contents: Vec<Content>,
+        timeout: std::time::Duration,
+        persistent: &mut bool,
     ) -> Result<(Vec<u64>, u64), PutError> {
         let deadline = tokio::time::Instant::now() + timeout;
         let created_unix_ms = crate::clock::unix_ms();
@@ -407,6 +471,7 @@ impl NodeState {
             }
             tracking.keep();
             self.delivered_here(&message);
+            *persistent |= message.content.reliability == Reliability::Persistent;
             sequences.push(message.id.sequence);
         }
         Ok((sequences, created_unix_ms))
@@ -758,6 +823,9 @@ impl NodeState {
                     drop(admission);
                     tracking.keep();
                     messages.iter().for_each(|m| self.delivered_here(m));
+                    let persistent =
+                        messages.iter().any(|m| m.content.reliability == Reliability::Persistent);
+                    self.make_durable(persistent).await.map_err(CommitError::Partly)?;
                     return acked.map_err(|e| {
                         CommitError::Partly(format!(
                             "the puts were queued, but the gets were not acknowledged: {e}"

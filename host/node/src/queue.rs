@@ -22,6 +22,7 @@ use linkbus_proto::wire::{decode_message, message_bytes};
 use tokio::sync::Notify;
 
 use crate::config::{QueueConfig, QueueOrder};
+use crate::storage::Committer;
 
 /// The dead-letter queue every node has: messages that could not be delivered, with the
 /// reason in the `linkbus.dead_letter_reason` header.
@@ -118,7 +119,7 @@ struct Levels {
 pub struct LocalQueue {
     config: QueueConfig,
     space: String,
-    store: Arc<dyn Store>,
+    committer: Arc<Committer>,
     inner: Mutex<Levels>,
     /// Woken on every push, for waiting gets.
     notify: Notify,
@@ -204,7 +205,8 @@ impl LocalQueue {
     /// is reported as a backend error naming the queue and key (never silently skipped).
     pub fn open(
         config: QueueConfig,
-        store: Arc<dyn Store>,
+        store: &dyn Store,
+        committer: Arc<Committer>,
         room: Arc<Notify>,
         now: Instant,
     ) -> Result<Self, StoreError> {
@@ -251,7 +253,7 @@ impl LocalQueue {
                 config.name, config.message_bytes_max
             )));
         }
-        Ok(Self { config, space, store, inner: Mutex::new(levels), notify: Notify::new(), room })
+        Ok(Self { config, space, committer, inner: Mutex::new(levels), notify: Notify::new(), room })
     }
 
     /// The queue's configuration.
@@ -464,10 +466,11 @@ impl LocalQueue {
         let key = levels.next_key;
         let mut batch = Batch::new();
         // Under the lock, so the store's order of puts and deletes matches the queue's; a
-        // persistent message is synced before it counts as accepted, a volatile one is
-        // never written.
+        // volatile message is never written. The write is not synced here: whoever needs a
+        // persistent message durable (a put's answer, a link's acknowledgement) waits for a
+        // sync after it (group commit, `storage.rs`).
         self.put_op(&mut batch, key, &message);
-        self.write(batch, true)?;
+        self.write(batch, false)?;
         levels.next_key += 1;
         push_entry(&mut levels, self.config.order, Entry { key, message, enqueued_at: now });
         drop(levels);
@@ -581,13 +584,12 @@ impl LocalQueue {
         }
     }
 
-    /// Writes `batch` unless it is empty; synced when `sync` (a batch holds only persistent
-    /// messages' records, so a synced push costs nothing for a volatile one).
-    fn write(&self, batch: Batch, sync: bool) -> Result<(), StoreError> {
-        if batch.is_empty() {
-            return Ok(());
-        }
-        self.store.write(batch, sync)
+    /// Hands `batch` to the store thread (in this queue's order; durability is awaited by
+    /// whoever answers for it, see `storage.rs`).
+    #[expect(clippy::unnecessary_wraps, reason = "store errors surface through the committer")]
+    fn write(&self, batch: Batch, _sync: bool) -> Result<(), StoreError> {
+        self.committer.write(batch);
+        Ok(())
     }
 
     /// Waits until a push happens (or `deadline` passes); callers re-check with `pop`.
@@ -713,7 +715,14 @@ mod tests {
             reliability: Reliability::Volatile,
             when_full: crate::config::WhenFull::Block,
         };
-        LocalQueue::open(config, store, Arc::new(Notify::new()), Instant::now()).unwrap()
+        LocalQueue::open(
+            config,
+            store.as_ref(),
+            Arc::new(Committer::direct(store.clone())),
+            Arc::new(Notify::new()),
+            Instant::now(),
+        )
+        .unwrap()
     }
 
     fn message(n: u64, priority: u8, lifetime_ms: u64) -> Message {
@@ -901,7 +910,13 @@ mod tests {
     }
 
     fn open(config: QueueConfig, store: &Arc<dyn Store>) -> Result<LocalQueue, StoreError> {
-        LocalQueue::open(config, store.clone(), Arc::new(Notify::new()), Instant::now())
+        LocalQueue::open(
+            config,
+            store.as_ref(),
+            Arc::new(Committer::direct(store.clone())),
+            Arc::new(Notify::new()),
+            Instant::now(),
+        )
     }
 
     #[test]

@@ -658,7 +658,16 @@ fn status(node: &NodeState) -> String {
     use std::fmt::Write;
     let mut s = String::new();
     let _ = writeln!(s, "node: {}", node.name());
-    let _ = writeln!(s, "store: {} (durable: {})", node.config.plugins.store.kind, node.store.durable());
+    let _ = writeln!(
+        s,
+        "store: {} (durable: {}); {} writes in {} batches, {} synced for {} waiters",
+        node.config.plugins.store.kind,
+        node.store.durable(),
+        node.committer.stats.writes.load(Ordering::Relaxed),
+        node.committer.stats.batches.load(Ordering::Relaxed),
+        node.committer.stats.syncs.load(Ordering::Relaxed),
+        node.committer.stats.waiters.load(Ordering::Relaxed)
+    );
     let _ = writeln!(s, "links:");
     let mut links: Vec<_> = node.links.values().collect();
     links.sort_by(|a, b| a.peer.name.cmp(&b.peer.name));

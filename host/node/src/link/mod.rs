@@ -561,6 +561,7 @@ impl Link {
         let mut progressed = false;
         let mut delivered = [None; CHANNELS];
         let mut closed = None;
+        let mut persistent = false;
         let now = Instant::now();
         while let Some(event) = self.session.poll_event() {
             progressed = true;
@@ -569,6 +570,7 @@ impl Link {
                     self.established(peer_restarted, resent, resumed_bytes);
                 }
                 SessionEvent::Received { channel, sequence, message } => {
+                    persistent |= message.content.reliability != linkbus_plugin_api::Reliability::Volatile;
                     if let Err(e) = self.node.deliver(message, now) {
                         warn!(peer = self.peer(), error = %e, "Cannot take delivery; dropping the connection.");
                         closed = Some(e.to_string());
@@ -603,6 +605,13 @@ impl Link {
                     break;
                 }
             }
+        }
+        // What is acknowledged is durable first: one sync for the batch (group commit).
+        if persistent && let Err(e) = self.node.committer.sync_blocking() {
+            self.node
+                .fail(format!("store sync failed before acknowledging messages from {}: {e}", self.peer()));
+            delivered = [None; CHANNELS];
+            closed.get_or_insert_with(|| "store failed".to_owned());
         }
         for (channel, through) in delivered.into_iter().enumerate() {
             if let Some(through) = through {

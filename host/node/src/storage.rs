@@ -1,0 +1,234 @@
+//! The store thread and group commit.
+//!
+//! Queues hand their writes to one thread, in the order they make them (under their locks),
+//! without waiting. The thread takes every write that has arrived, applies them as one store
+//! batch, and syncs that batch when somebody waits for durability — a put about to be
+//! answered, a link about to acknowledge — so many messages share one `fdatasync` and the
+//! writers never wait for a disk in between. Waiting for durability is asking for a sync
+//! after one's writes: since the thread keeps the order, that sync covers them.
+//!
+//! A failed write or sync poisons the store (its writes fail from then on): it is reported
+//! to every waiter and to [`Failure`], and the node stops rather than acknowledge what it
+//! may have lost.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, mpsc};
+
+use linkbus_plugin_api::{Batch, Store, StoreError};
+use tokio::sync::oneshot;
+
+/// How many batches the thread wrote and synced, and for how many writes and waiters.
+#[derive(Debug, Default)]
+pub struct CommitStats {
+    /// Store batches written (each one or more writes).
+    pub batches: AtomicU64,
+    /// Of those, the synced ones.
+    pub syncs: AtomicU64,
+    /// Writes handed over.
+    pub writes: AtomicU64,
+    /// Waiters answered (puts or link batches that waited for durability).
+    pub waiters: AtomicU64,
+}
+
+/// A reason for the node to stop, once there is one.
+#[derive(Debug, Default)]
+pub struct Failure {
+    reason: Mutex<Option<String>>,
+    notify: tokio::sync::Notify,
+}
+
+impl Failure {
+    /// Records the first reason and wakes whoever waits in [`Failure::wait`].
+    pub fn set(&self, reason: String) {
+        self.reason.lock().unwrap_or_else(PoisonError::into_inner).get_or_insert(reason);
+        self.notify.notify_waiters();
+        self.notify.notify_one();
+    }
+
+    /// The reason, once set.
+    pub fn get(&self) -> Option<String> {
+        self.reason.lock().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+
+    /// Completes with the reason once one is set.
+    pub async fn wait(&self) -> String {
+        loop {
+            let notified = self.notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if let Some(reason) = self.get() {
+                return reason;
+            }
+            notified.await;
+        }
+    }
+}
+
+enum Job {
+    Write(Batch),
+    Sync(Waiter),
+}
+
+enum Waiter {
+    Async(oneshot::Sender<Result<(), StoreError>>),
+    Blocking(mpsc::Sender<Result<(), StoreError>>),
+}
+
+impl Waiter {
+    fn answer(self, result: Result<(), StoreError>) {
+        match self {
+            Self::Async(tx) => drop(tx.send(result)),
+            Self::Blocking(tx) => drop(tx.send(result)),
+        }
+    }
+}
+
+/// The store thread's handle; see the module doc. The thread ends when every handle drops.
+pub struct Committer {
+    /// The store thread's queue, or (`None`) writes go straight to `direct`.
+    tx: Option<mpsc::Sender<Job>>,
+    direct: Option<Arc<dyn Store>>,
+    /// Counts, for `linkbus status` and benchmarks.
+    pub stats: Arc<CommitStats>,
+    failure: Arc<Failure>,
+}
+
+impl std::fmt::Debug for Committer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Committer").field("threaded", &self.tx.is_some()).finish_non_exhaustive()
+    }
+}
+
+impl Committer {
+    /// Starts the thread writing to `store`; a failure is recorded in `failure`.
+    ///
+    /// # Errors
+    /// When the thread cannot be started.
+    pub fn start(store: Arc<dyn Store>, failure: Arc<Failure>) -> std::io::Result<Self> {
+        let (tx, rx) = mpsc::channel::<Job>();
+        let stats = Arc::new(CommitStats::default());
+        let counts = stats.clone();
+        let failed = failure.clone();
+        std::thread::Builder::new().name("linkbus-store".into()).spawn(move || {
+            while let Ok(first) = rx.recv() {
+                let mut merged = Batch::new();
+                let mut waiters = Vec::new();
+                for job in std::iter::once(first).chain(rx.try_iter()) {
+                    match job {
+                        Job::Write(batch) => {
+                            counts.writes.fetch_add(1, Ordering::Relaxed);
+                            merged.ops.extend(batch.ops);
+                        }
+                        Job::Sync(waiter) => waiters.push(waiter),
+                    }
+                }
+                let sync = !waiters.is_empty();
+                let result = match (merged.is_empty(), sync) {
+                    (true, true) => store.sync(),
+                    (true, false) => Ok(()),
+                    (false, _) => store.write(merged, sync),
+                };
+                counts.batches.fetch_add(1, Ordering::Relaxed);
+                counts.syncs.fetch_add(u64::from(sync), Ordering::Relaxed);
+                counts.waiters.fetch_add(waiters.len() as u64, Ordering::Relaxed);
+                if let Err(e) = &result {
+                    failed.set(format!("the store failed, so the node cannot vouch for what it holds: {e}"));
+                }
+                for waiter in waiters {
+                    waiter.answer(result.clone());
+                }
+            }
+        })?;
+        Ok(Self { tx: Some(tx), direct: None, stats, failure })
+    }
+
+    /// A committer without a thread: each write is applied at once in the caller's thread,
+    /// each sync syncs the store (for tests and tools).
+    pub fn direct(store: Arc<dyn Store>) -> Self {
+        Self { tx: None, direct: Some(store), stats: Arc::default(), failure: Arc::default() }
+    }
+
+    fn send(&self, job: Job) -> Result<(), StoreError> {
+        let Some(tx) = &self.tx else {
+            let store = self.direct.as_ref().expect("a committer has a thread or a store");
+            return match job {
+                Job::Write(batch) => store.write(batch, false),
+                Job::Sync(waiter) => {
+                    waiter.answer(store.sync());
+                    Ok(())
+                }
+            };
+        };
+        tx.send(job)
+            .map_err(|_| StoreError::Backend { op: "write", reason: "the store thread has stopped".into() })
+    }
+
+    /// Hands a batch to the store thread, in order, without waiting. (A failure stops the
+    /// node; [`Committer::sync`] after it reports it.)
+    pub fn write(&self, batch: Batch) {
+        if batch.is_empty() {
+            return;
+        }
+        if let Err(e) = self.send(Job::Write(batch)) {
+            self.failure.set(e.to_string());
+        }
+    }
+
+    /// Returns once every batch handed over before the call is on stable storage.
+    ///
+    /// # Errors
+    /// The store's error (the node is stopping then).
+    pub async fn sync(&self) -> Result<(), StoreError> {
+        let (tx, rx) = oneshot::channel();
+        self.send(Job::Sync(Waiter::Async(tx)))?;
+        rx.await
+            .map_err(|_| StoreError::Backend { op: "sync", reason: "the store thread has stopped".into() })?
+    }
+
+    /// Like [`Committer::sync`], blocking the calling thread (for code outside async tasks
+    /// and the link tasks' acknowledgement step).
+    ///
+    /// # Errors
+    /// As [`Committer::sync`].
+    pub fn sync_blocking(&self) -> Result<(), StoreError> {
+        let (tx, rx) = mpsc::channel();
+        self.send(Job::Sync(Waiter::Blocking(tx)))?;
+        rx.recv()
+            .map_err(|_| StoreError::Backend { op: "sync", reason: "the store thread has stopped".into() })?
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::ops::Bound;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn writes_keep_their_order_and_waiters_share_syncs() {
+        let store: Arc<dyn Store> = Arc::new(linkbus_store_memory::MemoryStore::new());
+        let committer = Arc::new(Committer::start(store.clone(), Arc::default()).unwrap());
+        let mut tasks = Vec::new();
+        for n in 0..200u32 {
+            let committer = committer.clone();
+            tasks.push(tokio::spawn(async move {
+                let mut batch = Batch::new();
+                batch.put("s", n.to_be_bytes().to_vec(), "v");
+                committer.write(batch);
+                let mut delete = Batch::new();
+                delete.delete("s", n.to_be_bytes().to_vec());
+                if n % 2 == 0 {
+                    committer.write(delete);
+                }
+                committer.sync().await.unwrap();
+            }));
+        }
+        for task in tasks {
+            task.await.unwrap();
+        }
+        committer.sync_blocking().unwrap();
+        let left = store.scan("s", Bound::Unbounded, Bound::Unbounded, usize::MAX).unwrap();
+        assert_eq!(left.len(), 100, "each delete applied after its put");
+        assert_eq!(committer.stats.waiters.load(Ordering::Relaxed), 201);
+        assert!(committer.stats.syncs.load(Ordering::Relaxed) <= 201);
+    }
+}
