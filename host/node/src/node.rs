@@ -163,6 +163,9 @@ pub struct NodeState {
     pub committer: Arc<crate::storage::Committer>,
     /// Why the node must stop (a store failure), once it must.
     failure: Arc<crate::storage::Failure>,
+    /// The durability tests' negative control (see [`ACK_BEFORE_SYNC_ENV`]).
+    #[doc(hidden)]
+    pub ack_before_sync: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for NodeState {
@@ -219,8 +222,20 @@ impl NodeState {
     /// # Errors
     /// [`StartError`] when a plugin or the store fails.
     pub fn new(config: Config) -> Result<Arc<Self>, StartError> {
-        let security = crate::security::Security::load(&config)?;
         let (transport, store) = build_plugins(&config)?;
+        Self::with_plugins(config, transport, store)
+    }
+
+    /// Like [`NodeState::new`] with plugins built elsewhere (tests, embedding programs).
+    ///
+    /// # Errors
+    /// [`StartError`] when the store fails or key files are wrong.
+    pub fn with_plugins(
+        config: Config,
+        transport: Arc<dyn Transport>,
+        store: Arc<dyn Store>,
+    ) -> Result<Arc<Self>, StartError> {
+        let security = crate::security::Security::load(&config)?;
         let now = Instant::now();
         let incarnation = incarnation(store.as_ref())?;
         let room = Arc::new(tokio::sync::Notify::new());
@@ -285,6 +300,7 @@ impl NodeState {
             admission: std::sync::Mutex::new(()),
             committer,
             failure,
+            ack_before_sync: std::sync::atomic::AtomicBool::new(ack_before_sync()),
         }))
     }
 
@@ -304,7 +320,7 @@ impl NodeState {
     /// Makes every write so far durable, for the messages a client is about to be told are
     /// accepted (group commit); a failure stops the node.
     async fn make_durable(&self, persistent: bool) -> Result<(), String> {
-        if !persistent {
+        if !persistent || self.ack_before_sync.load(Ordering::Relaxed) {
             return Ok(());
         }
         self.committer.sync().await.map_err(|e| {
@@ -1080,6 +1096,16 @@ fn subscription_target(
     Ok(())
 }
 
+/// Test-only (debug builds): answer persistent puts before the store has synced them — the
+/// negative control of the durability tests, which must then see acknowledged messages lost
+/// in a crash. Release builds ignore it.
+pub const ACK_BEFORE_SYNC_ENV: &str = "LINKBUS_TEST_ACK_BEFORE_SYNC";
+
+fn ack_before_sync() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| cfg!(debug_assertions) && std::env::var_os(ACK_BEFORE_SYNC_ENV).is_some())
+}
+
 /// Whether `message` is a result message from another node (only nodes send the system
 /// priority).
 fn is_result_message(message: &Message) -> bool {
@@ -1243,5 +1269,109 @@ mod tests {
         let reasons: Vec<_> =
             dead.messages.iter().map(|m| m.content.header(DEAD_LETTER_REASON_HEADER).unwrap()).collect();
         assert_eq!(reasons, ["queue 'missing' does not exist on node A", "no recipient on node A"]);
+    }
+
+    /// A store that loses what was not synced when it "crashes".
+    #[derive(Default)]
+    struct CrashStore {
+        live: linkbus_store_memory::MemoryStore,
+        synced: linkbus_store_memory::MemoryStore,
+        unsynced: std::sync::Mutex<Vec<Batch>>,
+    }
+
+    impl CrashStore {
+        fn flush(&self) {
+            for batch in self.unsynced.lock().unwrap().drain(..) {
+                self.synced.write(batch, true).unwrap();
+            }
+        }
+
+        /// The store as a restart after a crash finds it: synced writes only.
+        fn after_crash(&self) -> linkbus_store_memory::MemoryStore {
+            let after = linkbus_store_memory::MemoryStore::new();
+            for space in self.synced.spaces().unwrap() {
+                let mut batch = Batch::new();
+                for (k, v) in self
+                    .synced
+                    .scan(&space, std::ops::Bound::Unbounded, std::ops::Bound::Unbounded, usize::MAX)
+                    .unwrap()
+                {
+                    batch.put(&space, k, v);
+                }
+                after.write(batch, true).unwrap();
+            }
+            after
+        }
+    }
+
+    impl Store for CrashStore {
+        fn durable(&self) -> bool {
+            true
+        }
+        fn write(&self, batch: Batch, sync: bool) -> Result<(), StoreError> {
+            self.live.write(batch.clone(), false)?;
+            self.unsynced.lock().unwrap().push(batch);
+            if sync {
+                self.flush();
+            }
+            Ok(())
+        }
+        fn get(&self, space: &str, key: &[u8]) -> Result<Option<bytes::Bytes>, StoreError> {
+            self.live.get(space, key)
+        }
+        fn scan(
+            &self,
+            space: &str,
+            from: std::ops::Bound<&[u8]>,
+            to: std::ops::Bound<&[u8]>,
+            limit: usize,
+        ) -> Result<Vec<(bytes::Bytes, bytes::Bytes)>, StoreError> {
+            self.live.scan(space, from, to, limit)
+        }
+        fn spaces(&self) -> Result<Vec<String>, StoreError> {
+            self.live.spaces()
+        }
+        fn sync(&self) -> Result<(), StoreError> {
+            self.flush();
+            Ok(())
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn acknowledged_persistent_puts_survive_a_crash_and_the_negative_control_loses_them() {
+        for ack_before_sync in [false, true] {
+            let text = "node: { name: A, listen: none }\nqueues: [ { name: q } ]\nsecurity: { insecure_plaintext: true }";
+            let mut tree = config::parse_yaml(text).unwrap();
+            config::apply_overrides(&mut tree, &Overrides::default());
+            let config = config::from_value(&tree).unwrap();
+            let transport = build_plugins(&config).unwrap().0;
+            let store = Arc::new(CrashStore::default());
+            let n = NodeState::with_plugins(config, transport, store.clone()).unwrap();
+            n.ack_before_sync.store(ack_before_sync, Ordering::Relaxed);
+            for i in 0..50 {
+                let content = Content::buf("A:q".parse().unwrap(), format!("m{i}"))
+                    .with_reliability(linkbus_plugin_api::Reliability::Persistent);
+                n.put_waiting(vec![content], std::time::Duration::from_secs(1)).await.unwrap();
+            }
+            // A crash now: what a restart finds.
+            let after: Arc<dyn Store> = Arc::new(store.after_crash());
+            let q = LocalQueue::open(
+                n.config.queues[0].clone(),
+                after.as_ref(),
+                Arc::new(crate::storage::Committer::direct(after.clone())),
+                Arc::new(tokio::sync::Notify::new()),
+                Instant::now(),
+            )
+            .unwrap();
+            if ack_before_sync {
+                assert!(
+                    q.len() < 50,
+                    "the negative control must lose acknowledged messages ({} kept)",
+                    q.len()
+                );
+            } else {
+                assert_eq!(q.len(), 50, "every acknowledged persistent put survives");
+            }
+        }
     }
 }
