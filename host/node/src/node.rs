@@ -1152,7 +1152,7 @@ mod tests {
     fn node(extra: &str) -> Arc<NodeState> {
         let text = format!(
             "node: {{ name: A, listen: none }}\npeers: [ {{ name: B }} ]\nqueues: [ {{ name: q }} ]\n\
-             security: {{ insecure_plaintext: true }}\n{extra}"
+             security: {{ insecure_plaintext: true }}\nplugins: {{ store: {{ kind: memory }} }}\n{extra}"
         );
         let mut tree = config::parse_yaml(&text).unwrap();
         config::apply_overrides(&mut tree, &Overrides::default());
@@ -1340,7 +1340,8 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn acknowledged_persistent_puts_survive_a_crash_and_the_negative_control_loses_them() {
         for ack_before_sync in [false, true] {
-            let text = "node: { name: A, listen: none }\nqueues: [ { name: q } ]\nsecurity: { insecure_plaintext: true }";
+            let text = "node: { name: A, listen: none }\nqueues: [ { name: q } ]\nsecurity: { insecure_plaintext: true }\n\
+                        plugins: { store: { kind: memory } }";
             let mut tree = config::parse_yaml(text).unwrap();
             config::apply_overrides(&mut tree, &Overrides::default());
             let config = config::from_value(&tree).unwrap();
