@@ -118,7 +118,8 @@ impl Node {
         &self.state
     }
 
-    /// Stops every task (links send a close frame) and waits for them, at most a few seconds.
+    /// Stops every task (links send a close frame) and waits for them, at most a few seconds;
+    /// then makes every store write durable.
     pub async fn shutdown(mut self) {
         let _ = self.shutdown.send(true);
         let drained = tokio::time::timeout(Duration::from_secs(5), async {
@@ -127,6 +128,10 @@ impl Node {
         .await;
         if drained.is_err() {
             self.tasks.abort_all();
+        }
+        // What was written (gets, acknowledgements, backouts) is on disk before the process ends.
+        if let Err(e) = self.state.committer.sync().await {
+            tracing::error!(error = %e, "Final store sync failed.");
         }
         info!(node = %self.state.name(), "Node stopped.");
     }
@@ -170,6 +175,10 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         }
     }
     node.shutdown().await;
+    // A store that failed while the node was stopping still means an error exit.
+    if state.is_failing() {
+        return Err(StartError::TaskFailed("the store failed while the node was stopping".into()));
+    }
     Ok(())
 }
 

@@ -311,6 +311,11 @@ impl NodeState {
         self.failure.set(reason);
     }
 
+    /// Whether the store failed and the node is stopping (it acknowledges nothing more).
+    pub fn is_failing(&self) -> bool {
+        self.failure.get().is_some()
+    }
+
     /// Completes with the reason once the node must stop (see [`NodeState::fail`]; the
     /// store thread calls it too).
     pub async fn failed(&self) -> String {
@@ -433,6 +438,10 @@ impl NodeState {
         contents: Vec<Content>,
         timeout: std::time::Duration,
     ) -> Result<(Vec<u64>, u64), PutError> {
+        if let Some(reason) = self.failure.get() {
+            let message = format!("the node is stopping: {reason}");
+            return Err(PutError { code: ErrorCode::Internal, accepted: 0, message });
+        }
         let mut persistent = false;
         let outcome = self.put_waiting_unsynced(contents, timeout, &mut persistent).await;
         // Whatever was accepted (all, or those before a refused one) is durable before the
@@ -839,8 +848,10 @@ impl NodeState {
                     drop(admission);
                     tracking.keep();
                     messages.iter().for_each(|m| self.delivered_here(m));
+                    // Stored puts, and the acknowledged gets' deletes, are durable first.
                     let persistent =
-                        messages.iter().any(|m| m.content.reliability == Reliability::Persistent);
+                        messages.iter().any(|m| m.content.reliability == Reliability::Persistent)
+                            || (!gets.is_empty() && self.store.durable());
                     self.make_durable(persistent).await.map_err(CommitError::Partly)?;
                     return acked.map_err(|e| {
                         CommitError::Partly(format!(

@@ -238,21 +238,38 @@ impl LocalQueue {
             levels.front_key = levels.front_key.min(key.saturating_sub(1));
             push_entry(&mut levels, config.order, Entry { key, message, enqueued_at });
         }
-        // A limit lowered below what the queue holds is not guessed at.
-        if levels.len as u64 > config.queue_messages_max {
+        // A limit lowered below what the queue holds is not guessed at. (Holding more than
+        // an unchanged limit is possible — deliveries from links may overfill a queue a
+        // little — and the node's own queues take what the node accepts.)
+        let limits_key = format!("limits.{}", config.name).into_bytes();
+        let previous = store.get(META_SPACE, &limits_key)?.and_then(|v| {
+            let v: [u8; 16] = v.as_ref().try_into().ok()?;
+            let (m, b) = v.split_at(8);
+            Some((u64::from_be_bytes(m.try_into().ok()?), u64::from_be_bytes(b.try_into().ok()?)))
+        });
+        let own = is_reserved(&config.name);
+        let lowered_count = previous.is_some_and(|(m, _)| config.queue_messages_max < m);
+        let lowered_bytes = previous.is_some_and(|(_, b)| config.message_bytes_max < b);
+        if !own && lowered_count && levels.len as u64 > config.queue_messages_max {
             return Err(recovery_refused(format!(
                 "queue '{}' holds {} messages, more than its queue_messages_max {}: raise the limit (or \
                  empty the queue under the old one) before starting",
                 config.name, levels.len, config.queue_messages_max
             )));
         }
-        if largest > config.message_bytes_max {
+        if !own && lowered_bytes && largest > config.message_bytes_max {
             return Err(recovery_refused(format!(
                 "queue '{}' holds a message of {largest} bytes, more than its message_bytes_max {}: raise \
                  the limit before starting",
                 config.name, config.message_bytes_max
             )));
         }
+        let mut limits = Vec::with_capacity(16);
+        limits.extend_from_slice(&config.queue_messages_max.to_be_bytes());
+        limits.extend_from_slice(&config.message_bytes_max.to_be_bytes());
+        let mut batch = Batch::new();
+        batch.put(META_SPACE, limits_key, limits);
+        store.write(batch, true)?;
         Ok(Self { config, space, committer, inner: Mutex::new(levels), notify: Notify::new(), room })
     }
 
@@ -652,6 +669,10 @@ fn key_number(key: &[u8]) -> Option<u64> {
     Some(u64::from_be_bytes(key.try_into().ok()?))
 }
 
+/// Store space of the node's own bookkeeping (here: each queue's limits, to tell a lowered
+/// limit from an overfilled queue at start).
+const META_SPACE: &str = "meta";
+
 /// Version of a stored queue record.
 const RECORD_FORMAT: u8 = 1;
 /// Bytes before the message in a stored record: format, CRC32C, enqueue time.
@@ -931,7 +952,7 @@ mod tests {
         assert_eq!(stored.len(), 1, "only the persistent one");
         let popped = q.pop(PopLimits::auto(10), Instant::now()).unwrap();
         assert_eq!(popped.messages.len(), 2);
-        assert!(store.spaces().unwrap().is_empty());
+        assert!(store.scan("q.q", Bound::Unbounded, Bound::Unbounded, 10).unwrap().is_empty());
     }
 
     #[test]
@@ -965,8 +986,13 @@ mod tests {
         assert_eq!(order, [1, 2, 3]);
         drop(fifo);
 
+        // Overfilled under an unchanged limit (as deliveries from links may): accepted.
+        let full = open(config(QueueOrder::Fifo, 3, 1024), &store).unwrap();
+        full.push_bounded(message(4, 4, 60_000), Instant::now(), u64::MAX).unwrap();
+        drop(full);
+        assert_eq!(open(config(QueueOrder::Fifo, 3, 1024), &store).unwrap().len(), 4);
         let fewer = open(config(QueueOrder::Fifo, 2, 1024), &store).unwrap_err().to_string();
-        assert!(fewer.contains("queue 'q' holds 3 messages, more than its queue_messages_max 2"), "{fewer}");
+        assert!(fewer.contains("queue 'q' holds 4 messages, more than its queue_messages_max 2"), "{fewer}");
         let smaller = open(config(QueueOrder::Fifo, 10, 0), &store).unwrap_err().to_string();
         assert!(
             smaller.contains("holds a message of 1 bytes, more than its message_bytes_max 0"),

@@ -110,6 +110,9 @@ impl Committer {
         let counts = stats.clone();
         let failed = failure.clone();
         std::thread::Builder::new().name("linkbus-store".into()).spawn(move || {
+            // After a failure nothing more is written, and every waiter hears of it (a store
+            // that does not poison itself is treated as if it did).
+            let mut poisoned: Option<StoreError> = None;
             while let Ok(first) = rx.recv() {
                 let mut merged = Batch::new();
                 let mut waiters = Vec::new();
@@ -123,11 +126,15 @@ impl Committer {
                     }
                 }
                 let sync = !waiters.is_empty();
-                let result = match (merged.is_empty(), sync) {
-                    (true, true) => store.sync(),
-                    (true, false) => Ok(()),
-                    (false, _) => store.write(merged, sync),
+                let result = match (&poisoned, merged.is_empty(), sync) {
+                    (Some(e), _, _) => Err(e.clone()),
+                    (None, true, true) => store.sync(),
+                    (None, true, false) => Ok(()),
+                    (None, false, _) => store.write(merged, sync),
                 };
+                if let Err(e) = &result {
+                    poisoned.get_or_insert_with(|| e.clone());
+                }
                 counts.batches.fetch_add(1, Ordering::Relaxed);
                 counts.syncs.fetch_add(u64::from(sync), Ordering::Relaxed);
                 counts.waiters.fetch_add(waiters.len() as u64, Ordering::Relaxed);
@@ -183,6 +190,11 @@ impl Committer {
         self.send(Job::Sync(Waiter::Async(tx)))?;
         rx.await
             .map_err(|_| StoreError::Backend { op: "sync", reason: "the store thread has stopped".into() })?
+    }
+
+    /// Whether the store failed (the node is stopping).
+    pub fn failed(&self) -> bool {
+        self.failure.get().is_some()
     }
 
     /// Like [`Committer::sync`], blocking the calling thread (for code outside async tasks

@@ -434,8 +434,17 @@ async fn handle(
                 pending: hand_out,
             };
             let response = get(node, &q, limits, wait_ms).await;
-            if let Response::Messages { tags, .. } = &response {
+            if let Response::Messages { messages, tags } = &response {
                 pending.add(&q, tags);
+                // Taking a persistent message (or marking it handed out) is durable before the
+                // consumer has it, so a crash never hands it out again unmarked.
+                let stored = messages.iter().any(|m| m.content.reliability == Reliability::Persistent);
+                if stored
+                    && node.store.durable()
+                    && let Err(e) = node.committer.sync().await
+                {
+                    return (refused(ErrorCode::Internal, format!("store failed: {e}")), Some(q));
+                }
             }
             (response, Some(q))
         }
@@ -447,7 +456,19 @@ async fn handle(
         Request::Subscriptions => (Response::Status(subscriptions(node)), None),
         Request::Status => (Response::Status(status(node)), None),
         Request::LinkReset { peer } => (link_reset(node, &peer), None),
-        other => (queue_request(node, other, pending), None),
+        other => {
+            let settles = matches!(other, Request::Ack { .. } | Request::Backout { .. });
+            let response = queue_request(node, other, pending);
+            // A settled message stays settled across a crash.
+            if settles
+                && matches!(response, Response::Settled(n) if n > 0)
+                && node.store.durable()
+                && let Err(e) = node.committer.sync().await
+            {
+                return (refused(ErrorCode::Internal, format!("store failed: {e}")), None);
+            }
+            (response, None)
+        }
     }
 }
 

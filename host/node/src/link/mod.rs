@@ -94,7 +94,8 @@ fn session_config(node: &NodeState, handle: &LinkHandle) -> SessionConfig {
         local: node.name().clone(),
         peer: handle.peer.name.clone(),
         incarnation: node.incarnation,
-        durable: node.store.durable(),
+        // Link sequence state is not stored yet: every run is a new incarnation to peers.
+        durable: false,
         frame_bytes_max: links.frame_bytes_max as usize,
         message_bytes_max: node.encoded_message_bytes_max(),
         packet_bytes_max: links.packet_bytes_max as usize,
@@ -606,8 +607,8 @@ impl Link {
                 }
             }
         }
-        // What is acknowledged is durable first: one sync for the batch (group commit).
-        if persistent && let Err(e) = self.node.committer.sync_blocking() {
+        let sync = self.make_durable(persistent);
+        if let Err(e) = sync {
             self.node
                 .fail(format!("store sync failed before acknowledging messages from {}: {e}", self.peer()));
             delivered = [None; CHANNELS];
@@ -624,6 +625,15 @@ impl Link {
             self.drop_connection(&reason);
         }
         progressed
+    }
+
+    /// What is acknowledged is durable first: one sync for the batch (group commit); a node
+    /// whose store failed acknowledges nothing more.
+    fn make_durable(&self, persistent: bool) -> Result<(), linkbus_plugin_api::StoreError> {
+        if self.node.is_failing() {
+            return Err(linkbus_plugin_api::StoreError::Poisoned("the node is stopping".into()));
+        }
+        if persistent { self.node.committer.sync_blocking() } else { Ok(()) }
     }
 
     fn dropped(&self, message: Bytes, reason: DropReason, now: Instant) {
