@@ -56,3 +56,126 @@ fn persistent_messages_survive_kill_9_and_volatile_ones_do_not() {
         stderr(&refused)
     );
 }
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// A streams persistent messages to B's queue while B is killed with SIGKILL and restarted,
+/// again and again: B's store keeps each message with the link number after it, so A resends
+/// exactly what B did not keep.
+#[test]
+fn a_receiver_killed_again_and_again_loses_and_duplicates_nothing() {
+    let s = Scratch::new();
+    let (a_key, b_key) = (s.keys("A"), s.keys("B"));
+    let port = free_port();
+    let b_yaml = format!(
+        "node: {{ name: B, listen: '127.0.0.1:{port}' }}\npeers: [ {{ name: A, public_key: '{a_key}' }} ]\n\
+         queues: [ {{ name: q, order: fifo }} ]\n{}\n",
+        s.security_yaml("B")
+    );
+    let b_config = s.write("b.yaml", &b_yaml);
+    let b_args = ["-c", b_config.to_str().unwrap()];
+    let mut b = s.start_node("B", &b_args);
+    let a_yaml = format!(
+        "node: {{ name: A, listen: none }}\npeers: [ {{ name: B, address: '127.0.0.1:{port}', public_key: '{b_key}' }} ]\n\
+         links: {{ reconnect_backoff_min_ms: 20, reconnect_backoff_max_ms: 200 }}\n{}\n",
+        s.security_yaml("A")
+    );
+    let a = s.start_node("A", &["-c", s.write("a.yaml", &a_yaml).to_str().unwrap()]);
+    a.wait_for_log("Link up.", 1, Duration::from_secs(10));
+
+    let lines: String = (0..3000).map(|i| format!("{i:05} {}\n", "p".repeat(100))).collect();
+    let mut put = s
+        .command(&["put", "--node", "A", "--to", "B:q", "--persistent", "-"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = put.stdin.take().unwrap();
+    let data = lines.clone();
+    let feeder = std::thread::spawn(move || {
+        use std::io::Write;
+        for chunk in data.as_bytes().chunks(8 * 1024) {
+            stdin.write_all(chunk).unwrap();
+            std::thread::sleep(Duration::from_millis(15));
+        }
+    });
+    let mut kills = 0;
+    for pause in [150u64, 330, 90, 260, 410, 200] {
+        std::thread::sleep(Duration::from_millis(pause));
+        b.kill();
+        kills += 1;
+        b = s.start_node("B", &b_args);
+    }
+    feeder.join().unwrap();
+    let out = put.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let mut got = String::new();
+    while got.lines().count() < 3000 && std::time::Instant::now() < deadline {
+        let left = (3000 - got.lines().count()).to_string();
+        got.push_str(&stdout(&s.run(&["get", "--node", "B", "q", "--count", &left, "--wait", "1s"])));
+    }
+    // Whatever is left over would be a duplicate.
+    got.push_str(&stdout(&s.run(&["get", "--node", "B", "q", "--count", "100000", "--wait", "500ms"])));
+    let sent: Vec<&str> = lines.lines().collect();
+    let received: Vec<&str> = got.lines().collect();
+    let history = support::history::History::check(&sent, &received);
+    eprintln!("{kills} kills of B: {history:?}");
+    assert!(history.is_clean(), "{kills} kills of B: {history:?}");
+    assert!(b.log_text().contains("Link numbers restored"), "{}", b.log_text());
+}
+
+/// The same, made certain: B keeps what arrives but acknowledges nothing (a test-only switch),
+/// so when it is killed A still waits on every message; restarted, B tells A where it stopped
+/// and nothing comes twice.
+#[test]
+fn a_restarted_receiver_takes_up_its_numbers_so_nothing_it_kept_comes_twice() {
+    let s = Scratch::new();
+    let (a_key, b_key) = (s.keys("A"), s.keys("B"));
+    let port = free_port();
+    let b_yaml = format!(
+        "node: {{ name: B, listen: '127.0.0.1:{port}' }}\npeers: [ {{ name: A, public_key: '{a_key}' }} ]\n\
+         queues: [ {{ name: q, order: fifo }} ]\n{}\n",
+        s.security_yaml("B")
+    );
+    let b_config = s.write("b.yaml", &b_yaml);
+    let b_args = ["-c", b_config.to_str().unwrap()];
+    let mut b = s.start_node_env("B", &b_args, &[("LINKBUS_TEST_HOLD_ACKS", "1")]);
+    let a_yaml = format!(
+        "node: {{ name: A, listen: none }}\npeers: [ {{ name: B, address: '127.0.0.1:{port}', public_key: '{b_key}' }} ]\n\
+         links: {{ reconnect_backoff_min_ms: 20, reconnect_backoff_max_ms: 200 }}\n{}\n",
+        s.security_yaml("A")
+    );
+    let a = s.start_node("A", &["-c", s.write("a.yaml", &a_yaml).to_str().unwrap()]);
+    a.wait_for_log("Link up.", 1, Duration::from_secs(10));
+    let lines: String = (0..200).map(|i| format!("m{i:03}\n")).collect();
+    let put = s.run_with_input(
+        &["put", "--node", "A", "--to", "B:q", "--persistent", "-"],
+        lines.as_bytes(),
+        Duration::from_secs(30),
+    );
+    assert!(put.status.success(), "{}", stderr(&put));
+    // All 200 are in B's queue, none acknowledged to A.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let depth = || {
+        let text = stdout(&s.run(&["queue", "ls", "--node", "B"]));
+        let line = text.lines().find(|l| l.starts_with("q ")).map(str::to_owned).unwrap_or_default();
+        line.split_whitespace().nth(2).and_then(|d| d.parse::<u32>().ok()).unwrap_or(0)
+    };
+    while depth() < 200 {
+        assert!(std::time::Instant::now() < deadline, "{}", stdout(&s.run(&["queue", "ls", "--node", "B"])));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(stdout(&s.run(&["status", "--node", "A"])).contains("acked 0"), "A still waits on them");
+    b.kill();
+    let _b = s.start_node("B", &b_args);
+    a.wait_for_log("Link up.", 2, Duration::from_secs(10));
+    let got = stdout(&s.run(&["get", "--node", "B", "q", "--count", "1000", "--wait", "2s"]));
+    let sent: Vec<&str> = lines.lines().collect();
+    let history = support::history::History::check(&sent, &got.lines().collect::<Vec<_>>());
+    assert!(history.is_clean(), "each once, in order: {history:?}");
+}

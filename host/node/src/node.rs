@@ -880,12 +880,27 @@ impl NodeState {
     /// When the dead-letter queue has no room for what must go there (or the store fails):
     /// nothing was queued then, so the caller may leave the message unacknowledged and take
     /// it again later without a duplicate.
-    pub fn deliver(&self, mut message: Message, now: Instant) -> Result<(), QueueError> {
+    pub fn deliver(&self, message: Message, now: Instant) -> Result<(), QueueError> {
+        self.deliver_with(message, now, Batch::new())
+    }
+
+    /// Like [`NodeState::deliver`], writing `with` (a link's record of what it delivered) in
+    /// the same store batch as the message's first queue, or on its own after it.
+    ///
+    /// # Errors
+    /// As [`NodeState::deliver`] (nothing was written then, `with` included).
+    pub fn deliver_with(
+        &self,
+        mut message: Message,
+        now: Instant,
+        mut with: Batch,
+    ) -> Result<(), QueueError> {
         // Origins resolve it; one that did not gets it resolved here.
         message.content.reliability = self.reliability_of(&message.content);
         if is_result_message(&message) && message.content.recipients.iter().any(|to| &to.node == self.name())
         {
             self.take_results(&message);
+            self.committer.write(with);
             return Ok(());
         }
         type Failed = (DeadLetterCode, String, Vec<linkbus_plugin_api::Address>);
@@ -931,7 +946,7 @@ impl NodeState {
         for target in targets {
             match target {
                 Ok(queue) => {
-                    queue.push_bounded(message.clone(), now, u64::MAX)?;
+                    queue.push_bounded_with(message.clone(), now, u64::MAX, std::mem::take(&mut with))?;
                     delivered.push((
                         Address::new(self.name().clone(), queue.config().name.clone()),
                         Outcome::Delivered,
@@ -952,6 +967,7 @@ impl NodeState {
             }
         }
         self.report(result_to.as_ref(), delivered);
+        self.committer.write(with);
         Ok(())
     }
 

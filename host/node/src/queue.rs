@@ -476,6 +476,21 @@ impl LocalQueue {
     /// # Errors
     /// As [`LocalQueue::push`].
     pub fn push_bounded(&self, message: Message, now: Instant, max: u64) -> Result<(), QueueError> {
+        self.push_bounded_with(message, now, max, Batch::new())
+    }
+
+    /// Like [`LocalQueue::push_bounded`], writing `with` in the same store batch (after the
+    /// message): a link records the sequence number it delivered atomically with the message.
+    ///
+    /// # Errors
+    /// As [`LocalQueue::push`].
+    pub fn push_bounded_with(
+        &self,
+        message: Message,
+        now: Instant,
+        max: u64,
+        with: Batch,
+    ) -> Result<(), QueueError> {
         let mut levels = self.lock();
         if (levels.len + levels.pending.len()) as u64 >= max {
             return Err(QueueError::Full { queue: self.config.name.clone(), max });
@@ -487,6 +502,7 @@ impl LocalQueue {
         // persistent message durable (a put's answer, a link's acknowledgement) waits for a
         // sync after it (group commit, `storage.rs`).
         self.put_op(&mut batch, key, &message);
+        batch.ops.extend(with.ops);
         self.write(batch, false)?;
         levels.next_key += 1;
         push_entry(&mut levels, self.config.order, Entry { key, message, enqueued_at: now });

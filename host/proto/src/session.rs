@@ -494,6 +494,23 @@ impl Session {
         self.events.push_back(SessionEvent::Established { peer_restarted, resent, resumed_bytes });
     }
 
+    /// Takes up what this node recorded durably before it restarted: the peer's incarnation
+    /// its receive numbers refer to, and per channel the next number it expects from it.
+    /// The next `Hello` then tells the peer where to resend from, so nothing delivered before
+    /// the restart comes again (this node's own sending starts afresh under a new
+    /// incarnation). Call it before the first connection.
+    pub fn restore_receiving(&mut self, peer_incarnation: u64, expected: &[u64]) {
+        self.peer_incarnation = Some(peer_incarnation);
+        for (lane, expected) in self.lanes.iter_mut().zip(expected) {
+            lane.receiver.restore(*expected);
+        }
+    }
+
+    /// The peer's incarnation from its last `Hello` (what receive numbers refer to).
+    pub fn peer_incarnation(&self) -> Option<u64> {
+        self.peer_incarnation
+    }
+
     /// Checks the peer's numbers on every channel (when it knows our incarnation); an
     /// operator's `reset` applies to this handshake only, and only to the channels whose
     /// numbers do not fit ours: those are returned with how they are off.

@@ -18,6 +18,7 @@
 mod backoff;
 mod handle;
 mod io;
+mod state;
 mod transmit;
 
 use std::sync::Arc;
@@ -26,7 +27,7 @@ use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use linkbus_plugin_api::message::Kind;
-use linkbus_plugin_api::{Lifetime, Message};
+use linkbus_plugin_api::{Batch, Lifetime, Message};
 use linkbus_proto::channel::{CHANNELS, channel_for};
 use linkbus_proto::frame::{CloseCode, Frame};
 use linkbus_proto::secure::SecureChannel;
@@ -86,6 +87,8 @@ struct Link {
     dialing: bool,
     next_dial: Option<tokio::time::Instant>,
     backoff: Backoff,
+    /// What the store holds about the peer's numbers.
+    recorded: state::Recorded,
 }
 
 fn session_config(node: &NodeState, handle: &LinkHandle) -> SessionConfig {
@@ -131,6 +134,21 @@ fn channel_weights(links: &crate::config::LinkSettings) -> [u32; CHANNELS] {
 /// (duplicates delivered instead of dropped). Logged loudly; never set it in production.
 pub const SKIP_DEDUP_ENV: &str = "LINKBUS_TEST_SKIP_DEDUP";
 
+/// Test-only (debug builds): store what arrives but never acknowledge it, so a test can
+/// crash a receiver that holds messages its peer still waits on. Release builds ignore it.
+pub const HOLD_ACKS_ENV: &str = "LINKBUS_TEST_HOLD_ACKS";
+
+fn hold_acks_for_tests() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| {
+        let on = cfg!(debug_assertions) && std::env::var_os(HOLD_ACKS_ENV).is_some_and(|v| v == "1");
+        if on {
+            warn!("{HOLD_ACKS_ENV}=1: nothing received is acknowledged (test-only).");
+        }
+        on
+    })
+}
+
 fn skip_dedup_for_tests() -> bool {
     // Only debug builds honour it: a release binary always detects duplicates.
     let on = cfg!(debug_assertions) && std::env::var_os(SKIP_DEDUP_ENV).is_some_and(|v| v == "1");
@@ -149,8 +167,11 @@ pub async fn run(node: Arc<NodeState>, handle: Arc<LinkHandle>, mut shutdown: wa
     let (conn_tx, mut conn_rx) = mpsc::channel(8);
     let (dial_tx, mut dial_rx) = mpsc::channel(1);
     let links = &node.config.links;
+    let mut session = Session::new(session_config(&node, &handle), Instant::now());
+    let recorded = state::Recorded::load(&node, &handle.peer.name, &mut session);
     let mut link = Link {
-        session: Session::new(session_config(&node, &handle), Instant::now()),
+        session,
+        recorded,
         next_dial: handle.peer.address.as_ref().map(|_| tokio::time::Instant::now()),
         backoff: Backoff::new(links.reconnect_backoff_min_ms, links.reconnect_backoff_max_ms),
         node,
@@ -568,11 +589,15 @@ impl Link {
             progressed = true;
             match event {
                 SessionEvent::Established { peer_restarted, resent, resumed_bytes } => {
+                    self.recorded.established(&self.node, &self.session);
                     self.established(peer_restarted, resent, resumed_bytes);
                 }
                 SessionEvent::Received { channel, sequence, message } => {
-                    persistent |= message.content.reliability != linkbus_plugin_api::Reliability::Volatile;
-                    if let Err(e) = self.node.deliver(message, now) {
+                    let stored = message.content.reliability != linkbus_plugin_api::Reliability::Volatile;
+                    persistent |= stored;
+                    // A stored message and the number after it are written together.
+                    let with = if stored { self.recorded.delivered(channel, sequence) } else { Batch::new() };
+                    if let Err(e) = self.node.deliver_with(message, now, with) {
                         warn!(peer = self.peer(), error = %e, "Cannot take delivery; dropping the connection.");
                         closed = Some(e.to_string());
                         break;
@@ -607,6 +632,7 @@ impl Link {
                 }
             }
         }
+        self.recorded.batch_delivered(&self.node, &delivered);
         let sync = self.make_durable(persistent);
         if let Err(e) = sync {
             self.node
@@ -615,7 +641,7 @@ impl Link {
             closed.get_or_insert_with(|| "store failed".to_owned());
         }
         for (channel, through) in delivered.into_iter().enumerate() {
-            if let Some(through) = through {
+            if let Some(through) = through.filter(|_| !hold_acks_for_tests()) {
                 self.session.handle_delivered(channel as u8, through);
                 self.backoff.reset();
             }

@@ -192,6 +192,37 @@ fn a_peer_that_lost_its_state_gets_a_fresh_sequence_space() {
 }
 
 #[test]
+fn a_restarted_receiver_that_kept_its_numbers_gets_no_duplicates() {
+    let mut p = Pair::new();
+    p.connect();
+    for n in 1..=3 {
+        p.a.send(C, message(n), None, p.now).unwrap();
+    }
+    p.pump();
+    // Messages 4 and 5 reach B (which stores them and records 6 as next) but B's ACK is lost
+    // when B crashes.
+    p.a.send(C, message(4), None, p.now).unwrap();
+    p.a.send(C, message(5), None, p.now).unwrap();
+    let to_b = out(&mut p.a, p.now).unwrap();
+    p.b.handle_bytes(&to_b, p.now);
+    p.drain();
+    let _lost_ack = p.b.poll_transmit();
+    p.disconnect();
+    // B comes back with a new incarnation for its own sending, but with what it recorded
+    // about A's numbers.
+    p.b = Session::new(config("B", "A", 33), p.now);
+    let mut expected = vec![1; CHANNELS];
+    expected[C as usize] = 6;
+    p.b.restore_receiving(11, &expected);
+    p.connect();
+    assert_eq!(p.a.in_flight(), 0, "B's numbers completed 4 and 5 at A");
+    p.a.send(C, message(6), None, p.now).unwrap();
+    p.pump();
+    assert_eq!(p.received_by_b, [1, 2, 3, 4, 5, 6], "nothing twice");
+    assert!(p.closed.is_empty(), "{:?}", p.closed);
+}
+
+#[test]
 fn window_bounds_messages_in_flight() {
     let mut p = Pair::new();
     for n in 1..=8 {
