@@ -109,6 +109,10 @@ impl Drop for Tracking<'_> {
     }
 }
 
+/// Why an arriving message cannot go to a local recipient: dead-letter code, reason, and
+/// the recipients concerned.
+type Failed = (DeadLetterCode, String, Vec<linkbus_plugin_api::Address>);
+
 /// Where one message goes: local queues and links, each once.
 struct Targets<'a> {
     local: Vec<&'a Arc<LocalQueue>>,
@@ -205,9 +209,9 @@ fn random_u64() -> u64 {
 const META_SPACE: &str = "meta";
 const INCARNATION_KEY: &[u8] = b"incarnation";
 
-/// A fresh incarnation for this run, recorded in the store. Link sequence numbers are not
-/// yet kept across restarts, so every run is a new incarnation to its peers (once they are
-/// stored durably, a durable store will keep its incarnation).
+/// A fresh incarnation for this run, recorded in the store. What a node sends is not yet
+/// kept across restarts, so every run is a new incarnation of its sending to its peers
+/// (what it received is kept: `link/state.rs`).
 fn incarnation(store: &dyn Store) -> Result<u64, StoreError> {
     let fresh = random_u64();
     let mut batch = Batch::new();
@@ -903,7 +907,56 @@ impl NodeState {
             self.committer.write(with);
             return Ok(());
         }
-        type Failed = (DeadLetterCode, String, Vec<linkbus_plugin_api::Address>);
+        let targets = self.delivery_targets(&message);
+        // An event message that cannot be stored is dropped: events never hold a link up.
+        let event = message.content.kind == linkbus_plugin_api::Kind::Event;
+        let dead = targets.iter().filter(|t| t.is_err()).count();
+        let dlq = self.dead_letter_queue();
+        if dead > 0 && !event && !dlq.has_room(dead) {
+            let max = dlq.config().queue_messages_max;
+            return Err(QueueError::Full { queue: dlq.config().name.clone(), max });
+        }
+        // Room was checked everywhere: push past the limits rather than deliver partly.
+        // (A message of this node that came back over a link reports nothing from here.)
+        let result_to = ResultTo::of(&message).filter(|to| &to.id.source != self.name());
+        let mut delivered = Vec::new();
+        // The link's record goes with the last write, so it is never ahead of a copy (a crash
+        // between two copies' writes makes the peer resend: a duplicate, never a loss).
+        let last = targets.len().saturating_sub(1);
+        for (index, target) in targets.into_iter().enumerate() {
+            let with_this = if index == last { std::mem::take(&mut with) } else { Batch::new() };
+            match target {
+                Ok(queue) => {
+                    queue.push_bounded_with(message.clone(), now, u64::MAX, with_this)?;
+                    delivered.push((
+                        Address::new(self.name().clone(), queue.config().name.clone()),
+                        Outcome::Delivered,
+                    ));
+                }
+                Err((_, reason, _)) if event => {
+                    self.events_dropped.fetch_add(1, Ordering::Relaxed);
+                    tracing::debug!(id = %message.id, reason, "Event message dropped.");
+                    self.committer.write(with_this);
+                }
+                Err((code, reason, failed)) => {
+                    self.dead_letter_with(
+                        message.clone(),
+                        DeadLetter { code, reason: &reason, failed },
+                        now,
+                        u64::MAX,
+                        with_this,
+                    )?;
+                }
+            }
+        }
+        self.report(result_to.as_ref(), delivered);
+        self.committer.write(with);
+        Ok(())
+    }
+
+    /// Where an arriving message goes on this node: each distinct local recipient's queue,
+    /// or why it cannot go there (dead-letter code, reason, the recipients concerned).
+    fn delivery_targets(&self, message: &Message) -> Vec<Result<&Arc<LocalQueue>, Failed>> {
         let mut targets: Vec<Result<&Arc<LocalQueue>, Failed>> = Vec::new();
         let mut seen: Vec<&QueueName> = Vec::new();
         for to in message.content.recipients.iter().filter(|to| &to.node == self.name()) {
@@ -931,44 +984,7 @@ impl NodeState {
             let reason = format!("no recipient on node {}", self.name());
             targets.push(Err((DeadLetterCode::NoRoute, reason, elsewhere)));
         }
-        // An event message that cannot be stored is dropped: events never hold a link up.
-        let event = message.content.kind == linkbus_plugin_api::Kind::Event;
-        let dead = targets.iter().filter(|t| t.is_err()).count();
-        let dlq = self.dead_letter_queue();
-        if dead > 0 && !event && !dlq.has_room(dead) {
-            let max = dlq.config().queue_messages_max;
-            return Err(QueueError::Full { queue: dlq.config().name.clone(), max });
-        }
-        // Room was checked everywhere: push past the limits rather than deliver partly.
-        // (A message of this node that came back over a link reports nothing from here.)
-        let result_to = ResultTo::of(&message).filter(|to| &to.id.source != self.name());
-        let mut delivered = Vec::new();
-        for target in targets {
-            match target {
-                Ok(queue) => {
-                    queue.push_bounded_with(message.clone(), now, u64::MAX, std::mem::take(&mut with))?;
-                    delivered.push((
-                        Address::new(self.name().clone(), queue.config().name.clone()),
-                        Outcome::Delivered,
-                    ));
-                }
-                Err((_, reason, _)) if event => {
-                    self.events_dropped.fetch_add(1, Ordering::Relaxed);
-                    tracing::debug!(id = %message.id, reason, "Event message dropped.");
-                }
-                Err((code, reason, failed)) => {
-                    self.dead_letter_bounded(
-                        message.clone(),
-                        DeadLetter { code, reason: &reason, failed },
-                        now,
-                        u64::MAX,
-                    )?;
-                }
-            }
-        }
-        self.report(result_to.as_ref(), delivered);
-        self.committer.write(with);
-        Ok(())
+        targets
     }
 
     /// Raises an event: into the `EVENT` queue, and a copy to each queue subscribed to its
@@ -1042,15 +1058,16 @@ impl NodeState {
     /// When the dead-letter queue is full or the store fails.
     pub fn dead_letter(&self, message: Message, why: DeadLetter<'_>, now: Instant) -> Result<(), QueueError> {
         let max = self.dead_letter_queue().config().queue_messages_max;
-        self.dead_letter_bounded(message, why, now, max)
+        self.dead_letter_with(message, why, now, max, Batch::new())
     }
 
-    fn dead_letter_bounded(
+    fn dead_letter_with(
         &self,
         mut message: Message,
         why: DeadLetter<'_>,
         now: Instant,
         max: u64,
+        with: Batch,
     ) -> Result<(), QueueError> {
         let DeadLetter { code, reason, failed } = why;
         let id = message.id.clone();
@@ -1081,7 +1098,7 @@ impl NodeState {
             value.truncate(cut);
             message.content.headers.push((key.into(), value));
         }
-        self.dead_letter_queue().push_bounded(message, now, max)?;
+        self.dead_letter_queue().push_bounded_with(message, now, max, with)?;
         warn!(%id, code = code.as_str(), reason, "Message dead-lettered.");
         self.report(result_to.as_ref(), outcomes);
         if !event {

@@ -66,7 +66,11 @@ impl Failure {
 
 enum Job {
     Write(Batch),
+    /// Answer once everything before is written and synced.
     Sync(Waiter),
+    /// Answer once everything before is written (in the operating system's hands: it
+    /// survives the process, not the machine).
+    Applied(Waiter),
 }
 
 enum Waiter {
@@ -116,16 +120,20 @@ impl Committer {
             while let Ok(first) = rx.recv() {
                 let mut merged = Batch::new();
                 let mut waiters = Vec::new();
+                let mut sync = false;
                 for job in std::iter::once(first).chain(rx.try_iter()) {
                     match job {
                         Job::Write(batch) => {
                             counts.writes.fetch_add(1, Ordering::Relaxed);
                             merged.ops.extend(batch.ops);
                         }
-                        Job::Sync(waiter) => waiters.push(waiter),
+                        Job::Sync(waiter) => {
+                            sync = true;
+                            waiters.push(waiter);
+                        }
+                        Job::Applied(waiter) => waiters.push(waiter),
                     }
                 }
-                let sync = !waiters.is_empty();
                 let result = match (&poisoned, merged.is_empty(), sync) {
                     (Some(e), _, _) => Err(e.clone()),
                     (None, true, true) => store.sync(),
@@ -164,6 +172,10 @@ impl Committer {
                     waiter.answer(store.sync());
                     Ok(())
                 }
+                Job::Applied(waiter) => {
+                    waiter.answer(Ok(()));
+                    Ok(())
+                }
             };
         };
         tx.send(job)
@@ -190,6 +202,18 @@ impl Committer {
         self.send(Job::Sync(Waiter::Async(tx)))?;
         rx.await
             .map_err(|_| StoreError::Backend { op: "sync", reason: "the store thread has stopped".into() })?
+    }
+
+    /// Returns once every batch handed over before the call is written to the store (not
+    /// synced: it survives the process being killed, not the machine), blocking.
+    ///
+    /// # Errors
+    /// As [`Committer::sync`].
+    pub fn applied_blocking(&self) -> Result<(), StoreError> {
+        let (tx, rx) = mpsc::channel();
+        self.send(Job::Applied(Waiter::Blocking(tx)))?;
+        rx.recv()
+            .map_err(|_| StoreError::Backend { op: "write", reason: "the store thread has stopped".into() })?
     }
 
     /// Whether the store failed (the node is stopping).

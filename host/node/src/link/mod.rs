@@ -168,7 +168,12 @@ pub async fn run(node: Arc<NodeState>, handle: Arc<LinkHandle>, mut shutdown: wa
     let (dial_tx, mut dial_rx) = mpsc::channel(1);
     let links = &node.config.links;
     let mut session = Session::new(session_config(&node, &handle), Instant::now());
-    let recorded = state::Recorded::load(&node, &handle.peer.name, &mut session);
+    let recorded = match state::Recorded::load(&node, &handle.peer.name, &mut session) {
+        Ok(recorded) => recorded,
+        Err(reason) => {
+            return node.fail(format!("cannot read the link state of {}: {reason}", handle.peer.name));
+        }
+    };
     let mut link = Link {
         session,
         recorded,
@@ -593,7 +598,8 @@ impl Link {
                     self.established(peer_restarted, resent, resumed_bytes);
                 }
                 SessionEvent::Received { channel, sequence, message } => {
-                    let stored = message.content.reliability != linkbus_plugin_api::Reliability::Volatile;
+                    let stored = self.node.reliability_of(&message.content)
+                        == linkbus_plugin_api::Reliability::Persistent;
                     persistent |= stored;
                     // A stored message and the number after it are written together.
                     let with = if stored { self.recorded.delivered(channel, sequence) } else { Batch::new() };
@@ -632,19 +638,8 @@ impl Link {
                 }
             }
         }
-        self.recorded.batch_delivered(&self.node, &delivered);
-        let sync = self.make_durable(persistent);
-        if let Err(e) = sync {
-            self.node
-                .fail(format!("store sync failed before acknowledging messages from {}: {e}", self.peer()));
-            delivered = [None; CHANNELS];
+        if !self.acknowledge(delivered, persistent) {
             closed.get_or_insert_with(|| "store failed".to_owned());
-        }
-        for (channel, through) in delivered.into_iter().enumerate() {
-            if let Some(through) = through.filter(|_| !hold_acks_for_tests()) {
-                self.session.handle_delivered(channel as u8, through);
-                self.backoff.reset();
-            }
         }
         if let Some(reason) = closed {
             self.write_transmit();
@@ -653,13 +648,42 @@ impl Link {
         progressed
     }
 
+    /// Acknowledges a batch of deliveries (`through` per channel), once they and the
+    /// recorded numbers are durable — or the numbers could go backwards for the peer after a
+    /// crash (and stop the link). Returns `false` when the store failed (nothing was
+    /// acknowledged; the node is stopping).
+    fn acknowledge(&mut self, delivered: [Option<u64>; CHANNELS], persistent: bool) -> bool {
+        let recorded = self.recorded.batch_delivered(&self.node, &delivered);
+        if let Err(e) = self.make_durable(persistent, recorded) {
+            self.node
+                .fail(format!("store sync failed before acknowledging messages from {}: {e}", self.peer()));
+            return false;
+        }
+        for (channel, through) in delivered.into_iter().enumerate() {
+            if let Some(through) = through.filter(|_| !hold_acks_for_tests()) {
+                self.session.handle_delivered(channel as u8, through);
+                self.backoff.reset();
+            }
+        }
+        true
+    }
+
     /// What is acknowledged is durable first: one sync for the batch (group commit); a node
     /// whose store failed acknowledges nothing more.
-    fn make_durable(&self, persistent: bool) -> Result<(), linkbus_plugin_api::StoreError> {
+    ///
+    /// Persistent messages are synced; numbers recorded for volatile messages only need to
+    /// be written (a killed process keeps them; after a machine crash they may lag, and the
+    /// peer then stops the link as gone backwards — a reset takes it up again — rather than
+    /// every volatile batch paying for a sync).
+    fn make_durable(&self, persistent: bool, recorded: bool) -> Result<(), linkbus_plugin_api::StoreError> {
         if self.node.is_failing() {
             return Err(linkbus_plugin_api::StoreError::Poisoned("the node is stopping".into()));
         }
-        if persistent { self.node.committer.sync_blocking() } else { Ok(()) }
+        match (persistent, recorded) {
+            (true, _) => self.node.committer.sync_blocking(),
+            (false, true) => self.node.committer.applied_blocking(),
+            (false, false) => Ok(()),
+        }
     }
 
     fn dropped(&self, message: Bytes, reason: DropReason, now: Instant) {

@@ -5,9 +5,12 @@
 //! nothing it did not comes never. (Its own sending starts afresh under a new incarnation:
 //! messages waiting for a peer are not stored yet.)
 //!
-//! A persistent message's record and the number after it are written in one store batch,
-//! before the link acknowledges it; the numbers of a whole batch of deliveries (volatile
-//! messages, skips) follow in one write after them.
+//! The number after a persistent message goes in the same store batch as its last copy
+//! (so it is never ahead of a copy: with several local recipients, a crash between their
+//! writes makes the peer resend, a duplicate at worst, never a loss); the numbers of a whole
+//! batch of deliveries (volatile messages, skips) follow in one write, and the link
+//! acknowledges only after a sync covering all of it, so a recorded number never lags what
+//! the peer was told.
 
 use bytes::Bytes;
 use linkbus_plugin_api::{Batch, NodeName};
@@ -35,23 +38,34 @@ pub(super) struct Recorded {
 
 impl Recorded {
     /// Reads what was recorded about `peer` and hands it to `session`.
-    pub(super) fn load(node: &NodeState, peer: &NodeName, session: &mut Session) -> Self {
+    ///
+    /// # Errors
+    /// A record that cannot be read or is damaged: guessing could deliver twice or stop the
+    /// link, so the node stops and says which.
+    pub(super) fn load(node: &NodeState, peer: &NodeName, session: &mut Session) -> Result<Self, String> {
         let mut recorded =
             Self { space: format!("link.{peer}"), durable: node.store.durable(), peer_incarnation: None };
         if !recorded.durable {
-            return recorded;
+            return Ok(recorded);
         }
-        let read_u64 = |key: &[u8]| -> Option<u64> {
-            let value = node.store.get(&recorded.space, key).ok()??;
-            Some(u64::from_be_bytes(value.as_ref().try_into().ok()?))
+        let space = recorded.space.clone();
+        let read_u64 = |key: &[u8]| -> Result<Option<u64>, String> {
+            let Some(value) = node.store.get(&space, key).map_err(|e| format!("{space}: {e}"))? else {
+                return Ok(None);
+            };
+            let bytes: [u8; 8] = value.as_ref().try_into().map_err(|_| {
+                format!("{space}: damaged record {:?} ({} bytes)", String::from_utf8_lossy(key), value.len())
+            })?;
+            Ok(Some(u64::from_be_bytes(bytes)))
         };
-        let Some(incarnation) = read_u64(PEER_INCARNATION_KEY) else { return recorded };
-        let expected: Vec<u64> =
-            (0..CHANNELS as u8).map(|c| read_u64(&expected_key(c)).unwrap_or(1)).collect();
+        let Some(incarnation) = read_u64(PEER_INCARNATION_KEY)? else { return Ok(recorded) };
+        let expected = (0..CHANNELS as u8)
+            .map(|c| read_u64(&expected_key(c)).map(|e| e.unwrap_or(1)))
+            .collect::<Result<Vec<u64>, String>>()?;
         session.restore_receiving(incarnation, &expected);
         info!(peer = %peer, ?expected, "Link numbers restored: the peer resends from there.");
         recorded.peer_incarnation = Some(incarnation);
-        recorded
+        Ok(recorded)
     }
 
     /// After a handshake: a new peer incarnation is recorded, with every channel starting
@@ -81,9 +95,10 @@ impl Recorded {
     }
 
     /// Records the end of a batch of deliveries: per channel, the last number handed over.
-    pub(super) fn batch_delivered(&self, node: &NodeState, through: &[Option<u64>]) {
-        if !self.durable {
-            return;
+    /// Returns whether it wrote anything (which must be durable before it is acknowledged).
+    pub(super) fn batch_delivered(&self, node: &NodeState, through: &[Option<u64>]) -> bool {
+        if !self.durable || through.iter().all(Option::is_none) {
+            return false;
         }
         let mut batch = Batch::new();
         for (channel, through) in through.iter().enumerate() {
@@ -92,5 +107,6 @@ impl Recorded {
             }
         }
         node.committer.write(batch);
+        true
     }
 }

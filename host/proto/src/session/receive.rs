@@ -243,7 +243,6 @@ impl Receiver {
         }
     }
 
-    /// The peer lost its state: its numbers start again at 1.
     /// Takes up a durably recorded position: messages before `expected` were delivered
     /// (before a restart of this node).
     pub(super) fn restore(&mut self, expected: u64) {
@@ -252,6 +251,7 @@ impl Receiver {
         self.received_through = self.expected - 1;
     }
 
+    /// The peer lost its state: its numbers start again at 1.
     pub(super) fn restart(&mut self) {
         self.expected = 1;
         self.received_through = 0;
