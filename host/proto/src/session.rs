@@ -181,6 +181,9 @@ pub struct Session {
     /// The operator reset the link: the next `Hello` that knows us is taken as it is, our
     /// waiting messages renumbered from the numbers it expects.
     accept_peer_numbers: bool,
+    /// Sending was restored from a durable record: the next handshake that knows us fills
+    /// lost numbers with skips and follows a peer that is ahead.
+    restored_sending: bool,
 }
 
 impl Session {
@@ -213,6 +216,7 @@ impl Session {
             pending_pong: None,
             stats: SessionStats::default(),
             accept_peer_numbers: false,
+            restored_sending: false,
         }
     }
 
@@ -452,7 +456,13 @@ impl Session {
         }
         let knows_us = hello.your_incarnation == self.config.incarnation;
         let reset = std::mem::take(&mut self.accept_peer_numbers);
-        let rebased = match self.channels_to_rebase(hello, knows_us, reset) {
+        let restored = std::mem::take(&mut self.restored_sending);
+        if restored && knows_us {
+            for (lane, position) in self.lanes.iter_mut().zip(&hello.channels) {
+                lane.sender.skip_from(position.expected, now);
+            }
+        }
+        let rebased = match self.channels_to_rebase(hello, knows_us, reset, restored) {
             Ok(rebased) => rebased,
             Err(error) => return self.close(error),
         };
@@ -506,6 +516,33 @@ impl Session {
         }
     }
 
+    /// Takes up, for `channel`, the messages this node recorded durably as sent and not yet
+    /// acknowledged before it restarted, with their numbers (`(sequence, bytes, expiry)`,
+    /// sorted), under the same incarnation as before. On the next handshake the peer's
+    /// numbers decide: what it has is complete; numbers it lacks that were not recorded
+    /// (volatile messages lost with the restart) go as skips; and a peer that is ahead of
+    /// everything recorded (it got volatile messages sent after the last record) is
+    /// followed. Call it for every channel before the first connection.
+    pub fn restore_sending(
+        &mut self,
+        channel: u8,
+        entries: Vec<(u64, Bytes, Option<Instant>)>,
+        now: Instant,
+    ) {
+        if let Some(lane) = self.lanes.get_mut(channel as usize) {
+            lane.sender.restore(entries, now);
+        }
+        self.restored_sending = true;
+    }
+
+    /// The messages of `channel` waiting for an acknowledgement: their numbers and bytes
+    /// (empty for a skip), for a host that records them.
+    pub fn awaiting(&self, channel: u8) -> Vec<(u64, Bytes)> {
+        self.lanes
+            .get(channel as usize)
+            .map_or_else(Vec::new, |l| l.sender.awaiting().map(|(s, b)| (s, b.clone())).collect())
+    }
+
     /// The peer's incarnation from its last `Hello` (what receive numbers refer to).
     pub fn peer_incarnation(&self) -> Option<u64> {
         self.peer_incarnation
@@ -519,6 +556,7 @@ impl Session {
         hello: &Hello,
         knows_us: bool,
         reset: bool,
+        restored: bool,
     ) -> Result<[Option<Rebase>; CHANNELS], SessionError> {
         let mut rebased = [None; CHANNELS];
         if !knows_us {
@@ -528,7 +566,9 @@ impl Session {
             let off = match self.check_position(channel as u8, position) {
                 Ok(()) => continue,
                 Err(SessionError::WentBackwards { .. }) if reset => Rebase::Backwards,
-                Err(SessionError::ClaimsMore { .. }) if reset => Rebase::Ahead,
+                // After a restore the peer may have volatile messages sent after the last
+                // record: it has everything recorded too.
+                Err(SessionError::ClaimsMore { .. }) if reset || restored => Rebase::Ahead,
                 Err(error) => return Err(error),
             };
             if let Some(slot) = rebased.get_mut(channel) {

@@ -178,6 +178,53 @@ impl Sender {
         Some(messages)
     }
 
+    /// Takes up messages recorded durably before a restart, with their numbers (sorted);
+    /// numbers between them (volatile messages lost with the restart) go as skips. Nothing
+    /// is acknowledged yet: the peer's `Hello` says where it stands.
+    pub(super) fn restore(&mut self, entries: Vec<(u64, Bytes, Option<Instant>)>, now: Instant) {
+        self.unacked.clear();
+        self.unacked_bytes = 0;
+        let Some(first) = entries.first().map(|(s, _, _)| *s) else { return };
+        self.next_send = first;
+        self.acked = first - 1;
+        self.next_write = first;
+        self.write_offset = 0;
+        for (sequence, message, expires_at) in entries {
+            while self.next_send < sequence {
+                self.push(Bytes::new(), None, now);
+            }
+            self.push(message, expires_at, now);
+        }
+    }
+
+    /// After a restore: the peer expects `expected`, before our first recorded message —
+    /// the numbers between were volatile messages lost with the restart, so they go as
+    /// skips.
+    pub(super) fn skip_from(&mut self, expected: u64, now: Instant) {
+        let first = self.unacked.front().map_or(self.next_send, |p| p.sequence);
+        if expected == 0 || expected >= first {
+            return;
+        }
+        for sequence in (expected..first).rev() {
+            self.unacked.push_front(Pending {
+                sequence,
+                counted: 0,
+                message: Bytes::new(),
+                crc: None,
+                expires_at: None,
+                handed_at: now,
+                written_at: None,
+                naks: 0,
+            });
+        }
+        self.acked = expected - 1;
+    }
+
+    /// What waits for an acknowledgement: numbers and bytes (empty for a skip).
+    pub(super) fn awaiting(&self) -> impl Iterator<Item = (u64, &Bytes)> {
+        self.unacked.iter().map(|p| (p.sequence, &p.message))
+    }
+
     /// The peer never saw this incarnation of ours: number what still waits from 1.
     pub(super) fn renumber(&mut self) {
         for (index, pending) in self.unacked.iter_mut().enumerate() {

@@ -223,6 +223,53 @@ fn a_restarted_receiver_that_kept_its_numbers_gets_no_duplicates() {
 }
 
 #[test]
+fn a_restarted_sender_resends_what_it_recorded_skips_what_it_lost_and_follows_a_peer_ahead() {
+    let restarted_a = |p: &mut Pair, recorded: &[u64]| {
+        p.disconnect();
+        p.a = Session::new(config("A", "B", 11), p.now);
+        for channel in (0..CHANNELS as u8).filter(|c| *c != C) {
+            p.a.restore_sending(channel, Vec::new(), p.now);
+        }
+        p.a.restore_sending(C, recorded.iter().map(|n| (*n, message(*n), None)).collect(), p.now);
+        p.connect();
+    };
+    // B has 1..=3; A recorded 4, 5 and 7 (6 was volatile, lost with A's crash).
+    let mut p = Pair::new();
+    p.connect();
+    for n in 1..=3 {
+        p.a.send(C, message(n), None, p.now).unwrap();
+    }
+    p.pump();
+    restarted_a(&mut p, &[4, 5, 7]);
+    assert_eq!(p.received_by_b, [1, 2, 3, 4, 5, 7], "6 went as a skip");
+    assert_eq!(p.a.in_flight(), 0);
+    p.a.send(C, message(8), None, p.now).unwrap();
+    p.pump();
+    assert_eq!(p.received_by_b.last(), Some(&8));
+
+    // B expects 2 but A's first record is 4: 2 and 3 were volatile, lost.
+    let mut p = Pair::new();
+    p.connect();
+    p.a.send(C, message(1), None, p.now).unwrap();
+    p.pump();
+    restarted_a(&mut p, &[4]);
+    assert_eq!(p.received_by_b, [1, 4]);
+
+    // B got volatile messages after A's last record: A follows B's number.
+    let mut p = Pair::new();
+    p.connect();
+    for n in 1..=6 {
+        p.a.send(C, message(n), None, p.now).unwrap();
+    }
+    p.pump();
+    restarted_a(&mut p, &[2]);
+    assert!(p.closed.is_empty(), "{:?}", p.closed);
+    p.a.send(C, message(7), None, p.now).unwrap();
+    p.pump();
+    assert_eq!(p.received_by_b, [1, 2, 3, 4, 5, 6, 7], "nothing twice, numbering goes on from B's");
+}
+
+#[test]
 fn window_bounds_messages_in_flight() {
     let mut p = Pair::new();
     for n in 1..=8 {
