@@ -422,13 +422,14 @@ impl Session {
         }
     }
 
-    fn handle_hello(&mut self, hello: &Hello, now: Instant) {
+    /// Why a peer's `Hello` is refused outright, if it is.
+    fn refusal(&self, hello: &Hello) -> Option<SessionError> {
         if hello.protocol_version != PROTOCOL_VERSION {
             let theirs = hello.protocol_version;
-            return self.close(SessionError::Version { ours: PROTOCOL_VERSION, theirs });
+            return Some(SessionError::Version { ours: PROTOCOL_VERSION, theirs });
         }
         if hello.from != self.config.peer.as_str() || hello.to != self.config.local.as_str() {
-            return self.close(SessionError::WrongPeer {
+            return Some(SessionError::WrongPeer {
                 from: hello.from.clone(),
                 to: hello.to.clone(),
                 expected: self.config.peer.to_string(),
@@ -436,10 +437,17 @@ impl Session {
             });
         }
         if hello.frame_bytes_max < FRAME_BYTES_MIN as u32 {
-            return self.close(SessionError::FrameLimit(hello.frame_bytes_max));
+            return Some(SessionError::FrameLimit(hello.frame_bytes_max));
         }
         if hello.channels.len() != CHANNELS {
-            return self.close(SessionError::ChannelCount(hello.channels.len()));
+            return Some(SessionError::ChannelCount(hello.channels.len()));
+        }
+        None
+    }
+
+    fn handle_hello(&mut self, hello: &Hello, now: Instant) {
+        if let Some(error) = self.refusal(hello) {
+            return self.close(error);
         }
         let peer_restarted = self.peer_incarnation.is_some_and(|known| known != hello.incarnation);
         if peer_restarted {
