@@ -179,3 +179,69 @@ fn a_restarted_receiver_takes_up_its_numbers_so_nothing_it_kept_comes_twice() {
     let history = support::history::History::check(&sent, &got.lines().collect::<Vec<_>>());
     assert!(history.is_clean(), "each once, in order: {history:?}");
 }
+
+/// A sender killed with persistent messages still waiting for its peer — some never handed
+/// to the link (the peer was down), some sent into a black hole and never acknowledged —
+/// delivers each exactly once after it restarts: its queue and what it had sent were
+/// recorded, under the same incarnation and numbers.
+#[test]
+fn a_killed_sender_delivers_what_waited_for_its_peer_once_after_restart() {
+    let s = Scratch::new();
+    let (a_key, b_key) = (s.keys("A"), s.keys("B"));
+    let b_port = free_port();
+    let b_yaml = format!(
+        "node: {{ name: B, listen: '127.0.0.1:{b_port}' }}\npeers: [ {{ name: A, public_key: '{a_key}' }} ]\n\
+         queues: [ {{ name: q, order: fifo }} ]\n{}\n",
+        s.security_yaml("B")
+    );
+    let b_config = s.write("b.yaml", &b_yaml);
+    let proxy = support::proxy::FaultProxy::start(&format!("127.0.0.1:{b_port}"));
+    let a_yaml = format!(
+        "node: {{ name: A, listen: none }}\npeers: [ {{ name: B, address: '{}', public_key: '{b_key}' }} ]\n\
+         links: {{ reconnect_backoff_min_ms: 20, reconnect_backoff_max_ms: 200, ping_interval_ms: 300, pong_timeout_ms: 600 }}\n{}\n",
+        proxy.address,
+        s.security_yaml("A")
+    );
+    let a_config = s.write("a.yaml", &a_yaml);
+    let a_args = ["-c", a_config.to_str().unwrap()];
+    let put = |a_lines: &str| {
+        let out = s.run_with_input(
+            &["put", "--node", "A", "--to", "B:q", "--persistent", "-"],
+            a_lines.as_bytes(),
+            Duration::from_secs(30),
+        );
+        assert!(out.status.success(), "{}", stderr(&out));
+    };
+
+    // B is down: 300 persistent messages wait in A's transmission queue; A is killed.
+    let mut a = s.start_node("A", &a_args);
+    let first: String = (0..300).map(|i| format!("first{i:03}\n")).collect();
+    put(&first);
+    a.kill();
+    let mut a = s.start_node("A", &a_args);
+    let _b = s.start_node("B", &["-c", b_config.to_str().unwrap()]);
+    a.wait_for_log("Link up.", 1, Duration::from_secs(10));
+
+    // The link goes black: the next 100 are sent into it, never acknowledged; A is killed.
+    proxy.set_blackhole(true);
+    let second: String = (0..100).map(|i| format!("second{i:03}\n")).collect();
+    put(&second);
+    std::thread::sleep(Duration::from_millis(300));
+    a.kill();
+    let a = s.start_node("A", &a_args);
+    assert!(a.log_text().contains("taken up"), "{}", a.log_text());
+    proxy.set_blackhole(false);
+    proxy.cut();
+
+    let all = format!("{first}{second}");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let mut got = String::new();
+    while got.lines().count() < 400 && std::time::Instant::now() < deadline {
+        let left = (400 - got.lines().count()).to_string();
+        got.push_str(&stdout(&s.run(&["get", "--node", "B", "q", "--count", &left, "--wait", "1s"])));
+    }
+    got.push_str(&stdout(&s.run(&["get", "--node", "B", "q", "--count", "1000", "--wait", "500ms"])));
+    let sent: Vec<&str> = all.lines().collect();
+    let history = support::history::History::check(&sent, &got.lines().collect::<Vec<_>>());
+    assert!(history.is_clean(), "{history:?}");
+}

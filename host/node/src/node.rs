@@ -109,6 +109,59 @@ impl Drop for Tracking<'_> {
     }
 }
 
+/// Opens the configured queues and the node's own (`DLQ`, `EVENT`), recovering them.
+fn open_queues(
+    config: &Config,
+    store: &dyn Store,
+    committer: &Arc<crate::storage::Committer>,
+    room: &Arc<tokio::sync::Notify>,
+    now: Instant,
+) -> Result<HashMap<QueueName, Arc<LocalQueue>>, StartError> {
+    let mut queues = HashMap::new();
+    // The node's own queues: FIFO, volatile, any message the node accepts.
+    let own = |name: &str, max: u64| QueueConfig {
+        name: QueueName::new(name).expect("valid"),
+        order: QueueOrder::Fifo,
+        queue_messages_max: max,
+        message_bytes_max: config.messages.message_bytes_max,
+        reliability: linkbus_plugin_api::Reliability::Volatile,
+        when_full: WhenFull::Block,
+    };
+    let dead_letters = own(DEAD_LETTER_QUEUE, config.messages.dead_letter_messages_max);
+    let events = own(EVENT_QUEUE, config.events.queue_messages_max);
+    for q in config.queues.iter().cloned().chain([dead_letters, events]) {
+        let queue = LocalQueue::open(q, store, committer.clone(), room.clone(), now)?;
+        queues.insert(queue.config().name.clone(), Arc::new(queue));
+    }
+    Ok(queues)
+}
+
+/// Takes up what each link recorded as sending before a restart: the transmission queues
+/// refill (their lifetimes having counted on), and what was sent goes to the link tasks.
+fn restore_sending(
+    links: &HashMap<NodeName, Arc<LinkHandle>>,
+    store: &dyn Store,
+    now: Instant,
+) -> Result<(), StartError> {
+    for link in links.values() {
+        let Some(record) = &link.record else { continue };
+        let (queued, sent) = record
+            .load(store)
+            .map_err(|reason| StartError::Store(StoreError::Backend { op: "recover", reason }))?;
+        let mut queue = link.lock();
+        for stored in queued {
+            let queued_at = now.checked_sub(stored.age).unwrap_or(now);
+            queue.set_key(&stored.message, stored.number);
+            queue.push_checked(stored.message, queued_at);
+        }
+        drop(queue);
+        if let Ok(mut restored) = link.restored_sent.lock() {
+            *restored = sent;
+        }
+    }
+    Ok(())
+}
+
 /// Why an arriving message cannot go to a local recipient: dead-letter code, reason, and
 /// the recipients concerned.
 type Failed = (DeadLetterCode, String, Vec<linkbus_plugin_api::Address>);
@@ -137,6 +190,9 @@ pub struct NodeState {
     pub config: Config,
     /// Random id of this run's state (a memory store forgets everything on restart).
     pub incarnation: u64,
+    /// Whether the incarnation is that of the last run (a durable store): what links sent
+    /// then is taken up.
+    pub incarnation_kept: bool,
     /// Where queues live.
     pub store: Arc<dyn Store>,
     /// The transport links use.
@@ -212,12 +268,19 @@ const INCARNATION_KEY: &[u8] = b"incarnation";
 /// A fresh incarnation for this run, recorded in the store. What a node sends is not yet
 /// kept across restarts, so every run is a new incarnation of its sending to its peers
 /// (what it received is kept: `link/state.rs`).
-fn incarnation(store: &dyn Store) -> Result<u64, StoreError> {
+fn incarnation(store: &dyn Store) -> Result<(u64, bool), StoreError> {
+    // A durable store keeps what links sent (`link/state.rs`): the numbers go on.
+    if store.durable()
+        && let Some(kept) = store.get(META_SPACE, INCARNATION_KEY)?
+        && let Ok(bytes) = <[u8; 8]>::try_from(kept.as_ref())
+    {
+        return Ok((u64::from_be_bytes(bytes), true));
+    }
     let fresh = random_u64();
     let mut batch = Batch::new();
     batch.put(META_SPACE, INCARNATION_KEY, fresh.to_be_bytes().to_vec());
     store.write(batch, true)?;
-    Ok(fresh)
+    Ok((fresh, false))
 }
 
 impl NodeState {
@@ -241,39 +304,32 @@ impl NodeState {
     ) -> Result<Arc<Self>, StartError> {
         let security = crate::security::Security::load(&config)?;
         let now = Instant::now();
-        let incarnation = incarnation(store.as_ref())?;
+        let (incarnation, incarnation_kept) = incarnation(store.as_ref())?;
         let room = Arc::new(tokio::sync::Notify::new());
         let failure = Arc::new(crate::storage::Failure::default());
         let committer = Arc::new(
             crate::storage::Committer::start(store.clone(), failure.clone())
                 .map_err(|source| StartError::Io { what: "store thread".into(), source })?,
         );
-        let mut queues = HashMap::new();
-        // The node's own queues: FIFO, volatile, any message the node accepts.
-        let own = |name: &str, max: u64| QueueConfig {
-            name: QueueName::new(name).expect("valid"),
-            order: QueueOrder::Fifo,
-            queue_messages_max: max,
-            message_bytes_max: config.messages.message_bytes_max,
-            reliability: linkbus_plugin_api::Reliability::Volatile,
-            when_full: WhenFull::Block,
-        };
-        let dead_letters = own(DEAD_LETTER_QUEUE, config.messages.dead_letter_messages_max);
-        let events = own(EVENT_QUEUE, config.events.queue_messages_max);
-        for q in config.queues.iter().cloned().chain([dead_letters, events]) {
-            let queue = LocalQueue::open(q, store.as_ref(), committer.clone(), room.clone(), now)?;
-            queues.insert(queue.config().name.clone(), Arc::new(queue));
-        }
+        let queues = open_queues(&config, store.as_ref(), &committer, &room, now)?;
         let links: HashMap<NodeName, Arc<LinkHandle>> = config
             .peers
             .iter()
             .map(|p| {
                 (
                     p.name.clone(),
-                    Arc::new(LinkHandle::new(p.clone(), config.links.queue_messages_max, room.clone())),
+                    Arc::new(LinkHandle::new(
+                        p.clone(),
+                        config.links.queue_messages_max,
+                        room.clone(),
+                        store.durable().then(|| committer.clone()),
+                    )),
                 )
             })
             .collect();
+        if incarnation_kept {
+            restore_sending(&links, store.as_ref(), now)?;
+        }
         // Sequence numbers must not repeat across restarts of a node whose store forgets:
         // start from the clock (microsecond resolution leaves room for 1 M puts a second).
         let next_sequence = AtomicU64::new(crate::clock::unix_ms().saturating_mul(1000));
@@ -287,6 +343,7 @@ impl NodeState {
         Ok(Arc::new(Self {
             config,
             incarnation,
+            incarnation_kept,
             store,
             transport,
             queues,

@@ -696,7 +696,7 @@ const RECORD_HEADER_BYTES: usize = 1 + 4 + 8;
 
 /// A queue record: format u8, CRC32C (u32, of everything after it), the wall-clock time it
 /// was (re)queued in milliseconds (u64), then the message (its remaining lifetime as of then).
-fn encode_record(message: &Message) -> Bytes {
+pub(crate) fn encode_record(message: &Message) -> Bytes {
     let mut body = Vec::with_capacity(RECORD_HEADER_BYTES + 256);
     body.extend_from_slice(&crate::clock::unix_ms().to_be_bytes());
     body.extend_from_slice(&message_bytes(message));
@@ -708,7 +708,7 @@ fn encode_record(message: &Message) -> Bytes {
 }
 
 /// The message and its enqueue time from a record written by [`encode_record`].
-fn decode_record(record: Bytes) -> Result<(Message, u64), String> {
+pub(crate) fn decode_record(record: Bytes) -> Result<(Message, u64), String> {
     if record.len() < RECORD_HEADER_BYTES {
         return Err(format!("record of {} bytes is shorter than its header", record.len()));
     }

@@ -43,6 +43,10 @@ pub struct TransmissionQueueFull(pub u64);
 pub struct LinkHandle {
     /// The peer's configuration.
     pub peer: PeerConfig,
+    /// The durable record of what the link sends (with a durable store).
+    pub(crate) record: Option<super::state::SendRecord>,
+    /// Messages recorded as sent before a restart, for the link task to hand its session.
+    pub(crate) restored_sent: Mutex<Vec<super::state::Stored>>,
     /// Messages waiting for the peer, one bounded FIFO per priority class, with the time
     /// they were queued (for their lifetime).
     pub(crate) queue: Mutex<TransmissionQueue>,
@@ -100,9 +104,16 @@ impl std::fmt::Debug for LinkHandle {
 
 impl LinkHandle {
     /// A handle with an empty transmission queue.
-    pub fn new(peer: PeerConfig, queue_messages_max: u64, room: Arc<Notify>) -> Self {
+    pub fn new(
+        peer: PeerConfig,
+        queue_messages_max: u64,
+        room: Arc<Notify>,
+        committer: Option<Arc<crate::storage::Committer>>,
+    ) -> Self {
         let (incoming_tx, incoming_rx) = mpsc::channel(INCOMING_QUEUE_MAX);
         Self {
+            record: committer.map(|c| super::state::SendRecord::new(&peer.name, c)),
+            restored_sent: Mutex::new(Vec::new()),
             peer,
             queue: Mutex::new(TransmissionQueue::new(queue_messages_max)),
             queue_messages_max,
@@ -192,17 +203,35 @@ impl LinkHandle {
     /// # Errors
     /// [`TransmissionQueueFull`] when that class holds `links.queue_messages_max`.
     pub fn enqueue(&self, message: Message, now: Instant) -> Result<(), TransmissionQueueFull> {
-        if !self.lock().push(message, now) {
+        let mut queue = self.lock();
+        if !queue.has_room_for(&message) {
             return Err(TransmissionQueueFull(self.queue_messages_max));
         }
+        self.record_queued(&mut queue, &message);
+        queue.push_checked(message, now);
+        drop(queue);
         self.wake.notify_one();
         Ok(())
+    }
+
+    /// A persistent message entering the queue is recorded (under the queue's lock, so the
+    /// store sees the queue's order).
+    fn record_queued(&self, queue: &mut TransmissionQueue, message: &Message) {
+        if let Some(record) = &self.record
+            && message.content.reliability == linkbus_plugin_api::Reliability::Persistent
+        {
+            let key = record.queued(message);
+            queue.set_key(message, key);
+        }
     }
 
     /// Queues a message whose room [`LinkHandle::has_room_for`] confirmed (see
     /// `TransmissionQueue::push_checked`).
     pub fn enqueue_checked(&self, message: Message, now: Instant) {
-        self.lock().push_checked(message, now);
+        let mut queue = self.lock();
+        self.record_queued(&mut queue, &message);
+        queue.push_checked(message, now);
+        drop(queue);
         self.wake.notify_one();
     }
 

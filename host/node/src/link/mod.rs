@@ -89,6 +89,8 @@ struct Link {
     backoff: Backoff,
     /// What the store holds about the peer's numbers.
     recorded: state::Recorded,
+    /// Per channel, the numbers of the messages recorded as sent and not yet acknowledged.
+    sent: Vec<std::collections::BTreeSet<u64>>,
 }
 
 fn session_config(node: &NodeState, handle: &LinkHandle) -> SessionConfig {
@@ -174,9 +176,11 @@ pub async fn run(node: Arc<NodeState>, handle: Arc<LinkHandle>, mut shutdown: wa
             return node.fail(format!("cannot read the link state of {}: {reason}", handle.peer.name));
         }
     };
+    let sent = restore_sent(&node, &handle, &mut session);
     let mut link = Link {
         session,
         recorded,
+        sent,
         next_dial: handle.peer.address.as_ref().map(|_| tokio::time::Instant::now()),
         backoff: Backoff::new(links.reconnect_backoff_min_ms, links.reconnect_backoff_max_ms),
         node,
@@ -211,6 +215,44 @@ pub async fn run(node: Arc<NodeState>, handle: Arc<LinkHandle>, mut shutdown: wa
         link.pump();
     }
     link.shutdown().await;
+}
+
+/// Hands the session what was recorded as sent before a restart (same incarnation), and
+/// returns those numbers per channel.
+fn restore_sent(
+    node: &NodeState,
+    handle: &LinkHandle,
+    session: &mut Session,
+) -> Vec<std::collections::BTreeSet<u64>> {
+    let mut sent = vec![std::collections::BTreeSet::new(); CHANNELS];
+    if handle.record.is_none() || !node.incarnation_kept {
+        return sent;
+    }
+    let stored = handle.restored_sent.lock().map(|mut r| std::mem::take(&mut *r)).unwrap_or_default();
+    let now = Instant::now();
+    let mut per_channel: Vec<Vec<(u64, Bytes, Option<Instant>)>> = vec![Vec::new(); CHANNELS];
+    for entry in stored {
+        let lifetime = entry.message.content.lifetime.unwrap_or(Lifetime::UNLIMITED);
+        let expires_at = match lifetime.after(entry.age.as_millis() as u64) {
+            Some(left) if left.is_unlimited() => None,
+            Some(left) => Some(now + Duration::from_millis(left.as_ms())),
+            // It ran out while the node was down: it goes as a skip.
+            None => Some(now),
+        };
+        if let (Some(list), Some(numbers)) =
+            (per_channel.get_mut(entry.channel as usize), sent.get_mut(entry.channel as usize))
+        {
+            list.push((entry.number, entry.bytes, expires_at));
+            numbers.insert(entry.number);
+        }
+    }
+    for (channel, mut entries) in per_channel.into_iter().enumerate() {
+        entries.sort_by_key(|(sequence, _, _)| *sequence);
+        session.restore_sending(channel as u8, entries, now);
+    }
+    let count: usize = sent.iter().map(std::collections::BTreeSet::len).sum();
+    info!(peer = %handle.peer.name, count, "Messages recorded as sent before the restart taken up.");
+    sent
 }
 
 /// The link channel a message travels on: its priority class, or the file channel.
@@ -456,14 +498,31 @@ impl Link {
                 let lifetime = message.content.lifetime.unwrap_or(Lifetime::UNLIMITED);
                 let Some(left) = lifetime.after(elapsed.as_millis() as u64) else {
                     warn!(peer = self.peer(), id = %message.id, "Message expired before it was sent.");
+                    if let (Some(record), Some(key)) = (&self.handle.record, queue.take_key(&message)) {
+                        record.dropped(key);
+                    }
                     expired.push(message);
                     continue;
                 };
                 message.content.lifetime = Some(left);
                 let expires_at = (!left.is_unlimited()).then(|| now + Duration::from_millis(left.as_ms()));
-                match self.session.send(channel_of(&message), message_bytes(&message), expires_at, now) {
-                    Ok(_) => {}
-                    Err(SendError::TooLarge { max, .. }) => too_large.push((message, max)),
+                let channel = channel_of(&message);
+                match self.session.send(channel, message_bytes(&message), expires_at, now) {
+                    Ok(sequence) => {
+                        // Recorded as sent under its number, in the queue's order.
+                        if let (Some(record), Some(key)) = (&self.handle.record, queue.take_key(&message)) {
+                            record.sent(key, channel, sequence, &message);
+                            if let Some(sent) = self.sent.get_mut(channel as usize) {
+                                sent.insert(sequence);
+                            }
+                        }
+                    }
+                    Err(SendError::TooLarge { max, .. }) => {
+                        if let (Some(record), Some(key)) = (&self.handle.record, queue.take_key(&message)) {
+                            record.dropped(key);
+                        }
+                        too_large.push((message, max));
+                    }
                     Err(_) => {
                         queue.unpop(message, queued_at);
                         break;
@@ -488,7 +547,13 @@ impl Link {
     /// Takes expired messages out of the transmission queue and reports them (see
     /// [`Link::expired`]).
     fn sweep_expired(&self) {
-        let expired = self.handle.lock().take_expired(Instant::now());
+        let mut queue = self.handle.lock();
+        let expired = queue.take_expired(Instant::now());
+        let keys: Vec<u64> = expired.iter().filter_map(|m| queue.take_key(m)).collect();
+        drop(queue);
+        if let Some(record) = &self.handle.record {
+            keys.into_iter().for_each(|key| record.dropped(key));
+        }
         if expired.is_empty() {
             return;
         }
@@ -595,6 +660,7 @@ impl Link {
             match event {
                 SessionEvent::Established { peer_restarted, resent, resumed_bytes } => {
                     self.recorded.established(&self.node, &self.session);
+                    self.rerecord_sent();
                     self.established(peer_restarted, resent, resumed_bytes);
                 }
                 SessionEvent::Received { channel, sequence, message } => {
@@ -626,7 +692,8 @@ impl Link {
                     }
                 }
                 SessionEvent::Dropped { message, reason } => self.dropped(message, reason, now),
-                SessionEvent::Acked { messages, .. } => {
+                SessionEvent::Acked { channel, through, messages } => {
+                    self.forget_sent(channel, through);
                     self.handle.acked_total.fetch_add(messages as u64, Ordering::Relaxed);
                     if messages > 0 {
                         self.backoff.reset();
@@ -666,6 +733,45 @@ impl Link {
             }
         }
         true
+    }
+
+    /// Messages of `channel` acknowledged through `through` are no longer recorded as sent.
+    fn forget_sent(&mut self, channel: u8, through: u64) {
+        let (Some(record), Some(sent)) = (&self.handle.record, self.sent.get_mut(channel as usize)) else {
+            return;
+        };
+        let rest = sent.split_off(&(through + 1));
+        let done = std::mem::replace(sent, rest);
+        if !done.is_empty() {
+            record.forget(channel, done);
+        }
+    }
+
+    /// After a handshake that renumbered what waits (the peer lost track of our numbers, or
+    /// an operator reset), the record follows the new numbers.
+    fn rerecord_sent(&mut self) {
+        let Some(record) = &self.handle.record else { return };
+        for channel in 0..CHANNELS as u8 {
+            let awaiting = self.session.awaiting(channel);
+            let persistent: Vec<(u64, linkbus_plugin_api::Message)> = awaiting
+                .into_iter()
+                .filter(|(_, bytes)| !bytes.is_empty())
+                .filter_map(|(sequence, bytes)| {
+                    linkbus_proto::wire::decode_message(bytes).ok().map(|m| (sequence, m))
+                })
+                .filter(|(_, m)| m.content.reliability == linkbus_plugin_api::Reliability::Persistent)
+                .collect();
+            let Some(sent) = self.sent.get_mut(channel as usize) else { continue };
+            let numbers: std::collections::BTreeSet<u64> = persistent.iter().map(|(s, _)| *s).collect();
+            if &numbers == sent {
+                continue;
+            }
+            record.forget(channel, std::mem::take(sent));
+            for (sequence, message) in &persistent {
+                record.put_sent(channel, *sequence, message);
+            }
+            *sent = numbers;
+        }
     }
 
     /// What is acknowledged is durable first: one sync for the batch (group commit); a node

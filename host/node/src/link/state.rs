@@ -12,13 +12,17 @@
 //! acknowledges only after a sync covering all of it, so a recorded number never lags what
 //! the peer was told.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use bytes::Bytes;
-use linkbus_plugin_api::{Batch, NodeName};
+use linkbus_plugin_api::{Batch, Message, NodeName, Store};
 use linkbus_proto::Session;
 use linkbus_proto::channel::CHANNELS;
 use tracing::info;
 
 use crate::node::NodeState;
+use crate::storage::Committer;
 
 const PEER_INCARNATION_KEY: &[u8] = b"peer_incarnation";
 
@@ -108,5 +112,125 @@ impl Recorded {
         }
         node.committer.write(batch);
         true
+    }
+}
+
+/// What a link records in a durable store about what it sends (space `send.PEER`): the
+/// persistent messages in its transmission queue (`q` + key), and those handed to the
+/// session and not yet acknowledged, under their channel and number (`s` + channel +
+/// number). After a restart (same incarnation) the node takes them up: the queue refills,
+/// and the session resends what the peer lacks under the same numbers (`restore_sending`).
+#[derive(Debug)]
+pub(crate) struct SendRecord {
+    space: String,
+    committer: Arc<Committer>,
+    next_key: AtomicU64,
+}
+
+fn queue_key(key: u64) -> Bytes {
+    let mut k = Vec::with_capacity(9);
+    k.push(b'q');
+    k.extend_from_slice(&key.to_be_bytes());
+    Bytes::from(k)
+}
+
+fn sent_key(channel: u8, sequence: u64) -> Bytes {
+    let mut k = Vec::with_capacity(10);
+    k.extend_from_slice(&[b's', channel]);
+    k.extend_from_slice(&sequence.to_be_bytes());
+    Bytes::from(k)
+}
+
+/// A stored message: its record (enqueue time, message) and what it decodes to.
+pub(crate) struct Stored {
+    /// The store key's number part.
+    pub(crate) number: u64,
+    /// For sent messages, the channel.
+    pub(crate) channel: u8,
+    /// The message.
+    pub(crate) message: Message,
+    /// The encoded message as recorded.
+    pub(crate) bytes: Bytes,
+    /// How long ago it was recorded (by the wall clock).
+    pub(crate) age: std::time::Duration,
+}
+
+impl SendRecord {
+    /// The record of the link to `peer`.
+    pub(crate) fn new(peer: &NodeName, committer: Arc<Committer>) -> Self {
+        Self { space: format!("send.{peer}"), committer, next_key: AtomicU64::new(1) }
+    }
+
+    /// Records a persistent message entering the transmission queue; returns its key.
+    pub(crate) fn queued(&self, message: &Message) -> u64 {
+        let key = self.next_key.fetch_add(1, Ordering::Relaxed);
+        let mut batch = Batch::new();
+        batch.put(&self.space, queue_key(key), crate::queue::encode_record(message));
+        self.committer.write(batch);
+        key
+    }
+
+    /// A queued message left the queue without being sent (expired, too large).
+    pub(crate) fn dropped(&self, key: u64) {
+        let mut batch = Batch::new();
+        batch.delete(&self.space, queue_key(key));
+        self.committer.write(batch);
+    }
+
+    /// A queued message went to the session as `sequence` on `channel` (`bytes` as sent).
+    pub(crate) fn sent(&self, key: u64, channel: u8, sequence: u64, message: &Message) {
+        let mut batch = Batch::new();
+        batch.delete(&self.space, queue_key(key));
+        batch.put(&self.space, sent_key(channel, sequence), crate::queue::encode_record(message));
+        self.committer.write(batch);
+    }
+
+    /// Messages `sequences` of `channel` were acknowledged (or renumbered away).
+    pub(crate) fn forget(&self, channel: u8, sequences: impl IntoIterator<Item = u64>) {
+        let mut batch = Batch::new();
+        for sequence in sequences {
+            batch.delete(&self.space, sent_key(channel, sequence));
+        }
+        self.committer.write(batch);
+    }
+
+    /// Records `message` as sent under `sequence` on `channel` (after a renumbering).
+    pub(crate) fn put_sent(&self, channel: u8, sequence: u64, message: &Message) {
+        let mut batch = Batch::new();
+        batch.put(&self.space, sent_key(channel, sequence), crate::queue::encode_record(message));
+        self.committer.write(batch);
+    }
+
+    /// Everything recorded: queued messages (channel 0) and sent ones, each in key order.
+    ///
+    /// # Errors
+    /// An unreadable or damaged record, named.
+    pub(crate) fn load(&self, store: &dyn Store) -> Result<(Vec<Stored>, Vec<Stored>), String> {
+        let all = store
+            .scan(&self.space, std::ops::Bound::Unbounded, std::ops::Bound::Unbounded, usize::MAX)
+            .map_err(|e| format!("{}: {e}", self.space))?;
+        let now_unix = crate::clock::unix_ms();
+        let (mut queued, mut sent) = (Vec::new(), Vec::new());
+        for (key, value) in all {
+            let damaged = || format!("{}: damaged record at key {:02x?}", self.space, &key[..]);
+            let (message, at) =
+                crate::queue::decode_record(value).map_err(|e| format!("{}: {e}", damaged()))?;
+            let bytes = linkbus_proto::wire::message_bytes(&message);
+            let age = std::time::Duration::from_millis(now_unix.saturating_sub(at));
+            match (key.first(), key.len()) {
+                (Some(b'q'), 9) => {
+                    let number = u64::from_be_bytes(key[1..9].try_into().map_err(|_| damaged())?);
+                    queued.push(Stored { number, channel: 0, message, bytes, age });
+                }
+                (Some(b's'), 10) => {
+                    let number = u64::from_be_bytes(key[2..10].try_into().map_err(|_| damaged())?);
+                    sent.push(Stored { number, channel: key[1], message, bytes, age });
+                }
+                _ => return Err(damaged()),
+            }
+        }
+        let next = queued.iter().map(|s| s.number).max().unwrap_or(0) + 1;
+        self.next_key.store(next, Ordering::Relaxed);
+        Ok((queued, sent))
     }
 }

@@ -28,6 +28,9 @@ pub(crate) struct TransmissionQueue {
     len: usize,
     /// No message expires before this (`None`: none expires), so sweeps are cheap.
     next_expiry: Option<Instant>,
+    /// Store keys of the queued messages that are recorded durably (persistent ones), by
+    /// message id.
+    keys: std::collections::HashMap<(linkbus_plugin_api::NodeName, u64), u64>,
 }
 
 impl TransmissionQueue {
@@ -38,6 +41,7 @@ impl TransmissionQueue {
             turn: 0,
             len: 0,
             next_expiry: None,
+            keys: std::collections::HashMap::new(),
         }
     }
 
@@ -65,6 +69,16 @@ impl TransmissionQueue {
         self.class_messages_max
     }
 
+    /// Notes that `message` is recorded in the store under `key`.
+    pub(crate) fn set_key(&mut self, message: &Message, key: u64) {
+        self.keys.insert((message.id.source.clone(), message.id.sequence), key);
+    }
+
+    /// The store key of `message`, taken out (it is leaving the queue), if it has one.
+    pub(crate) fn take_key(&mut self, message: &Message) -> Option<u64> {
+        self.keys.remove(&(message.id.source.clone(), message.id.sequence))
+    }
+
     /// Messages waiting, all classes together.
     pub(crate) fn len(&self) -> usize {
         self.len
@@ -83,6 +97,7 @@ impl TransmissionQueue {
     }
 
     /// Queues a message at the back of its class; `false` when the class is full.
+    #[cfg(test)]
     pub(crate) fn push(&mut self, message: Message, now: Instant) -> bool {
         if !self.has_room_for(&message) {
             return false;
