@@ -265,9 +265,9 @@ fn random_u64() -> u64 {
 const META_SPACE: &str = "meta";
 const INCARNATION_KEY: &[u8] = b"incarnation";
 
-/// A fresh incarnation for this run, recorded in the store. What a node sends is not yet
-/// kept across restarts, so every run is a new incarnation of its sending to its peers
-/// (what it received is kept: `link/state.rs`).
+/// The incarnation of this run: with a durable store the one recorded before (what links
+/// sent and received is kept, `link/state.rs`, so peers keep expecting its numbers), else a
+/// fresh one, recorded. Returns it and whether it was kept.
 fn incarnation(store: &dyn Store) -> Result<(u64, bool), StoreError> {
     // A durable store keeps what links sent (`link/state.rs`): the numbers go on.
     if store.durable()

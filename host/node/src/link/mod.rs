@@ -99,8 +99,7 @@ fn session_config(node: &NodeState, handle: &LinkHandle) -> SessionConfig {
         local: node.name().clone(),
         peer: handle.peer.name.clone(),
         incarnation: node.incarnation,
-        // Link sequence state is not stored yet: every run is a new incarnation to peers.
-        durable: false,
+        durable: node.store.durable(),
         frame_bytes_max: links.frame_bytes_max as usize,
         message_bytes_max: node.encoded_message_bytes_max(),
         packet_bytes_max: links.packet_bytes_max as usize,
