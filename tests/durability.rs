@@ -245,3 +245,55 @@ fn a_killed_sender_delivers_what_waited_for_its_peer_once_after_restart() {
     let history = support::history::History::check(&sent, &got.lines().collect::<Vec<_>>());
     assert!(history.is_clean(), "{history:?}");
 }
+
+/// A killed again and again while it streams persistent messages to B (killed right after a
+/// put returns, so messages are queued, in flight or just acknowledged): B gets each once, in
+/// order.
+#[test]
+fn a_sender_killed_again_and_again_loses_and_duplicates_nothing() {
+    let s = Scratch::new();
+    let (a_key, b_key) = (s.keys("A"), s.keys("B"));
+    let b_port = free_port();
+    let b_yaml = format!(
+        "node: {{ name: B, listen: '127.0.0.1:{b_port}' }}\npeers: [ {{ name: A, public_key: '{a_key}' }} ]\n\
+         queues: [ {{ name: q, order: fifo }} ]\n{}\n",
+        s.security_yaml("B")
+    );
+    let _b = s.start_node("B", &["-c", s.write("b.yaml", &b_yaml).to_str().unwrap()]);
+    let a_yaml = format!(
+        "node: {{ name: A, listen: none }}\npeers: [ {{ name: B, address: '127.0.0.1:{b_port}', public_key: '{b_key}' }} ]\n\
+         links: {{ reconnect_backoff_min_ms: 20, reconnect_backoff_max_ms: 200 }}\n{}\n",
+        s.security_yaml("A")
+    );
+    let a_config = s.write("a.yaml", &a_yaml);
+    let a_args = ["-c", a_config.to_str().unwrap()];
+    let mut a = s.start_node("A", &a_args);
+    let mut all = String::new();
+    let mut kills = 0;
+    for chunk in 0..20 {
+        let lines: String = (0..100).map(|i| format!("c{chunk:02}m{i:03} {}\n", "x".repeat(200))).collect();
+        let put = s.run_with_input(
+            &["put", "--node", "A", "--to", "B:q", "--persistent", "-"],
+            lines.as_bytes(),
+            Duration::from_secs(30),
+        );
+        assert!(put.status.success(), "chunk {chunk}: {}", stderr(&put));
+        all.push_str(&lines);
+        if chunk % 4 == 3 {
+            a.kill();
+            kills += 1;
+            a = s.start_node("A", &a_args);
+        }
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let mut got = String::new();
+    while got.lines().count() < 2000 && std::time::Instant::now() < deadline {
+        let left = (2000 - got.lines().count()).to_string();
+        got.push_str(&stdout(&s.run(&["get", "--node", "B", "q", "--count", &left, "--wait", "1s"])));
+    }
+    got.push_str(&stdout(&s.run(&["get", "--node", "B", "q", "--count", "100000", "--wait", "500ms"])));
+    let sent: Vec<&str> = all.lines().collect();
+    let history = support::history::History::check(&sent, &got.lines().collect::<Vec<_>>());
+    eprintln!("{kills} kills of A: {history:?}");
+    assert!(history.is_clean(), "{kills} kills of A: {history:?}");
+}
