@@ -297,3 +297,61 @@ fn a_sender_killed_again_and_again_loses_and_duplicates_nothing() {
     eprintln!("{kills} kills of A: {history:?}");
     assert!(history.is_clean(), "{kills} kills of A: {history:?}");
 }
+
+/// Both nodes killed at once while persistent messages flow, restarted in one order and then
+/// in the other: each message arrives once, in order.
+#[test]
+fn both_nodes_killed_at_once_and_restarted_in_either_order_lose_nothing() {
+    let s = Scratch::new();
+    let (a_key, b_key) = (s.keys("A"), s.keys("B"));
+    let b_port = free_port();
+    let b_yaml = format!(
+        "node: {{ name: B, listen: '127.0.0.1:{b_port}' }}\npeers: [ {{ name: A, public_key: '{a_key}' }} ]\n\
+         queues: [ {{ name: q, order: fifo }} ]\n{}\n",
+        s.security_yaml("B")
+    );
+    let b_config = s.write("b.yaml", &b_yaml);
+    let b_args = ["-c", b_config.to_str().unwrap()];
+    let a_yaml = format!(
+        "node: {{ name: A, listen: none }}\npeers: [ {{ name: B, address: '127.0.0.1:{b_port}', public_key: '{b_key}' }} ]\n\
+         links: {{ reconnect_backoff_min_ms: 20, reconnect_backoff_max_ms: 200 }}\n{}\n",
+        s.security_yaml("A")
+    );
+    let a_config = s.write("a.yaml", &a_yaml);
+    let a_args = ["-c", a_config.to_str().unwrap()];
+    let mut b = s.start_node("B", &b_args);
+    let mut a = s.start_node("A", &a_args);
+    let mut all = String::new();
+    for chunk in 0..12 {
+        let lines: String = (0..100).map(|i| format!("c{chunk:02}m{i:03}\n")).collect();
+        let put = s.run_with_input(
+            &["put", "--node", "A", "--to", "B:q", "--persistent", "-"],
+            lines.as_bytes(),
+            Duration::from_secs(30),
+        );
+        assert!(put.status.success(), "chunk {chunk}: {}", stderr(&put));
+        all.push_str(&lines);
+        if chunk == 4 || chunk == 8 {
+            a.kill();
+            b.kill();
+            if chunk == 4 {
+                b = s.start_node("B", &b_args);
+                a = s.start_node("A", &a_args);
+            } else {
+                a = s.start_node("A", &a_args);
+                b = s.start_node("B", &b_args);
+            }
+        }
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let mut got = String::new();
+    while got.lines().count() < 1200 && std::time::Instant::now() < deadline {
+        let left = (1200 - got.lines().count()).to_string();
+        got.push_str(&stdout(&s.run(&["get", "--node", "B", "q", "--count", &left, "--wait", "1s"])));
+    }
+    got.push_str(&stdout(&s.run(&["get", "--node", "B", "q", "--count", "100000", "--wait", "500ms"])));
+    let sent: Vec<&str> = all.lines().collect();
+    let history = support::history::History::check(&sent, &got.lines().collect::<Vec<_>>());
+    assert!(history.is_clean(), "{history:?}");
+    drop((a, b));
+}
