@@ -149,10 +149,13 @@ fn restore_sending(
             .load(store)
             .map_err(|reason| StartError::Store(StoreError::Backend { op: "recover", reason }))?;
         let mut queue = link.lock();
-        for stored in queued {
-            let queued_at = now.checked_sub(stored.age).unwrap_or(now);
+        for mut stored in queued {
+            // The time down counts against the lifetime (by the wall clock).
+            let lifetime = stored.message.content.lifetime.unwrap_or(Lifetime::UNLIMITED);
+            let left = lifetime.after(stored.age.as_millis() as u64).unwrap_or(Lifetime::from_ms(1));
+            stored.message.content.lifetime = Some(left);
             queue.set_key(&stored.message, stored.number);
-            queue.push_checked(stored.message, queued_at);
+            queue.push_checked(stored.message, now);
         }
         drop(queue);
         if let Ok(mut restored) = link.restored_sent.lock() {

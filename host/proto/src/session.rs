@@ -515,8 +515,7 @@ impl Session {
     /// Takes up what this node recorded durably before it restarted: the peer's incarnation
     /// its receive numbers refer to, and per channel the next number it expects from it.
     /// The next `Hello` then tells the peer where to resend from, so nothing delivered before
-    /// the restart comes again (this node's own sending starts afresh under a new
-    /// incarnation). Call it before the first connection.
+    /// the restart comes again. Call it before the first connection.
     pub fn restore_receiving(&mut self, peer_incarnation: u64, expected: &[u64]) {
         self.peer_incarnation = Some(peer_incarnation);
         for (lane, expected) in self.lanes.iter_mut().zip(expected) {
@@ -543,12 +542,12 @@ impl Session {
         self.restored_sending = true;
     }
 
-    /// The messages of `channel` waiting for an acknowledgement: their numbers and bytes
-    /// (empty for a skip), for a host that records them.
-    pub fn awaiting(&self, channel: u8) -> Vec<(u64, Bytes)> {
+    /// The messages of `channel` waiting for an acknowledgement: their numbers, bytes
+    /// (empty for a skip) and expiry, for a host that records them.
+    pub fn awaiting(&self, channel: u8) -> Vec<(u64, Bytes, Option<Instant>)> {
         self.lanes
             .get(channel as usize)
-            .map_or_else(Vec::new, |l| l.sender.awaiting().map(|(s, b)| (s, b.clone())).collect())
+            .map_or_else(Vec::new, |l| l.sender.awaiting().map(|(s, b, e)| (s, b.clone(), e)).collect())
     }
 
     /// The peer's incarnation from its last `Hello` (what receive numbers refer to).

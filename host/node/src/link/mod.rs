@@ -91,6 +91,9 @@ struct Link {
     recorded: state::Recorded,
     /// Per channel, the numbers of the messages recorded as sent and not yet acknowledged.
     sent: Vec<std::collections::BTreeSet<u64>>,
+    /// A sent record was handed to the store thread since the last barrier: it must be
+    /// written before the message's bytes leave (or a crash could send it twice).
+    unapplied: bool,
 }
 
 fn session_config(node: &NodeState, handle: &LinkHandle) -> SessionConfig {
@@ -180,6 +183,7 @@ pub async fn run(node: Arc<NodeState>, handle: Arc<LinkHandle>, mut shutdown: wa
         session,
         recorded,
         sent,
+        unapplied: false,
         next_dial: handle.peer.address.as_ref().map(|_| tokio::time::Instant::now()),
         backoff: Backoff::new(links.reconnect_backoff_min_ms, links.reconnect_backoff_max_ms),
         node,
@@ -232,16 +236,24 @@ fn restore_sent(
     let mut per_channel: Vec<Vec<(u64, Bytes, Option<Instant>)>> = vec![Vec::new(); CHANNELS];
     for entry in stored {
         let lifetime = entry.message.content.lifetime.unwrap_or(Lifetime::UNLIMITED);
-        let expires_at = match lifetime.after(entry.age.as_millis() as u64) {
+        let left = lifetime.after(entry.age.as_millis() as u64);
+        let expires_at = match left {
             Some(left) if left.is_unlimited() => None,
             Some(left) => Some(now + Duration::from_millis(left.as_ms())),
             // It ran out while the node was down: it goes as a skip.
             None => Some(now),
         };
+        // The bytes carry the lifetime left now (the time down counted).
+        let bytes = match left {
+            Some(left) if !left.is_unlimited() => {
+                linkbus_proto::wire::with_lifetime(&entry.bytes, left.as_ms()).unwrap_or(entry.bytes)
+            }
+            _ => entry.bytes,
+        };
         if let (Some(list), Some(numbers)) =
             (per_channel.get_mut(entry.channel as usize), sent.get_mut(entry.channel as usize))
         {
-            list.push((entry.number, entry.bytes, expires_at));
+            list.push((entry.number, bytes, expires_at));
             numbers.insert(entry.number);
         }
     }
@@ -436,8 +448,16 @@ impl Link {
         }
     }
 
-    /// Writes what the session has to send: its control frames, then its packets.
+    /// Writes what the session has to send: its control frames, then its packets — once the
+    /// records of messages just sent are written (a killed node must not have sent what it
+    /// does not remember sending).
     fn write_transmit(&mut self) {
+        if std::mem::take(&mut self.unapplied)
+            && let Err(e) = self.node.committer.applied_blocking()
+        {
+            self.node.fail(format!("store failed while recording messages for {}: {e}", self.peer()));
+            return self.drop_connection("store failed");
+        }
         let (control, data) = self.session.poll_transmit_parts();
         if let Some(active) = &mut self.active {
             for plain in [control, data].into_iter().flatten() {
@@ -497,7 +517,9 @@ impl Link {
                 let lifetime = message.content.lifetime.unwrap_or(Lifetime::UNLIMITED);
                 let Some(left) = lifetime.after(elapsed.as_millis() as u64) else {
                     warn!(peer = self.peer(), id = %message.id, "Message expired before it was sent.");
-                    if let (Some(record), Some(key)) = (&self.handle.record, queue.take_key(&message)) {
+                    if let Some(record) = &self.handle.record
+                        && let Some(key) = queue.take_key(&message)
+                    {
                         record.dropped(key);
                     }
                     expired.push(message);
@@ -509,15 +531,20 @@ impl Link {
                 match self.session.send(channel, message_bytes(&message), expires_at, now) {
                     Ok(sequence) => {
                         // Recorded as sent under its number, in the queue's order.
-                        if let (Some(record), Some(key)) = (&self.handle.record, queue.take_key(&message)) {
+                        if let Some(record) = &self.handle.record
+                            && let Some(key) = queue.take_key(&message)
+                        {
                             record.sent(key, channel, sequence, &message);
+                            self.unapplied = true;
                             if let Some(sent) = self.sent.get_mut(channel as usize) {
                                 sent.insert(sequence);
                             }
                         }
                     }
                     Err(SendError::TooLarge { max, .. }) => {
-                        if let (Some(record), Some(key)) = (&self.handle.record, queue.take_key(&message)) {
+                        if let Some(record) = &self.handle.record
+                            && let Some(key) = queue.take_key(&message)
+                        {
                             record.dropped(key);
                         }
                         too_large.push((message, max));
@@ -750,26 +777,32 @@ impl Link {
     /// an operator reset), the record follows the new numbers.
     fn rerecord_sent(&mut self) {
         let Some(record) = &self.handle.record else { return };
+        let now = Instant::now();
         for channel in 0..CHANNELS as u8 {
-            let awaiting = self.session.awaiting(channel);
-            let persistent: Vec<(u64, linkbus_plugin_api::Message)> = awaiting
+            let current: Vec<(u64, linkbus_plugin_api::Message)> = self
+                .session
+                .awaiting(channel)
                 .into_iter()
-                .filter(|(_, bytes)| !bytes.is_empty())
-                .filter_map(|(sequence, bytes)| {
-                    linkbus_proto::wire::decode_message(bytes).ok().map(|m| (sequence, m))
+                .filter(|(_, bytes, _)| !bytes.is_empty())
+                .filter_map(|(sequence, bytes, expires_at)| {
+                    let mut message = linkbus_proto::wire::decode_message(bytes).ok()?;
+                    // Recorded with the lifetime it has left now.
+                    if let Some(at) = expires_at {
+                        let left = at.saturating_duration_since(now).as_millis().max(1) as u64;
+                        message.content.lifetime = Some(Lifetime::from_ms(left));
+                    }
+                    Some((sequence, message))
                 })
                 .filter(|(_, m)| m.content.reliability == linkbus_plugin_api::Reliability::Persistent)
                 .collect();
             let Some(sent) = self.sent.get_mut(channel as usize) else { continue };
-            let numbers: std::collections::BTreeSet<u64> = persistent.iter().map(|(s, _)| *s).collect();
+            let numbers: std::collections::BTreeSet<u64> = current.iter().map(|(s, _)| *s).collect();
             if &numbers == sent {
                 continue;
             }
-            record.forget(channel, std::mem::take(sent));
-            for (sequence, message) in &persistent {
-                record.put_sent(channel, *sequence, message);
-            }
+            record.rerecord(channel, std::mem::take(sent), &current);
             *sent = numbers;
+            self.unapplied = true;
         }
     }
 

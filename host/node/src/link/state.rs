@@ -2,8 +2,7 @@
 //! and, per channel, the next sequence number it expects (space `link.PEER`). A node that
 //! restarts takes them up (`Session::restore_receiving`), so its `Hello` tells the peer to
 //! resend from where it really stopped: nothing it delivered before the crash comes again,
-//! nothing it did not comes never. (Its own sending starts afresh under a new incarnation:
-//! messages waiting for a peer are not stored yet.)
+//! nothing it did not comes never. What it sends is recorded too (`SendRecord`, below).
 //!
 //! The number after a persistent message goes in the same store batch as its last copy
 //! (so it is never ahead of a copy: with several local recipients, a crash between their
@@ -194,10 +193,23 @@ impl SendRecord {
         self.committer.write(batch);
     }
 
-    /// Records `message` as sent under `sequence` on `channel` (after a renumbering).
-    pub(crate) fn put_sent(&self, channel: u8, sequence: u64, message: &Message) {
+    /// Records, in one batch, that what waits on `channel` is now `current` (numbers and
+    /// messages, after a renumbering), forgetting the numbers in `old` no longer used.
+    pub(crate) fn rerecord(
+        &self,
+        channel: u8,
+        old: impl IntoIterator<Item = u64>,
+        current: &[(u64, Message)],
+    ) {
         let mut batch = Batch::new();
-        batch.put(&self.space, sent_key(channel, sequence), crate::queue::encode_record(message));
+        for sequence in old {
+            if !current.iter().any(|(s, _)| *s == sequence) {
+                batch.delete(&self.space, sent_key(channel, sequence));
+            }
+        }
+        for (sequence, message) in current {
+            batch.put(&self.space, sent_key(channel, *sequence), crate::queue::encode_record(message));
+        }
         self.committer.write(batch);
     }
 

@@ -220,9 +220,9 @@ impl Sender {
         self.acked = expected - 1;
     }
 
-    /// What waits for an acknowledgement: numbers and bytes (empty for a skip).
-    pub(super) fn awaiting(&self) -> impl Iterator<Item = (u64, &Bytes)> {
-        self.unacked.iter().map(|p| (p.sequence, &p.message))
+    /// What waits for an acknowledgement: numbers, bytes (empty for a skip) and expiry.
+    pub(super) fn awaiting(&self) -> impl Iterator<Item = (u64, &Bytes, Option<Instant>)> {
+        self.unacked.iter().map(|p| (p.sequence, &p.message, p.expires_at))
     }
 
     /// The peer never saw this incarnation of ours: number what still waits from 1.
