@@ -154,8 +154,7 @@ fn restore_sending(
             let lifetime = stored.message.content.lifetime.unwrap_or(Lifetime::UNLIMITED);
             let left = lifetime.after(stored.age.as_millis() as u64).unwrap_or(Lifetime::from_ms(1));
             stored.message.content.lifetime = Some(left);
-            queue.set_key(&stored.message, stored.number);
-            queue.push_checked(stored.message, now);
+            queue.push_checked(stored.message, now, Some(stored.number));
         }
         drop(queue);
         if let Ok(mut restored) = link.restored_sent.lock() {

@@ -207,8 +207,8 @@ impl LinkHandle {
         if !queue.has_room_for(&message) {
             return Err(TransmissionQueueFull(self.queue_messages_max));
         }
-        self.record_queued(&mut queue, &message);
-        queue.push_checked(message, now);
+        let key = self.record_queued(&message);
+        queue.push_checked(message, now, key);
         drop(queue);
         self.wake.notify_one();
         Ok(())
@@ -216,21 +216,18 @@ impl LinkHandle {
 
     /// A persistent message entering the queue is recorded (under the queue's lock, so the
     /// store sees the queue's order).
-    fn record_queued(&self, queue: &mut TransmissionQueue, message: &Message) {
-        if let Some(record) = &self.record
-            && message.content.reliability == linkbus_plugin_api::Reliability::Persistent
-        {
-            let key = record.queued(message);
-            queue.set_key(message, key);
-        }
+    fn record_queued(&self, message: &Message) -> Option<u64> {
+        let record = self.record.as_ref()?;
+        (message.content.reliability == linkbus_plugin_api::Reliability::Persistent)
+            .then(|| record.queued(message))
     }
 
     /// Queues a message whose room [`LinkHandle::has_room_for`] confirmed (see
     /// `TransmissionQueue::push_checked`).
     pub fn enqueue_checked(&self, message: Message, now: Instant) {
         let mut queue = self.lock();
-        self.record_queued(&mut queue, &message);
-        queue.push_checked(message, now);
+        let key = self.record_queued(&message);
+        queue.push_checked(message, now, key);
         drop(queue);
         self.wake.notify_one();
     }

@@ -510,16 +510,15 @@ impl Link {
             let before = queue.len();
             loop {
                 let session = &self.session;
-                let Some((mut message, queued_at)) = queue.pop(|m| session.has_window(channel_of(m))) else {
+                let Some((mut message, queued_at, key)) = queue.pop(|m| session.has_window(channel_of(m)))
+                else {
                     break;
                 };
                 let elapsed = now.saturating_duration_since(queued_at);
                 let lifetime = message.content.lifetime.unwrap_or(Lifetime::UNLIMITED);
                 let Some(left) = lifetime.after(elapsed.as_millis() as u64) else {
                     warn!(peer = self.peer(), id = %message.id, "Message expired before it was sent.");
-                    if let Some(record) = &self.handle.record
-                        && let Some(key) = queue.take_key(&message)
-                    {
+                    if let (Some(record), Some(key)) = (&self.handle.record, key) {
                         record.dropped(key);
                     }
                     expired.push(message);
@@ -531,9 +530,7 @@ impl Link {
                 match self.session.send(channel, message_bytes(&message), expires_at, now) {
                     Ok(sequence) => {
                         // Recorded as sent under its number, in the queue's order.
-                        if let Some(record) = &self.handle.record
-                            && let Some(key) = queue.take_key(&message)
-                        {
+                        if let (Some(record), Some(key)) = (&self.handle.record, key) {
                             record.sent(key, channel, sequence, &message);
                             self.unapplied = true;
                             if let Some(sent) = self.sent.get_mut(channel as usize) {
@@ -542,15 +539,13 @@ impl Link {
                         }
                     }
                     Err(SendError::TooLarge { max, .. }) => {
-                        if let Some(record) = &self.handle.record
-                            && let Some(key) = queue.take_key(&message)
-                        {
+                        if let (Some(record), Some(key)) = (&self.handle.record, key) {
                             record.dropped(key);
                         }
                         too_large.push((message, max));
                     }
                     Err(_) => {
-                        queue.unpop(message, queued_at);
+                        queue.unpop(message, queued_at, key);
                         break;
                     }
                 }
@@ -575,11 +570,11 @@ impl Link {
     fn sweep_expired(&self) {
         let mut queue = self.handle.lock();
         let expired = queue.take_expired(Instant::now());
-        let keys: Vec<u64> = expired.iter().filter_map(|m| queue.take_key(m)).collect();
         drop(queue);
         if let Some(record) = &self.handle.record {
-            keys.into_iter().for_each(|key| record.dropped(key));
+            expired.iter().filter_map(|(_, key)| *key).for_each(|key| record.dropped(key));
         }
+        let expired: Vec<linkbus_plugin_api::Message> = expired.into_iter().map(|(m, _)| m).collect();
         if expired.is_empty() {
             return;
         }

@@ -16,11 +16,15 @@ const FILES: usize = SYSTEM + 1;
 /// The classes that take turns: levels 9 down to 0, then files.
 const TURNS: [usize; CLASSES - 1] = [9, 8, 7, 6, 5, 4, 3, 2, 1, 0, FILES];
 
+/// A queued message: when it was queued (for its lifetime), and its store key when it is
+/// recorded durably (a persistent message).
+pub(crate) type Queued = (Message, Instant, Option<u64>);
+
 /// See the module doc.
 #[derive(Debug)]
 pub(crate) struct TransmissionQueue {
     /// One FIFO per class, indexed by the priority's wire code.
-    classes: Vec<VecDeque<(Message, Instant)>>,
+    classes: Vec<VecDeque<Queued>>,
     /// Most messages one class holds.
     class_messages_max: u64,
     /// The index in [`TURNS`] served next, so classes take turns.
@@ -28,9 +32,6 @@ pub(crate) struct TransmissionQueue {
     len: usize,
     /// No message expires before this (`None`: none expires), so sweeps are cheap.
     next_expiry: Option<Instant>,
-    /// Store keys of the queued messages that are recorded durably (persistent ones), by
-    /// message id.
-    keys: std::collections::HashMap<(linkbus_plugin_api::NodeName, u64), u64>,
 }
 
 impl TransmissionQueue {
@@ -41,7 +42,6 @@ impl TransmissionQueue {
             turn: 0,
             len: 0,
             next_expiry: None,
-            keys: std::collections::HashMap::new(),
         }
     }
 
@@ -69,16 +69,6 @@ impl TransmissionQueue {
         self.class_messages_max
     }
 
-    /// Notes that `message` is recorded in the store under `key`.
-    pub(crate) fn set_key(&mut self, message: &Message, key: u64) {
-        self.keys.insert((message.id.source.clone(), message.id.sequence), key);
-    }
-
-    /// The store key of `message`, taken out (it is leaving the queue), if it has one.
-    pub(crate) fn take_key(&mut self, message: &Message) -> Option<u64> {
-        self.keys.remove(&(message.id.source.clone(), message.id.sequence))
-    }
-
     /// Messages waiting, all classes together.
     pub(crate) fn len(&self) -> usize {
         self.len
@@ -102,34 +92,34 @@ impl TransmissionQueue {
         if !self.has_room_for(&message) {
             return false;
         }
-        self.push_checked(message, now);
+        self.push_checked(message, now, None);
         true
     }
 
     /// Queues a message whose room was checked before, even if a concurrent put took that
     /// room since (a class may then hold a message more than its limit; a message is never
     /// queued in one place and refused in another).
-    pub(crate) fn push_checked(&mut self, message: Message, now: Instant) {
+    pub(crate) fn push_checked(&mut self, message: Message, now: Instant, key: Option<u64>) {
         self.note_expiry(&message, now);
         let class = Self::class_of(&message);
         if let Some(c) = self.classes.get_mut(class) {
-            c.push_back((message, now));
+            c.push_back((message, now, key));
             self.len += 1;
         }
     }
 
     /// Puts back a message taken by [`TransmissionQueue::pop`] (the window was full).
-    pub(crate) fn unpop(&mut self, message: Message, queued_at: Instant) {
+    pub(crate) fn unpop(&mut self, message: Message, queued_at: Instant, key: Option<u64>) {
         self.note_expiry(&message, queued_at);
         let class = Self::class_of(&message);
         if let Some(c) = self.classes.get_mut(class) {
-            c.push_front((message, queued_at));
+            c.push_front((message, queued_at, key));
             self.len += 1;
         }
     }
 
     /// Takes out every message whose lifetime ran out since it was queued (by `now`).
-    pub(crate) fn take_expired(&mut self, now: Instant) -> Vec<Message> {
+    pub(crate) fn take_expired(&mut self, now: Instant) -> Vec<(Message, Option<u64>)> {
         let mut expired = Vec::new();
         if self.next_expiry.is_none_or(|next| next > now) {
             return expired;
@@ -137,7 +127,7 @@ impl TransmissionQueue {
         let mut next: Option<Instant> = None;
         for class in &mut self.classes {
             let before = class.len();
-            class.retain_mut(|(message, queued_at)| {
+            class.retain_mut(|(message, queued_at, key)| {
                 let elapsed = now.saturating_duration_since(*queued_at).as_millis() as u64;
                 let lifetime = message.content.lifetime.unwrap_or(linkbus_plugin_api::Lifetime::UNLIMITED);
                 if lifetime.after(elapsed).is_some() {
@@ -146,7 +136,7 @@ impl TransmissionQueue {
                     }
                     return true;
                 }
-                expired.push(message.clone());
+                expired.push((message.clone(), *key));
                 false
             });
             self.len -= before - class.len();
@@ -158,8 +148,8 @@ impl TransmissionQueue {
     /// The next message to send among those `ready` takes (it is asked about the head of
     /// each class; the session's window is per channel): the system class first, then the
     /// levels in turn, highest first in each round.
-    pub(crate) fn pop(&mut self, ready: impl Fn(&Message) -> bool) -> Option<(Message, Instant)> {
-        let head_ready = |c: &VecDeque<(Message, Instant)>| c.front().is_some_and(|(m, _)| ready(m));
+    pub(crate) fn pop(&mut self, ready: impl Fn(&Message) -> bool) -> Option<Queued> {
+        let head_ready = |c: &VecDeque<Queued>| c.front().is_some_and(|(m, _, _)| ready(m));
         if let Some(item) =
             self.classes.get_mut(SYSTEM).filter(|c| head_ready(c)).and_then(VecDeque::pop_front)
         {
@@ -207,7 +197,7 @@ mod tests {
         assert!(q.push(message(4, high), now), "the high class still takes messages");
         assert!(q.push(message(5, high), now));
         assert!(q.push(message(6, Priority::SYSTEM), now));
-        let order: Vec<u64> = std::iter::from_fn(|| q.pop(|_| true)).map(|(m, _)| m.id.sequence).collect();
+        let order: Vec<u64> = std::iter::from_fn(|| q.pop(|_| true)).map(|(m, _, _)| m.id.sequence).collect();
         assert_eq!(order, [6, 4, 1, 5, 2], "system first, then the levels take turns, highest first");
         assert_eq!(q.len(), 0);
     }
@@ -228,11 +218,11 @@ mod tests {
         let gone: Vec<u64> = q
             .take_expired(now + std::time::Duration::from_millis(100))
             .iter()
-            .map(|m| m.id.sequence)
+            .map(|(m, _)| m.id.sequence)
             .collect();
         assert_eq!(gone, [1, 3]);
         assert_eq!(q.len(), 1);
-        assert_eq!(q.pop(|_| true).map(|(m, _)| m.id.sequence), Some(2));
+        assert_eq!(q.pop(|_| true).map(|(m, _, _)| m.id.sequence), Some(2));
     }
 
     #[test]
@@ -243,9 +233,9 @@ mod tests {
         let mut file = message(1, level);
         file.content.kind = Kind::File;
         assert!(q.push(file, now) && q.push(message(2, level), now));
-        let first = q.pop(|m| m.content.kind != Kind::File).map(|(m, _)| m.id.sequence);
+        let first = q.pop(|m| m.content.kind != Kind::File).map(|(m, _, _)| m.id.sequence);
         assert_eq!(first, Some(2), "the file's channel has no room; the buffer behind it goes");
-        assert_eq!(q.pop(|m| m.content.kind != Kind::File).map(|(m, _)| m.id.sequence), None);
-        assert_eq!(q.pop(|_| true).map(|(m, _)| m.id.sequence), Some(1));
+        assert_eq!(q.pop(|m| m.content.kind != Kind::File).map(|(m, _, _)| m.id.sequence), None);
+        assert_eq!(q.pop(|_| true).map(|(m, _, _)| m.id.sequence), Some(1));
     }
 }
