@@ -70,6 +70,7 @@ impl FakeB {
             to: "A".into(),
             incarnation: 77,
             your_incarnation: if knows_a { hello.incarnation } else { 0 },
+            run: 1,
             frame_bytes_max: 1 << 20,
             message_bytes_max: 1 << 20,
             flags: 0,

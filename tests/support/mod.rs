@@ -345,6 +345,7 @@ pub fn hello_frame(from: &str, version: u16) -> Vec<u8> {
         to: "B".into(),
         incarnation: 1,
         your_incarnation: 0,
+        run: 1,
         frame_bytes_max: 1 << 20,
         message_bytes_max: 1 << 20,
         flags: 0,

@@ -195,6 +195,8 @@ pub struct NodeState {
     /// Whether the incarnation is that of the last run (a durable store): what links sent
     /// then is taken up.
     pub incarnation_kept: bool,
+    /// Random id of this process run (told to peers, so they drop a dead old connection).
+    pub run: u64,
     /// Where queues live.
     pub store: Arc<dyn Store>,
     /// The transport links use.
@@ -346,6 +348,7 @@ impl NodeState {
             config,
             incarnation,
             incarnation_kept,
+            run: random_u64(),
             store,
             transport,
             queues,

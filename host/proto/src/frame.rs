@@ -25,7 +25,7 @@ use bytes::{BufMut, Bytes, BytesMut};
 use crate::reader::{ReadError, Reader};
 
 /// The link protocol version this build speaks; a peer with another version is refused.
-pub const PROTOCOL_VERSION: u16 = 3;
+pub const PROTOCOL_VERSION: u16 = 4;
 /// First bytes of every `Hello`, so a stray client of another protocol is recognised at once.
 pub const HELLO_MAGIC: [u8; 4] = *b"LNKB";
 /// Bytes of the length prefix.
@@ -65,6 +65,9 @@ pub struct Hello {
     pub incarnation: u64,
     /// The receiver's incarnation that `channels` refers to (`0`: never met).
     pub your_incarnation: u64,
+    /// Random id of the sender's process run: a new one means the sender restarted (its
+    /// incarnation may be kept by a durable store), so an older connection from it is dead.
+    pub run: u64,
     /// The longest frame the sender accepts; packets are cut to fit it.
     pub frame_bytes_max: u32,
     /// The longest message the sender accepts; longer ones are not sent to it.
@@ -330,6 +333,7 @@ fn encode_hello(h: &Hello, out: &mut BytesMut) {
     }
     out.put_u64(h.incarnation);
     out.put_u64(h.your_incarnation);
+    out.put_u64(h.run);
     out.put_u32(h.frame_bytes_max);
     out.put_u64(h.message_bytes_max);
     out.put_u8(h.flags);
@@ -482,6 +486,7 @@ fn decode_hello(r: &mut Reader) -> Result<Frame, FrameError> {
         to: r.short_string().map_err(malformed)?,
         incarnation: r.u64().map_err(malformed)?,
         your_incarnation: r.u64().map_err(malformed)?,
+        run: r.u64().map_err(malformed)?,
         frame_bytes_max: r.u32().map_err(malformed)?,
         message_bytes_max: r.u64().map_err(malformed)?,
         flags: r.u8().map_err(malformed)?,

@@ -66,6 +66,9 @@ pub struct SessionConfig {
     pub peer: NodeName,
     /// Random id of this node's state; see the module doc.
     pub incarnation: u64,
+    /// Random id of this process run (new at every start, even when the incarnation is
+    /// kept): tells the peer that an older connection from us is dead.
+    pub run: u64,
     /// Whether this node's sequence numbers survive a restart.
     pub durable: bool,
     /// Longest frame accepted.
@@ -153,6 +156,8 @@ pub struct Session {
     recent_decayed_at: Instant,
     /// The peer's incarnation from its last `Hello`.
     peer_incarnation: Option<u64>,
+    /// The peer's run from its last `Hello`.
+    peer_run: Option<u64>,
     /// The peer's `frame_bytes_max` from its last `Hello`.
     peer_frame_bytes_max: Option<usize>,
     /// The peer's `message_bytes_max` from its last `Hello`.
@@ -203,6 +208,7 @@ impl Session {
             config,
             phase: Phase::Disconnected,
             peer_incarnation: None,
+            peer_run: None,
             peer_frame_bytes_max: None,
             peer_message_bytes_max: None,
             decoder,
@@ -289,15 +295,19 @@ impl Session {
 
     /// Whether a new connection should replace the current one. Both ends decide alike: the
     /// connection dialed by the node with the smaller name wins; between connections dialed
-    /// by the same side the newer wins; and a peer that comes back with a new incarnation
-    /// (it restarted, so the current connection is dead) always wins.
+    /// by the same side the newer wins; and a peer that comes back with a new incarnation or
+    /// a new run (it restarted, so the current connection is dead) always wins.
     pub fn should_replace(
         &self,
         current_dialed_by_us: bool,
         new_dialed_by_us: bool,
-        new_incarnation: Option<u64>,
+        new_peer: Option<(u64, u64)>,
     ) -> bool {
-        if new_incarnation.is_some_and(|i| self.peer_incarnation.is_some_and(|known| known != i)) {
+        let restarted = new_peer.is_some_and(|(incarnation, run)| {
+            self.peer_incarnation.is_some_and(|known| known != incarnation)
+                || self.peer_run.is_some_and(|known| known != run)
+        });
+        if restarted {
             return true;
         }
         let preferred = |by_us: bool| by_us == (self.config.local < self.config.peer);
@@ -331,6 +341,7 @@ impl Session {
             to: self.config.peer.to_string(),
             incarnation: self.config.incarnation,
             your_incarnation: self.peer_incarnation.unwrap_or(0),
+            run: self.config.run,
             frame_bytes_max: u32::try_from(self.config.frame_bytes_max).unwrap_or(u32::MAX),
             message_bytes_max: self.config.message_bytes_max as u64,
             flags: if self.config.durable { HELLO_FLAG_DURABLE } else { 0 },
@@ -457,6 +468,7 @@ impl Session {
             }
         }
         self.peer_incarnation = Some(hello.incarnation);
+        self.peer_run = Some(hello.run);
         self.peer_frame_bytes_max = Some(hello.frame_bytes_max as usize);
         self.peer_message_bytes_max = Some(usize::try_from(hello.message_bytes_max).unwrap_or(usize::MAX));
         if hello.message_bytes_max < MESSAGE_BYTES_MIN {

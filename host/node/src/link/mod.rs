@@ -102,6 +102,7 @@ fn session_config(node: &NodeState, handle: &LinkHandle) -> SessionConfig {
         local: node.name().clone(),
         peer: handle.peer.name.clone(),
         incarnation: node.incarnation,
+        run: node.run,
         durable: node.store.durable(),
         frame_bytes_max: links.frame_bytes_max as usize,
         message_bytes_max: node.encoded_message_bytes_max(),
@@ -370,8 +371,8 @@ impl Link {
             return;
         }
         if let Some(current) = &self.active {
-            let incarnation = incoming.hello.as_ref().map(|h| h.incarnation);
-            if !self.session.should_replace(current.dialed_by_us, dialed_by_us, incarnation) {
+            let peer = incoming.hello.as_ref().map(|h| (h.incarnation, h.run));
+            if !self.session.should_replace(current.dialed_by_us, dialed_by_us, peer) {
                 debug!(peer = self.peer(), "Duplicate connection refused.");
                 let reason = "a connection to this peer already exists";
                 refuse(incoming.connection, Some(incoming.secure), CloseCode::Duplicate, reason);

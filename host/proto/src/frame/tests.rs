@@ -22,6 +22,7 @@ fn frame_strategy() -> impl Strategy<Value = Frame> {
                 from,
                 incarnation,
                 your_incarnation,
+                run: incarnation.rotate_left(7),
                 frame_bytes_max: 1 << 20,
                 message_bytes_max: 1 << 30,
                 flags,

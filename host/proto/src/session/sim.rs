@@ -131,6 +131,7 @@ fn config(local: &str, peer: &str, incarnation: u64) -> SessionConfig {
         local: NodeName::new(local).expect("valid"),
         peer: NodeName::new(peer).expect("valid"),
         incarnation,
+        run: incarnation,
         durable: false,
         frame_bytes_max: 64 * 1024,
         message_bytes_max: 64 * 1024,

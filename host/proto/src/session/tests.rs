@@ -15,6 +15,7 @@ fn config(local: &str, peer: &str, incarnation: u64) -> SessionConfig {
         local: NodeName::new(local).unwrap(),
         peer: NodeName::new(peer).unwrap(),
         incarnation,
+        run: incarnation,
         durable: false,
         frame_bytes_max: 1 << 20,
         message_bytes_max: 1 << 20,
@@ -300,6 +301,7 @@ fn wrong_peer_and_wrong_version_are_refused() {
         to: "A".into(),
         incarnation: 5,
         your_incarnation: 0,
+        run: 1,
         frame_bytes_max: 1 << 20,
         message_bytes_max: 1 << 20,
         flags: 0,
@@ -467,8 +469,12 @@ fn the_tie_break_is_the_same_on_both_sides() {
 fn a_restarted_peer_replaces_a_dead_preferred_connection() {
     let mut p = Pair::new();
     p.connect();
-    assert!(!p.a.should_replace(true, false, Some(22)), "same incarnation: the tie-break holds");
-    assert!(p.a.should_replace(true, false, Some(99)), "new incarnation: the old connection is dead");
+    assert!(
+        !p.a.should_replace(true, false, Some((22, 22))),
+        "same incarnation and run: the tie-break holds"
+    );
+    assert!(p.a.should_replace(true, false, Some((99, 22))), "new incarnation: the old connection is dead");
+    assert!(p.a.should_replace(true, false, Some((22, 5))), "same kept incarnation, new run: dead too");
 }
 
 /// What the randomized link does next.
@@ -818,6 +824,7 @@ fn hello_from_b(your_incarnation: u64, expected: u64) -> BytesMut {
         to: "A".into(),
         incarnation: 22,
         your_incarnation,
+        run: 1,
         frame_bytes_max: 1 << 20,
         message_bytes_max: 1 << 20,
         flags: 0,
@@ -924,6 +931,7 @@ fn impossible_numbers_are_refused_even_after_a_reset() {
         to: "A".into(),
         incarnation: 5,
         your_incarnation: 0,
+        run: 1,
         frame_bytes_max: 1 << 20,
         message_bytes_max: 0,
         flags: 0,
