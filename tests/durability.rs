@@ -1,12 +1,15 @@
-//! Durability with the default `fjall` store, on real processes: persistent messages in a
-//! local queue survive `kill -9` in order and volatile ones do not; a restart with a queue
-//! limit lowered below what the queue holds is refused with the numbers.
+//! Durability with the default `fjall` store, on real processes killed with SIGKILL:
+//! persistent messages in a local queue survive in order and volatile ones do not; a lowered
+//! queue limit refuses a restart with the numbers; receivers, senders and both at once killed
+//! again and again (also while they recover) lose and duplicate no persistent message; and
+//! volatile messages may be lost across a receiver crash but never come twice.
 
 mod support;
 
 use std::time::Duration;
 
-use support::{Scratch, stderr, stdout};
+use support::history::History;
+use support::{NodeProcess, Scratch, stderr, stdout};
 
 #[test]
 fn persistent_messages_survive_kill_9_and_volatile_ones_do_not() {
@@ -61,28 +64,83 @@ fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
+/// Configuration files of a pair over Noise, so each node can be killed and started again
+/// with the same ones: B listens on a fixed port with queue `q`; A dials B (at
+/// `b_address`, B's own or a proxy's) and reconnects fast.
+struct Pair {
+    a: String,
+    b: String,
+}
+
+impl Pair {
+    fn new(s: &Scratch, a_links: &str) -> Self {
+        Self::through(s, a_links, |b_listen| b_listen.to_owned())
+    }
+
+    /// Like [`Pair::new`], A dialing the address `via` makes of B's.
+    fn through(s: &Scratch, a_links: &str, via: impl FnOnce(&str) -> String) -> Self {
+        let (a_key, b_key) = (s.keys("A"), s.keys("B"));
+        let b_listen = format!("127.0.0.1:{}", free_port());
+        let b_yaml = format!(
+            "node: {{ name: B, listen: '{b_listen}' }}\npeers: [ {{ name: A, public_key: '{a_key}' }} ]\n\
+             queues: [ {{ name: q, order: fifo }} ]\n{}\n",
+            s.security_yaml("B")
+        );
+        let a_yaml = format!(
+            "node: {{ name: A, listen: none }}\npeers: [ {{ name: B, address: '{}', public_key: '{b_key}' }} ]\n\
+             links: {{ reconnect_backoff_min_ms: 20, reconnect_backoff_max_ms: 200{a_links} }}\n{}\n",
+            via(&b_listen),
+            s.security_yaml("A")
+        );
+        let path = |name: &str, yaml: &str| s.write(name, yaml).to_str().unwrap().to_owned();
+        Self { a: path("a.yaml", &a_yaml), b: path("b.yaml", &b_yaml) }
+    }
+
+    fn start_a(&self, s: &Scratch) -> NodeProcess {
+        s.start_node("A", &["-c", &self.a])
+    }
+
+    fn start_b(&self, s: &Scratch) -> NodeProcess {
+        s.start_node("B", &["-c", &self.b])
+    }
+}
+
+/// Puts `lines` on A for `B:q`, persistent unless `reliability` says otherwise.
+fn put_lines(s: &Scratch, lines: &str, reliability: &str) {
+    let put = s.run_with_input(
+        &["put", "--node", "A", "--to", "B:q", reliability, "-"],
+        lines.as_bytes(),
+        Duration::from_secs(30),
+    );
+    assert!(put.status.success(), "{}", stderr(&put));
+}
+
+/// Takes `count` messages from `B:q` (bounded in time), then whatever is left over — which
+/// would be a duplicate.
+fn take_from_b(s: &Scratch, count: usize) -> String {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let mut got = String::new();
+    while got.lines().count() < count && std::time::Instant::now() < deadline {
+        let left = (count - got.lines().count()).to_string();
+        got.push_str(&stdout(&s.run(&["get", "--node", "B", "q", "--count", &left, "--wait", "1s"])));
+    }
+    got.push_str(&stdout(&s.run(&["get", "--node", "B", "q", "--count", "100000", "--wait", "500ms"])));
+    got
+}
+
+fn history(sent: &str, got: &str) -> History {
+    History::check(&sent.lines().collect::<Vec<_>>(), &got.lines().collect::<Vec<_>>())
+}
+
 /// A streams persistent messages to B's queue while B is killed with SIGKILL and restarted,
 /// again and again: B's store keeps each message with the link number after it, so A resends
 /// exactly what B did not keep.
 #[test]
 fn a_receiver_killed_again_and_again_loses_and_duplicates_nothing() {
     let s = Scratch::new();
-    let (a_key, b_key) = (s.keys("A"), s.keys("B"));
-    let port = free_port();
-    let b_yaml = format!(
-        "node: {{ name: B, listen: '127.0.0.1:{port}' }}\npeers: [ {{ name: A, public_key: '{a_key}' }} ]\n\
-         queues: [ {{ name: q, order: fifo }} ]\n{}\n",
-        s.security_yaml("B")
-    );
-    let b_config = s.write("b.yaml", &b_yaml);
-    let b_args = ["-c", b_config.to_str().unwrap()];
-    let mut b = s.start_node("B", &b_args);
-    let a_yaml = format!(
-        "node: {{ name: A, listen: none }}\npeers: [ {{ name: B, address: '127.0.0.1:{port}', public_key: '{b_key}' }} ]\n\
-         links: {{ reconnect_backoff_min_ms: 20, reconnect_backoff_max_ms: 200 }}\n{}\n",
-        s.security_yaml("A")
-    );
-    let a = s.start_node("A", &["-c", s.write("a.yaml", &a_yaml).to_str().unwrap()]);
+    let pair = Pair::new(&s, "");
+    let mut b = pair.start_b(&s);
+    let a = pair.start_a(&s);
     a.wait_for_log("Link up.", 1, Duration::from_secs(10));
 
     let lines: String = (0..3000).map(|i| format!("{i:05} {}\n", "p".repeat(100))).collect();
@@ -108,23 +166,13 @@ fn a_receiver_killed_again_and_again_loses_and_duplicates_nothing() {
         std::thread::sleep(Duration::from_millis(pause));
         b.kill();
         kills += 1;
-        b = s.start_node("B", &b_args);
+        b = pair.start_b(&s);
     }
     feeder.join().unwrap();
     let out = put.wait_with_output().unwrap();
     assert!(out.status.success(), "{}", stderr(&out));
 
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    let mut got = String::new();
-    while got.lines().count() < 3000 && std::time::Instant::now() < deadline {
-        let left = (3000 - got.lines().count()).to_string();
-        got.push_str(&stdout(&s.run(&["get", "--node", "B", "q", "--count", &left, "--wait", "1s"])));
-    }
-    // Whatever is left over would be a duplicate.
-    got.push_str(&stdout(&s.run(&["get", "--node", "B", "q", "--count", "100000", "--wait", "500ms"])));
-    let sent: Vec<&str> = lines.lines().collect();
-    let received: Vec<&str> = got.lines().collect();
-    let history = support::history::History::check(&sent, &received);
+    let history = history(&lines, &take_from_b(&s, 3000));
     eprintln!("{kills} kills of B: {history:?}");
     assert!(history.is_clean(), "{kills} kills of B: {history:?}");
     assert!(b.log_text().contains("Link numbers restored"), "{}", b.log_text());
@@ -136,30 +184,12 @@ fn a_receiver_killed_again_and_again_loses_and_duplicates_nothing() {
 #[test]
 fn a_restarted_receiver_takes_up_its_numbers_so_nothing_it_kept_comes_twice() {
     let s = Scratch::new();
-    let (a_key, b_key) = (s.keys("A"), s.keys("B"));
-    let port = free_port();
-    let b_yaml = format!(
-        "node: {{ name: B, listen: '127.0.0.1:{port}' }}\npeers: [ {{ name: A, public_key: '{a_key}' }} ]\n\
-         queues: [ {{ name: q, order: fifo }} ]\n{}\n",
-        s.security_yaml("B")
-    );
-    let b_config = s.write("b.yaml", &b_yaml);
-    let b_args = ["-c", b_config.to_str().unwrap()];
-    let mut b = s.start_node_env("B", &b_args, &[("LINKBUS_TEST_HOLD_ACKS", "1")]);
-    let a_yaml = format!(
-        "node: {{ name: A, listen: none }}\npeers: [ {{ name: B, address: '127.0.0.1:{port}', public_key: '{b_key}' }} ]\n\
-         links: {{ reconnect_backoff_min_ms: 20, reconnect_backoff_max_ms: 200 }}\n{}\n",
-        s.security_yaml("A")
-    );
-    let a = s.start_node("A", &["-c", s.write("a.yaml", &a_yaml).to_str().unwrap()]);
+    let pair = Pair::new(&s, "");
+    let mut b = s.start_node_env("B", &["-c", &pair.b], &[("LINKBUS_TEST_HOLD_ACKS", "1")]);
+    let a = pair.start_a(&s);
     a.wait_for_log("Link up.", 1, Duration::from_secs(10));
     let lines: String = (0..200).map(|i| format!("m{i:03}\n")).collect();
-    let put = s.run_with_input(
-        &["put", "--node", "A", "--to", "B:q", "--persistent", "-"],
-        lines.as_bytes(),
-        Duration::from_secs(30),
-    );
-    assert!(put.status.success(), "{}", stderr(&put));
+    put_lines(&s, &lines, "--persistent");
     // All 200 are in B's queue, none acknowledged to A.
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     let depth = || {
@@ -173,11 +203,10 @@ fn a_restarted_receiver_takes_up_its_numbers_so_nothing_it_kept_comes_twice() {
     }
     assert!(stdout(&s.run(&["status", "--node", "A"])).contains("acked 0"), "A still waits on them");
     b.kill();
-    let _b = s.start_node("B", &b_args);
+    let _b = pair.start_b(&s);
     a.wait_for_log("Link up.", 2, Duration::from_secs(10));
     let got = stdout(&s.run(&["get", "--node", "B", "q", "--count", "1000", "--wait", "2s"]));
-    let sent: Vec<&str> = lines.lines().collect();
-    let history = support::history::History::check(&sent, &got.lines().collect::<Vec<_>>());
+    let history = history(&lines, &got);
     assert!(history.is_clean(), "each once, in order: {history:?}");
 }
 
@@ -188,62 +217,36 @@ fn a_restarted_receiver_takes_up_its_numbers_so_nothing_it_kept_comes_twice() {
 #[test]
 fn a_killed_sender_delivers_what_waited_for_its_peer_once_after_restart() {
     let s = Scratch::new();
-    let (a_key, b_key) = (s.keys("A"), s.keys("B"));
-    let b_port = free_port();
-    let b_yaml = format!(
-        "node: {{ name: B, listen: '127.0.0.1:{b_port}' }}\npeers: [ {{ name: A, public_key: '{a_key}' }} ]\n\
-         queues: [ {{ name: q, order: fifo }} ]\n{}\n",
-        s.security_yaml("B")
-    );
-    let b_config = s.write("b.yaml", &b_yaml);
-    let proxy = support::proxy::FaultProxy::start(&format!("127.0.0.1:{b_port}"));
-    let a_yaml = format!(
-        "node: {{ name: A, listen: none }}\npeers: [ {{ name: B, address: '{}', public_key: '{b_key}' }} ]\n\
-         links: {{ reconnect_backoff_min_ms: 20, reconnect_backoff_max_ms: 200, ping_interval_ms: 300, pong_timeout_ms: 600 }}\n{}\n",
-        proxy.address,
-        s.security_yaml("A")
-    );
-    let a_config = s.write("a.yaml", &a_yaml);
-    let a_args = ["-c", a_config.to_str().unwrap()];
-    let put = |a_lines: &str| {
-        let out = s.run_with_input(
-            &["put", "--node", "A", "--to", "B:q", "--persistent", "-"],
-            a_lines.as_bytes(),
-            Duration::from_secs(30),
-        );
-        assert!(out.status.success(), "{}", stderr(&out));
-    };
+    let mut proxy = None;
+    let pair = Pair::through(&s, ", ping_interval_ms: 300, pong_timeout_ms: 600", |b_listen| {
+        let started = support::proxy::FaultProxy::start(b_listen);
+        let address = started.address.clone();
+        proxy = Some(started);
+        address
+    });
+    let proxy = proxy.expect("started");
 
     // B is down: 300 persistent messages wait in A's transmission queue; A is killed.
-    let mut a = s.start_node("A", &a_args);
+    let mut a = pair.start_a(&s);
     let first: String = (0..300).map(|i| format!("first{i:03}\n")).collect();
-    put(&first);
+    put_lines(&s, &first, "--persistent");
     a.kill();
-    let mut a = s.start_node("A", &a_args);
-    let _b = s.start_node("B", &["-c", b_config.to_str().unwrap()]);
+    let mut a = pair.start_a(&s);
+    let _b = pair.start_b(&s);
     a.wait_for_log("Link up.", 1, Duration::from_secs(10));
 
     // The link goes black: the next 100 are sent into it, never acknowledged; A is killed.
     proxy.set_blackhole(true);
     let second: String = (0..100).map(|i| format!("second{i:03}\n")).collect();
-    put(&second);
+    put_lines(&s, &second, "--persistent");
     std::thread::sleep(Duration::from_millis(300));
     a.kill();
-    let a = s.start_node("A", &a_args);
+    let a = pair.start_a(&s);
     assert!(a.log_text().contains("taken up"), "{}", a.log_text());
     proxy.set_blackhole(false);
     proxy.cut();
 
-    let all = format!("{first}{second}");
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    let mut got = String::new();
-    while got.lines().count() < 400 && std::time::Instant::now() < deadline {
-        let left = (400 - got.lines().count()).to_string();
-        got.push_str(&stdout(&s.run(&["get", "--node", "B", "q", "--count", &left, "--wait", "1s"])));
-    }
-    got.push_str(&stdout(&s.run(&["get", "--node", "B", "q", "--count", "1000", "--wait", "500ms"])));
-    let sent: Vec<&str> = all.lines().collect();
-    let history = support::history::History::check(&sent, &got.lines().collect::<Vec<_>>());
+    let history = history(&format!("{first}{second}"), &take_from_b(&s, 400));
     assert!(history.is_clean(), "{history:?}");
 }
 
@@ -253,48 +256,22 @@ fn a_killed_sender_delivers_what_waited_for_its_peer_once_after_restart() {
 #[test]
 fn a_sender_killed_again_and_again_loses_and_duplicates_nothing() {
     let s = Scratch::new();
-    let (a_key, b_key) = (s.keys("A"), s.keys("B"));
-    let b_port = free_port();
-    let b_yaml = format!(
-        "node: {{ name: B, listen: '127.0.0.1:{b_port}' }}\npeers: [ {{ name: A, public_key: '{a_key}' }} ]\n\
-         queues: [ {{ name: q, order: fifo }} ]\n{}\n",
-        s.security_yaml("B")
-    );
-    let _b = s.start_node("B", &["-c", s.write("b.yaml", &b_yaml).to_str().unwrap()]);
-    let a_yaml = format!(
-        "node: {{ name: A, listen: none }}\npeers: [ {{ name: B, address: '127.0.0.1:{b_port}', public_key: '{b_key}' }} ]\n\
-         links: {{ reconnect_backoff_min_ms: 20, reconnect_backoff_max_ms: 200 }}\n{}\n",
-        s.security_yaml("A")
-    );
-    let a_config = s.write("a.yaml", &a_yaml);
-    let a_args = ["-c", a_config.to_str().unwrap()];
-    let mut a = s.start_node("A", &a_args);
+    let pair = Pair::new(&s, "");
+    let _b = pair.start_b(&s);
+    let mut a = pair.start_a(&s);
     let mut all = String::new();
     let mut kills = 0;
     for chunk in 0..20 {
         let lines: String = (0..100).map(|i| format!("c{chunk:02}m{i:03} {}\n", "x".repeat(200))).collect();
-        let put = s.run_with_input(
-            &["put", "--node", "A", "--to", "B:q", "--persistent", "-"],
-            lines.as_bytes(),
-            Duration::from_secs(30),
-        );
-        assert!(put.status.success(), "chunk {chunk}: {}", stderr(&put));
+        put_lines(&s, &lines, "--persistent");
         all.push_str(&lines);
         if chunk % 4 == 3 {
             a.kill();
             kills += 1;
-            a = s.start_node("A", &a_args);
+            a = pair.start_a(&s);
         }
     }
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    let mut got = String::new();
-    while got.lines().count() < 2000 && std::time::Instant::now() < deadline {
-        let left = (2000 - got.lines().count()).to_string();
-        got.push_str(&stdout(&s.run(&["get", "--node", "B", "q", "--count", &left, "--wait", "1s"])));
-    }
-    got.push_str(&stdout(&s.run(&["get", "--node", "B", "q", "--count", "100000", "--wait", "500ms"])));
-    let sent: Vec<&str> = all.lines().collect();
-    let history = support::history::History::check(&sent, &got.lines().collect::<Vec<_>>());
+    let history = history(&all, &take_from_b(&s, 2000));
     eprintln!("{kills} kills of A: {history:?}");
     assert!(history.is_clean(), "{kills} kills of A: {history:?}");
 }
@@ -304,55 +281,27 @@ fn a_sender_killed_again_and_again_loses_and_duplicates_nothing() {
 #[test]
 fn both_nodes_killed_at_once_and_restarted_in_either_order_lose_nothing() {
     let s = Scratch::new();
-    let (a_key, b_key) = (s.keys("A"), s.keys("B"));
-    let b_port = free_port();
-    let b_yaml = format!(
-        "node: {{ name: B, listen: '127.0.0.1:{b_port}' }}\npeers: [ {{ name: A, public_key: '{a_key}' }} ]\n\
-         queues: [ {{ name: q, order: fifo }} ]\n{}\n",
-        s.security_yaml("B")
-    );
-    let b_config = s.write("b.yaml", &b_yaml);
-    let b_args = ["-c", b_config.to_str().unwrap()];
-    let a_yaml = format!(
-        "node: {{ name: A, listen: none }}\npeers: [ {{ name: B, address: '127.0.0.1:{b_port}', public_key: '{b_key}' }} ]\n\
-         links: {{ reconnect_backoff_min_ms: 20, reconnect_backoff_max_ms: 200 }}\n{}\n",
-        s.security_yaml("A")
-    );
-    let a_config = s.write("a.yaml", &a_yaml);
-    let a_args = ["-c", a_config.to_str().unwrap()];
-    let mut b = s.start_node("B", &b_args);
-    let mut a = s.start_node("A", &a_args);
+    let pair = Pair::new(&s, "");
+    let mut b = pair.start_b(&s);
+    let mut a = pair.start_a(&s);
     let mut all = String::new();
     for chunk in 0..12 {
         let lines: String = (0..100).map(|i| format!("c{chunk:02}m{i:03}\n")).collect();
-        let put = s.run_with_input(
-            &["put", "--node", "A", "--to", "B:q", "--persistent", "-"],
-            lines.as_bytes(),
-            Duration::from_secs(30),
-        );
-        assert!(put.status.success(), "chunk {chunk}: {}", stderr(&put));
+        put_lines(&s, &lines, "--persistent");
         all.push_str(&lines);
         if chunk == 4 || chunk == 8 {
             a.kill();
             b.kill();
             if chunk == 4 {
-                b = s.start_node("B", &b_args);
-                a = s.start_node("A", &a_args);
+                b = pair.start_b(&s);
+                a = pair.start_a(&s);
             } else {
-                a = s.start_node("A", &a_args);
-                b = s.start_node("B", &b_args);
+                a = pair.start_a(&s);
+                b = pair.start_b(&s);
             }
         }
     }
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    let mut got = String::new();
-    while got.lines().count() < 1200 && std::time::Instant::now() < deadline {
-        let left = (1200 - got.lines().count()).to_string();
-        got.push_str(&stdout(&s.run(&["get", "--node", "B", "q", "--count", &left, "--wait", "1s"])));
-    }
-    got.push_str(&stdout(&s.run(&["get", "--node", "B", "q", "--count", "100000", "--wait", "500ms"])));
-    let sent: Vec<&str> = all.lines().collect();
-    let history = support::history::History::check(&sent, &got.lines().collect::<Vec<_>>());
+    let history = history(&all, &take_from_b(&s, 1200));
     assert!(history.is_clean(), "{history:?}");
     drop((a, b));
 }
@@ -362,44 +311,25 @@ fn both_nodes_killed_at_once_and_restarted_in_either_order_lose_nothing() {
 #[test]
 fn volatile_messages_across_receiver_crashes_may_be_lost_but_never_duplicated() {
     let s = Scratch::new();
-    let (a_key, b_key) = (s.keys("A"), s.keys("B"));
-    let port = free_port();
-    let b_yaml = format!(
-        "node: {{ name: B, listen: '127.0.0.1:{port}' }}\npeers: [ {{ name: A, public_key: '{a_key}' }} ]\n\
-         queues: [ {{ name: q, order: fifo }} ]\n{}\n",
-        s.security_yaml("B")
-    );
-    let b_config = s.write("b.yaml", &b_yaml);
-    let b_args = ["-c", b_config.to_str().unwrap()];
-    let mut b = s.start_node("B", &b_args);
-    let a_yaml = format!(
-        "node: {{ name: A, listen: none }}\npeers: [ {{ name: B, address: '127.0.0.1:{port}', public_key: '{b_key}' }} ]\n\
-         links: {{ reconnect_backoff_min_ms: 20, reconnect_backoff_max_ms: 200 }}\n{}\n",
-        s.security_yaml("A")
-    );
-    let _a = s.start_node("A", &["-c", s.write("a.yaml", &a_yaml).to_str().unwrap()]);
+    let pair = Pair::new(&s, "");
+    let mut b = pair.start_b(&s);
+    let _a = pair.start_a(&s);
     let mut all = String::new();
     let mut got = String::new();
     for chunk in 0..10 {
         let lines: String = (0..200).map(|i| format!("c{chunk:02}m{i:03}\n")).collect();
-        let put = s.run_with_input(
-            &["put", "--node", "A", "--to", "B:q", "--volatile", "-"],
-            lines.as_bytes(),
-            Duration::from_secs(30),
-        );
-        assert!(put.status.success(), "chunk {chunk}: {}", stderr(&put));
+        put_lines(&s, &lines, "--volatile");
         all.push_str(&lines);
         // Take some now (a consumer that got them before the crash must not see them again).
         got.push_str(&stdout(&s.run(&["get", "--node", "B", "q", "--count", "150", "--wait", "300ms"])));
         if chunk % 3 == 1 {
             b.kill();
-            b = s.start_node("B", &b_args);
+            b = pair.start_b(&s);
         }
     }
     std::thread::sleep(Duration::from_secs(1));
     got.push_str(&stdout(&s.run(&["get", "--node", "B", "q", "--count", "100000", "--wait", "1s"])));
-    let sent: Vec<&str> = all.lines().collect();
-    let history = support::history::History::check(&sent, &got.lines().collect::<Vec<_>>());
+    let history = history(&all, &got);
     eprintln!("volatile across 3 receiver crashes: {history:?}");
     assert_eq!((history.duplicated, history.reordered, history.corrupted), (0, 0, 0), "{history:?}");
 }
