@@ -18,19 +18,9 @@ fn persistent_messages_survive_kill_9_and_volatile_ones_do_not() {
     let config = config.to_str().unwrap();
     let mut a = s.start_node("A", &["-c", config]);
     let lines: String = (1..=500).map(|n| format!("p{n}\n")).collect();
-    let put = s.run_with_input(
-        &["put", "--node", "A", "--to", "A:q", "--persistent", "-"],
-        lines.as_bytes(),
-        Duration::from_secs(60),
-    );
-    assert!(put.status.success(), "{}", stderr(&put));
+    put_lines(&s, "A:q", &lines, "--persistent");
     let volatile: String = (1..=100).map(|n| format!("v{n}\n")).collect();
-    let put = s.run_with_input(
-        &["put", "--node", "A", "--to", "A:q", "--volatile", "-"],
-        volatile.as_bytes(),
-        Duration::from_secs(60),
-    );
-    assert!(put.status.success(), "{}", stderr(&put));
+    put_lines(&s, "A:q", &volatile, "--volatile");
     a.kill();
 
     let mut a = s.start_node("A", &["-c", config]);
@@ -40,12 +30,7 @@ fn persistent_messages_survive_kill_9_and_volatile_ones_do_not() {
     assert_eq!(stdout(&get), lines, "every persistent message, in order, and no volatile one");
 
     // A limit lowered below what the queue holds: the node refuses to start and says why.
-    let three = s.run_with_input(
-        &["put", "--node", "A", "--to", "A:q", "--persistent", "-"],
-        b"x\ny\nz\n",
-        Duration::from_secs(10),
-    );
-    assert!(three.status.success(), "{}", stderr(&three));
+    put_lines(&s, "A:q", "x\ny\nz\n", "--persistent");
     a.kill();
     let lowered = s.write(
         "a2.yaml",
@@ -105,10 +90,10 @@ impl Pair {
     }
 }
 
-/// Puts `lines` on A for `B:q`, persistent unless `reliability` says otherwise.
-fn put_lines(s: &Scratch, lines: &str, reliability: &str) {
+/// Puts `lines` on A for `to`, with `reliability` (`--persistent` or `--volatile`).
+fn put_lines(s: &Scratch, to: &str, lines: &str, reliability: &str) {
     let put = s.run_with_input(
-        &["put", "--node", "A", "--to", "B:q", reliability, "-"],
+        &["put", "--node", "A", "--to", to, reliability, "-"],
         lines.as_bytes(),
         Duration::from_secs(30),
     );
@@ -189,7 +174,7 @@ fn a_restarted_receiver_takes_up_its_numbers_so_nothing_it_kept_comes_twice() {
     let a = pair.start_a(&s);
     a.wait_for_log("Link up.", 1, Duration::from_secs(10));
     let lines: String = (0..200).map(|i| format!("m{i:03}\n")).collect();
-    put_lines(&s, &lines, "--persistent");
+    put_lines(&s, "B:q", &lines, "--persistent");
     // All 200 are in B's queue, none acknowledged to A.
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     let depth = || {
@@ -229,7 +214,7 @@ fn a_killed_sender_delivers_what_waited_for_its_peer_once_after_restart() {
     // B is down: 300 persistent messages wait in A's transmission queue; A is killed.
     let mut a = pair.start_a(&s);
     let first: String = (0..300).map(|i| format!("first{i:03}\n")).collect();
-    put_lines(&s, &first, "--persistent");
+    put_lines(&s, "B:q", &first, "--persistent");
     a.kill();
     let mut a = pair.start_a(&s);
     let _b = pair.start_b(&s);
@@ -238,7 +223,7 @@ fn a_killed_sender_delivers_what_waited_for_its_peer_once_after_restart() {
     // The link goes black: the next 100 are sent into it, never acknowledged; A is killed.
     proxy.set_blackhole(true);
     let second: String = (0..100).map(|i| format!("second{i:03}\n")).collect();
-    put_lines(&s, &second, "--persistent");
+    put_lines(&s, "B:q", &second, "--persistent");
     std::thread::sleep(Duration::from_millis(300));
     a.kill();
     let a = pair.start_a(&s);
@@ -263,7 +248,7 @@ fn a_sender_killed_again_and_again_loses_and_duplicates_nothing() {
     let mut kills = 0;
     for chunk in 0..20 {
         let lines: String = (0..100).map(|i| format!("c{chunk:02}m{i:03} {}\n", "x".repeat(200))).collect();
-        put_lines(&s, &lines, "--persistent");
+        put_lines(&s, "B:q", &lines, "--persistent");
         all.push_str(&lines);
         if chunk % 4 == 3 {
             a.kill();
@@ -287,7 +272,7 @@ fn both_nodes_killed_at_once_and_restarted_in_either_order_lose_nothing() {
     let mut all = String::new();
     for chunk in 0..12 {
         let lines: String = (0..100).map(|i| format!("c{chunk:02}m{i:03}\n")).collect();
-        put_lines(&s, &lines, "--persistent");
+        put_lines(&s, "B:q", &lines, "--persistent");
         all.push_str(&lines);
         if chunk == 4 || chunk == 8 {
             a.kill();
@@ -318,7 +303,7 @@ fn volatile_messages_across_receiver_crashes_may_be_lost_but_never_duplicated() 
     let mut got = String::new();
     for chunk in 0..10 {
         let lines: String = (0..200).map(|i| format!("c{chunk:02}m{i:03}\n")).collect();
-        put_lines(&s, &lines, "--volatile");
+        put_lines(&s, "B:q", &lines, "--volatile");
         all.push_str(&lines);
         // Take some now (a consumer that got them before the crash must not see them again).
         got.push_str(&stdout(&s.run(&["get", "--node", "B", "q", "--count", "150", "--wait", "300ms"])));

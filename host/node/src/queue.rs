@@ -744,22 +744,7 @@ mod tests {
     use std::time::Duration;
 
     fn queue(order: QueueOrder, max: u64, store: Arc<dyn Store>) -> LocalQueue {
-        let config = QueueConfig {
-            name: QueueName::new("q").unwrap(),
-            order,
-            queue_messages_max: max,
-            message_bytes_max: 1024,
-            reliability: Reliability::Volatile,
-            when_full: crate::config::WhenFull::Block,
-        };
-        LocalQueue::open(
-            config,
-            store.as_ref(),
-            Arc::new(Committer::direct(store.clone())),
-            Arc::new(Notify::new()),
-            Instant::now(),
-        )
-        .unwrap()
+        open(config(order, max, 1024), &store).unwrap()
     }
 
     fn message(n: u64, priority: u8, lifetime_ms: u64) -> Message {
@@ -981,25 +966,19 @@ mod tests {
         drop(fifo);
         // FIFO to priority: by priority, then arrival.
         let by_priority = open(config(QueueOrder::Priority, 10, 1024), &store).unwrap();
-        let order: Vec<u64> = by_priority
-            .pop(PopLimits { pending: true, ..PopLimits::auto(10) }, Instant::now())
-            .unwrap()
-            .messages
-            .iter()
-            .map(|m| m.id.sequence)
-            .collect();
-        assert_eq!(order, [2, 3, 1]);
+        assert_eq!(
+            sequences(
+                &by_priority.pop(PopLimits { pending: true, ..PopLimits::auto(10) }, Instant::now()).unwrap()
+            ),
+            [2, 3, 1]
+        );
         drop(by_priority);
         // Priority to FIFO: by arrival (the pending ones came back marked, in their order).
         let fifo = open(config(QueueOrder::Fifo, 10, 1024), &store).unwrap();
-        let order: Vec<u64> = fifo
-            .pop(PopLimits { pending: true, ..PopLimits::auto(10) }, Instant::now())
-            .unwrap()
-            .messages
-            .iter()
-            .map(|m| m.id.sequence)
-            .collect();
-        assert_eq!(order, [1, 2, 3]);
+        assert_eq!(
+            sequences(&fifo.pop(PopLimits { pending: true, ..PopLimits::auto(10) }, Instant::now()).unwrap()),
+            [1, 2, 3]
+        );
         drop(fifo);
 
         // Overfilled under an unchanged limit (as deliveries from links may): accepted.

@@ -116,6 +116,13 @@ impl Pair {
         }
     }
 
+    /// A sends messages `numbers` on channel `C`.
+    fn send(&mut self, numbers: std::ops::RangeInclusive<u64>) {
+        for n in numbers {
+            self.a.send(C, message(n), None, self.now).unwrap();
+        }
+    }
+
     fn disconnect(&mut self) {
         self.a.handle_disconnected();
         self.b.handle_disconnected();
@@ -127,9 +134,7 @@ fn messages_flow_in_order_and_are_acknowledged() {
     let mut p = Pair::new();
     p.connect();
     assert!(p.a.is_established() && p.b.is_established());
-    for n in 1..=5 {
-        p.a.send(C, message(n), None, p.now).unwrap();
-    }
+    p.send(1..=5);
     p.pump();
     assert_eq!(p.received_by_b, [1, 2, 3, 4, 5]);
     assert_eq!(p.a.in_flight(), 0, "cumulative ACK completed everything");
@@ -172,9 +177,7 @@ fn unacknowledged_messages_are_resent_exactly_once() {
 fn a_peer_that_lost_its_state_gets_a_fresh_sequence_space() {
     let mut p = Pair::new();
     p.connect();
-    for n in 1..=3 {
-        p.a.send(C, message(n), None, p.now).unwrap();
-    }
+    p.send(1..=3);
     p.pump();
     p.disconnect();
     // B restarts with a new incarnation and nothing remembered.
@@ -196,9 +199,7 @@ fn a_peer_that_lost_its_state_gets_a_fresh_sequence_space() {
 fn a_restarted_receiver_that_kept_its_numbers_gets_no_duplicates() {
     let mut p = Pair::new();
     p.connect();
-    for n in 1..=3 {
-        p.a.send(C, message(n), None, p.now).unwrap();
-    }
+    p.send(1..=3);
     p.pump();
     // Messages 4 and 5 reach B (which stores them and records 6 as next) but B's ACK is lost
     // when B crashes.
@@ -237,9 +238,7 @@ fn a_restarted_sender_resends_what_it_recorded_skips_what_it_lost_and_follows_a_
     // B has 1..=3; A recorded 4, 5 and 7 (6 was volatile, lost with A's crash).
     let mut p = Pair::new();
     p.connect();
-    for n in 1..=3 {
-        p.a.send(C, message(n), None, p.now).unwrap();
-    }
+    p.send(1..=3);
     p.pump();
     restarted_a(&mut p, &[4, 5, 7]);
     assert_eq!(p.received_by_b, [1, 2, 3, 4, 5, 7], "6 went as a skip");
@@ -259,9 +258,7 @@ fn a_restarted_sender_resends_what_it_recorded_skips_what_it_lost_and_follows_a_
     // B got volatile messages after A's last record: A follows B's number.
     let mut p = Pair::new();
     p.connect();
-    for n in 1..=6 {
-        p.a.send(C, message(n), None, p.now).unwrap();
-    }
+    p.send(1..=6);
     p.pump();
     restarted_a(&mut p, &[2]);
     assert!(p.closed.is_empty(), "{:?}", p.closed);
@@ -273,9 +270,7 @@ fn a_restarted_sender_resends_what_it_recorded_skips_what_it_lost_and_follows_a_
 #[test]
 fn window_bounds_messages_in_flight() {
     let mut p = Pair::new();
-    for n in 1..=8 {
-        p.a.send(C, message(n), None, p.now).unwrap();
-    }
+    p.send(1..=8);
     assert_eq!(p.a.send(C, message(9), None, p.now), Err(SendError::WindowFull(8)));
     p.connect();
     assert!(p.a.has_window(C));
@@ -373,9 +368,7 @@ fn handshake_times_out() {
 fn unconfirmed_deliveries_are_resent_after_a_reconnect() {
     let mut p = Pair::new();
     p.connect();
-    for n in 1..=3 {
-        p.a.send(C, message(n), None, p.now).unwrap();
-    }
+    p.send(1..=3);
     // B receives all three but the host stores only the first, then the link drops.
     let bytes = out(&mut p.a, p.now).unwrap();
     p.b.handle_bytes(&bytes, p.now);
@@ -580,9 +573,7 @@ proptest! {
 fn writes_respect_the_budget_and_keep_order() {
     let mut p = Pair::new();
     p.connect();
-    for n in 1..=8 {
-        p.a.send(C, message(n), None, p.now).unwrap();
-    }
+    p.send(1..=8);
     assert_eq!(p.a.unwritten(), 8);
     assert_eq!(p.a.write_pending(p.now, 1), 1, "a budget writes at least one message");
     assert_eq!(p.a.write_pending(p.now, 0), 0);
@@ -838,9 +829,7 @@ fn hello_from_b(your_incarnation: u64, expected: u64) -> BytesMut {
 fn a_peer_whose_numbers_went_backwards_is_refused_until_an_operator_resets() {
     let mut p = Pair::new();
     p.connect();
-    for n in 1..=3 {
-        p.a.send(C, message(n), None, p.now).unwrap();
-    }
+    p.send(1..=3);
     p.pump();
     assert_eq!(p.received_by_b, [1, 2, 3]);
     p.disconnect();
@@ -996,9 +985,7 @@ fn after_a_reset_a_peer_ahead_of_us_has_what_we_still_hold() {
     let mut p = Pair::new();
     p.connect();
     p.disconnect();
-    for n in 1..=3 {
-        p.a.send(C, message(n), None, p.now).unwrap();
-    }
+    p.send(1..=3);
     p.a.handle_connected(p.now);
     p.a.handle_bytes(&hello_from_b(11, 6), p.now);
     let closed = std::iter::from_fn(|| p.a.poll_event()).find(|e| matches!(e, SessionEvent::Closed(_)));
