@@ -478,7 +478,7 @@ impl NodeState {
         for (index, content) in contents.into_iter().enumerate() {
             let message = self.prepare(index, content, created_unix_ms)?;
             let tracking = self.track([&message]).map_err(|e| put_error(index, e))?;
-            self.dispatch(message.clone(), Instant::now()).map_err(|e| put_error(index, e))?;
+            self.dispatch(&message, Instant::now()).map_err(|e| put_error(index, e))?;
             tracking.keep();
             self.delivered_here(&message);
             sequences.push(message.id.sequence);
@@ -547,7 +547,7 @@ impl NodeState {
                 let room = self.room.notified();
                 tokio::pin!(room);
                 room.as_mut().enable();
-                match self.dispatch(message.clone(), Instant::now()) {
+                match self.dispatch(&message, Instant::now()) {
                     Ok(()) => break,
                     Err((ErrorCode::Full, reason)) => {
                         let waited = tokio::time::Instant::now() < deadline
@@ -570,8 +570,7 @@ impl NodeState {
 
     /// Checks one content from a client and makes it a message.
     fn prepare(&self, index: usize, content: Content, created_unix_ms: u64) -> Result<Message, PutError> {
-        self.check_content(&content).map_err(|e| put_error(index, e))?;
-        Ok(self.stamp(content, created_unix_ms))
+        self.prepare_in_transaction(content, created_unix_ms).map_err(|e| put_error(index, e))
     }
 
     /// Starts tracking the results of those of `messages` that want them — before they are
@@ -628,7 +627,7 @@ impl NodeState {
             return warn!(id = %to.id, error = %e, "Result message not valid; dropped.");
         }
         let message = self.stamp(content, crate::clock::unix_ms());
-        if let Err((_, reason)) = self.dispatch_own(message, Instant::now()) {
+        if let Err((_, reason)) = self.dispatch_own(&message, Instant::now()) {
             self.results_dropped.fetch_add(1, Ordering::Relaxed);
             debug!(id = %to.id, reason, "Result message dropped.");
         }
@@ -716,18 +715,16 @@ impl NodeState {
     /// Queues one accepted message: into local queues for recipients on this node, and once
     /// onto each link whose node has recipients. Room is checked everywhere first, so a
     /// refusal leaves nothing queued (unless a concurrent put takes the room in between).
-    fn dispatch(&self, message: Message, now: Instant) -> Result<(), (ErrorCode, String)> {
-        let targets = self.targets(&message)?;
+    fn dispatch(&self, message: &Message, now: Instant) -> Result<(), (ErrorCode, String)> {
         let _admission = self.admission.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        self.check_room(&[(&message, &targets)], &[])?;
-        self.push(message, targets, now)
+        self.dispatch_own(message, now)
     }
 
     /// Like [`NodeState::dispatch`] for the node's own messages (events, results), without
     /// the admission lock: they never wait behind client puts.
-    fn dispatch_own(&self, message: Message, now: Instant) -> Result<(), (ErrorCode, String)> {
-        let targets = self.targets(&message)?;
-        self.check_room(&[(&message, &targets)], &[])?;
+    fn dispatch_own(&self, message: &Message, now: Instant) -> Result<(), (ErrorCode, String)> {
+        let targets = self.targets(message)?;
+        self.check_room(&[(message, &targets)], &[])?;
         self.push(message, targets, now)
     }
 
@@ -830,7 +827,7 @@ impl NodeState {
     /// client puts and commits; deliveries from links, events and result messages do not
     /// take it and may overfill a queue a little). A message is never queued in some places
     /// and refused in others.
-    fn push(&self, message: Message, targets: Targets<'_>, now: Instant) -> Result<(), (ErrorCode, String)> {
+    fn push(&self, message: &Message, targets: Targets<'_>, now: Instant) -> Result<(), (ErrorCode, String)> {
         for queue in targets.local {
             queue.push_bounded(message.clone(), now, u64::MAX).map_err(|e| queue_error(&e))?;
         }
@@ -891,7 +888,7 @@ impl NodeState {
                 Ok(()) => {
                     let now = Instant::now();
                     for (done, (message, targets)) in planned.into_iter().enumerate() {
-                        if let Err((_, e)) = self.push(message.clone(), targets, now) {
+                        if let Err((_, e)) = self.push(message, targets, now) {
                             drop(admission);
                             // Those queued stay tracked (the one that failed may be in some
                             // of its queues: its results are not followed).
@@ -1081,7 +1078,7 @@ impl NodeState {
                 continue;
             }
             let message = self.stamp(copy, crate::clock::unix_ms());
-            if let Err((_, reason)) = self.dispatch_own(message, now) {
+            if let Err((_, reason)) = self.dispatch_own(&message, now) {
                 self.events_dropped.fetch_add(1, Ordering::Relaxed);
                 tracing::debug!(kind = %event.kind, reason, "Event copy dropped.");
             }

@@ -355,7 +355,7 @@ impl LocalQueue {
                 self.delete_op(&mut batch, entry.key, &entry.message);
             }
         }
-        self.write(batch, false)?;
+        self.committer.write(batch);
         for tag in &tags {
             levels.pending.remove(tag);
         }
@@ -392,20 +392,8 @@ impl LocalQueue {
                 None => self.delete_op(&mut expired, entry.key, &entry.message),
             }
         }
-        if let Err(e) = self.write(expired, false) {
-            tracing::warn!(queue = %self.config.name, error = %e, "Could not remove expired messages from the store.");
-        }
-        if let Err(e) = self.requeue_locked(&mut levels, messages.clone(), now) {
-            // The store still holds them under their old keys: queue them again in memory
-            // under those keys, so they are not stuck pending (a restart finds them too).
-            tracing::warn!(queue = %self.config.name, error = %e, "Backed-out messages requeued in memory only.");
-            for (key, mut message) in messages.into_iter().rev() {
-                message.redelivered = true;
-                message.backout_count = message.backout_count.saturating_add(1);
-                unpop_entry(&mut levels, self.config.order, Entry { key, message, enqueued_at: now });
-                levels.len += 1;
-            }
-        }
+        self.committer.write(expired);
+        self.requeue_locked(&mut levels, messages, now);
         drop(levels);
         self.notify.notify_waiters();
         self.room.notify_waiters();
@@ -419,26 +407,17 @@ impl LocalQueue {
 
     /// Puts messages taken by [`LocalQueue::pop`] back at the head, in their order (a get
     /// whose client went away before the answer was written).
-    ///
-    /// # Errors
-    /// [`StoreError`] when the store fails; the messages are not restored then.
-    pub fn restore(&self, messages: Vec<Message>, now: Instant) -> Result<(), StoreError> {
+    pub fn restore(&self, messages: Vec<Message>, now: Instant) {
         let mut levels = self.lock();
         // Their old keys are gone from the store already (0 is never a key: no delete).
-        self.requeue_locked(&mut levels, messages.into_iter().map(|m| (0, m)).collect(), now)?;
+        self.requeue_locked(&mut levels, messages.into_iter().map(|m| (0, m)).collect(), now);
         drop(levels);
         self.notify.notify_waiters();
-        Ok(())
     }
 
     /// Puts `(old key, message)` pairs back at the head of their levels, in their order,
     /// marked redelivered with their backout count raised, under new keys (old ones deleted).
-    fn requeue_locked(
-        &self,
-        levels: &mut Levels,
-        messages: Vec<(u64, Message)>,
-        now: Instant,
-    ) -> Result<(), StoreError> {
+    fn requeue_locked(&self, levels: &mut Levels, messages: Vec<(u64, Message)>, now: Instant) {
         let mut batch = Batch::new();
         let mut entries = Vec::with_capacity(messages.len());
         let mut front_key = levels.front_key;
@@ -454,13 +433,12 @@ impl LocalQueue {
             self.put_op(&mut batch, key, &message);
             entries.push(Entry { key, message, enqueued_at: now });
         }
-        self.write(batch, false)?;
+        self.committer.write(batch);
         levels.front_key = front_key;
         for entry in entries {
             unpop_entry(levels, self.config.order, entry);
             levels.len += 1;
         }
-        Ok(())
     }
 
     /// Queues `message`, stored before it becomes visible.
@@ -503,7 +481,7 @@ impl LocalQueue {
         // sync after it (group commit, `storage.rs`).
         self.put_op(&mut batch, key, &message);
         batch.ops.extend(with.ops);
-        self.write(batch, false)?;
+        self.committer.write(batch);
         levels.next_key += 1;
         push_entry(&mut levels, self.config.order, Entry { key, message, enqueued_at: now });
         drop(levels);
@@ -517,8 +495,11 @@ impl LocalQueue {
     /// (reported in [`Popped::too_large`]; it stays queued). Pending pops keep the messages
     /// in the store until [`LocalQueue::ack`].
     ///
+    /// Its store writes go to the store thread, in order; a store failure stops the node
+    /// from there (see `storage.rs`).
+    ///
     /// # Errors
-    /// [`StoreError`] when removing messages from the store fails (they stay queued then).
+    /// None today: the `Result` is kept for stores written in place.
     pub fn pop(&self, limits: PopLimits, now: Instant) -> Result<Popped, StoreError> {
         let mut levels = self.lock();
         let mut popped = Popped::default();
@@ -570,12 +551,7 @@ impl LocalQueue {
             }
             taken.push((entry, limits.pending));
         }
-        if let Err(e) = self.write(batch, false) {
-            for (entry, _) in taken.into_iter().rev() {
-                unpop_entry(&mut levels, self.config.order, entry);
-            }
-            return Err(e);
-        }
+        self.committer.write(batch);
         let freed = settle_taken(&mut levels, taken);
         drop(levels);
         if freed {
@@ -615,14 +591,6 @@ impl LocalQueue {
         if self.stored(message) {
             batch.delete(&self.space, Bytes::copy_from_slice(&key.to_be_bytes()));
         }
-    }
-
-    /// Hands `batch` to the store thread (in this queue's order; durability is awaited by
-    /// whoever answers for it, see `storage.rs`).
-    #[expect(clippy::unnecessary_wraps, reason = "store errors surface through the committer")]
-    fn write(&self, batch: Batch, _sync: bool) -> Result<(), StoreError> {
-        self.committer.write(batch);
-        Ok(())
     }
 
     /// Waits until a push happens (or `deadline` passes); callers re-check with `pop`.
@@ -816,7 +784,7 @@ mod tests {
         }
         let taken = q.pop(PopLimits::auto(2), now).unwrap();
         assert!(q.has_room(8) && !q.has_room(9));
-        q.restore(taken.messages, now).unwrap();
+        q.restore(taken.messages, now);
         assert!(!q.has_room(7));
         let reopened = queue(QueueOrder::Fifo, 10, store);
         assert_eq!(sequences(&reopened.pop(PopLimits::auto(10), now).unwrap()), [1, 2, 3, 4]);

@@ -216,11 +216,6 @@ impl Committer {
             .map_err(|_| StoreError::Backend { op: "write", reason: "the store thread has stopped".into() })?
     }
 
-    /// Whether the store failed (the node is stopping).
-    pub fn failed(&self) -> bool {
-        self.failure.get().is_some()
-    }
-
     /// Like [`Committer::sync`], blocking the calling thread (for code outside async tasks
     /// and the link tasks' acknowledgement step).
     ///

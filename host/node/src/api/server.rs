@@ -356,9 +356,8 @@ async fn serve(node: Arc<NodeState>, mut stream: UnixStream, mut shutdown: watch
             if let (Response::Messages { messages, tags }, Some(queue)) = (response, taken_from)
                 && tags.is_empty()
                 && !messages.is_empty()
-                && let Err(store) = queue.restore(messages, Instant::now())
             {
-                warn!(error = %store, "Could not restore the messages of a failed get.");
+                queue.restore(messages, Instant::now());
             }
             debug!(error = %e, "Client connection lost.");
             return;

@@ -34,11 +34,6 @@ pub(crate) struct Incoming {
     pub(crate) secure: SecureChannel,
 }
 
-/// A priority class of the transmission queue for a peer is full.
-#[derive(Debug, Clone, Copy, thiserror::Error)]
-#[error("transmission queue is full ({0} messages of this priority)")]
-pub struct TransmissionQueueFull(pub u64);
-
 /// The shared side of one link; the link task holds the rest.
 pub struct LinkHandle {
     /// The peer's configuration.
@@ -50,8 +45,6 @@ pub struct LinkHandle {
     /// Messages waiting for the peer, one bounded FIFO per priority class, with the time
     /// they were queued (for their lifetime).
     pub(crate) queue: Mutex<TransmissionQueue>,
-    /// Limit of each class (`links.queue_messages_max`).
-    queue_messages_max: u64,
     /// Notified when messages leave the queue, for puts waiting for room.
     pub(crate) room: Arc<Notify>,
     /// Wakes the link task: the queue gained a message, or the writer drained.
@@ -116,7 +109,6 @@ impl LinkHandle {
             restored_sent: Mutex::new(Vec::new()),
             peer,
             queue: Mutex::new(TransmissionQueue::new(queue_messages_max)),
-            queue_messages_max,
             room,
             wake: Notify::new(),
             incoming_tx,
@@ -178,11 +170,6 @@ impl LinkHandle {
         self.queue.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Whether `message`'s priority class has room for it now.
-    pub fn has_room_for(&self, message: &Message) -> bool {
-        self.lock().has_room_for(message)
-    }
-
     /// Whether `message`'s priority class has room for `count` messages now.
     pub fn has_room_for_many(&self, message: &Message, count: usize) -> bool {
         self.lock().has_room_for_many(message, count)
@@ -196,22 +183,6 @@ impl LinkHandle {
     /// Whether two messages wait in the same class of a transmission queue.
     pub fn same_class(a: &Message, b: &Message) -> bool {
         TransmissionQueue::class_of(a) == TransmissionQueue::class_of(b)
-    }
-
-    /// Queues a message for the peer in its priority class.
-    ///
-    /// # Errors
-    /// [`TransmissionQueueFull`] when that class holds `links.queue_messages_max`.
-    pub fn enqueue(&self, message: Message, now: Instant) -> Result<(), TransmissionQueueFull> {
-        let mut queue = self.lock();
-        if !queue.has_room_for(&message) {
-            return Err(TransmissionQueueFull(self.queue_messages_max));
-        }
-        let key = self.record_queued(&message);
-        queue.push_checked(message, now, key);
-        drop(queue);
-        self.wake.notify_one();
-        Ok(())
     }
 
     /// A persistent message entering the queue is recorded (under the queue's lock, so the

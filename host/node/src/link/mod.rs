@@ -40,8 +40,8 @@ use crate::events::{Event, EventKind};
 use crate::node::NodeState;
 use crate::results::{EXPIRED_BEFORE_SENDING, Outcome, RESULT_MESSAGE_NAME, ResultTo};
 use backoff::Backoff;
+pub use handle::LinkHandle;
 pub(crate) use handle::{Gate, Incoming};
-pub use handle::{LinkHandle, TransmissionQueueFull};
 pub(crate) use io::refuse;
 use io::{ConnEvent, read_loop, secure_dial, write_loop};
 pub use transmit::CLASSES;
@@ -518,11 +518,7 @@ impl Link {
                 let elapsed = now.saturating_duration_since(queued_at);
                 let lifetime = message.content.lifetime.unwrap_or(Lifetime::UNLIMITED);
                 let Some(left) = lifetime.after(elapsed.as_millis() as u64) else {
-                    warn!(peer = self.peer(), id = %message.id, "Message expired before it was sent.");
-                    if let (Some(record), Some(key)) = (&self.handle.record, key) {
-                        record.dropped(key);
-                    }
-                    expired.push(message);
+                    expired.push((message, key));
                     continue;
                 };
                 message.content.lifetime = Some(left);
@@ -557,8 +553,8 @@ impl Link {
                 self.handle.room.notify_waiters();
             }
         }
-        for message in &expired {
-            self.expired(message, false);
+        for (message, key) in &expired {
+            self.expire_unsent(message, *key);
         }
         for (message, max) in too_large {
             let reason = format!("message is larger than peer {}'s message limit ({max} bytes)", self.peer());
@@ -569,21 +565,24 @@ impl Link {
     /// Takes expired messages out of the transmission queue and reports them (see
     /// [`Link::expired`]).
     fn sweep_expired(&self) {
-        let mut queue = self.handle.lock();
-        let expired = queue.take_expired(Instant::now());
-        drop(queue);
-        if let Some(record) = &self.handle.record {
-            expired.iter().filter_map(|(_, key)| *key).for_each(|key| record.dropped(key));
-        }
-        let expired: Vec<linkbus_plugin_api::Message> = expired.into_iter().map(|(m, _)| m).collect();
+        let expired = self.handle.lock().take_expired(Instant::now());
         if expired.is_empty() {
             return;
         }
         self.handle.room.notify_waiters();
-        for message in &expired {
-            warn!(peer = self.peer(), id = %message.id, "Message expired before it was sent.");
-            self.expired(message, false);
+        for (message, key) in &expired {
+            self.expire_unsent(message, *key);
         }
+    }
+
+    /// A message that expired in the transmission queue: its record goes, and it is
+    /// reported (see [`Link::expired`]).
+    fn expire_unsent(&self, message: &linkbus_plugin_api::Message, key: Option<u64>) {
+        if let (Some(record), Some(key)) = (&self.handle.record, key) {
+            record.dropped(key);
+        }
+        warn!(peer = self.peer(), id = %message.id, "Message expired before it was sent.");
+        self.expired(message, false);
     }
 
     /// The handshake completed: the link is up (logged, and raised as an event).
@@ -685,9 +684,10 @@ impl Link {
                     self.rerecord_sent();
                     self.established(peer_restarted, resent, resumed_bytes);
                 }
-                SessionEvent::Received { channel, sequence, message } => {
-                    let stored = self.node.reliability_of(&message.content)
-                        == linkbus_plugin_api::Reliability::Persistent;
+                SessionEvent::Received { channel, sequence, mut message } => {
+                    // Resolved once here (`deliver_with` then finds it resolved).
+                    message.content.reliability = self.node.reliability_of(&message.content);
+                    let stored = message.content.reliability == linkbus_plugin_api::Reliability::Persistent;
                     persistent |= stored;
                     // A stored message and the number after it are written together.
                     let with = if stored { self.recorded.delivered(channel, sequence) } else { Batch::new() };

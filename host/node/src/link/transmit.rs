@@ -75,6 +75,7 @@ impl TransmissionQueue {
     }
 
     /// Whether one more message of `message`'s class fits.
+    #[cfg(test)]
     pub(crate) fn has_room_for(&self, message: &Message) -> bool {
         self.has_room_for_many(message, 1)
     }
