@@ -665,13 +665,18 @@ const RECORD_HEADER_BYTES: usize = 1 + 4 + 8;
 /// A queue record: format u8, CRC32C (u32, of everything after it), the wall-clock time it
 /// was (re)queued in milliseconds (u64), then the message (its remaining lifetime as of then).
 pub(crate) fn encode_record(message: &Message) -> Bytes {
-    let mut body = Vec::with_capacity(RECORD_HEADER_BYTES + 256);
-    body.extend_from_slice(&crate::clock::unix_ms().to_be_bytes());
-    body.extend_from_slice(&message_bytes(message));
-    let mut record = Vec::with_capacity(RECORD_HEADER_BYTES + body.len());
+    encode_record_of(&message_bytes(message))
+}
+
+/// [`encode_record`] of a message already encoded (`message`, its wire form).
+pub(crate) fn encode_record_of(message: &[u8]) -> Bytes {
+    let mut record = Vec::with_capacity(RECORD_HEADER_BYTES + message.len());
     record.push(RECORD_FORMAT);
-    record.extend_from_slice(&crc32c::crc32c(&body).to_be_bytes());
-    record.extend_from_slice(&body);
+    record.extend_from_slice(&[0; 4]);
+    record.extend_from_slice(&crate::clock::unix_ms().to_be_bytes());
+    record.extend_from_slice(message);
+    let crc = crc32c::crc32c(&record[5..]);
+    record[1..5].copy_from_slice(&crc.to_be_bytes());
     Bytes::from(record)
 }
 

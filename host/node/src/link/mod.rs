@@ -524,11 +524,12 @@ impl Link {
                 message.content.lifetime = Some(left);
                 let expires_at = (!left.is_unlimited()).then(|| now + Duration::from_millis(left.as_ms()));
                 let channel = channel_of(&message);
-                match self.session.send(channel, message_bytes(&message), expires_at, now) {
+                let bytes = message_bytes(&message);
+                match self.session.send(channel, bytes.clone(), expires_at, now) {
                     Ok(sequence) => {
                         // Recorded as sent under its number, in the queue's order.
                         if let (Some(record), Some(key)) = (&self.handle.record, key) {
-                            record.sent(key, channel, sequence, &message);
+                            record.sent(key, channel, sequence, &bytes);
                             self.unapplied = true;
                             if let Some(sent) = self.sent.get_mut(channel as usize) {
                                 sent.insert(sequence);

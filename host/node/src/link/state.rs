@@ -176,11 +176,12 @@ impl SendRecord {
         self.committer.write(batch);
     }
 
-    /// A queued message went to the session as `sequence` on `channel` (`bytes` as sent).
-    pub(crate) fn sent(&self, key: u64, channel: u8, sequence: u64, message: &Message) {
+    /// A queued message went to the session as `sequence` on `channel` (`bytes`: its wire
+    /// form as sent).
+    pub(crate) fn sent(&self, key: u64, channel: u8, sequence: u64, bytes: &[u8]) {
         let mut batch = Batch::new();
         batch.delete(&self.space, queue_key(key));
-        batch.put(&self.space, sent_key(channel, sequence), crate::queue::encode_record(message));
+        batch.put(&self.space, sent_key(channel, sequence), crate::queue::encode_record_of(bytes));
         self.committer.write(batch);
     }
 
