@@ -2,7 +2,8 @@
 //! persistent messages in a local queue survive in order and volatile ones do not; a lowered
 //! queue limit refuses a restart with the numbers; receivers, senders and both at once killed
 //! again and again (also while they recover) lose and duplicate no persistent message; and
-//! volatile messages may be lost across a receiver crash but never come twice.
+//! volatile messages may be lost across a receiver crash but never come twice — also when
+//! the crash took the receive numbers of volatile messages with it.
 
 mod support;
 
@@ -317,4 +318,30 @@ fn volatile_messages_across_receiver_crashes_may_be_lost_but_never_duplicated() 
     let history = history(&all, &got);
     eprintln!("volatile across 3 receiver crashes: {history:?}");
     assert_eq!((history.duplicated, history.reordered, history.corrupted), (0, 0, 0), "{history:?}");
+}
+
+/// A receiver whose machine crashed lost the receive numbers of volatile messages it had
+/// acknowledged (a test-only switch leaves them unwritten, as a crash would): its sender
+/// sends those numbers again as skips — nothing delivered twice, no link stopped — while a
+/// receiver that lost a persistent message's number has gone backwards and is refused.
+#[test]
+fn a_receiver_that_lost_volatile_numbers_in_a_machine_crash_gets_them_as_skips() {
+    let s = Scratch::new();
+    let pair = Pair::new(&s, "");
+    let lose = [("LINKBUS_TEST_LOSE_VOLATILE_NUMBERS", "1")];
+    let mut b = s.start_node_env("B", &["-c", &pair.b], &lose);
+    let a = pair.start_a(&s);
+    put_lines(&s, "B:q", "p1\n", "--persistent");
+    let volatile: String = (1..=50).map(|n| format!("v{n}\n")).collect();
+    put_lines(&s, "B:q", &volatile, "--volatile");
+    assert_eq!(take_from_b(&s, 51), format!("p1\n{volatile}"));
+    b.kill();
+
+    let mut b = pair.start_b(&s);
+    a.wait_for_log("they go again as skips", 1, Duration::from_secs(20));
+    assert!(a.log_text().contains("lost_by_peer=50"), "{}", a.log_text());
+    put_lines(&s, "B:q", "p2\n", "--persistent");
+    assert_eq!(take_from_b(&s, 1), "p2\n", "the link goes on, nothing comes twice");
+    b.kill();
+    drop(a);
 }

@@ -1,5 +1,5 @@
-//! A peer whose sequence numbers went backwards (its data was wiped or restored from an old
-//! copy while it kept its identity) makes the node stop that link, say so in its log and
+//! A peer whose sequence numbers went backwards behind a persistent message it acknowledged
+//! (its data was wiped or restored from an old copy while it kept its identity) makes the node stop that link, say so in its log and
 //! status, and stop dialing, until an operator runs `linkbus link reset PEER`; then the link
 //! takes the peer's numbers as they are and messages flow again. The peer here is played by
 //! the test over a plaintext connection, so it can lie about its numbers.
@@ -103,10 +103,11 @@ fn a_peer_whose_numbers_went_backwards_stops_the_link_until_reset() {
     );
     let a = s.start_node("A", &["-c", s.write("a.yaml", &yaml).to_str().unwrap()]);
 
-    // First contact: B acknowledges message 1 on its channel.
+    // First contact: B acknowledges message 1 on its channel, a persistent one (numbers
+    // lost after volatile messages are a machine crash's, and go again as skips).
     let mut b = FakeB::accept(&listener, Duration::from_secs(10)).expect("A dials B");
     b.handshake(false);
-    let put = s.run(&["put", "--node", "A", "--to", "B:q", "one"]);
+    let put = s.run(&["put", "--node", "A", "--to", "B:q", "--persistent", "one"]);
     assert!(put.status.success(), "{}", stderr(&put));
     let (channel, sequence, payload) = b.data();
     assert_eq!((sequence, &payload[..]), (1, &b"one"[..]));

@@ -212,7 +212,7 @@ impl Committer {
     pub fn applied_blocking(&self) -> Result<(), StoreError> {
         let (tx, rx) = mpsc::channel();
         self.send(Job::Applied(Waiter::Blocking(tx)))?;
-        rx.recv()
+        blocking(|| rx.recv())
             .map_err(|_| StoreError::Backend { op: "write", reason: "the store thread has stopped".into() })?
     }
 
@@ -224,8 +224,20 @@ impl Committer {
     pub fn sync_blocking(&self) -> Result<(), StoreError> {
         let (tx, rx) = mpsc::channel();
         self.send(Job::Sync(Waiter::Blocking(tx)))?;
-        rx.recv()
+        blocking(|| rx.recv())
             .map_err(|_| StoreError::Backend { op: "sync", reason: "the store thread has stopped".into() })?
+    }
+}
+
+/// Runs `wait` (a wait for the store thread) so that, called from a task of a multi-thread
+/// runtime, the runtime first hands its other tasks to another worker: a link waiting for
+/// a sync must not hold up the tasks queued behind it.
+fn blocking<T>(wait: impl FnOnce() -> T) -> T {
+    match tokio::runtime::Handle::try_current() {
+        Ok(handle) if handle.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
+            tokio::task::block_in_place(wait)
+        }
+        _ => wait(),
     }
 }
 

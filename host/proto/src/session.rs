@@ -143,6 +143,10 @@ enum Rebase {
     Backwards,
     /// The peer expects more than we sent: our data went back.
     Ahead,
+    /// The peer expects less than it acknowledged, but only numbers of volatile messages
+    /// (and skips), whose receive numbers it need not sync: its machine crashed. They are
+    /// lost like any volatile message in a crash; they go again as skips.
+    Lagged,
 }
 
 /// One link's protocol state; see the module doc for the call order.
@@ -486,11 +490,15 @@ impl Session {
             Ok(rebased) => rebased,
             Err(error) => return self.close(error),
         };
-        let (mut resent, mut resumed_bytes) = (0, 0);
+        let (mut resent, mut resumed_bytes, mut lost_by_peer) = (0, 0, 0);
         for (channel, position) in hello.channels.iter().enumerate() {
             let Some(lane) = self.lanes.get_mut(channel) else { continue };
             let rebase = rebased.get(channel).copied().flatten();
-            let (from, held_bytes) = if let Some(Rebase::Backwards) = rebase {
+            let (from, held_bytes) = if let Some(Rebase::Lagged) = rebase {
+                lost_by_peer += lane.sender.acked() + 1 - position.expected;
+                lane.sender.skip_from(position.expected, now);
+                (position.expected, 0)
+            } else if let Some(Rebase::Backwards) = rebase {
                 // The peer lost what it had: what still waits goes under its numbers.
                 lane.sender.rebase(position.expected);
                 (position.expected, 0)
@@ -521,7 +529,13 @@ impl Session {
         self.stats.renegotiations += 1;
         self.stats.resent += resent as u64;
         self.stats.resumed_bytes += resumed_bytes;
-        self.events.push_back(SessionEvent::Established { peer_restarted, resent, resumed_bytes });
+        self.stats.lost_by_peer += lost_by_peer;
+        self.events.push_back(SessionEvent::Established {
+            peer_restarted,
+            resent,
+            resumed_bytes,
+            lost_by_peer,
+        });
     }
 
     /// Takes up what this node recorded durably before it restarted: the peer's incarnation
@@ -585,6 +599,11 @@ impl Session {
             let off = match self.check_position(channel as u8, position) {
                 Ok(()) => continue,
                 Err(SessionError::WentBackwards { .. }) if reset => Rebase::Backwards,
+                Err(SessionError::WentBackwards { expected, .. })
+                    if self.lanes.get(channel).is_some_and(|l| expected > l.sender.durable_acked()) =>
+                {
+                    Rebase::Lagged
+                }
                 // After a restore the peer may have volatile messages sent after the last
                 // record: it has everything recorded too.
                 Err(SessionError::ClaimsMore { .. }) if reset || restored => Rebase::Ahead,

@@ -147,6 +147,16 @@ pub fn with_lifetime(message: &Bytes, lifetime_ms: u64) -> Option<Bytes> {
     Some(copy.freeze())
 }
 
+/// Whether the encoded `message` is volatile (`false` for persistent, for "as the queue's
+/// default", and for bytes that are not an encoded message).
+pub fn is_volatile(message: &[u8]) -> bool {
+    let Some(&source_len) = message.get(1) else { return false };
+    // format, name length, name, sequence, created, hop count, flags, backout count, kind,
+    // priority
+    let at = 2 + source_len as usize + 8 + 8 + 1 + 1 + 2 + 2;
+    message.first() == Some(&MESSAGE_FORMAT) && message.get(at) == Some(&0)
+}
+
 /// The wire form of `message` as one buffer.
 pub fn message_bytes(message: &Message) -> Bytes {
     let mut out = BytesMut::new();

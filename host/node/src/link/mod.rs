@@ -92,8 +92,9 @@ struct Link {
     /// Per channel, the numbers of the messages recorded as sent and not yet acknowledged.
     sent: Vec<std::collections::BTreeSet<u64>>,
     /// A sent record was handed to the store thread since the last barrier: it must be
-    /// written before the message's bytes leave (or a crash could send it twice).
-    unapplied: bool,
+    /// synced before the message's bytes leave (or a crash of the process or the machine
+    /// could send it twice, under a new number).
+    unsynced: bool,
 }
 
 fn session_config(node: &NodeState, handle: &LinkHandle) -> SessionConfig {
@@ -143,6 +144,23 @@ pub const SKIP_DEDUP_ENV: &str = "LINKBUS_TEST_SKIP_DEDUP";
 /// crash a receiver that holds messages its peer still waits on. Release builds ignore it.
 pub const HOLD_ACKS_ENV: &str = "LINKBUS_TEST_HOLD_ACKS";
 
+/// Test-only (debug builds): the receive numbers of volatile batches are never written, as
+/// if a machine crash had lost them (a killed process keeps what it wrote). Release builds
+/// ignore it.
+pub const LOSE_VOLATILE_NUMBERS_ENV: &str = "LINKBUS_TEST_LOSE_VOLATILE_NUMBERS";
+
+fn lose_volatile_numbers_for_tests() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| {
+        let on =
+            cfg!(debug_assertions) && std::env::var_os(LOSE_VOLATILE_NUMBERS_ENV).is_some_and(|v| v == "1");
+        if on {
+            warn!("{LOSE_VOLATILE_NUMBERS_ENV}=1: volatile receive numbers are not recorded (test-only).");
+        }
+        on
+    })
+}
+
 fn hold_acks_for_tests() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| {
@@ -184,7 +202,7 @@ pub async fn run(node: Arc<NodeState>, handle: Arc<LinkHandle>, mut shutdown: wa
         session,
         recorded,
         sent,
-        unapplied: false,
+        unsynced: false,
         next_dial: handle.peer.address.as_ref().map(|_| tokio::time::Instant::now()),
         backoff: Backoff::new(links.reconnect_backoff_min_ms, links.reconnect_backoff_max_ms),
         node,
@@ -450,11 +468,12 @@ impl Link {
     }
 
     /// Writes what the session has to send: its control frames, then its packets — once the
-    /// records of messages just sent are written (a killed node must not have sent what it
-    /// does not remember sending).
+    /// records of messages just sent are synced (a node must not have sent what it does not
+    /// remember sending after a crash; one sync covers every message of the pump, and the
+    /// other writers' waiting with it).
     fn write_transmit(&mut self) {
-        if std::mem::take(&mut self.unapplied)
-            && let Err(e) = self.node.committer.applied_blocking()
+        if std::mem::take(&mut self.unsynced)
+            && let Err(e) = self.node.committer.sync_blocking()
         {
             self.node.fail(format!("store failed while recording messages for {}: {e}", self.peer()));
             return self.drop_connection("store failed");
@@ -530,7 +549,7 @@ impl Link {
                         // Recorded as sent under its number, in the queue's order.
                         if let (Some(record), Some(key)) = (&self.handle.record, key) {
                             record.sent(key, channel, sequence, &bytes);
-                            self.unapplied = true;
+                            self.unsynced = true;
                             if let Some(sent) = self.sent.get_mut(channel as usize) {
                                 sent.insert(sequence);
                             }
@@ -587,11 +606,20 @@ impl Link {
     }
 
     /// The handshake completed: the link is up (logged, and raised as an event).
-    fn established(&mut self, peer_restarted: bool, resent: usize, resumed_bytes: u64) {
+    fn established(&mut self, peer_restarted: bool, resent: usize, resumed_bytes: u64, lost_by_peer: u64) {
         info!(peer = self.peer(), peer_restarted, resent, resumed_bytes, "Link up.");
+        if lost_by_peer > 0 {
+            warn!(
+                peer = self.peer(),
+                lost_by_peer,
+                "The peer lost the receive numbers of volatile messages it had acknowledged (its machine \
+                 crashed?); they go again as skips."
+            );
+        }
         let renegotiations = self.session.stats().renegotiations;
         let text = format!(
-            "link to {} up (renegotiation {renegotiations}: {resent} resent, {resumed_bytes} bytes resumed)",
+            "link to {} up (renegotiation {renegotiations}: {resent} resent, {resumed_bytes} bytes resumed, \
+             {lost_by_peer} volatile lost by the peer)",
             self.peer()
         );
         self.node.emit(
@@ -600,6 +628,7 @@ impl Link {
                 .with("renegotiations", renegotiations)
                 .with("resent", resent)
                 .with("resumed_bytes", resumed_bytes)
+                .with("lost_by_peer", lost_by_peer)
                 .with("peer_restarted", peer_restarted),
         );
         self.handle.up.store(true, Ordering::Relaxed);
@@ -680,10 +709,10 @@ impl Link {
         while let Some(event) = self.session.poll_event() {
             progressed = true;
             match event {
-                SessionEvent::Established { peer_restarted, resent, resumed_bytes } => {
+                SessionEvent::Established { peer_restarted, resent, resumed_bytes, lost_by_peer } => {
                     self.recorded.established(&self.node, &self.session);
                     self.rerecord_sent();
-                    self.established(peer_restarted, resent, resumed_bytes);
+                    self.established(peer_restarted, resent, resumed_bytes, lost_by_peer);
                 }
                 SessionEvent::Received { channel, sequence, mut message } => {
                     // Resolved once here (`deliver_with` then finds it resolved).
@@ -743,7 +772,8 @@ impl Link {
     /// crash (and stop the link). Returns `false` when the store failed (nothing was
     /// acknowledged; the node is stopping).
     fn acknowledge(&mut self, delivered: [Option<u64>; CHANNELS], persistent: bool) -> bool {
-        let recorded = self.recorded.batch_delivered(&self.node, &delivered);
+        let recorded = (persistent || !lose_volatile_numbers_for_tests())
+            && self.recorded.batch_delivered(&self.node, &delivered);
         if let Err(e) = self.make_durable(persistent, recorded) {
             self.node
                 .fail(format!("store sync failed before acknowledging messages from {}: {e}", self.peer()));
@@ -799,7 +829,7 @@ impl Link {
             }
             record.rerecord(channel, std::mem::take(sent), &current);
             *sent = numbers;
-            self.unapplied = true;
+            self.unsynced = true;
         }
     }
 
@@ -808,8 +838,8 @@ impl Link {
     ///
     /// Persistent messages are synced; numbers recorded for volatile messages only need to
     /// be written (a killed process keeps them; after a machine crash they may lag, and the
-    /// peer then stops the link as gone backwards — a reset takes it up again — rather than
-    /// every volatile batch paying for a sync).
+    /// peer, which knows those numbers were volatile ones, sends them again as skips —
+    /// rather than every volatile batch paying for a sync).
     fn make_durable(&self, persistent: bool, recorded: bool) -> Result<(), linkbus_plugin_api::StoreError> {
         if self.node.is_failing() {
             return Err(linkbus_plugin_api::StoreError::Poisoned("the node is stopping".into()));

@@ -18,6 +18,9 @@ pub enum SessionEvent {
         resent: usize,
         /// Bytes of a partly received message the peer holds, not sent again.
         resumed_bytes: u64,
+        /// Numbers the peer had acknowledged and lost (volatile messages, after its machine
+        /// crashed before it wrote their receive numbers to disk), sent again as skips.
+        lost_by_peer: u64,
     },
     /// A message arrived in order; store it, then call [`super::Session::handle_delivered`].
     Received {
@@ -228,6 +231,9 @@ pub struct SessionStats {
     /// Bytes of partly received messages not written again after a reconnect (the peer
     /// held them).
     pub resumed_bytes: u64,
+    /// Numbers the peer acknowledged and then lost (volatile messages in a machine crash),
+    /// sent again as skips.
+    pub lost_by_peer: u64,
     /// Messages whose lifetime ran out after their first packet arrived (while the rest
     /// came, or while they waited behind a gap): not handed over.
     pub expired_on_the_way: u64,

@@ -47,6 +47,11 @@ pub(super) struct Sender {
     next_send: u64,
     /// Highest sequence number the peer acknowledged.
     acked: u64,
+    /// Highest sequence number the peer acknowledged for a message that is not volatile
+    /// (or, when that is not known, `acked` at the time): a peer that keeps its promises
+    /// synced its receive numbers through it before acknowledging, so it never expects a
+    /// number at or below it again; numbers above it it may lose in a machine crash.
+    durable_acked: u64,
     /// Messages not yet acknowledged, in sequence order.
     unacked: VecDeque<Pending>,
     /// Sequence number of the next message to write on the current connection.
@@ -89,6 +94,7 @@ impl Sender {
             channel,
             next_send: 1,
             acked: 0,
+            durable_acked: 0,
             unacked: VecDeque::new(),
             next_write: 1,
             write_offset: 0,
@@ -115,6 +121,11 @@ impl Sender {
     /// The highest sequence number acknowledged.
     pub(super) fn acked(&self) -> u64 {
         self.acked
+    }
+
+    /// The highest sequence number acknowledged for a message that was not volatile.
+    pub(super) fn durable_acked(&self) -> u64 {
+        self.durable_acked
     }
 
     /// Messages handed over but not yet (completely) written on the current connection.
@@ -166,6 +177,9 @@ impl Sender {
         while self.unacked.front().is_some_and(|p| p.sequence <= through) {
             if let Some(done) = self.unacked.pop_front() {
                 self.unacked_bytes -= done.counted;
+                if !done.message.is_empty() && !crate::wire::is_volatile(&done.message) {
+                    self.durable_acked = done.sequence;
+                }
             }
             messages += 1;
         }
@@ -187,6 +201,7 @@ impl Sender {
         let Some(first) = entries.first().map(|(s, _, _)| *s) else { return };
         self.next_send = first;
         self.acked = first - 1;
+        self.durable_acked = self.acked;
         self.next_write = first;
         self.write_offset = 0;
         for (sequence, message, expires_at) in entries {
@@ -199,7 +214,8 @@ impl Sender {
 
     /// After a restore: the peer expects `expected`, before our first recorded message —
     /// the numbers between were volatile messages lost with the restart, so they go as
-    /// skips.
+    /// skips. The same when the peer lost the receive numbers of volatile messages it had
+    /// acknowledged (its machine crashed): they go again as skips.
     pub(super) fn skip_from(&mut self, expected: u64, now: Instant) {
         let first = self.unacked.front().map_or(self.next_send, |p| p.sequence);
         if expected == 0 || expected >= first {
@@ -218,6 +234,7 @@ impl Sender {
             });
         }
         self.acked = expected - 1;
+        self.durable_acked = self.durable_acked.min(self.acked);
     }
 
     /// What waits for an acknowledgement: numbers, bytes (empty for a skip) and expiry.
@@ -232,6 +249,7 @@ impl Sender {
         }
         self.next_send = self.unacked.len() as u64 + 1;
         self.acked = 0;
+        self.durable_acked = 0;
     }
 
     /// The operator accepted the peer's numbers after they went backwards (its data was
@@ -244,6 +262,7 @@ impl Sender {
         }
         self.next_send = expected + self.unacked.len() as u64;
         self.acked = expected - 1;
+        self.durable_acked = self.acked;
     }
 
     /// The operator accepted the peer's numbers after it claimed more than we remember
@@ -256,6 +275,7 @@ impl Sender {
         self.unacked_bytes = 0;
         self.next_send = expected;
         self.acked = expected - 1;
+        self.durable_acked = self.acked;
         self.next_write = expected;
         self.write_offset = 0;
         self.backoff = 0;

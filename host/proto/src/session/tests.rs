@@ -110,6 +110,7 @@ impl Pair {
                     self.received_by_b.push(message.id.sequence);
                     self.b.handle_delivered(channel, sequence);
                 }
+                SessionEvent::Skipped { channel, sequence, .. } => self.b.handle_delivered(channel, sequence),
                 SessionEvent::Closed(e) => self.closed.push(e),
                 _ => {}
             }
@@ -222,6 +223,55 @@ fn a_restarted_receiver_that_kept_its_numbers_gets_no_duplicates() {
     p.pump();
     assert_eq!(p.received_by_b, [1, 2, 3, 4, 5, 6], "nothing twice");
     assert!(p.closed.is_empty(), "{:?}", p.closed);
+}
+
+fn message_of(n: u64, reliability: linkbus_plugin_api::Reliability) -> Bytes {
+    let mut decoded = crate::wire::decode_message(message(n)).unwrap();
+    decoded.content.reliability = reliability;
+    message_bytes(&decoded)
+}
+
+/// A sends persistent message 1 and volatile 2..=4; B delivers and acknowledges them all,
+/// then its machine crashes: it comes back (same incarnation for A's numbers) expecting
+/// `expected`, as far as its disk got.
+fn machine_crash_of_b(expected_after_crash: u64) -> Pair {
+    use linkbus_plugin_api::Reliability::{Persistent, Volatile};
+    let mut p = Pair::new();
+    p.connect();
+    p.a.send(C, message_of(1, Persistent), None, p.now).unwrap();
+    for n in 2..=4 {
+        p.a.send(C, message_of(n, Volatile), None, p.now).unwrap();
+    }
+    p.pump();
+    assert_eq!((p.received_by_b.as_slice(), p.a.in_flight()), (&[1, 2, 3, 4][..], 0));
+    p.disconnect();
+    p.b = Session::new(config("B", "A", 22), p.now);
+    let mut expected = vec![1; CHANNELS];
+    expected[C as usize] = expected_after_crash;
+    p.b.restore_receiving(11, &expected);
+    p.connect();
+    p
+}
+
+#[test]
+fn a_peer_that_lost_the_numbers_of_volatile_messages_gets_them_as_skips() {
+    // B synced its number through the persistent message (2 next), not the volatile ones.
+    let mut p = machine_crash_of_b(2);
+    assert!(p.closed.is_empty(), "{:?}", p.closed);
+    assert!(p.a.is_established() && p.b.is_established());
+    assert_eq!(p.a.stats().lost_by_peer, 3);
+    assert_eq!(p.a.in_flight(), 0, "B took 2..=4 as skips and acknowledged them");
+    p.a.send(C, message(5), None, p.now).unwrap();
+    p.pump();
+    assert_eq!(p.received_by_b, [1, 2, 3, 4, 5], "the volatile ones are not delivered again");
+}
+
+#[test]
+fn a_peer_that_lost_the_number_of_a_persistent_message_it_acknowledged_is_refused() {
+    // B acknowledged persistent message 1 but expects it again: its store went back.
+    let p = machine_crash_of_b(1);
+    assert_eq!(p.closed.first(), Some(&SessionError::WentBackwards { channel: C, expected: 1, acked: 4 }));
+    assert!(!p.a.is_established());
 }
 
 #[test]
