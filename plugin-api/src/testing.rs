@@ -69,3 +69,70 @@ pub fn check_store_reopens(open: &dyn Fn() -> Box<dyn Store>) {
     assert_eq!(store.get("meta", b"key").expect("get").as_deref(), Some(&b"value"[..]));
     assert_eq!(store.spaces().expect("spaces"), ["meta", "q"]);
 }
+
+/// Checks what a durable store does when its medium fails under it — here, when it runs out
+/// of space: `open` opens the store on a medium small enough to fill with a few hundred
+/// 64 KiB values (the same place each time, empty the first time), and `make_room` gives
+/// the medium room again. The kit writes synced batches until one fails, then checks that
+/// the store is poisoned (every later write and sync fails, so a host cannot acknowledge
+/// what it may have lost), that what was synced before still reads back, and that after
+/// `make_room` the reopened store holds every write it reported synced and takes writes
+/// again. A store whose writes cannot fail (in memory) has nothing to check here.
+///
+/// # Panics
+/// On the first violation, naming it; also when no write failed within 4,096 values.
+pub fn check_store_fails_closed(open: &dyn Fn() -> Box<dyn Store>, make_room: &dyn Fn()) {
+    const VALUE_BYTES: usize = 64 * 1024;
+    // Incompressible values, so a compressing backend fills up too.
+    let mut seed = 0x2545_f491_4f6c_dd1d_u64;
+    let mut value = || -> Vec<u8> {
+        (0..VALUE_BYTES)
+            .map(|_| {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                seed as u8
+            })
+            .collect()
+    };
+    let mut synced: Vec<(u32, Vec<u8>)> = Vec::new();
+    {
+        let store = open();
+        let mut failed = None;
+        for key in 0..4096u32 {
+            let v = value();
+            let mut batch = Batch::new();
+            batch.put("fill", key.to_be_bytes().to_vec(), v.clone());
+            match store.write(batch, true) {
+                Ok(()) => synced.push((key, v)),
+                Err(e) => {
+                    failed = Some(e);
+                    break;
+                }
+            }
+        }
+        let failure = failed.expect("no synced write failed: the medium given to the kit is too large");
+        assert!(!synced.is_empty(), "the first write failed already ({failure}): give the medium some room");
+        let mut later = Batch::new();
+        later.put("fill", b"after".to_vec(), b"small".to_vec());
+        assert!(store.write(later.clone(), false).is_err(), "a write after a failed sync must fail");
+        assert!(store.write(later, true).is_err(), "a synced write after a failed sync must fail");
+        assert!(store.sync().is_err(), "a sync after a failed sync must fail");
+        let (first_key, first_value) = &synced[0];
+        assert_eq!(
+            store.get("fill", &first_key.to_be_bytes()).expect("reads go on after a failure").as_deref(),
+            Some(&first_value[..]),
+            "what was synced before the failure reads back"
+        );
+    }
+    make_room();
+    let store = open();
+    for (key, v) in &synced {
+        let got = store.get("fill", &key.to_be_bytes()).expect("get after reopening");
+        assert!(got.as_deref() == Some(&v[..]), "synced write {key} lost or damaged after the failure");
+    }
+    let mut batch = Batch::new();
+    batch.put("fill", b"after".to_vec(), b"room again".to_vec());
+    store.write(batch, true).expect("a reopened store with room takes writes again");
+    assert_eq!(store.get("fill", b"after").expect("get").as_deref(), Some(&b"room again"[..]));
+}
