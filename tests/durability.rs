@@ -345,3 +345,49 @@ fn a_receiver_that_lost_volatile_numbers_in_a_machine_crash_gets_them_as_skips()
     b.kill();
     drop(a);
 }
+
+/// The origin keeps the results of persistent messages in its store: killed while its
+/// messages wait for a peer that is down, it still reports them after the restart — one
+/// delivered once the peer is back, one failed because its lifetime ran out while the
+/// origin was down — and still knows them after another restart.
+#[test]
+fn results_of_persistent_messages_survive_the_origins_restarts() {
+    let s = Scratch::new();
+    let pair = Pair::new(&s, "");
+    let mut a = pair.start_a(&s);
+    let put = |lifetime: &str, text: &str| {
+        let out = s.run(&[
+            "put",
+            "--node",
+            "A",
+            "--to",
+            "B:q",
+            "--persistent",
+            "--results",
+            "--lifetime",
+            lifetime,
+            text,
+        ]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        stdout(&out).trim().to_owned()
+    };
+    let (kept, short) = (put("1h", "kept"), put("2s", "short"));
+    a.kill();
+    std::thread::sleep(Duration::from_millis(2500));
+    let b = pair.start_b(&s);
+    let mut a = pair.start_a(&s);
+    let results = stdout(&s.run(&["result", "--node", "A", "--wait", "20s", &kept, &short]));
+    let lines: Vec<&str> = results.lines().collect();
+    assert_eq!(lines.len(), 2, "{results}");
+    assert_eq!(lines[0], format!("{kept} B:q delivered"), "{results}");
+    assert!(lines[1].starts_with(&format!("{short} B:q failed expired_before_sending")), "{results}");
+    assert_eq!(take_from_b(&s, 1), "kept\n");
+    let events = stdout(&s.run(&["events", "--node", "A"]));
+    assert_eq!(events.lines().filter(|l| l.contains(" result message ")).count(), 2, "{events}");
+
+    a.kill();
+    let _a = pair.start_a(&s);
+    let again = stdout(&s.run(&["result", "--node", "A", &kept, &short]));
+    assert_eq!(again, results, "finished results are kept too");
+    drop(b);
+}

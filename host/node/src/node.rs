@@ -109,6 +109,31 @@ impl Drop for Tracking<'_> {
     }
 }
 
+/// The node's result book; with a durable store it keeps the results of persistent
+/// messages and takes up what an earlier run kept.
+fn result_book(
+    config: &Config,
+    store: &dyn Store,
+    committer: &Arc<crate::storage::Committer>,
+    now: Instant,
+) -> Result<ResultBook, StartError> {
+    let results = ResultBook::new(
+        std::time::Duration::from_millis(config.messages.result_wait_ms),
+        usize::try_from(config.messages.results_pending_max).unwrap_or(usize::MAX),
+    );
+    if !store.durable() {
+        return Ok(results);
+    }
+    let results = results.kept_by(committer.clone());
+    let open = results
+        .load(store, now)
+        .map_err(|reason| StartError::Store(StoreError::Backend { op: "recover", reason }))?;
+    if open > 0 {
+        tracing::info!(open, "Results of persistent messages from before the restart waited for again.");
+    }
+    Ok(results)
+}
+
 /// Opens the configured queues and the node's own (`DLQ`, `EVENT`), recovering them.
 fn open_queues(
     config: &Config,
@@ -342,8 +367,7 @@ impl NodeState {
             subscription_target(&config.node.name, to, |q| queues.contains_key(q), |n| links.contains_key(n))
                 .map_err(|(_, reason)| reason)
         })?;
-        let config_result_wait_ms = config.messages.result_wait_ms;
-        let config_results_pending_max = config.messages.results_pending_max;
+        let results = result_book(&config, store.as_ref(), &committer, now)?;
         Ok(Arc::new(Self {
             config,
             incarnation,
@@ -357,10 +381,7 @@ impl NodeState {
             next_sequence,
             room,
             events_dropped: AtomicU64::new(0),
-            results: ResultBook::new(
-                std::time::Duration::from_millis(config_result_wait_ms),
-                usize::try_from(config_results_pending_max).unwrap_or(usize::MAX),
-            ),
+            results,
             results_dropped: AtomicU64::new(0),
             subscriptions,
             admission: std::sync::Mutex::new(()),

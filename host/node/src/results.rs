@@ -24,14 +24,23 @@
 //! on the reporting node is recorded and raised as a `result` event. A result message that finds no room on its way is dropped and
 //! counted, never waited for.
 //!
+//! With a durable store, the book keeps what it knows of persistent messages in the space
+//! `results` (one record per message, rewritten as outcomes come in; finished ones until
+//! they are forgotten), so a restarted origin still takes their reports, times them out,
+//! and answers `linkbus result` for them. Provisional outcomes are not kept: after a
+//! restart such a recipient waits for its report or its deadline.
+//!
 //! [`Content::results`]: linkbus_plugin_api::Content::results
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::fmt;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use linkbus_plugin_api::{Address, Message, MessageId, NodeName, Reliability};
+use bytes::Bytes;
+use linkbus_plugin_api::{Address, Batch, Message, MessageId, NodeName, Reliability, Store};
+
+use crate::storage::Committer;
 
 /// Header of a result message naming the message its results are about.
 pub const RESULT_FOR_HEADER: &str = "linkbus.result_for";
@@ -176,6 +185,10 @@ struct Tracked {
     lifetime: Option<Duration>,
     /// When open recipients time out: set once the message is accepted.
     deadline: Option<Instant>,
+    /// When it was tracked, by the wall clock (a restarted node's deadlines count from it).
+    tracked_unix_ms: u64,
+    /// Kept in the store (a persistent message, with a durable store).
+    stored: bool,
 }
 
 #[derive(Default)]
@@ -185,6 +198,11 @@ struct Book {
     due: BTreeSet<(Instant, u64)>,
     finished: HashMap<u64, MessageResults>,
     finished_order: VecDeque<u64>,
+    /// Records to write (`Some`) or delete (`None`) in the store, handed over before the
+    /// book's lock is released (so they reach the store thread in the book's order).
+    writes: Vec<(u64, Option<Bytes>)>,
+    /// Finished messages with a record in the store.
+    stored_finished: std::collections::HashSet<u64>,
 }
 
 /// The origin's record of the messages it waits for results of (by their sequence number),
@@ -194,6 +212,8 @@ pub struct ResultBook {
     changed: tokio::sync::Notify,
     result_wait: Duration,
     pending_max: usize,
+    /// Where the results of persistent messages are kept, with a durable store.
+    committer: Option<Arc<Committer>>,
 }
 
 impl fmt::Debug for ResultBook {
@@ -206,7 +226,86 @@ impl ResultBook {
     /// An empty book: open recipients time out `result_wait` after the lifetime; at most
     /// `pending_max` messages open at once.
     pub fn new(result_wait: Duration, pending_max: usize) -> Self {
-        Self { book: Mutex::default(), changed: tokio::sync::Notify::new(), result_wait, pending_max }
+        Self {
+            book: Mutex::default(),
+            changed: tokio::sync::Notify::new(),
+            result_wait,
+            pending_max,
+            committer: None,
+        }
+    }
+
+    /// This book keeps the results of persistent messages through `committer` (space
+    /// `results`); [`ResultBook::load`] takes up what an earlier run kept.
+    #[must_use]
+    pub fn kept_by(mut self, committer: Arc<Committer>) -> Self {
+        self.committer = Some(committer);
+        self
+    }
+
+    /// Takes up the results kept in `store` by an earlier run: open messages wait again
+    /// (their deadlines counted by the wall clock from when they were tracked; a passed one
+    /// times out at once), finished ones answer questions. Returns how many are open.
+    ///
+    /// # Errors
+    /// A record that cannot be read or is damaged, named.
+    pub fn load(&self, store: &dyn Store, now: Instant) -> Result<usize, String> {
+        let records = store
+            .scan(RESULTS_SPACE, std::ops::Bound::Unbounded, std::ops::Bound::Unbounded, usize::MAX)
+            .map_err(|e| format!("{RESULTS_SPACE}: {e}"))?;
+        let now_unix = crate::clock::unix_ms();
+        let mut book = self.lock();
+        for (key, value) in records {
+            let (results, lifetime, tracked_unix_ms) = decode_record(&value)
+                .map_err(|e| format!("{RESULTS_SPACE}: damaged record at key {:02x?}: {e}", &key[..]))?;
+            let sequence = results.id.sequence;
+            if results.is_final() {
+                book.finished.insert(sequence, results);
+                book.finished_order.push_back(sequence);
+                book.stored_finished.insert(sequence);
+                continue;
+            }
+            let waits = self.waits(lifetime);
+            let due_unix =
+                tracked_unix_ms.saturating_add(u64::try_from(waits.as_millis()).unwrap_or(u64::MAX));
+            let deadline = now + Duration::from_millis(due_unix.saturating_sub(now_unix));
+            book.due.insert((deadline, sequence));
+            let tracked = Tracked {
+                results,
+                provisional: Vec::new(),
+                lifetime,
+                deadline: Some(deadline),
+                tracked_unix_ms,
+                stored: true,
+            };
+            book.open.insert(sequence, tracked);
+        }
+        Ok(book.open.len())
+    }
+
+    /// How long after acceptance open recipients of a message with `lifetime` time out.
+    fn waits(&self, lifetime: Option<Duration>) -> Duration {
+        // An unlimited lifetime still gets an end: a result lost on the way (dropped for
+        // want of room, a peer restarted with a forgetting store) must not hold a slot forever.
+        lifetime.unwrap_or(UNLIMITED_LIFETIME_RESULT_WAIT).min(UNLIMITED_LIFETIME_RESULT_WAIT)
+            + self.result_wait
+    }
+
+    /// Hands the book's pending record writes to the store thread (under the book's lock).
+    fn flush(&self, book: &mut Book) {
+        if book.writes.is_empty() {
+            return;
+        }
+        let mut batch = Batch::new();
+        for (sequence, value) in book.writes.drain(..) {
+            match value {
+                Some(value) => batch.put(RESULTS_SPACE, sequence.to_be_bytes().to_vec(), value),
+                None => batch.delete(RESULTS_SPACE, sequence.to_be_bytes().to_vec()),
+            };
+        }
+        if let Some(committer) = &self.committer {
+            committer.write(batch);
+        }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Book> {
@@ -242,10 +341,13 @@ impl ResultBook {
             _ => None,
         };
         let results = MessageResults { id: message.id.clone(), recipients };
-        book.open.insert(
-            message.id.sequence,
-            Tracked { results, provisional: Vec::new(), lifetime, deadline: None },
-        );
+        let stored = self.committer.is_some() && message.content.reliability == Reliability::Persistent;
+        let tracked_unix_ms = crate::clock::unix_ms();
+        let tracked =
+            Tracked { results, provisional: Vec::new(), lifetime, deadline: None, tracked_unix_ms, stored };
+        book.open.insert(message.id.sequence, tracked);
+        note(&mut book, message.id.sequence);
+        self.flush(&mut book);
         Ok(())
     }
 
@@ -253,21 +355,19 @@ impl ResultBook {
     /// its lifetime from now.
     pub fn accepted(&self, sequence: u64, now: Instant) {
         let mut book = self.lock();
-        let wait = self.result_wait;
         let Some(tracked) = book.open.get_mut(&sequence) else { return };
-        // An unlimited lifetime still gets an end: a result lost on the way (dropped for
-        // want of room, a peer restarted with a forgetting store) must not hold a slot forever.
-        let waits =
-            tracked.lifetime.unwrap_or(UNLIMITED_LIFETIME_RESULT_WAIT).min(UNLIMITED_LIFETIME_RESULT_WAIT)
-                + wait;
-        let Some(deadline) = now.checked_add(waits) else { return };
+        let Some(deadline) = now.checked_add(self.waits(tracked.lifetime)) else { return };
         tracked.deadline = Some(deadline);
         book.due.insert((deadline, sequence));
     }
 
     /// Stops tracking a message that was not accepted after all.
     pub fn forget(&self, sequence: u64) {
-        close(&mut self.lock(), sequence);
+        let mut book = self.lock();
+        if close(&mut book, sequence).is_some_and(|t| t.stored) {
+            book.writes.push((sequence, None));
+        }
+        self.flush(&mut book);
     }
 
     /// Records the final `outcome` for `recipient` of the message with `sequence`. Returns
@@ -292,7 +392,10 @@ impl ResultBook {
         }
         if book.open.get(&sequence).is_some_and(|t| t.results.is_final()) {
             finish(&mut book, sequence);
+        } else {
+            note(&mut book, sequence);
         }
+        self.flush(&mut book);
         drop(book);
         self.changed.notify_waiters();
         true
@@ -349,8 +452,11 @@ impl ResultBook {
             }
             if tracked.results.is_final() {
                 finish(&mut book, sequence);
+            } else {
+                note(&mut book, sequence);
             }
         }
+        self.flush(&mut book);
         drop(book);
         if !settled.is_empty() {
             self.changed.notify_waiters();
@@ -406,14 +512,84 @@ fn close(book: &mut Book, sequence: u64) -> Option<Tracked> {
 
 fn finish(book: &mut Book, sequence: u64) {
     if let Some(tracked) = close(book, sequence) {
+        if tracked.stored {
+            let value = encode_record(&tracked.results, tracked.lifetime, tracked.tracked_unix_ms);
+            book.writes.push((sequence, Some(value)));
+            book.stored_finished.insert(sequence);
+        }
         book.finished.insert(sequence, tracked.results);
         book.finished_order.push_back(sequence);
         while book.finished_order.len() > FINISHED_KEPT {
             if let Some(old) = book.finished_order.pop_front() {
                 book.finished.remove(&old);
+                if book.stored_finished.remove(&old) {
+                    book.writes.push((old, None));
+                }
             }
         }
     }
+}
+
+/// Notes that the record of open message `sequence` must be rewritten (when it is kept).
+fn note(book: &mut Book, sequence: u64) {
+    if let Some(tracked) = book.open.get(&sequence).filter(|t| t.stored) {
+        let value = encode_record(&tracked.results, tracked.lifetime, tracked.tracked_unix_ms);
+        book.writes.push((sequence, Some(value)));
+    }
+}
+
+/// The store space of kept results.
+const RESULTS_SPACE: &str = "results";
+/// Format of a kept result record.
+const RESULT_RECORD_FORMAT: u8 = 1;
+
+/// A kept result record: format u8, CRC32C (u32, of the text after it), then text: a line
+/// `SOURCE/SEQUENCE TAB CREATED_MS TAB LIFETIME_MS (0: unlimited) TAB TRACKED_UNIX_MS`, then
+/// one line per recipient as in a report (`open` for a recipient still waited for).
+fn encode_record(results: &MessageResults, lifetime: Option<Duration>, tracked_unix_ms: u64) -> Bytes {
+    let lifetime_ms = lifetime.map_or(0, |l| u64::try_from(l.as_millis()).unwrap_or(u64::MAX));
+    let mut text =
+        format!("{}\t{}\t{lifetime_ms}\t{tracked_unix_ms}\n", results.id, results.id.created_unix_ms);
+    for (to, outcome) in &results.recipients {
+        match outcome {
+            Some(outcome) => text.push_str(&encode_report(&[(to.clone(), outcome.clone())])),
+            None => text.push_str(&format!("{to}\topen\t\t\n")),
+        }
+    }
+    let mut record = vec![RESULT_RECORD_FORMAT, 0, 0, 0, 0];
+    record.extend_from_slice(text.as_bytes());
+    let crc = crc32c::crc32c(&record[5..]);
+    record[1..5].copy_from_slice(&crc.to_be_bytes());
+    Bytes::from(record)
+}
+
+/// Reads a record written by [`encode_record`]: the results, the lifetime and when it was
+/// tracked.
+fn decode_record(record: &[u8]) -> Result<(MessageResults, Option<Duration>, u64), String> {
+    if record.len() < 5 || record[0] != RESULT_RECORD_FORMAT {
+        return Err(format!("not a result record of format {RESULT_RECORD_FORMAT}"));
+    }
+    if crc32c::crc32c(&record[5..]).to_be_bytes() != record[1..5] {
+        return Err("checksum mismatch".into());
+    }
+    let text = std::str::from_utf8(&record[5..]).map_err(|_| "not UTF-8".to_owned())?;
+    let (head, lines) = text.split_once('\n').ok_or("no header line")?;
+    let fields: Vec<&str> = head.split('\t').collect();
+    let [id, created, lifetime_ms, tracked] = fields[..] else { return Err(format!("header '{head}'")) };
+    let number = |t: &str| t.parse::<u64>().map_err(|_| format!("header '{head}'"));
+    let mut id = parse_id(id)?;
+    id.created_unix_ms = number(created)?;
+    let lifetime = Some(number(lifetime_ms)?).filter(|ms| *ms > 0).map(Duration::from_millis);
+    let mut recipients = Vec::new();
+    for line in lines.lines() {
+        match line.split_once('\t') {
+            Some((to, rest)) if rest.starts_with("open\t") => {
+                recipients.push((to.parse().map_err(|e| format!("'{line}': {e}"))?, None));
+            }
+            _ => recipients.extend(decode_report(line.as_bytes())?.into_iter().map(|(to, o)| (to, Some(o)))),
+        }
+    }
+    Ok((MessageResults { id, recipients }, lifetime, number(tracked)?))
 }
 
 /// The payload of a result message: one line per recipient.
@@ -492,6 +668,76 @@ mod tests {
             backout_count: 0,
             content,
         }
+    }
+
+    /// A book keeping its results in `store`, as a node with a durable store has.
+    fn kept_book(store: &Arc<dyn Store>) -> ResultBook {
+        ResultBook::new(Duration::from_millis(100), 10).kept_by(Arc::new(Committer::direct(store.clone())))
+    }
+
+    #[test]
+    fn results_of_persistent_messages_survive_a_restart_and_volatile_ones_are_not_kept() {
+        let store: Arc<dyn Store> = Arc::new(linkbus_store_memory::MemoryStore::new());
+        let (b, c): (Address, Address) = ("B:q".parse().unwrap(), "C:q".parse().unwrap());
+        let mut persistent = message(1, &["B:q", "C:q"], 60_000);
+        persistent.content.reliability = Reliability::Persistent;
+        let mut finished = message(2, &["B:q"], 60_000);
+        finished.content.reliability = Reliability::Persistent;
+        let mut refused = message(3, &["B:q"], 60_000);
+        refused.content.reliability = Reliability::Persistent;
+        {
+            let book = kept_book(&store);
+            let now = Instant::now();
+            for m in [&persistent, &finished, &refused, &message(4, &["B:q"], 60_000)] {
+                book.track(m).unwrap();
+                book.accepted(m.id.sequence, now);
+            }
+            assert!(book.record(1, &b, Outcome::failed("queue_full", "full\tup")));
+            assert!(book.record(2, &b, Outcome::Delivered));
+            book.forget(3);
+        }
+        let book = kept_book(&store);
+        let now = Instant::now();
+        assert_eq!(book.load(store.as_ref(), now), Ok(1), "message 1 is open again");
+        let got = book.get(&[1, 2, 3, 4]);
+        assert_eq!(
+            got[0].as_ref().map(|r| r.recipients.clone()),
+            Some(vec![(b.clone(), Some(Outcome::failed("queue_full", "full up"))), (c.clone(), None)])
+        );
+        assert_eq!(got[0].as_ref().map(|r| r.id.created_unix_ms), Some(1));
+        assert!(got[1].as_ref().is_some_and(MessageResults::is_final), "finished ones answer questions");
+        assert!(got[2].is_none() && got[3].is_none(), "refused and volatile messages are not kept");
+        assert!(book.record(1, &c, Outcome::Delivered), "a report after the restart is taken");
+        assert!(book.time_out(now + Duration::from_secs(61)).is_empty(), "it finished");
+        let again = kept_book(&store);
+        assert_eq!(again.load(store.as_ref(), now), Ok(0));
+        assert!(again.get(&[1])[0].as_ref().is_some_and(MessageResults::is_final));
+    }
+
+    #[test]
+    fn a_restarted_book_times_out_what_passed_its_deadline_while_down_and_refuses_damage() {
+        let store: Arc<dyn Store> = Arc::new(linkbus_store_memory::MemoryStore::new());
+        let mut m = message(1, &["B:q"], 10);
+        m.content.reliability = Reliability::Persistent;
+        let book = kept_book(&store);
+        book.track(&m).unwrap();
+        book.accepted(1, Instant::now());
+        drop(book);
+        std::thread::sleep(Duration::from_millis(150));
+        let book = kept_book(&store);
+        let now = Instant::now();
+        assert_eq!(book.load(store.as_ref(), now), Ok(1));
+        let settled = book.time_out(now);
+        assert_eq!(settled.len(), 1, "10 ms lifetime + 100 ms wait passed while the node was down");
+        assert_eq!(settled[0].2, Outcome::TimedOut);
+
+        let mut damaged = Batch::new();
+        let mut value = encode_record(&book.get(&[1])[0].clone().unwrap(), None, 5).to_vec();
+        value[7] ^= 1;
+        damaged.put(RESULTS_SPACE, 9u64.to_be_bytes().to_vec(), value);
+        store.write(damaged, true).unwrap();
+        let error = kept_book(&store).load(store.as_ref(), now).unwrap_err();
+        assert!(error.contains("damaged record") && error.contains("checksum mismatch"), "{error}");
     }
 
     #[test]
