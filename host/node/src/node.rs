@@ -908,6 +908,9 @@ impl NodeState {
             match self.check_room(&refs, &credit) {
                 Ok(()) => {
                     let now = Instant::now();
+                    // The puts and the gets' acknowledgements reach the store as one batch:
+                    // a crash keeps all of the commit or none of it.
+                    let hold = self.committer.hold();
                     for (done, (message, targets)) in planned.into_iter().enumerate() {
                         if let Err((_, e)) = self.push(message, targets, now) {
                             drop(admission);
@@ -929,6 +932,7 @@ impl NodeState {
                             .map(|_| ())
                             .map_err(|e| format!("queue '{}': {e}", queue.config().name))
                     });
+                    drop(hold);
                     drop(admission);
                     tracking.keep();
                     messages.iter().for_each(|m| self.delivered_here(m));

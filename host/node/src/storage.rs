@@ -71,6 +71,38 @@ enum Job {
     /// Answer once everything before is written (in the operating system's hands: it
     /// survives the process, not the machine).
     Applied(Waiter),
+    /// The writes up to the matching `Release` go into one store batch with these.
+    Hold,
+    /// Ends a `Hold`.
+    Release,
+}
+
+/// The jobs the store thread gathered for one store batch.
+#[derive(Default)]
+struct Gathered {
+    merged: Batch,
+    waiters: Vec<Waiter>,
+    sync: bool,
+    /// Holds not yet released: the batch is not applied before they are.
+    holds: usize,
+}
+
+impl Gathered {
+    fn take(&mut self, job: Job, counts: &CommitStats) {
+        match job {
+            Job::Write(batch) => {
+                counts.writes.fetch_add(1, Ordering::Relaxed);
+                self.merged.ops.extend(batch.ops);
+            }
+            Job::Sync(waiter) => {
+                self.sync = true;
+                self.waiters.push(waiter);
+            }
+            Job::Applied(waiter) => self.waiters.push(waiter),
+            Job::Hold => self.holds += 1,
+            Job::Release => self.holds = self.holds.saturating_sub(1),
+        }
+    }
 }
 
 enum Waiter {
@@ -118,22 +150,20 @@ impl Committer {
             // that does not poison itself is treated as if it did).
             let mut poisoned: Option<StoreError> = None;
             while let Ok(first) = rx.recv() {
-                let mut merged = Batch::new();
-                let mut waiters = Vec::new();
-                let mut sync = false;
-                for job in std::iter::once(first).chain(rx.try_iter()) {
-                    match job {
-                        Job::Write(batch) => {
-                            counts.writes.fetch_add(1, Ordering::Relaxed);
-                            merged.ops.extend(batch.ops);
-                        }
-                        Job::Sync(waiter) => {
-                            sync = true;
-                            waiters.push(waiter);
-                        }
-                        Job::Applied(waiter) => waiters.push(waiter),
+                let mut gathered = Gathered::default();
+                gathered.take(first, &counts);
+                loop {
+                    rx.try_iter().for_each(|job| gathered.take(job, &counts));
+                    if gathered.holds == 0 {
+                        break;
+                    }
+                    // A holder is still writing: its writes go into this batch.
+                    match rx.recv() {
+                        Ok(job) => gathered.take(job, &counts),
+                        Err(_) => break,
                     }
                 }
+                let Gathered { merged, waiters, sync, .. } = gathered;
                 let result = match (&poisoned, merged.is_empty(), sync) {
                     (Some(e), _, _) => Err(e.clone()),
                     (None, true, true) => store.sync(),
@@ -176,6 +206,7 @@ impl Committer {
                     waiter.answer(Ok(()));
                     Ok(())
                 }
+                Job::Hold | Job::Release => Ok(()),
             };
         };
         tx.send(job)
@@ -191,6 +222,16 @@ impl Committer {
         if let Err(e) = self.send(Job::Write(batch)) {
             self.failure.set(e.to_string());
         }
+    }
+
+    /// Until the returned guard drops, the batches handed over (by anyone) go into one store
+    /// batch: all of them are stored, or none (a transaction's puts and the
+    /// acknowledgements of its gets). Do not wait for the store while holding it.
+    pub fn hold(&self) -> Hold<'_> {
+        if let Err(e) = self.send(Job::Hold) {
+            self.failure.set(e.to_string());
+        }
+        Hold(self)
     }
 
     /// Returns once every batch handed over before the call is on stable storage.
@@ -229,6 +270,16 @@ impl Committer {
     }
 }
 
+/// See [`Committer::hold`].
+#[must_use = "the hold ends when this drops"]
+pub struct Hold<'a>(&'a Committer);
+
+impl Drop for Hold<'_> {
+    fn drop(&mut self) {
+        let _ = self.0.send(Job::Release);
+    }
+}
+
 /// Runs `wait` (a wait for the store thread) so that, called from a task of a multi-thread
 /// runtime, the runtime first hands its other tasks to another worker: a link waiting for
 /// a sync must not hold up the tasks queued behind it.
@@ -245,6 +296,28 @@ fn blocking<T>(wait: impl FnOnce() -> T) -> T {
 mod tests {
     use super::*;
     use std::ops::Bound;
+
+    #[test]
+    fn writes_under_a_hold_reach_the_store_together_when_it_ends() {
+        let store: Arc<dyn Store> = Arc::new(linkbus_store_memory::MemoryStore::new());
+        let committer = Committer::start(store.clone(), Arc::default()).unwrap();
+        let write = |key: &str| {
+            let mut batch = Batch::new();
+            batch.put("s", key.as_bytes().to_vec(), "v");
+            committer.write(batch);
+        };
+        let hold = committer.hold();
+        write("a");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        let seen = || store.scan("s", Bound::Unbounded, Bound::Unbounded, usize::MAX).unwrap().len();
+        assert_eq!(seen(), 0, "nothing is applied while the hold lasts");
+        write("b");
+        drop(hold);
+        committer.sync_blocking().unwrap();
+        assert_eq!(seen(), 2);
+        // a and b in one batch (the sync in it, or after it).
+        assert!(committer.stats.batches.load(Ordering::Relaxed) <= 2);
+    }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn writes_keep_their_order_and_waiters_share_syncs() {
