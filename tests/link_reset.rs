@@ -148,3 +148,34 @@ fn a_peer_whose_numbers_went_backwards_stops_the_link_until_reset() {
     assert!(!unknown.status.success());
     assert!(stderr(&unknown).contains("no link to 'Z'"), "{}", stderr(&unknown));
 }
+
+/// The same when the node restarted in between: it recorded that B acknowledged a
+/// persistent message, so a B that comes back expecting it again is refused, not skipped.
+#[test]
+fn a_peer_that_went_backwards_while_the_node_was_down_is_still_refused() {
+    let s = Scratch::new();
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let address = listener.local_addr().unwrap();
+    let yaml = format!(
+        "node: {{ name: A, listen: none }}\npeers: [ {{ name: B, address: '{address}' }} ]\n\
+         security: {{ insecure_plaintext: true }}\n\
+         links: {{ reconnect_backoff_min_ms: 20, reconnect_backoff_max_ms: 100 }}\n"
+    );
+    let config = s.write("a.yaml", &yaml);
+    let mut a = s.start_node("A", &["-c", config.to_str().unwrap()]);
+    let mut b = FakeB::accept(&listener, Duration::from_secs(10)).expect("A dials B");
+    b.handshake(false);
+    let put = s.run(&["put", "--node", "A", "--to", "B:q", "--persistent", "one"]);
+    assert!(put.status.success(), "{}", stderr(&put));
+    let (channel, sequence, _) = b.data();
+    b.send(&Frame::Ack { channel, sequence });
+    std::thread::sleep(Duration::from_millis(300));
+    a.kill();
+    drop(b);
+
+    let a = s.start_node("A", &["-c", config.to_str().unwrap()]);
+    let mut b = FakeB::accept(&listener, Duration::from_secs(10)).expect("A dials after its restart");
+    b.handshake(true);
+    a.wait_for_log("Link STOPPED", 1, Duration::from_secs(10));
+    assert!(a.log_text().contains("expects message 1 on channel"), "{}", a.log_text());
+}

@@ -170,11 +170,11 @@ fn restore_sending(
 ) -> Result<(), StartError> {
     for link in links.values() {
         let Some(record) = &link.record else { continue };
-        let (queued, sent) = record
+        let mut recovered = record
             .load(store)
             .map_err(|reason| StartError::Store(StoreError::Backend { op: "recover", reason }))?;
         let mut queue = link.lock();
-        for mut stored in queued {
+        for mut stored in std::mem::take(&mut recovered.queued) {
             // The time down counts against the lifetime (by the wall clock).
             let lifetime = stored.message.content.lifetime.unwrap_or(Lifetime::UNLIMITED);
             let left = lifetime.after(stored.age.as_millis() as u64).unwrap_or(Lifetime::from_ms(1));
@@ -183,7 +183,7 @@ fn restore_sending(
         }
         drop(queue);
         if let Ok(mut restored) = link.restored_sent.lock() {
-            *restored = sent;
+            *restored = recovered;
         }
     }
     Ok(())

@@ -568,6 +568,22 @@ impl Session {
         self.restored_sending = true;
     }
 
+    /// Takes up, for `channel`, the highest number the peer acknowledged for a message that
+    /// was not volatile, as recorded before a restart (after [`Session::restore_sending`]):
+    /// a peer that comes back expecting it or less went backwards, and the link stops
+    /// rather than skip what it lost.
+    pub fn restore_acknowledged(&mut self, channel: u8, through: u64) {
+        if let Some(lane) = self.lanes.get_mut(channel as usize) {
+            lane.sender.restore_acked(through);
+        }
+    }
+
+    /// The highest number of `channel` the peer acknowledged for a message that was not
+    /// volatile (for a host that records it).
+    pub fn durable_acked(&self, channel: u8) -> u64 {
+        self.lanes.get(channel as usize).map_or(0, |l| l.sender.durable_acked())
+    }
+
     /// The messages of `channel` waiting for an acknowledgement: their numbers, bytes
     /// (empty for a skip) and expiry, for a host that records them.
     pub fn awaiting(&self, channel: u8) -> Vec<(u64, Bytes, Option<Instant>)> {

@@ -41,7 +41,7 @@ pub struct LinkHandle {
     /// The durable record of what the link sends (with a durable store).
     pub(crate) record: Option<super::state::SendRecord>,
     /// Messages recorded as sent before a restart, for the link task to hand its session.
-    pub(crate) restored_sent: Mutex<Vec<super::state::Stored>>,
+    pub(crate) restored_sent: Mutex<super::state::Recovered>,
     /// Messages waiting for the peer, one bounded FIFO per priority class, with the time
     /// they were queued (for their lifetime).
     pub(crate) queue: Mutex<TransmissionQueue>,
@@ -106,7 +106,7 @@ impl LinkHandle {
         let (incoming_tx, incoming_rx) = mpsc::channel(INCOMING_QUEUE_MAX);
         Self {
             record: committer.map(|c| super::state::SendRecord::new(&peer.name, c)),
-            restored_sent: Mutex::new(Vec::new()),
+            restored_sent: Mutex::new(super::state::Recovered::default()),
             peer,
             queue: Mutex::new(TransmissionQueue::new(queue_messages_max)),
             room,

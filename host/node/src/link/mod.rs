@@ -91,6 +91,8 @@ struct Link {
     recorded: state::Recorded,
     /// Per channel, the numbers of the messages recorded as sent and not yet acknowledged.
     sent: Vec<std::collections::BTreeSet<u64>>,
+    /// Per channel, the highest number acknowledged for a persistent message, as recorded.
+    acked_recorded: Vec<u64>,
     /// A sent record was handed to the store thread since the last barrier: it must be
     /// synced before the message's bytes leave (or a crash of the process or the machine
     /// could send it twice, under a new number).
@@ -197,11 +199,12 @@ pub async fn run(node: Arc<NodeState>, handle: Arc<LinkHandle>, mut shutdown: wa
             return node.fail(format!("cannot read the link state of {}: {reason}", handle.peer.name));
         }
     };
-    let sent = restore_sent(&node, &handle, &mut session);
+    let (sent, acked_recorded) = restore_sent(&node, &handle, &mut session);
     let mut link = Link {
         session,
         recorded,
         sent,
+        acked_recorded,
         unsynced: false,
         next_dial: handle.peer.address.as_ref().map(|_| tokio::time::Instant::now()),
         backoff: Backoff::new(links.reconnect_backoff_min_ms, links.reconnect_backoff_max_ms),
@@ -240,20 +243,20 @@ pub async fn run(node: Arc<NodeState>, handle: Arc<LinkHandle>, mut shutdown: wa
 }
 
 /// Hands the session what was recorded as sent before a restart (same incarnation), and
-/// returns those numbers per channel.
+/// returns those numbers per channel, and the acknowledged numbers recorded.
 fn restore_sent(
     node: &NodeState,
     handle: &LinkHandle,
     session: &mut Session,
-) -> Vec<std::collections::BTreeSet<u64>> {
+) -> (Vec<std::collections::BTreeSet<u64>>, Vec<u64>) {
     let mut sent = vec![std::collections::BTreeSet::new(); CHANNELS];
     if handle.record.is_none() || !node.incarnation_kept {
-        return sent;
+        return (sent, vec![0; CHANNELS]);
     }
-    let stored = handle.restored_sent.lock().map(|mut r| std::mem::take(&mut *r)).unwrap_or_default();
+    let recovered = handle.restored_sent.lock().map(|mut r| std::mem::take(&mut *r)).unwrap_or_default();
     let now = Instant::now();
     let mut per_channel: Vec<Vec<(u64, Bytes, Option<Instant>)>> = vec![Vec::new(); CHANNELS];
-    for entry in stored {
+    for entry in recovered.sent {
         let lifetime = entry.message.content.lifetime.unwrap_or(Lifetime::UNLIMITED);
         let left = lifetime.after(entry.age.as_millis() as u64);
         let expires_at = match left {
@@ -279,10 +282,15 @@ fn restore_sent(
     for (channel, mut entries) in per_channel.into_iter().enumerate() {
         entries.sort_by_key(|(sequence, _, _)| *sequence);
         session.restore_sending(channel as u8, entries, now);
+        if let Some(&through) = recovered.acked.get(channel).filter(|t| **t > 0) {
+            session.restore_acknowledged(channel as u8, through);
+        }
     }
     let count: usize = sent.iter().map(std::collections::BTreeSet::len).sum();
     info!(peer = %handle.peer.name, count, "Messages recorded as sent before the restart taken up.");
-    sent
+    let mut acked = recovered.acked;
+    acked.resize(CHANNELS, 0);
+    (sent, acked)
 }
 
 /// The link channel a message travels on: its priority class, or the file channel.
@@ -712,6 +720,7 @@ impl Link {
                 SessionEvent::Established { peer_restarted, resent, resumed_bytes, lost_by_peer } => {
                     self.recorded.established(&self.node, &self.session);
                     self.rerecord_sent();
+                    self.record_acked();
                     self.established(peer_restarted, resent, resumed_bytes, lost_by_peer);
                 }
                 SessionEvent::Received { channel, sequence, mut message } => {
@@ -746,6 +755,7 @@ impl Link {
                 SessionEvent::Dropped { message, reason } => self.dropped(message, reason, now),
                 SessionEvent::Acked { channel, through, messages } => {
                     self.forget_sent(channel, through);
+                    self.record_acked();
                     self.handle.acked_total.fetch_add(messages as u64, Ordering::Relaxed);
                     if messages > 0 {
                         self.backoff.reset();
@@ -797,6 +807,19 @@ impl Link {
         let done = std::mem::replace(sent, rest);
         if !done.is_empty() {
             record.forget(channel, done);
+        }
+    }
+
+    /// Records, per channel, the highest number the peer acknowledged for a persistent
+    /// message, when it changed (it also goes down: a renumbering after the handshake).
+    fn record_acked(&mut self) {
+        let Some(record) = &self.handle.record else { return };
+        for (channel, recorded) in self.acked_recorded.iter_mut().enumerate() {
+            let now = self.session.durable_acked(channel as u8);
+            if now != *recorded {
+                record.acked(channel as u8, now);
+                *recorded = now;
+            }
         }
     }
 

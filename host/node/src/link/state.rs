@@ -115,10 +115,13 @@ impl Recorded {
 }
 
 /// What a link records in a durable store about what it sends (space `send.PEER`): the
-/// persistent messages in its transmission queue (`q` + key), and those handed to the
-/// session and not yet acknowledged, under their channel and number (`s` + channel +
-/// number). After a restart (same incarnation) the node takes them up: the queue refills,
-/// and the session resends what the peer lacks under the same numbers (`restore_sending`).
+/// persistent messages in its transmission queue (`q` + key), those handed to the session
+/// and not yet acknowledged, under their channel and number (`s` + channel + number), and
+/// per channel the highest number acknowledged for a persistent message (`a` + channel).
+/// After a restart (same incarnation) the node takes them up: the queue refills, the
+/// session resends what the peer lacks under the same numbers (`restore_sending`), and a
+/// peer expecting a number it had acknowledged for a persistent message is refused as gone
+/// backwards (`restore_acknowledged`).
 #[derive(Debug)]
 pub(crate) struct SendRecord {
     space: String,
@@ -133,11 +136,26 @@ fn queue_key(key: u64) -> Bytes {
     Bytes::from(k)
 }
 
+fn acked_key(channel: u8) -> Bytes {
+    Bytes::copy_from_slice(&[b'a', channel])
+}
+
 fn sent_key(channel: u8, sequence: u64) -> Bytes {
     let mut k = Vec::with_capacity(10);
     k.extend_from_slice(&[b's', channel]);
     k.extend_from_slice(&sequence.to_be_bytes());
     Bytes::from(k)
+}
+
+/// What a link's send record held at start.
+#[derive(Default)]
+pub(crate) struct Recovered {
+    /// Persistent messages that were in the transmission queue, in key order.
+    pub(crate) queued: Vec<Stored>,
+    /// Messages sent and not acknowledged, in key order.
+    pub(crate) sent: Vec<Stored>,
+    /// Per channel, the highest number acknowledged for a persistent message.
+    pub(crate) acked: Vec<u64>,
 }
 
 /// A stored message: its record (enqueue time, message) and what it decodes to.
@@ -194,6 +212,14 @@ impl SendRecord {
         self.committer.write(batch);
     }
 
+    /// The peer acknowledged `through` on `channel` for a persistent message (or, after a
+    /// renumbering, the highest such number is now `through`).
+    pub(crate) fn acked(&self, channel: u8, through: u64) {
+        let mut batch = Batch::new();
+        batch.put(&self.space, acked_key(channel), through.to_be_bytes().to_vec());
+        self.committer.write(batch);
+    }
+
     /// Records, in one batch, that what waits on `channel` is now `current` (numbers and
     /// messages, after a renumbering), forgetting the numbers in `old` no longer used.
     pub(crate) fn rerecord(
@@ -214,18 +240,26 @@ impl SendRecord {
         self.committer.write(batch);
     }
 
-    /// Everything recorded: queued messages (channel 0) and sent ones, each in key order.
+    /// Everything recorded: queued messages (channel 0) and sent ones, each in key order,
+    /// and the acknowledged numbers.
     ///
     /// # Errors
     /// An unreadable or damaged record, named.
-    pub(crate) fn load(&self, store: &dyn Store) -> Result<(Vec<Stored>, Vec<Stored>), String> {
+    pub(crate) fn load(&self, store: &dyn Store) -> Result<Recovered, String> {
         let all = store
             .scan(&self.space, std::ops::Bound::Unbounded, std::ops::Bound::Unbounded, usize::MAX)
             .map_err(|e| format!("{}: {e}", self.space))?;
         let now_unix = crate::clock::unix_ms();
-        let (mut queued, mut sent) = (Vec::new(), Vec::new());
+        let mut recovered = Recovered { acked: vec![0; CHANNELS], ..Recovered::default() };
         for (key, value) in all {
             let damaged = || format!("{}: damaged record at key {:02x?}", self.space, &key[..]);
+            if let (Some(b'a'), 2) = (key.first(), key.len()) {
+                let through: [u8; 8] = value.as_ref().try_into().map_err(|_| damaged())?;
+                if let Some(slot) = recovered.acked.get_mut(key[1] as usize) {
+                    *slot = u64::from_be_bytes(through);
+                }
+                continue;
+            }
             let (message, at) =
                 crate::queue::decode_record(value).map_err(|e| format!("{}: {e}", damaged()))?;
             let bytes = linkbus_proto::wire::message_bytes(&message);
@@ -233,17 +267,17 @@ impl SendRecord {
             match (key.first(), key.len()) {
                 (Some(b'q'), 9) => {
                     let number = u64::from_be_bytes(key[1..9].try_into().map_err(|_| damaged())?);
-                    queued.push(Stored { number, channel: 0, message, bytes, age });
+                    recovered.queued.push(Stored { number, channel: 0, message, bytes, age });
                 }
                 (Some(b's'), 10) => {
                     let number = u64::from_be_bytes(key[2..10].try_into().map_err(|_| damaged())?);
-                    sent.push(Stored { number, channel: key[1], message, bytes, age });
+                    recovered.sent.push(Stored { number, channel: key[1], message, bytes, age });
                 }
                 _ => return Err(damaged()),
             }
         }
-        let next = queued.iter().map(|s| s.number).max().unwrap_or(0) + 1;
+        let next = recovered.queued.iter().map(|s| s.number).max().unwrap_or(0) + 1;
         self.next_key.store(next, Ordering::Relaxed);
-        Ok((queued, sent))
+        Ok(recovered)
     }
 }

@@ -201,7 +201,6 @@ impl Sender {
         let Some(first) = entries.first().map(|(s, _, _)| *s) else { return };
         self.next_send = first;
         self.acked = first - 1;
-        self.durable_acked = self.acked;
         self.next_write = first;
         self.write_offset = 0;
         for (sequence, message, expires_at) in entries {
@@ -218,7 +217,9 @@ impl Sender {
     /// acknowledged (its machine crashed): they go again as skips.
     pub(super) fn skip_from(&mut self, expected: u64, now: Instant) {
         let first = self.unacked.front().map_or(self.next_send, |p| p.sequence);
-        if expected == 0 || expected >= first {
+        // At or below a persistent message it acknowledged, the peer went backwards: that
+        // is for the handshake's check to refuse, not to paper over.
+        if expected == 0 || expected >= first || expected <= self.durable_acked {
             return;
         }
         for sequence in (expected..first).rev() {
@@ -235,6 +236,19 @@ impl Sender {
         }
         self.acked = expected - 1;
         self.durable_acked = self.durable_acked.min(self.acked);
+    }
+
+    /// After a restart: the peer had acknowledged everything through `through`, a message
+    /// that was not volatile (recorded durably). Numbering goes on after it when nothing
+    /// recorded waits.
+    pub(super) fn restore_acked(&mut self, through: u64) {
+        self.durable_acked = self.durable_acked.max(through);
+        if self.unacked.is_empty() && self.next_send <= through {
+            self.next_send = through + 1;
+            self.acked = through;
+            self.next_write = through + 1;
+            self.write_offset = 0;
+        }
     }
 
     /// What waits for an acknowledgement: numbers, bytes (empty for a skip) and expiry.

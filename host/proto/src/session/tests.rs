@@ -254,6 +254,41 @@ fn machine_crash_of_b(expected_after_crash: u64) -> Pair {
 }
 
 #[test]
+fn a_restarted_sender_refuses_a_peer_expecting_a_persistent_message_it_acknowledged() {
+    // A recorded nothing waiting and that B acknowledged persistent message 3; B answers
+    // expecting `expected`.
+    let restarted_a = |expected: u64| {
+        let mut a = Session::new(config("A", "B", 11), Instant::now());
+        for channel in 0..CHANNELS as u8 {
+            a.restore_sending(channel, Vec::new(), Instant::now());
+        }
+        a.restore_acknowledged(C, 3);
+        a.handle_connected(Instant::now());
+        let mut hello = hello_from_b(11, 1);
+        let mut decoder = FrameDecoder::new(1 << 20);
+        decoder.extend(&hello);
+        let Some(Frame::Hello(mut frame)) = decoder.decode().unwrap() else { panic!("a hello") };
+        frame.channels[C as usize].expected = expected;
+        hello.clear();
+        Frame::Hello(frame).encode(&mut hello);
+        a.handle_bytes(&hello, Instant::now());
+        let closed = std::iter::from_fn(|| a.poll_event()).find_map(|e| match e {
+            SessionEvent::Closed(e) => Some(e),
+            _ => None,
+        });
+        (a, closed)
+    };
+    let (_, closed) = restarted_a(3);
+    assert_eq!(closed, Some(SessionError::WentBackwards { channel: C, expected: 3, acked: 3 }));
+    let (a, closed) = restarted_a(4);
+    assert_eq!(closed, None, "B has everything through 3");
+    assert!(a.is_established());
+    let (a, closed) = restarted_a(9);
+    assert_eq!(closed, None, "B got volatile messages after 3: followed");
+    assert!(a.is_established());
+}
+
+#[test]
 fn a_peer_that_lost_the_numbers_of_volatile_messages_gets_them_as_skips() {
     // B synced its number through the persistent message (2 next), not the volatile ones.
     let mut p = machine_crash_of_b(2);
