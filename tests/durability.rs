@@ -391,3 +391,62 @@ fn results_of_persistent_messages_survive_the_origins_restarts() {
     assert_eq!(again, results, "finished results are kept too");
     drop(b);
 }
+
+/// A soak for the record, not for CI (`cargo test --test durability soak -- --ignored
+/// --nocapture`; `LINKBUS_SOAK_CYCLES`, default 40, and `LINKBUS_SOAK_SEED`): each cycle
+/// puts a chunk of persistent messages of random size on A for B, then kills A, B or both
+/// at a random moment 0–80 ms later (messages queued, in flight, or just acknowledged) and
+/// restarts them in random order; the history of everything put is checked at the end.
+#[test]
+#[ignore = "a long soak; run by hand"]
+fn soak_random_kills_of_either_node_lose_and_duplicate_nothing() {
+    let cycles: usize = std::env::var("LINKBUS_SOAK_CYCLES").ok().and_then(|v| v.parse().ok()).unwrap_or(40);
+    let mut seed: u64 =
+        std::env::var("LINKBUS_SOAK_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or_else(|| {
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64 | 1
+        });
+    eprintln!("soak seed {seed}, {cycles} cycles");
+    let mut random = move |below: u64| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed % below
+    };
+    let s = Scratch::new();
+    let pair = Pair::new(&s, "");
+    let mut b = pair.start_b(&s);
+    let mut a = pair.start_a(&s);
+    let (mut all, mut kills_a, mut kills_b) = (String::new(), 0, 0);
+    for cycle in 0..cycles {
+        let count = 50 + random(400);
+        let lines: String = (0..count).map(|i| format!("c{cycle:04}m{i:03} {}\n", "p".repeat(64))).collect();
+        put_lines(&s, "B:q", &lines, "--persistent");
+        all.push_str(&lines);
+        std::thread::sleep(Duration::from_millis(random(80)));
+        let (kill_a, kill_b) = match random(3) {
+            0 => (true, false),
+            1 => (false, true),
+            _ => (true, true),
+        };
+        if kill_a {
+            a.kill();
+            kills_a += 1;
+        }
+        if kill_b {
+            b.kill();
+            kills_b += 1;
+        }
+        if random(2) == 0 {
+            b = if kill_b { pair.start_b(&s) } else { b };
+            a = if kill_a { pair.start_a(&s) } else { a };
+        } else {
+            a = if kill_a { pair.start_a(&s) } else { a };
+            b = if kill_b { pair.start_b(&s) } else { b };
+        }
+    }
+    let total = all.lines().count();
+    let history = history(&all, &take_from_b(&s, total));
+    eprintln!("soak: {cycles} cycles, {kills_a} kills of A, {kills_b} kills of B: {history:?}");
+    assert!(history.is_clean(), "{history:?}");
+    drop((a, b));
+}

@@ -1360,12 +1360,8 @@ mod tests {
         assert_eq!(outcomes(&n)[0], Some(Outcome::TimedOut));
         assert_eq!(n.results.pending(), 0);
 
-        let events = n
-            .queues
-            .get(EVENT_QUEUE)
-            .unwrap()
-            .pop(crate::queue::PopLimits::auto(10), Instant::now())
-            .unwrap();
+        let events =
+            n.queues.get(EVENT_QUEUE).unwrap().pop(crate::queue::PopLimits::auto(10), Instant::now());
         let kinds: Vec<_> =
             events.messages.iter().map(|m| m.content.header("linkbus.result").unwrap_or("-")).collect();
         assert_eq!(
@@ -1392,8 +1388,7 @@ mod tests {
         n.deliver(message("A:missing"), now).unwrap();
         n.deliver(message("C:q"), now).unwrap();
         assert_eq!(n.queues.get("q").unwrap().len(), 1, "a queue named twice gets one copy");
-        let dead =
-            n.queues.get(DEAD_LETTER_QUEUE).unwrap().pop(crate::queue::PopLimits::auto(10), now).unwrap();
+        let dead = n.queues.get(DEAD_LETTER_QUEUE).unwrap().pop(crate::queue::PopLimits::auto(10), now);
         let reasons: Vec<_> =
             dead.messages.iter().map(|m| m.content.header(DEAD_LETTER_REASON_HEADER).unwrap()).collect();
         assert_eq!(reasons, ["queue 'missing' does not exist on node A", "no recipient on node A"]);

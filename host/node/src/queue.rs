@@ -497,10 +497,7 @@ impl LocalQueue {
     ///
     /// Its store writes go to the store thread, in order; a store failure stops the node
     /// from there (see `storage.rs`).
-    ///
-    /// # Errors
-    /// None today: the `Result` is kept for stores written in place.
-    pub fn pop(&self, limits: PopLimits, now: Instant) -> Result<Popped, StoreError> {
+    pub fn pop(&self, limits: PopLimits, now: Instant) -> Popped {
         let mut levels = self.lock();
         let mut popped = Popped::default();
         // Each taken entry, and whether it stays pending.
@@ -557,7 +554,7 @@ impl LocalQueue {
         if freed {
             self.room.notify_waiters();
         }
-        Ok(popped)
+        popped
     }
 
     /// A message handed out pending is stored marked redelivered, so should the node stop
@@ -745,12 +742,12 @@ mod tests {
         for (n, p) in [(1, 1), (2, 9), (3, 1), (4, 9), (5, 4)] {
             q.push(message(n, p, 60_000), now).unwrap();
         }
-        assert_eq!(sequences(&q.pop(PopLimits::auto(10), now).unwrap()), [2, 4, 5, 1, 3]);
+        assert_eq!(sequences(&q.pop(PopLimits::auto(10), now)), [2, 4, 5, 1, 3]);
         let f = queue(QueueOrder::Fifo, 10, Arc::new(MemoryStore::new()));
         for (n, p) in [(1, 1), (2, 9), (3, 1)] {
             f.push(message(n, p, 60_000), now).unwrap();
         }
-        assert_eq!(sequences(&f.pop(PopLimits::auto(10), now).unwrap()), [1, 2, 3]);
+        assert_eq!(sequences(&f.pop(PopLimits::auto(10), now)), [1, 2, 3]);
     }
 
     #[test]
@@ -760,7 +757,7 @@ mod tests {
         q.push(message(1, 4, 100), now).unwrap();
         q.push(message(2, 4, 60_000), now).unwrap();
         assert!(matches!(q.push(message(3, 4, 100), now), Err(QueueError::Full { max: 2, .. })));
-        let popped = q.pop(PopLimits::auto(10), now + Duration::from_millis(500)).unwrap();
+        let popped = q.pop(PopLimits::auto(10), now + Duration::from_millis(500));
         assert_eq!((sequences(&popped), popped.expired), (vec![2], 1));
         assert_eq!(popped.messages[0].content.lifetime, Some(Lifetime::from_ms(59_500)));
         assert!(q.is_empty());
@@ -774,9 +771,9 @@ mod tests {
         for n in 1..=3 {
             q.push(message(n, 4, 60_000), now).unwrap();
         }
-        assert_eq!(sequences(&q.pop(PopLimits::auto(1), now).unwrap()), [1]);
+        assert_eq!(sequences(&q.pop(PopLimits::auto(1), now)), [1]);
         let reopened = queue(QueueOrder::Fifo, 10, store);
-        assert_eq!(sequences(&reopened.pop(PopLimits::auto(10), now).unwrap()), [2, 3]);
+        assert_eq!(sequences(&reopened.pop(PopLimits::auto(10), now)), [2, 3]);
     }
 
     #[test]
@@ -787,12 +784,12 @@ mod tests {
         for n in 1..=4 {
             q.push(message(n, 4, 60_000), now).unwrap();
         }
-        let taken = q.pop(PopLimits::auto(2), now).unwrap();
+        let taken = q.pop(PopLimits::auto(2), now);
         assert!(q.has_room(8) && !q.has_room(9));
         q.restore(taken.messages, now);
         assert!(!q.has_room(7));
         let reopened = queue(QueueOrder::Fifo, 10, store);
-        assert_eq!(sequences(&reopened.pop(PopLimits::auto(10), now).unwrap()), [1, 2, 3, 4]);
+        assert_eq!(sequences(&reopened.pop(PopLimits::auto(10), now)), [1, 2, 3, 4]);
     }
 
     #[test]
@@ -802,11 +799,11 @@ mod tests {
         q.push(message(10, 4, 60_000), now).unwrap();
         let size = linkbus_proto::wire::message_encoded_len(1, &message(10, 4, 60_000).content);
         let small = PopLimits { message_bytes_max: size - 1, ..PopLimits::auto(10) };
-        let popped = q.pop(small, now).unwrap();
+        let popped = q.pop(small, now);
         assert!(popped.messages.is_empty());
         assert_eq!(popped.too_large, Some(size));
         assert_eq!(q.len(), 1, "it stays queued");
-        assert_eq!(sequences(&q.pop(PopLimits { message_bytes_max: size, ..small }, now).unwrap()), [10]);
+        assert_eq!(sequences(&q.pop(PopLimits { message_bytes_max: size, ..small }, now)), [10]);
     }
 
     #[test]
@@ -818,7 +815,7 @@ mod tests {
             q.push(message(n, p, 60_000), now).unwrap();
         }
         let pending = PopLimits { pending: true, ..PopLimits::auto(3) };
-        let popped = q.pop(pending, now).unwrap();
+        let popped = q.pop(pending, now);
         assert_eq!(sequences(&popped), [3, 1, 2]);
         assert_eq!((q.len(), q.pending()), (1, 3));
         assert!(!q.has_room(1), "pending messages still take room");
@@ -826,7 +823,7 @@ mod tests {
         q.ack(&[popped.tags[0]]).unwrap();
         q.backout(&popped.tags[1..], now).unwrap();
         assert_eq!((q.len(), q.pending()), (3, 0));
-        let again = q.pop(PopLimits::auto(10), now).unwrap();
+        let again = q.pop(PopLimits::auto(10), now);
         assert_eq!(sequences(&again), [1, 2, 4], "backed-out messages return to the head, in order");
         assert!(again.messages[0].redelivered && again.messages[0].backout_count == 1);
         assert!(!again.messages[2].redelivered);
@@ -834,9 +831,9 @@ mod tests {
         for n in 5..=6 {
             q.push(message(n, 4, 60_000), now).unwrap();
         }
-        let _ = q.pop(PopLimits { pending: true, ..PopLimits::auto(1) }, now).unwrap();
+        let _ = q.pop(PopLimits { pending: true, ..PopLimits::auto(1) }, now);
         let reopened = queue(QueueOrder::Priority, 4, store);
-        assert_eq!(sequences(&reopened.pop(PopLimits::auto(10), now).unwrap()), [5, 6]);
+        assert_eq!(sequences(&reopened.pop(PopLimits::auto(10), now)), [5, 6]);
     }
 
     #[test]
@@ -848,9 +845,9 @@ mod tests {
         big.content.payload = bytes::Bytes::from(vec![0u8; 5_000]);
         q.push(big, now).unwrap();
         let limits = PopLimits { message_bytes_max: 1_000, ..PopLimits::auto(10) };
-        let popped = q.pop(limits, now).unwrap();
+        let popped = q.pop(limits, now);
         assert_eq!((sequences(&popped), popped.too_large), (vec![1], None));
-        assert_eq!(q.pop(limits, now).unwrap().too_large.map(|s| s > 5_000), Some(true));
+        assert_eq!(q.pop(limits, now).too_large.map(|s| s > 5_000), Some(true));
     }
 
     #[test]
@@ -859,10 +856,10 @@ mod tests {
         let now = Instant::now();
         q.push(message(1, 4, 1_000), now).unwrap();
         q.push(message(2, 4, 60_000), now).unwrap();
-        let popped = q.pop(PopLimits { pending: true, ..PopLimits::auto(2) }, now).unwrap();
+        let popped = q.pop(PopLimits { pending: true, ..PopLimits::auto(2) }, now);
         let later = now + Duration::from_secs(10);
         q.backout(&popped.tags, later).unwrap();
-        let again = q.pop(PopLimits::auto(10), later).unwrap();
+        let again = q.pop(PopLimits::auto(10), later);
         assert_eq!(sequences(&again), [2], "the 1 s message ran out while it was out");
         assert_eq!(again.messages[0].content.lifetime, Some(Lifetime::from_ms(50_000)));
     }
@@ -873,10 +870,10 @@ mod tests {
         let now = Instant::now();
         let q = queue(QueueOrder::Fifo, 10, store.clone());
         q.push(message(1, 4, 60_000), now).unwrap();
-        let popped = q.pop(PopLimits { pending: true, ..PopLimits::auto(1) }, now).unwrap();
+        let popped = q.pop(PopLimits { pending: true, ..PopLimits::auto(1) }, now);
         assert!(!popped.messages[0].redelivered, "first hand-out");
         let reopened = queue(QueueOrder::Fifo, 10, store);
-        let again = reopened.pop(PopLimits::auto(1), now).unwrap();
+        let again = reopened.pop(PopLimits::auto(1), now);
         assert!(again.messages[0].redelivered, "it may have been seen before the stop");
     }
 
@@ -889,8 +886,8 @@ mod tests {
         }
         let one = linkbus_proto::wire::message_encoded_len(1, &message(10, 4, 60_000).content);
         let limits = |total| PopLimits { total_bytes_max: total, ..PopLimits::auto(10) };
-        assert_eq!(sequences(&q.pop(limits(1), now).unwrap()), [10]);
-        assert_eq!(sequences(&q.pop(limits(2 * one), now).unwrap()), [11, 12]);
+        assert_eq!(sequences(&q.pop(limits(1), now)), [10]);
+        assert_eq!(sequences(&q.pop(limits(2 * one), now)), [11, 12]);
     }
 
     fn config(order: QueueOrder, max: u64, bytes_max: u64) -> QueueConfig {
@@ -924,7 +921,7 @@ mod tests {
         q.push(message(2, 4, 60_000), Instant::now()).unwrap();
         let stored = store.scan("q.q", Bound::Unbounded, Bound::Unbounded, 10).unwrap();
         assert_eq!(stored.len(), 1, "only the persistent one");
-        let popped = q.pop(PopLimits::auto(10), Instant::now()).unwrap();
+        let popped = q.pop(PopLimits::auto(10), Instant::now());
         assert_eq!(popped.messages.len(), 2);
         assert!(store.scan("q.q", Bound::Unbounded, Bound::Unbounded, 10).unwrap().is_empty());
     }
@@ -940,16 +937,14 @@ mod tests {
         // FIFO to priority: by priority, then arrival.
         let by_priority = open(config(QueueOrder::Priority, 10, 1024), &store).unwrap();
         assert_eq!(
-            sequences(
-                &by_priority.pop(PopLimits { pending: true, ..PopLimits::auto(10) }, Instant::now()).unwrap()
-            ),
+            sequences(&by_priority.pop(PopLimits { pending: true, ..PopLimits::auto(10) }, Instant::now())),
             [2, 3, 1]
         );
         drop(by_priority);
         // Priority to FIFO: by arrival (the pending ones came back marked, in their order).
         let fifo = open(config(QueueOrder::Fifo, 10, 1024), &store).unwrap();
         assert_eq!(
-            sequences(&fifo.pop(PopLimits { pending: true, ..PopLimits::auto(10) }, Instant::now()).unwrap()),
+            sequences(&fifo.pop(PopLimits { pending: true, ..PopLimits::auto(10) }, Instant::now())),
             [1, 2, 3]
         );
         drop(fifo);
@@ -989,7 +984,7 @@ mod tests {
         batch.put("q.q", records[0].0.clone(), old);
         store.write(batch, true).unwrap();
         let q = open(config(QueueOrder::Fifo, 10, 1024), &store).unwrap();
-        let popped = q.pop(PopLimits::auto(10), Instant::now()).unwrap();
+        let popped = q.pop(PopLimits::auto(10), Instant::now());
         assert_eq!((popped.expired, popped.messages.len()), (1, 1), "{} expired while down", first.id);
         drop(q);
 

@@ -524,35 +524,27 @@ async fn get(node: &NodeState, q: &LocalQueue, limits: PopLimits, wait_ms: u64) 
     let queue = q.config().name.as_str();
     let deadline = tokio::time::Instant::now() + Duration::from_millis(wait_ms.min(GET_WAIT_MS_MAX));
     loop {
-        match q.pop(limits, Instant::now()) {
-            Err(e) => {
-                return Response::Error { code: ErrorCode::Internal, accepted: 0, message: e.to_string() };
-            }
-            Ok(popped) => {
-                if popped.expired > 0 {
-                    debug!(queue, expired = popped.expired, "Expired messages dropped.");
-                    {
-                        node.emit(
-                            Event::new(
-                                EventKind::Expired,
-                                format!("{} message(s) expired in queue '{queue}'", popped.expired),
-                            )
-                            .with("queue", queue)
-                            .with("count", popped.expired),
-                        );
-                    }
-                }
-                if let Some(size) = popped.too_large {
-                    let message = format!(
-                        "the next message in queue '{queue}' has {size} bytes, over this get's limit of {}; it stays in the queue",
-                        limits.message_bytes_max
-                    );
-                    return Response::Error { code: ErrorCode::TooLarge, accepted: 0, message };
-                }
-                if !popped.messages.is_empty() || tokio::time::Instant::now() >= deadline {
-                    return Response::Messages { messages: popped.messages, tags: popped.tags };
-                }
-            }
+        let popped = q.pop(limits, Instant::now());
+        if popped.expired > 0 {
+            debug!(queue, expired = popped.expired, "Expired messages dropped.");
+            node.emit(
+                Event::new(
+                    EventKind::Expired,
+                    format!("{} message(s) expired in queue '{queue}'", popped.expired),
+                )
+                .with("queue", queue)
+                .with("count", popped.expired),
+            );
+        }
+        if let Some(size) = popped.too_large {
+            let message = format!(
+                "the next message in queue '{queue}' has {size} bytes, over this get's limit of {}; it stays in the queue",
+                limits.message_bytes_max
+            );
+            return Response::Error { code: ErrorCode::TooLarge, accepted: 0, message };
+        }
+        if !popped.messages.is_empty() || tokio::time::Instant::now() >= deadline {
+            return Response::Messages { messages: popped.messages, tags: popped.tags };
         }
         q.wait(deadline).await;
     }
