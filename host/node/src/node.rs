@@ -111,27 +111,31 @@ impl Drop for Tracking<'_> {
 
 /// The node's result book; with a durable store it keeps the results of persistent
 /// messages and takes up what an earlier run kept.
+/// Also returns the highest message sequence number it holds.
 fn result_book(
     config: &Config,
     store: &dyn Store,
     committer: &Arc<crate::storage::Committer>,
     now: Instant,
-) -> Result<ResultBook, StartError> {
+) -> Result<(ResultBook, u64), StartError> {
     let results = ResultBook::new(
         std::time::Duration::from_millis(config.messages.result_wait_ms),
         usize::try_from(config.messages.results_pending_max).unwrap_or(usize::MAX),
     );
     if !store.durable() {
-        return Ok(results);
+        return Ok((results, 0));
     }
     let results = results.kept_by(committer.clone());
-    let open = results
+    let loaded = results
         .load(store, now)
         .map_err(|reason| StartError::Store(StoreError::Backend { op: "recover", reason }))?;
-    if open > 0 {
-        tracing::info!(open, "Results of persistent messages from before the restart waited for again.");
+    if loaded.open > 0 {
+        tracing::info!(
+            open = loaded.open,
+            "Results of persistent messages from before the restart waited for again."
+        );
     }
-    Ok(results)
+    Ok((results, loaded.sequence_max))
 }
 
 /// Opens the configured queues and the node's own (`DLQ`, `EVENT`), recovering them.
@@ -359,15 +363,17 @@ impl NodeState {
         if incarnation_kept {
             restore_sending(&links, store.as_ref(), now)?;
         }
-        // Sequence numbers must not repeat across restarts of a node whose store forgets:
-        // start from the clock (microsecond resolution leaves room for 1 M puts a second).
-        let next_sequence = AtomicU64::new(crate::clock::unix_ms().saturating_mul(1000));
         let subscriptions = Subscriptions::load(&config.events.subscriptions, store.as_ref())?;
         subscriptions.remove_unreachable(store.as_ref(), |to| {
             subscription_target(&config.node.name, to, |q| queues.contains_key(q), |n| links.contains_key(n))
                 .map_err(|(_, reason)| reason)
         })?;
-        let results = result_book(&config, store.as_ref(), &committer, now)?;
+        let (results, sequence_kept) = result_book(&config, store.as_ref(), &committer, now)?;
+        // Sequence numbers must not repeat across restarts of a node whose store forgets:
+        // start from the clock (microsecond resolution leaves room for 1 M puts a second),
+        // and above any kept in the store (the clock may have gone back).
+        let next_sequence =
+            AtomicU64::new(crate::clock::unix_ms().saturating_mul(1000).max(sequence_kept.saturating_add(1)));
         Ok(Arc::new(Self {
             config,
             incarnation,
@@ -932,9 +938,10 @@ impl NodeState {
                             .map(|_| ())
                             .map_err(|e| format!("queue '{}': {e}", queue.config().name))
                     });
+                    // Their results are kept from here, in the same store batch.
+                    tracking.keep();
                     drop(hold);
                     drop(admission);
-                    tracking.keep();
                     messages.iter().for_each(|m| self.delivered_here(m));
                     // Stored puts, and the acknowledged gets' deletes, are durable first.
                     let persistent =
@@ -1354,7 +1361,8 @@ mod tests {
         assert_eq!(outcomes(&n)[..2], [None, Some(Outcome::failed("queue_missing", "no r"))]);
 
         // Nothing came back for B:q within lifetime + result wait.
-        n.time_out_results(Instant::now() + std::time::Duration::from_millis(199));
+        // (Well before: the test may run slowly between the put and here.)
+        n.time_out_results(Instant::now() + std::time::Duration::from_millis(120));
         assert_eq!(outcomes(&n)[0], None);
         n.time_out_results(Instant::now() + std::time::Duration::from_millis(300));
         assert_eq!(outcomes(&n)[0], Some(Outcome::TimedOut));

@@ -185,8 +185,9 @@ struct Tracked {
     lifetime: Option<Duration>,
     /// When open recipients time out: set once the message is accepted.
     deadline: Option<Instant>,
-    /// When it was tracked, by the wall clock (a restarted node's deadlines count from it).
-    tracked_unix_ms: u64,
+    /// When it was accepted, by the wall clock (a restarted node's deadlines count from
+    /// it); 0 until then.
+    accepted_unix_ms: u64,
     /// Kept in the store (a persistent message, with a durable store).
     stored: bool,
 }
@@ -244,21 +245,32 @@ impl ResultBook {
     }
 
     /// Takes up the results kept in `store` by an earlier run: open messages wait again
-    /// (their deadlines counted by the wall clock from when they were tracked; a passed one
-    /// times out at once), finished ones answer questions. Returns how many are open.
+    /// (their deadlines counted by the wall clock from their acceptance; a passed one times
+    /// out at once), finished ones answer questions. A damaged record is moved to the space
+    /// `results.damaged` and reported (results are advisory: they do not stop a start).
     ///
     /// # Errors
-    /// A record that cannot be read or is damaged, named.
-    pub fn load(&self, store: &dyn Store, now: Instant) -> Result<usize, String> {
+    /// The store cannot be read.
+    pub fn load(&self, store: &dyn Store, now: Instant) -> Result<Loaded, String> {
         let records = store
             .scan(RESULTS_SPACE, std::ops::Bound::Unbounded, std::ops::Bound::Unbounded, usize::MAX)
             .map_err(|e| format!("{RESULTS_SPACE}: {e}"))?;
         let now_unix = crate::clock::unix_ms();
+        let mut loaded = Loaded::default();
         let mut book = self.lock();
+        let mut quarantine = Batch::new();
         for (key, value) in records {
-            let (results, lifetime, tracked_unix_ms) = decode_record(&value)
-                .map_err(|e| format!("{RESULTS_SPACE}: damaged record at key {:02x?}: {e}", &key[..]))?;
+            let (results, lifetime, accepted_unix_ms) = match decode_record(&value) {
+                Ok(decoded) => decoded,
+                Err(e) => {
+                    tracing::error!(key = ?&key[..], error = e, "Damaged result record moved to results.damaged.");
+                    quarantine.put(DAMAGED_SPACE, key.clone(), value).delete(RESULTS_SPACE, key);
+                    loaded.damaged += 1;
+                    continue;
+                }
+            };
             let sequence = results.id.sequence;
+            loaded.sequence_max = loaded.sequence_max.max(sequence);
             if results.is_final() {
                 book.finished.insert(sequence, results);
                 book.finished_order.push_back(sequence);
@@ -267,7 +279,7 @@ impl ResultBook {
             }
             let waits = self.waits(lifetime);
             let due_unix =
-                tracked_unix_ms.saturating_add(u64::try_from(waits.as_millis()).unwrap_or(u64::MAX));
+                accepted_unix_ms.saturating_add(u64::try_from(waits.as_millis()).unwrap_or(u64::MAX));
             let deadline = now + Duration::from_millis(due_unix.saturating_sub(now_unix));
             book.due.insert((deadline, sequence));
             let tracked = Tracked {
@@ -275,12 +287,16 @@ impl ResultBook {
                 provisional: Vec::new(),
                 lifetime,
                 deadline: Some(deadline),
-                tracked_unix_ms,
+                accepted_unix_ms,
                 stored: true,
             };
             book.open.insert(sequence, tracked);
         }
-        Ok(book.open.len())
+        loaded.open = book.open.len();
+        if let (Some(committer), false) = (&self.committer, quarantine.is_empty()) {
+            committer.write(quarantine);
+        }
+        Ok(loaded)
     }
 
     /// How long after acceptance open recipients of a message with `lifetime` time out.
@@ -342,12 +358,15 @@ impl ResultBook {
         };
         let results = MessageResults { id: message.id.clone(), recipients };
         let stored = self.committer.is_some() && message.content.reliability == Reliability::Persistent;
-        let tracked_unix_ms = crate::clock::unix_ms();
-        let tracked =
-            Tracked { results, provisional: Vec::new(), lifetime, deadline: None, tracked_unix_ms, stored };
+        let tracked = Tracked {
+            results,
+            provisional: Vec::new(),
+            lifetime,
+            deadline: None,
+            accepted_unix_ms: 0,
+            stored,
+        };
         book.open.insert(message.id.sequence, tracked);
-        note(&mut book, message.id.sequence);
-        self.flush(&mut book);
         Ok(())
     }
 
@@ -358,13 +377,17 @@ impl ResultBook {
         let Some(tracked) = book.open.get_mut(&sequence) else { return };
         let Some(deadline) = now.checked_add(self.waits(tracked.lifetime)) else { return };
         tracked.deadline = Some(deadline);
+        // Kept from now on (the message is in its queues, whose writes went first).
+        tracked.accepted_unix_ms = crate::clock::unix_ms();
         book.due.insert((deadline, sequence));
+        note(&mut book, sequence);
+        self.flush(&mut book);
     }
 
     /// Stops tracking a message that was not accepted after all.
     pub fn forget(&self, sequence: u64) {
         let mut book = self.lock();
-        if close(&mut book, sequence).is_some_and(|t| t.stored) {
+        if close(&mut book, sequence).is_some_and(|t| t.stored && t.accepted_unix_ms > 0) {
             book.writes.push((sequence, None));
         }
         self.flush(&mut book);
@@ -513,7 +536,7 @@ fn close(book: &mut Book, sequence: u64) -> Option<Tracked> {
 fn finish(book: &mut Book, sequence: u64) {
     if let Some(tracked) = close(book, sequence) {
         if tracked.stored {
-            let value = encode_record(&tracked.results, tracked.lifetime, tracked.tracked_unix_ms);
+            let value = encode_record(&tracked.results, tracked.lifetime, tracked.accepted_unix_ms);
             book.writes.push((sequence, Some(value)));
             book.stored_finished.insert(sequence);
         }
@@ -532,24 +555,37 @@ fn finish(book: &mut Book, sequence: u64) {
 
 /// Notes that the record of open message `sequence` must be rewritten (when it is kept).
 fn note(book: &mut Book, sequence: u64) {
-    if let Some(tracked) = book.open.get(&sequence).filter(|t| t.stored) {
-        let value = encode_record(&tracked.results, tracked.lifetime, tracked.tracked_unix_ms);
+    if let Some(tracked) = book.open.get(&sequence).filter(|t| t.stored && t.accepted_unix_ms > 0) {
+        let value = encode_record(&tracked.results, tracked.lifetime, tracked.accepted_unix_ms);
         book.writes.push((sequence, Some(value)));
     }
 }
 
 /// The store space of kept results.
 const RESULTS_SPACE: &str = "results";
+/// Where damaged result records are moved at start.
+const DAMAGED_SPACE: &str = "results.damaged";
+
+/// What [`ResultBook::load`] found.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Loaded {
+    /// Messages whose results are waited for again.
+    pub open: usize,
+    /// Damaged records moved aside.
+    pub damaged: usize,
+    /// The highest message sequence number among the records (new messages must go above).
+    pub sequence_max: u64,
+}
 /// Format of a kept result record.
 const RESULT_RECORD_FORMAT: u8 = 1;
 
 /// A kept result record: format u8, CRC32C (u32, of the text after it), then text: a line
-/// `SOURCE/SEQUENCE TAB CREATED_MS TAB LIFETIME_MS (0: unlimited) TAB TRACKED_UNIX_MS`, then
+/// `SOURCE/SEQUENCE TAB CREATED_MS TAB LIFETIME_MS (0: unlimited) TAB ACCEPTED_UNIX_MS`, then
 /// one line per recipient as in a report (`open` for a recipient still waited for).
-fn encode_record(results: &MessageResults, lifetime: Option<Duration>, tracked_unix_ms: u64) -> Bytes {
+fn encode_record(results: &MessageResults, lifetime: Option<Duration>, accepted_unix_ms: u64) -> Bytes {
     let lifetime_ms = lifetime.map_or(0, |l| u64::try_from(l.as_millis()).unwrap_or(u64::MAX));
     let mut text =
-        format!("{}\t{}\t{lifetime_ms}\t{tracked_unix_ms}\n", results.id, results.id.created_unix_ms);
+        format!("{}\t{}\t{lifetime_ms}\t{accepted_unix_ms}\n", results.id, results.id.created_unix_ms);
     for (to, outcome) in &results.recipients {
         match outcome {
             Some(outcome) => text.push_str(&encode_report(&[(to.clone(), outcome.clone())])),
@@ -698,7 +734,11 @@ mod tests {
         }
         let book = kept_book(&store);
         let now = Instant::now();
-        assert_eq!(book.load(store.as_ref(), now), Ok(1), "message 1 is open again");
+        assert_eq!(
+            book.load(store.as_ref(), now).map(|l| (l.open, l.sequence_max)),
+            Ok((1, 2)),
+            "message 1 is open again"
+        );
         let got = book.get(&[1, 2, 3, 4]);
         assert_eq!(
             got[0].as_ref().map(|r| r.recipients.clone()),
@@ -710,7 +750,7 @@ mod tests {
         assert!(book.record(1, &c, Outcome::Delivered), "a report after the restart is taken");
         assert!(book.time_out(now + Duration::from_secs(61)).is_empty(), "it finished");
         let again = kept_book(&store);
-        assert_eq!(again.load(store.as_ref(), now), Ok(0));
+        assert_eq!(again.load(store.as_ref(), now).map(|l| l.open), Ok(0));
         assert!(again.get(&[1])[0].as_ref().is_some_and(MessageResults::is_final));
     }
 
@@ -726,7 +766,7 @@ mod tests {
         std::thread::sleep(Duration::from_millis(150));
         let book = kept_book(&store);
         let now = Instant::now();
-        assert_eq!(book.load(store.as_ref(), now), Ok(1));
+        assert_eq!(book.load(store.as_ref(), now).map(|l| l.open), Ok(1));
         let settled = book.time_out(now);
         assert_eq!(settled.len(), 1, "10 ms lifetime + 100 ms wait passed while the node was down");
         assert_eq!(settled[0].2, Outcome::TimedOut);
@@ -736,8 +776,12 @@ mod tests {
         value[7] ^= 1;
         damaged.put(RESULTS_SPACE, 9u64.to_be_bytes().to_vec(), value);
         store.write(damaged, true).unwrap();
-        let error = kept_book(&store).load(store.as_ref(), now).unwrap_err();
-        assert!(error.contains("damaged record") && error.contains("checksum mismatch"), "{error}");
+        let loaded = kept_book(&store).load(store.as_ref(), now).unwrap();
+        assert_eq!((loaded.open, loaded.damaged), (0, 1), "the damaged record does not stop the start");
+        let moved =
+            store.scan(DAMAGED_SPACE, std::ops::Bound::Unbounded, std::ops::Bound::Unbounded, 10).unwrap();
+        assert_eq!(moved.len(), 1, "it is moved aside");
+        assert_eq!(store.get(RESULTS_SPACE, &9u64.to_be_bytes()).unwrap(), None);
     }
 
     #[test]

@@ -771,10 +771,12 @@ impl Session {
                 for (sequence, delivery) in messages {
                     self.events.push_back(match delivery {
                         Delivery::Message(message) => SessionEvent::Received { channel, sequence, message },
-                        Delivery::Skip => SessionEvent::Skipped { channel, sequence, expired: None },
-                        Delivery::Expired(id) => {
+                        Delivery::Skip { durable } => {
+                            SessionEvent::Skipped { channel, sequence, expired: None, durable }
+                        }
+                        Delivery::Expired { id, durable } => {
                             self.stats.expired_on_the_way += 1;
-                            SessionEvent::Skipped { channel, sequence, expired: Some(id) }
+                            SessionEvent::Skipped { channel, sequence, expired: Some(id), durable }
                         }
                     });
                 }

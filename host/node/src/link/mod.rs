@@ -613,8 +613,16 @@ impl Link {
         self.expired(message, false);
     }
 
-    /// The handshake completed: the link is up (logged, and raised as an event).
+    /// The handshake completed: the records follow its numbers, and the link is up (logged,
+    /// and raised as an event).
     fn established(&mut self, peer_restarted: bool, resent: usize, resumed_bytes: u64, lost_by_peer: u64) {
+        // The records of a renumbering go to the store as one batch.
+        let node = self.node.clone();
+        let hold = node.committer.hold();
+        self.recorded.established(&self.node, &self.session);
+        self.rerecord_sent();
+        self.record_acked();
+        drop(hold);
         info!(peer = self.peer(), peer_restarted, resent, resumed_bytes, "Link up.");
         if lost_by_peer > 0 {
             warn!(
@@ -718,12 +726,12 @@ impl Link {
             progressed = true;
             match event {
                 SessionEvent::Established { peer_restarted, resent, resumed_bytes, lost_by_peer } => {
-                    self.recorded.established(&self.node, &self.session);
-                    self.rerecord_sent();
-                    self.record_acked();
                     self.established(peer_restarted, resent, resumed_bytes, lost_by_peer);
                 }
                 SessionEvent::Received { channel, sequence, mut message } => {
+                    // The sender counts what is not volatile on the wire as kept: its number
+                    // is synced before the acknowledgement, whatever the queue makes of it.
+                    persistent |= message.content.reliability != linkbus_plugin_api::Reliability::Volatile;
                     // Resolved once here (`deliver_with` then finds it resolved).
                     message.content.reliability = self.node.reliability_of(&message.content);
                     let stored = message.content.reliability == linkbus_plugin_api::Reliability::Persistent;
@@ -740,7 +748,8 @@ impl Link {
                         *slot = Some(sequence);
                     }
                 }
-                SessionEvent::Skipped { channel, sequence, expired } => {
+                SessionEvent::Skipped { channel, sequence, expired, durable } => {
+                    persistent |= durable;
                     if let Some(id) = expired {
                         warn!(peer = self.peer(), %id, "Message expired on its way here; dropped.");
                         let text = format!("message {id} expired on its way from {}", self.peer());
@@ -753,14 +762,7 @@ impl Link {
                     }
                 }
                 SessionEvent::Dropped { message, reason } => self.dropped(message, reason, now),
-                SessionEvent::Acked { channel, through, messages } => {
-                    self.forget_sent(channel, through);
-                    self.record_acked();
-                    self.handle.acked_total.fetch_add(messages as u64, Ordering::Relaxed);
-                    if messages > 0 {
-                        self.backoff.reset();
-                    }
-                }
+                SessionEvent::Acked { channel, through, messages } => self.acked(channel, through, messages),
                 SessionEvent::Closed(error) => {
                     closed = Some(self.closed(&error));
                     break;
@@ -796,6 +798,19 @@ impl Link {
             }
         }
         true
+    }
+
+    /// The peer acknowledged `messages` of `channel`, through `through`.
+    fn acked(&mut self, channel: u8, through: u64, messages: usize) {
+        let node = self.node.clone();
+        let hold = node.committer.hold();
+        self.forget_sent(channel, through);
+        self.record_acked();
+        drop(hold);
+        self.handle.acked_total.fetch_add(messages as u64, Ordering::Relaxed);
+        if messages > 0 {
+            self.backoff.reset();
+        }
     }
 
     /// Messages of `channel` acknowledged through `through` are no longer recorded as sent.

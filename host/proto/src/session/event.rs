@@ -42,6 +42,10 @@ pub enum SessionEvent {
         sequence: u64,
         /// The message whose lifetime ran out on the way, if that is why.
         expired: Option<linkbus_plugin_api::MessageId>,
+        /// A message that was not volatile stood behind the number (it expired on the
+        /// way): the sender counts it as kept, so the number must be synced before it is
+        /// acknowledged, like a persistent delivery's.
+        durable: bool,
     },
     /// A message handed over earlier was not sent after a reconnect: its lifetime ran out,
     /// or it is larger than the peer accepts. Its number travelled as an empty skip message.

@@ -43,17 +43,27 @@ pub(super) enum PacketOutcome {
 pub(super) enum Delivery {
     /// A message, its lifetime counted down to now.
     Message(Message),
-    /// A skip: the sender dropped the message in transit.
-    Skip,
+    /// A skip: the sender dropped the message in transit (`durable: false`), or an event
+    /// message expired on the way (`durable`: it was not volatile).
+    Skip {
+        /// A message that was not volatile stood behind the number.
+        durable: bool,
+    },
     /// The message's lifetime ran out on the way (while its packets arrived, or while it
     /// waited behind a gap); it is not handed over.
-    Expired(linkbus_plugin_api::MessageId),
+    Expired {
+        /// The message.
+        id: linkbus_plugin_api::MessageId,
+        /// It was not volatile.
+        durable: bool,
+    },
 }
 
 /// A message (`None`: a skip) whose lifetime was counted when its first packet arrived at
 /// `first`: what to hand over at `now`.
 fn release(message: Option<Message>, first: Instant, now: Instant) -> Delivery {
-    let Some(mut message) = message else { return Delivery::Skip };
+    let Some(mut message) = message else { return Delivery::Skip { durable: false } };
+    let durable = message.content.reliability != linkbus_plugin_api::Reliability::Volatile;
     let ms = now.saturating_duration_since(first).as_millis() as u64;
     match message.content.lifetime {
         Some(lifetime) if ms > 0 && !lifetime.is_unlimited() => match lifetime.after(ms) {
@@ -62,8 +72,8 @@ fn release(message: Option<Message>, first: Instant, now: Instant) -> Delivery {
                 Delivery::Message(message)
             }
             // An expired event message goes quietly (no event about an event).
-            None if message.content.kind == linkbus_plugin_api::Kind::Event => Delivery::Skip,
-            None => Delivery::Expired(message.id),
+            None if message.content.kind == linkbus_plugin_api::Kind::Event => Delivery::Skip { durable },
+            None => Delivery::Expired { id: message.id, durable },
         },
         _ => Delivery::Message(message),
     }

@@ -242,6 +242,9 @@ impl Sender {
     /// that was not volatile (recorded durably). Numbering goes on after it when nothing
     /// recorded waits.
     pub(super) fn restore_acked(&mut self, through: u64) {
+        // Nothing waiting can be at or below an acknowledged number (a record left from
+        // before a renumbering would say so).
+        let through = self.unacked.front().map_or(through, |p| through.min(p.sequence - 1));
         self.durable_acked = self.durable_acked.max(through);
         if self.unacked.is_empty() && self.next_send <= through {
             self.next_send = through + 1;
@@ -285,11 +288,17 @@ impl Sender {
     /// numbering goes on from `expected`. Returns how many were completed.
     pub(super) fn jump(&mut self, expected: u64) -> usize {
         let done = self.unacked.len();
+        // Only what we still hold is known to have been kept; the numbers beyond were
+        // volatile messages sent after the last record.
+        if let Some(last) =
+            self.unacked.iter().rev().find(|p| !p.message.is_empty() && !crate::wire::is_volatile(&p.message))
+        {
+            self.durable_acked = self.durable_acked.max(last.sequence);
+        }
         self.unacked.clear();
         self.unacked_bytes = 0;
         self.next_send = expected;
         self.acked = expected - 1;
-        self.durable_acked = self.acked;
         self.next_write = expected;
         self.write_offset = 0;
         self.backoff = 0;

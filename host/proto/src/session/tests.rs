@@ -347,6 +347,7 @@ fn a_restarted_sender_resends_what_it_recorded_skips_what_it_lost_and_follows_a_
     p.pump();
     restarted_a(&mut p, &[2]);
     assert!(p.closed.is_empty(), "{:?}", p.closed);
+    assert_eq!(p.a.durable_acked(C), 2, "only what A recorded is known to be kept, not 3..=6");
     p.a.send(C, message(7), None, p.now).unwrap();
     p.pump();
     assert_eq!(p.received_by_b, [1, 2, 3, 4, 5, 6, 7], "nothing twice, numbering goes on from B's");
@@ -1119,7 +1120,10 @@ fn a_message_held_behind_a_gap_ages_while_it_waits() {
     let events: Vec<SessionEvent> = std::iter::from_fn(|| p.b.poll_event()).collect();
     assert!(matches!(events.first(), Some(SessionEvent::Received { sequence: 1, .. })), "{events:?}");
     assert!(
-        matches!(events.get(1), Some(SessionEvent::Skipped { sequence: 2, expired: Some(_), .. })),
+        matches!(
+            events.get(1),
+            Some(SessionEvent::Skipped { sequence: 2, expired: Some(_), durable: true, .. })
+        ),
         "message 2 expired while it waited behind the gap: {events:?}"
     );
     assert_eq!(p.b.stats().expired_on_the_way, 1);
