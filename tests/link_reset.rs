@@ -91,9 +91,9 @@ impl FakeB {
     }
 }
 
-#[test]
-fn a_peer_whose_numbers_went_backwards_stops_the_link_until_reset() {
-    let s = Scratch::new();
+/// A listener playing B, and the path of A's configuration: plaintext, dialing it, with
+/// fast reconnects.
+fn a_dialing_a_fake_b(s: &Scratch) -> (TcpListener, String) {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let address = listener.local_addr().unwrap();
     let yaml = format!(
@@ -101,19 +101,30 @@ fn a_peer_whose_numbers_went_backwards_stops_the_link_until_reset() {
          security: {{ insecure_plaintext: true }}\n\
          links: {{ reconnect_backoff_min_ms: 20, reconnect_backoff_max_ms: 100 }}\n"
     );
-    let a = s.start_node("A", &["-c", s.write("a.yaml", &yaml).to_str().unwrap()]);
+    (listener, s.write("a.yaml", &yaml).to_str().unwrap().to_owned())
+}
 
-    // First contact: B acknowledges message 1 on its channel, a persistent one (numbers
-    // lost after volatile messages are a machine crash's, and go again as skips).
-    let mut b = FakeB::accept(&listener, Duration::from_secs(10)).expect("A dials B");
+/// First contact: B acknowledges message 1 on its channel, a persistent one (numbers lost
+/// after volatile messages are a machine crash's, and go again as skips). Returns B's side
+/// of the connection, still open.
+fn b_acknowledges_a_persistent_message(s: &Scratch, listener: &TcpListener) -> FakeB {
+    let mut b = FakeB::accept(listener, Duration::from_secs(10)).expect("A dials B");
     b.handshake(false);
     let put = s.run(&["put", "--node", "A", "--to", "B:q", "--persistent", "one"]);
     assert!(put.status.success(), "{}", stderr(&put));
     let (channel, sequence, payload) = b.data();
     assert_eq!((sequence, &payload[..]), (1, &b"one"[..]));
     b.send(&Frame::Ack { channel, sequence });
-    std::thread::sleep(Duration::from_millis(200));
-    drop(b);
+    std::thread::sleep(Duration::from_millis(300));
+    b
+}
+
+#[test]
+fn a_peer_whose_numbers_went_backwards_stops_the_link_until_reset() {
+    let s = Scratch::new();
+    let (listener, config) = a_dialing_a_fake_b(&s);
+    let a = s.start_node("A", &["-c", &config]);
+    drop(b_acknowledges_a_persistent_message(&s, &listener));
 
     // B comes back knowing A but expecting message 1 again: its numbers went backwards.
     let mut b = FakeB::accept(&listener, Duration::from_secs(10)).expect("A redials");
@@ -154,26 +165,13 @@ fn a_peer_whose_numbers_went_backwards_stops_the_link_until_reset() {
 #[test]
 fn a_peer_that_went_backwards_while_the_node_was_down_is_still_refused() {
     let s = Scratch::new();
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let address = listener.local_addr().unwrap();
-    let yaml = format!(
-        "node: {{ name: A, listen: none }}\npeers: [ {{ name: B, address: '{address}' }} ]\n\
-         security: {{ insecure_plaintext: true }}\n\
-         links: {{ reconnect_backoff_min_ms: 20, reconnect_backoff_max_ms: 100 }}\n"
-    );
-    let config = s.write("a.yaml", &yaml);
-    let mut a = s.start_node("A", &["-c", config.to_str().unwrap()]);
-    let mut b = FakeB::accept(&listener, Duration::from_secs(10)).expect("A dials B");
-    b.handshake(false);
-    let put = s.run(&["put", "--node", "A", "--to", "B:q", "--persistent", "one"]);
-    assert!(put.status.success(), "{}", stderr(&put));
-    let (channel, sequence, _) = b.data();
-    b.send(&Frame::Ack { channel, sequence });
-    std::thread::sleep(Duration::from_millis(300));
+    let (listener, config) = a_dialing_a_fake_b(&s);
+    let mut a = s.start_node("A", &["-c", &config]);
+    let b = b_acknowledges_a_persistent_message(&s, &listener);
     a.kill();
     drop(b);
 
-    let a = s.start_node("A", &["-c", config.to_str().unwrap()]);
+    let a = s.start_node("A", &["-c", &config]);
     let mut b = FakeB::accept(&listener, Duration::from_secs(10)).expect("A dials after its restart");
     b.handshake(true);
     a.wait_for_log("Link STOPPED", 1, Duration::from_secs(10));
