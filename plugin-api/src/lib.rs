@@ -39,7 +39,7 @@ pub use handler::{HandlerError, MessageHandler};
 pub use message::{Content, Group, Kind, Lifetime, Message, MessageError, MessageId, Priority, Reliability};
 pub use name::{Address, NameError, NodeName, QueueName};
 pub use registry::{BuildContext, Factory, PluginEntry, PluginError};
-pub use router::{RouteError, Router, Topology};
+pub use router::{Explanation, Pattern, RouteError, Router, Topology};
 pub use store::{Batch, Store, StoreError, WriteOp};
 pub use transport::{BoxFuture, Connection, Listener, Transport, TransportError};
 

@@ -2,8 +2,13 @@
 //!
 //! Routers are pure functions of the destination and the node's topology: they do no I/O and
 //! keep no per-message state, so they can be swapped or reloaded at any time.
+//!
+//! Routes name destinations by [`Pattern`]: node-name characters compared as they are, `?`
+//! for any one character, and a final `*` for any rest (also none).
 
-use crate::name::NodeName;
+use std::fmt;
+
+use crate::name::{NODE_NAME_CHARS_MAX, NodeName};
 
 /// What a router may look at: this node and its direct neighbours.
 #[derive(Debug, Clone, Copy)]
@@ -23,6 +28,17 @@ pub enum RouteError {
     NoRoute(NodeName),
 }
 
+/// A routing decision with its reasons, for people (`linkbus route explain`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Explanation {
+    /// The neighbour chosen, or why there is none.
+    pub next_hop: Result<NodeName, RouteError>,
+    /// What decided it (the rule that matched), in words.
+    pub chosen: String,
+    /// Each other candidate and why it lost, in words.
+    pub others: Vec<String>,
+}
+
 /// Chooses the next hop for a destination node that is not this node.
 pub trait Router: Send + Sync {
     /// The neighbour to send through. Direct neighbours are resolved by the host before
@@ -31,4 +47,140 @@ pub trait Router: Send + Sync {
     /// # Errors
     /// [`RouteError::NoRoute`] when nothing reaches `destination`.
     fn next_hop(&self, destination: &NodeName, topology: &Topology<'_>) -> Result<NodeName, RouteError>;
+
+    /// The decision for `destination` with its reasons. The default says only what
+    /// [`Router::next_hop`] decided.
+    fn explain(&self, destination: &NodeName, topology: &Topology<'_>) -> Explanation {
+        let next_hop = self.next_hop(destination, topology);
+        let chosen = match &next_hop {
+            Ok(via) => format!("the router sends it through {via}"),
+            Err(e) => e.to_string(),
+        };
+        Explanation { next_hop, chosen, others: Vec::new() }
+    }
+
+    /// Patterns of the destinations this router has routes for (a cluster check tries a
+    /// name matching each, so loops are found also for nodes no configuration names).
+    fn patterns(&self) -> Vec<Pattern> {
+        Vec::new()
+    }
+}
+
+/// A destination pattern; see the module doc.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Pattern(String);
+
+impl Pattern {
+    /// Checks `text` and wraps it.
+    ///
+    /// # Errors
+    /// What is wrong with it, in words.
+    pub fn new(text: &str) -> Result<Self, String> {
+        if text.is_empty() {
+            return Err("a route pattern is empty".into());
+        }
+        let body = text.strip_suffix('*').unwrap_or(text);
+        if body.contains('*') {
+            return Err(format!("route pattern '{text}': '*' may only end a pattern"));
+        }
+        if let Some(ch) = body.chars().find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '?')))
+        {
+            return Err(format!(
+                "route pattern '{text}' contains '{ch}'; allowed are letters, digits, '.', '_', '?' and a final '*'"
+            ));
+        }
+        if body.chars().next().is_some_and(|c| !(c.is_ascii_alphabetic() || c == '?')) {
+            return Err(format!("route pattern '{text}' must start with a letter (node names do)"));
+        }
+        if body.chars().count() > NODE_NAME_CHARS_MAX {
+            return Err(format!(
+                "route pattern '{text}' is longer than a node name ({NODE_NAME_CHARS_MAX} characters) can be"
+            ));
+        }
+        Ok(Self(text.to_owned()))
+    }
+
+    /// The pattern as written.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// Whether `name` matches.
+    pub fn matches(&self, name: &NodeName) -> bool {
+        let (body, open) = match self.0.strip_suffix('*') {
+            Some(body) => (body, true),
+            None => (self.0.as_str(), false),
+        };
+        let name = name.as_str();
+        let fits = if open { name.len() >= body.len() } else { name.len() == body.len() };
+        fits && body.bytes().zip(name.bytes()).all(|(p, n)| p == b'?' || p == n)
+    }
+
+    /// How many wildcards (`?` and `*`) it has: fewer is more specific.
+    pub fn wildcards(&self) -> usize {
+        self.0.chars().filter(|c| matches!(c, '?' | '*')).count()
+    }
+
+    /// How many characters come before its first wildcard: more is more specific.
+    pub fn literal_prefix(&self) -> usize {
+        self.0.find(['?', '*']).unwrap_or(self.0.len())
+    }
+
+    /// A node name it matches, if one exists (`?` as `x`, `*` as nothing, or `x` when
+    /// nothing would be left).
+    pub fn example(&self) -> Option<NodeName> {
+        let body: String =
+            self.0.trim_end_matches('*').chars().map(|c| if c == '?' { 'x' } else { c }).collect();
+        let name = if body.is_empty() { "x".to_owned() } else { body };
+        NodeName::new(&name).ok().filter(|n| self.matches(n))
+    }
+}
+
+impl fmt::Display for Pattern {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn name(s: &str) -> NodeName {
+        NodeName::new(s).unwrap()
+    }
+
+    #[test]
+    fn patterns_match_by_their_wildcards() {
+        let p = |s: &str| Pattern::new(s).unwrap();
+        assert!(p("C1").matches(&name("C1")) && !p("C1").matches(&name("C12")));
+        assert!(
+            p("C*").matches(&name("C")) && p("C*").matches(&name("C12")) && !p("C*").matches(&name("D1"))
+        );
+        assert!(
+            p("C?").matches(&name("C1")) && !p("C?").matches(&name("C")) && !p("C?").matches(&name("C12"))
+        );
+        assert!(
+            p("?1*").matches(&name("A1")) && p("?1*").matches(&name("B12")) && !p("?1*").matches(&name("B2"))
+        );
+        assert!(p("*").matches(&name("anything")));
+        assert_eq!((p("C?*").wildcards(), p("C?*").literal_prefix()), (2, 1));
+        assert_eq!((p("EAST1").wildcards(), p("EAST1").literal_prefix()), (0, 5));
+        assert_eq!(p("C?*").example(), Some(name("Cx")));
+        assert_eq!(p("*").example(), Some(name("x")));
+    }
+
+    #[test]
+    fn bad_patterns_are_explained() {
+        for (text, says) in [
+            ("", "empty"),
+            ("C*1", "may only end"),
+            ("C-1", "contains '-'"),
+            ("1C", "must start with a letter"),
+            ("ABCDEFGHIJKLMNOPQRSTU", "longer than a node name"),
+        ] {
+            let error = Pattern::new(text).unwrap_err();
+            assert!(error.contains(says), "{text}: {error}");
+        }
+    }
 }

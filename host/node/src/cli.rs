@@ -84,6 +84,10 @@ pub struct RunArgs {
     /// A local queue as NAME, NAME:fifo or NAME:priority; repeatable.
     #[arg(long = "queue", value_name = "NAME[:ORDER]")]
     pub queues: Vec<String>,
+    /// A static route as PATTERN=VIA: nodes matching PATTERN ('?' any one character, a
+    /// final '*' any rest) are reached through neighbour VIA; repeatable, after the file's.
+    #[arg(long = "route", value_name = "PATTERN=VIA")]
+    pub routes: Vec<String>,
     /// Data directory (overrides `node.data_dir`).
     #[arg(long)]
     pub data_dir: Option<PathBuf>,
@@ -400,6 +404,7 @@ pub async fn node_run(args: RunArgs) -> anyhow::Result<()> {
         listen: args.listen,
         peers: args.peers,
         queues: args.queues,
+        routes: args.routes,
         data_dir: args.data_dir,
         client_socket: args.socket,
         insecure_plaintext: args.insecure_plaintext,

@@ -47,6 +47,7 @@ pub use config::Config;
 pub use node::{NodeState, StartError};
 
 // The linker drops a crate nothing names, and its plugin registrations with it.
+use linkbus_route_static as _;
 use linkbus_store_fjall as _;
 use linkbus_store_memory as _;
 use linkbus_transport_tcp as _;
@@ -190,5 +191,6 @@ mod tests {
     fn every_built_in_plugin_is_registered() {
         assert_eq!(registry::names("transport"), ["tcp"]);
         assert_eq!(registry::names("store"), ["fjall", "memory"]);
+        assert_eq!(registry::names("router"), ["static"]);
     }
 }

@@ -35,6 +35,8 @@ pub struct Config {
     pub node: NodeSettings,
     /// Neighbours this node keeps links to.
     pub peers: Vec<PeerConfig>,
+    /// Static routes to nodes that are not neighbours, in the order written.
+    pub routes: Vec<RouteConfig>,
     /// Local queues.
     pub queues: Vec<QueueConfig>,
     /// Defaults for messages accepted from clients.
@@ -99,6 +101,15 @@ pub struct PeerConfig {
     pub permanent: bool,
     /// Its static public key (Noise links); required unless links are plaintext.
     pub public_key: Option<[u8; 32]>,
+}
+
+/// `routes[]:` — destinations matching `to` go through neighbour `via`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RouteConfig {
+    /// The destination pattern.
+    pub to: linkbus_plugin_api::Pattern,
+    /// The neighbour (a peer) they go through.
+    pub via: NodeName,
 }
 
 /// `security:` — how links are protected.
@@ -202,6 +213,9 @@ pub struct MessageSettings {
     /// Most messages whose results the origin waits for at once; a put asking for results
     /// beyond it is refused.
     pub results_pending_max: u64,
+    /// Most relays a message may pass: a node that receives one that has already been
+    /// forwarded this often dead-letters it (`hop_limit`), so a routing loop cannot keep it.
+    pub hop_count_max: u64,
 }
 
 /// `links:` — the link protocol's limits and timers.
@@ -268,6 +282,8 @@ pub struct PluginSettings {
     pub transport: PluginChoice,
     /// Where queues and link state are kept.
     pub store: PluginChoice,
+    /// Which neighbour a message to a distant node goes through.
+    pub router: PluginChoice,
 }
 
 impl Default for NodeSettings {
@@ -289,6 +305,7 @@ impl Default for MessageSettings {
             dead_letter_messages_max: 1_000_000,
             result_wait_ms: 60_000,
             results_pending_max: 100_000,
+            hop_count_max: 16,
         }
     }
 }
@@ -318,7 +335,11 @@ impl Default for LinkSettings {
 
 impl Default for PluginSettings {
     fn default() -> Self {
-        Self { transport: PluginChoice::named("tcp"), store: PluginChoice::named("fjall") }
+        Self {
+            transport: PluginChoice::named("tcp"),
+            store: PluginChoice::named("fjall"),
+            router: PluginChoice::named("static"),
+        }
     }
 }
 
@@ -334,6 +355,7 @@ impl Config {
         Self {
             node: NodeSettings { data_dir: default_data_dir(&name), name, ..NodeSettings::default() },
             peers: Vec::new(),
+            routes: Vec::new(),
             queues: Vec::new(),
             messages: MessageSettings::default(),
             links: LinkSettings::default(),

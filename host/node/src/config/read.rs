@@ -13,7 +13,7 @@ use linkbus_plugin_api::{
 use super::{
     Config, EventSettings, LinkSettings, MessageSettings, NodeSettings, PACKET_OVERHEAD_BYTES, PeerConfig,
     PluginChoice, PluginSettings, QUEUE_MESSAGES_MAX_DEFAULT, QUOTA_MAX, QueueConfig, QueueOrder,
-    SecuritySettings, Subscription, WhenFull,
+    RouteConfig, SecuritySettings, Subscription, WhenFull,
 };
 
 const MS_MAX: u64 = 24 * 3_600_000;
@@ -30,6 +30,8 @@ pub struct Overrides {
     pub peers: Vec<String>,
     /// `--queue NAME[:fifo|:priority]`, repeatable: replaces a queue or adds one.
     pub queues: Vec<String>,
+    /// `--route PATTERN=VIA`, repeatable: added after the file's routes.
+    pub routes: Vec<String>,
     /// `--data-dir`.
     pub data_dir: Option<PathBuf>,
     /// `--socket`.
@@ -174,6 +176,17 @@ pub fn apply_overrides(tree: &mut ConfigValue, o: &Overrides) {
         }
         upsert(peers, name, ConfigValue::Map(item));
     }
+    for route in &o.routes {
+        let (to, via) = route.split_once('=').unwrap_or((route, ""));
+        let item = vec![("to".to_owned(), text(to)), ("via".to_owned(), text(via))];
+        let routes = slot(root, "routes");
+        if *routes == ConfigValue::Null {
+            *routes = ConfigValue::Seq(Vec::new());
+        }
+        if let ConfigValue::Seq(items) = routes {
+            items.push(ConfigValue::Map(item));
+        }
+    }
     for queue in &o.queues {
         let (name, order) = queue.split_once(':').map_or((queue.as_str(), None), |(n, o)| (n, Some(o)));
         let mut item = vec![("name".to_owned(), text(name))];
@@ -193,6 +206,7 @@ pub fn from_value(tree: &ConfigValue) -> Result<Config, ConfigErrors> {
     let config = Section::new(&diag, "", tree).map(|root| {
         let node = read_node(&root);
         let peers = read_peers(&root);
+        let routes = read_routes(&root, &peers);
         let messages = read_messages(&root);
         let queues = read_queues(&root, &messages);
         let links = read_links(&root);
@@ -202,7 +216,7 @@ pub fn from_value(tree: &ConfigValue) -> Result<Config, ConfigErrors> {
         root.finish();
         // Invalid parts were reported and replaced by defaults, so the relations between the
         // valid parts are still checked and every error comes out at once.
-        let config = Config { node, peers, queues, messages, links, plugins, security, events };
+        let config = Config { node, peers, routes, queues, messages, links, plugins, security, events };
         check_relations(&config, &diag);
         config
     });
@@ -245,6 +259,27 @@ fn read_peers(root: &Section<'_>) -> Vec<PeerConfig> {
         peers.push(PeerConfig { name, address, permanent, public_key });
     }
     peers
+}
+
+fn read_routes(root: &Section<'_>, peers: &[PeerConfig]) -> Vec<RouteConfig> {
+    let diag = root.diagnostics();
+    let mut routes = Vec::new();
+    for (path, value) in root.list("routes") {
+        let Some(s) = Section::new(diag, path.clone(), value) else { continue };
+        let to = s.required("to", |s, k| {
+            let text = s.string(k)?;
+            linkbus_plugin_api::Pattern::new(&text).map_err(|e| s.error(k, e)).ok()
+        });
+        let via = s.required("via", |s, k| s.parsed::<NodeName>(k));
+        if let Some(via) = via.as_ref().filter(|v| !peers.iter().any(|p| &p.name == *v)) {
+            s.error("via", format!("'{via}' is not a peer of this node"));
+        }
+        s.finish();
+        if let (Some(to), Some(via)) = (to, via) {
+            routes.push(RouteConfig { to, via });
+        }
+    }
+    routes
 }
 
 fn read_queues(root: &Section<'_>, messages: &MessageSettings) -> Vec<QueueConfig> {
@@ -310,6 +345,7 @@ fn read_messages(root: &Section<'_>) -> MessageSettings {
         ),
         result_wait_ms: s.number("result_wait_ms", d.result_wait_ms, 100, 1 << 40),
         results_pending_max: s.number("results_pending_max", d.results_pending_max, 1, 1 << 32),
+        hop_count_max: s.number("hop_count_max", d.hop_count_max, 1, u64::from(u8::MAX) - 1),
     };
     s.finish();
     settings
@@ -429,8 +465,9 @@ fn read_plugins(root: &Section<'_>) -> PluginSettings {
     let Some(s) = root.section("plugins") else { return d };
     let transport = read_choice(&s, "transport", d.transport.clone()).unwrap_or(d.transport);
     let store = read_choice(&s, "store", d.store.clone()).unwrap_or(d.store);
+    let router = read_choice(&s, "router", d.router.clone()).unwrap_or(d.router);
     s.finish();
-    PluginSettings { transport, store }
+    PluginSettings { transport, store, router }
 }
 
 fn read_choice(plugins: &Section<'_>, point: &'static str, default: PluginChoice) -> Option<PluginChoice> {
@@ -491,6 +528,7 @@ fn check_relations(config: &Config, diag: &Diagnostics) {
     if let Some(listen) = &config.node.listen {
         check("node.listen", listen);
     }
+
     for sub in &config.events.subscriptions {
         let path = format!("{}.to", sub.path);
         if sub.to.node == config.node.name {

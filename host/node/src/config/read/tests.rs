@@ -243,3 +243,31 @@ fn event_subscriptions_name_known_kinds_and_reachable_queues() {
         assert!(bad.iter().any(|m| m.starts_with(e)), "missing '{e}' in {bad:#?}");
     }
 }
+
+#[test]
+fn routes_name_a_pattern_and_a_peer_and_come_also_from_the_command_line() {
+    let mut tree = parse_yaml(
+        "node: { name: A }\npeers: [ { name: B, address: 127.0.0.1:2 } ]\nsecurity: { insecure_plaintext: true }\n\
+         routes: [ { to: 'C*', via: B } ]",
+    )
+    .unwrap();
+    apply_overrides(&mut tree, &Overrides { routes: vec!["D?=B".into()], ..Overrides::default() });
+    let c = from_value(&tree).unwrap();
+    let routes: Vec<(&str, &str)> = c.routes.iter().map(|r| (r.to.as_str(), r.via.as_str())).collect();
+    assert_eq!(routes, [("C*", "B"), ("D?", "B")], "the command line's come after the file's");
+
+    let errors = messages(
+        "node: { name: A }\npeers: [ { name: B, address: 127.0.0.1:2 } ]\nsecurity: { insecure_plaintext: true }\n\
+         routes: [ { to: 'C*1', via: B }, { to: 'D', via: Z }, { via: B }, { to: E, via: B, colour: red } ]",
+    );
+    assert_eq!(
+        errors,
+        [
+            "routes[0].to: route pattern 'C*1': '*' may only end a pattern",
+            "routes[1].via: 'Z' is not a peer of this node",
+            "routes[2].to: is required",
+            "routes[3].colour: unknown key; expected one of: to, via",
+        ],
+        "{errors:#?}"
+    );
+}
