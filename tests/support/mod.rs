@@ -6,6 +6,7 @@
 //! nothing running.
 #![allow(dead_code, unreachable_pub)]
 
+pub mod cluster;
 pub mod history;
 pub mod proxy;
 

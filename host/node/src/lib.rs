@@ -29,6 +29,7 @@ pub mod listener;
 pub mod node;
 pub mod queue;
 pub mod results;
+pub mod routing;
 pub mod runtime_dir;
 pub mod security;
 pub mod storage;

@@ -197,10 +197,39 @@ fn restore_sending(
 /// the recipients concerned.
 type Failed = (DeadLetterCode, String, Vec<linkbus_plugin_api::Address>);
 
-/// Where one message goes: local queues and links, each once.
+/// Where one message goes: local queues, each once, and links, each once with the
+/// recipients routed through it.
 struct Targets<'a> {
     local: Vec<&'a Arc<LocalQueue>>,
-    remote: Vec<&'a Arc<LinkHandle>>,
+    remote: Vec<(&'a Arc<LinkHandle>, Vec<linkbus_plugin_api::Address>)>,
+}
+
+/// One place an arriving message goes.
+enum Target<'a> {
+    /// A local queue.
+    Local(&'a Arc<LocalQueue>),
+    /// On through a link: the copy for the recipients routed there.
+    Forward(&'a Arc<LinkHandle>, Box<Message>),
+}
+
+/// The recipients routed through one link, or why some cannot be reached.
+type Group<'a> = Result<(&'a Arc<LinkHandle>, Vec<Address>), Failed>;
+
+/// Adds `to` to the failure group for `code`, or starts one.
+fn push_failed<T>(groups: &mut Vec<Result<T, Failed>>, code: DeadLetterCode, reason: String, to: &Address) {
+    match groups.iter_mut().find(|g| matches!(g, Err((c, _, _)) if *c == code)) {
+        Some(Err((_, _, failed))) => failed.push(to.clone()),
+        _ => groups.push(Err((code, reason, vec![to.clone()]))),
+    }
+}
+
+/// The copy of `message` that goes to `recipients` (all of its own when they are all).
+fn copy_for(message: &Message, recipients: &[linkbus_plugin_api::Address]) -> Message {
+    let mut copy = message.clone();
+    if recipients.len() != copy.content.recipients.len() {
+        copy.content.recipients = recipients.to_vec();
+    }
+    copy
 }
 
 /// Why a message goes to the dead-letter queue: the code, a reason for people, and the
@@ -234,6 +263,8 @@ pub struct NodeState {
     pub queues: HashMap<QueueName, Arc<LocalQueue>>,
     /// One link per configured peer.
     pub links: HashMap<NodeName, Arc<LinkHandle>>,
+    /// Which link a message to another node takes.
+    pub routing: crate::routing::Routing,
     /// Link security: mode, keys, replay check.
     pub security: crate::security::Security,
     /// Next per-source message sequence number.
@@ -336,6 +367,7 @@ impl NodeState {
         store: Arc<dyn Store>,
     ) -> Result<Arc<Self>, StartError> {
         let security = crate::security::Security::load(&config)?;
+        let routing = crate::routing::Routing::new(&config)?;
         let now = Instant::now();
         let (incarnation, incarnation_kept) = incarnation(store.as_ref())?;
         let room = Arc::new(tokio::sync::Notify::new());
@@ -365,7 +397,9 @@ impl NodeState {
         }
         let subscriptions = Subscriptions::load(&config.events.subscriptions, store.as_ref())?;
         subscriptions.remove_unreachable(store.as_ref(), |to| {
-            subscription_target(&config.node.name, to, |q| queues.contains_key(q), |n| links.contains_key(n))
+            subscription_target(&config.node.name, to, |q| queues.contains_key(q), |n| {
+                matches!(routing.next_hop(n), Ok(crate::routing::Hop::Via(via)) if links.contains_key(&via))
+            })
                 .map_err(|(_, reason)| reason)
         })?;
         let (results, sequence_kept) = result_book(&config, store.as_ref(), &committer, now)?;
@@ -383,6 +417,7 @@ impl NodeState {
             transport,
             queues,
             links,
+            routing,
             security,
             next_sequence,
             room,
@@ -484,11 +519,8 @@ impl NodeState {
                     let msg = format!("payload of {size} bytes is over queue {to}'s message_bytes_max {max}");
                     return Err((ErrorCode::TooLarge, msg));
                 }
-            } else if !self.links.contains_key(&to.node) {
-                return Err((
-                    ErrorCode::NoRoute,
-                    format!("no route to node '{}' (not a configured peer)", to.node),
-                ));
+            } else if let Err(e) = self.link_towards(&to.node) {
+                return Err((ErrorCode::NoRoute, e));
             }
         }
         Ok(())
@@ -692,13 +724,13 @@ impl NodeState {
         let outcomes = crate::results::decode_report(&message.content.payload);
         match (about, outcomes) {
             (Some(Ok(id)), Ok(outcomes)) if &id.source == self.name() => {
-                // A node reports only about its own recipients (relays will report the
-                // recipients they route).
+                // Only a recipient's own node says it was delivered; a relay on the way may
+                // say it failed or expired.
                 for (recipient, outcome) in outcomes {
-                    if recipient.node == message.id.source {
+                    if recipient.node == message.id.source || outcome != Outcome::Delivered {
                         self.record_result(&id, &recipient, outcome);
                     } else {
-                        warn!(from = %message.id.source, %recipient, "Result about another node's recipient; ignored.");
+                        warn!(from = %message.id.source, %recipient, "Delivery reported by another node than the recipient's; ignored.");
                     }
                 }
             }
@@ -755,6 +787,20 @@ impl NodeState {
         self.push(message, targets, now)
     }
 
+    /// The link a message to `node` (not this node) leaves by.
+    ///
+    /// # Errors
+    /// Why none does, in words.
+    pub fn link_towards(&self, node: &NodeName) -> Result<&Arc<LinkHandle>, String> {
+        match self.routing.next_hop(node)? {
+            crate::routing::Hop::Via(via) => self
+                .links
+                .get(&via)
+                .ok_or_else(|| format!("no link to '{via}', the next hop to node '{node}'")),
+            crate::routing::Hop::Local => Err(format!("node '{node}' is this node")),
+        }
+    }
+
     /// The local queues and links of `message`'s recipients, each once.
     fn targets(&self, message: &Message) -> Result<Targets<'_>, (ErrorCode, String)> {
         let mut targets = Targets { local: Vec::new(), remote: Vec::new() };
@@ -765,9 +811,10 @@ impl NodeState {
                     targets.local.push(queue);
                 }
             } else {
-                let link = self.links.get(&to.node).ok_or((ErrorCode::NoRoute, to.node.to_string()))?;
-                if !targets.remote.iter().any(|l| Arc::ptr_eq(l, link)) {
-                    targets.remote.push(link);
+                let link = self.link_towards(&to.node).map_err(|e| (ErrorCode::NoRoute, e))?;
+                match targets.remote.iter_mut().find(|(l, _)| Arc::ptr_eq(l, link)) {
+                    Some((_, recipients)) => recipients.push(to.clone()),
+                    None => targets.remote.push((link, vec![to.clone()])),
                 }
             }
         }
@@ -792,7 +839,7 @@ impl NodeState {
                 }
             }
             let encoded = message_bytes_len(message);
-            for link in &targets.remote {
+            for (link, _) in &targets.remote {
                 let max = link.peer_message_bytes_max.load(std::sync::atomic::Ordering::Relaxed);
                 if max != 0 && encoded > max {
                     let msg =
@@ -858,8 +905,8 @@ impl NodeState {
         for queue in targets.local {
             queue.push_bounded(message.clone(), now, u64::MAX).map_err(|e| queue_error(&e))?;
         }
-        for link in targets.remote {
-            link.enqueue_checked(message.clone(), now);
+        for (link, recipients) in targets.remote {
+            link.enqueue_checked(copy_for(message, &recipients), now);
         }
         Ok(())
     }
@@ -999,9 +1046,11 @@ impl NodeState {
             return Ok(());
         }
         let targets = self.delivery_targets(&message);
+        let forwards = self.forward_targets(&message);
         // An event message that cannot be stored is dropped: events never hold a link up.
         let event = message.content.kind == linkbus_plugin_api::Kind::Event;
-        let dead = targets.iter().filter(|t| t.is_err()).count();
+        let dead =
+            targets.iter().filter(|t| t.is_err()).count() + forwards.iter().filter(|f| f.is_err()).count();
         let dlq = self.dead_letter_queue();
         if dead > 0 && !event && !dlq.has_room(dead) {
             let max = dlq.config().queue_messages_max;
@@ -1012,12 +1061,21 @@ impl NodeState {
         let result_to = ResultTo::of(&message).filter(|to| &to.id.source != self.name());
         let mut delivered = Vec::new();
         // The link's record goes with the last write, so it is never ahead of a copy (a crash
-        // between two copies' writes makes the peer resend: a duplicate, never a loss).
-        let last = targets.len().saturating_sub(1);
-        for (index, target) in targets.into_iter().enumerate() {
+        // between two copies' writes makes the peer resend: a duplicate, never a loss). A
+        // relayed copy's record in its transmission queue is such a write too.
+        let last = (targets.len() + forwards.len()).saturating_sub(1);
+        let forwards =
+            forwards.into_iter().map(|f| f.map(|(link, copy)| Target::Forward(link, Box::new(copy))));
+        let all = targets.into_iter().map(|t| t.map(Target::Local)).chain(forwards);
+        for (index, target) in all.enumerate() {
             let with_this = if index == last { std::mem::take(&mut with) } else { Batch::new() };
             match target {
-                Ok(queue) => {
+                Ok(Target::Forward(link, copy)) => {
+                    if let Some(unused) = link.enqueue_with(*copy, now, with_this) {
+                        self.committer.write(unused);
+                    }
+                }
+                Ok(Target::Local(queue)) => {
                     queue.push_bounded_with(message.clone(), now, u64::MAX, with_this)?;
                     delivered.push((
                         Address::new(self.name().clone(), queue.config().name.clone()),
@@ -1070,12 +1128,46 @@ impl NodeState {
                 Some(q) => Ok(q),
             });
         }
-        if targets.is_empty() {
-            let elsewhere = message.content.recipients.clone();
-            let reason = format!("no recipient on node {}", self.name());
-            targets.push(Err((DeadLetterCode::NoRoute, reason, elsewhere)));
-        }
         targets
+    }
+
+    /// Where an arriving message goes on from this node (a relay): one copy per next hop,
+    /// naming the recipients routed through it, its hop count raised — or why those
+    /// recipients cannot be reached (no route, the hop limit, a full transmission queue).
+    fn forward_targets(&self, message: &Message) -> Vec<Result<(&Arc<LinkHandle>, Message), Failed>> {
+        let mut groups: Vec<Group<'_>> = Vec::new();
+        for to in message.content.recipients.iter().filter(|to| &to.node != self.name()) {
+            if u64::from(message.hop_count) >= self.config.messages.hop_count_max {
+                let reason = format!(
+                    "it passed {} relays, the most allowed (messages.hop_count_max on {}): a routing loop?",
+                    message.hop_count,
+                    self.name()
+                );
+                push_failed(&mut groups, DeadLetterCode::HopLimit, reason, to);
+                continue;
+            }
+            match self.link_towards(&to.node) {
+                Ok(link) => match groups.iter_mut().find(|g| matches!(g, Ok((l, _)) if Arc::ptr_eq(l, link)))
+                {
+                    Some(Ok((_, recipients))) => recipients.push(to.clone()),
+                    _ => groups.push(Ok((link, vec![to.clone()]))),
+                },
+                Err(reason) => push_failed(&mut groups, DeadLetterCode::NoRoute, reason, to),
+            }
+        }
+        groups
+            .into_iter()
+            .map(|group| {
+                let (link, recipients) = group?;
+                let mut copy = copy_for(message, &recipients);
+                copy.hop_count = message.hop_count.saturating_add(1);
+                if !link.has_room_for_many(&copy, 1) {
+                    let reason = format!("the transmission queue to {} is full", link.peer.name);
+                    return Err((DeadLetterCode::QueueFull, reason, recipients));
+                }
+                Ok((link, copy))
+            })
+            .collect()
     }
 
     /// Raises an event: into the `EVENT` queue, and a copy to each queue subscribed to its
@@ -1131,7 +1223,7 @@ impl NodeState {
             self.name(),
             to,
             |q| self.queues.contains_key(q),
-            |n| self.links.contains_key(n),
+            |n| self.link_towards(n).is_ok(),
         )?;
         self.subscriptions.subscribe(to, kinds, self.store.as_ref()).map_err(|e| {
             let code = if e.starts_with("store:") { ErrorCode::Internal } else { ErrorCode::Invalid };
@@ -1163,12 +1255,9 @@ impl NodeState {
         let DeadLetter { code, reason, failed } = why;
         let id = message.id.clone();
         let result_to = ResultTo::of(&message);
-        // Reported for recipients this node settles: its own, or any of a message of its own.
-        let outcomes = failed
-            .iter()
-            .filter(|to| &to.node == self.name() || &message.id.source == self.name())
-            .map(|to| (to.clone(), Outcome::failed(code.as_str(), reason)))
-            .collect();
+        // Reported for the recipients this node settles: its own, those it would have
+        // relayed, or any of a message of its own.
+        let outcomes = failed.iter().map(|to| (to.clone(), Outcome::failed(code.as_str(), reason))).collect();
         let event = message.content.kind == linkbus_plugin_api::Kind::Event;
         // Earlier dead-letter marks (a replayed message that failed again) make way.
         message.content.headers.retain(|(k, _)| !k.starts_with("linkbus.dead_letter_"));
@@ -1213,7 +1302,7 @@ fn subscription_target(
     node: &NodeName,
     to: &Address,
     queue_exists: impl Fn(&QueueName) -> bool,
-    is_peer: impl Fn(&NodeName) -> bool,
+    reachable: impl Fn(&NodeName) -> bool,
 ) -> Result<(), (ErrorCode, String)> {
     if &to.node == node {
         if to.queue.as_str() == EVENT_QUEUE {
@@ -1225,8 +1314,11 @@ fn subscription_target(
                 format!("queue '{}' does not exist on node {}", to.queue, to.node),
             ));
         }
-    } else if !is_peer(&to.node) {
-        return Err((ErrorCode::NoRoute, format!("no route to node '{}' (not a configured peer)", to.node)));
+    } else if !reachable(&to.node) {
+        return Err((
+            ErrorCode::NoRoute,
+            format!("no route to node '{}' (not a peer, and no route matches)", to.node),
+        ));
     }
     Ok(())
 }
@@ -1399,7 +1491,7 @@ mod tests {
         let dead = n.queues.get(DEAD_LETTER_QUEUE).unwrap().pop(crate::queue::PopLimits::auto(10), now);
         let reasons: Vec<_> =
             dead.messages.iter().map(|m| m.content.header(DEAD_LETTER_REASON_HEADER).unwrap()).collect();
-        assert_eq!(reasons, ["queue 'missing' does not exist on node A", "no recipient on node A"]);
+        assert_eq!(reasons, ["queue 'missing' does not exist on node A", "no route to node 'C'"]);
     }
 
     /// A store that loses what was not synced when it "crashes".

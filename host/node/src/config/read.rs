@@ -536,8 +536,10 @@ fn check_relations(config: &Config, diag: &Diagnostics) {
             if !local && sub.to.queue.as_str() != crate::queue::DEAD_LETTER_QUEUE {
                 diag.error(path, format!("queue '{}' is not declared on this node", sub.to.queue));
             }
-        } else if !config.peers.iter().any(|p| p.name == sub.to.node) {
-            diag.error(path, format!("node '{}' is not a peer (no route)", sub.to.node));
+        } else if !config.peers.iter().any(|p| p.name == sub.to.node)
+            && !config.routes.iter().any(|r| r.to.matches(&sub.to.node))
+        {
+            diag.error(path, format!("node '{}' is not a peer, and no route matches it", sub.to.node));
         }
     }
 }

@@ -203,6 +203,27 @@ impl LinkHandle {
         self.wake.notify_one();
     }
 
+    /// Queues a message relayed from another link, with `with` (the inbound link's record)
+    /// in the same store batch as its own record when it is persistent. Returns `with` when
+    /// it was not written (nothing recorded here): the caller writes it.
+    pub fn enqueue_with(
+        &self,
+        message: Message,
+        now: Instant,
+        with: linkbus_plugin_api::Batch,
+    ) -> Option<linkbus_plugin_api::Batch> {
+        let mut queue = self.lock();
+        let persistent = message.content.reliability == linkbus_plugin_api::Reliability::Persistent;
+        let (key, unused) = match self.record.as_ref().filter(|_| persistent) {
+            Some(record) => (Some(record.queued_with(&message, with)), None),
+            None => (None, Some(with)),
+        };
+        queue.push_checked(message, now, key);
+        drop(queue);
+        self.wake.notify_one();
+        unused
+    }
+
     /// Messages waiting for the peer (not yet handed to the session).
     pub fn queued(&self) -> usize {
         self.lock().len()

@@ -697,13 +697,13 @@ impl Link {
         );
     }
 
-    /// The recipients of `message` this link takes it to.
+    /// The recipients of `message` this link takes it to: all of the copy's (a message
+    /// leaves in one copy per next hop, naming the recipients routed through it).
     fn recipients_here<'m>(
         &self,
         message: &'m linkbus_plugin_api::Message,
     ) -> impl Iterator<Item = linkbus_plugin_api::Address> + 'm {
-        let peer = self.handle.peer.name.clone();
-        message.content.recipients.iter().filter(move |a| a.node == peer).cloned()
+        message.content.recipients.iter().cloned()
     }
 
     /// Dead-letters a message of ours too large for the peer (its recipients there failed).

@@ -180,10 +180,14 @@ impl SendRecord {
 
     /// Records a persistent message entering the transmission queue; returns its key.
     pub(crate) fn queued(&self, message: &Message) -> u64 {
+        self.queued_with(message, Batch::new())
+    }
+
+    /// Like [`SendRecord::queued`], in one store batch with `with`.
+    pub(crate) fn queued_with(&self, message: &Message, mut with: Batch) -> u64 {
         let key = self.next_key.fetch_add(1, Ordering::Relaxed);
-        let mut batch = Batch::new();
-        batch.put(&self.space, queue_key(key), crate::queue::encode_record(message));
-        self.committer.write(batch);
+        with.put(&self.space, queue_key(key), crate::queue::encode_record(message));
+        self.committer.write(with);
         key
     }
 

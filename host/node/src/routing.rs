@@ -1,0 +1,177 @@
+//! Where a message to another node goes next: a direct neighbour's link, or the link of
+//! the neighbour the router plugin names (static routes by default). The router is built
+//! from the configuration and can be replaced while the node runs (`linkbus reload`).
+//!
+//! A message with recipients on several nodes leaves in one copy per next hop, each copy
+//! naming only the recipients routed through that hop, so no node downstream reaches a
+//! recipient twice.
+
+use std::sync::{Arc, PoisonError, RwLock};
+
+use linkbus_plugin_api::registry::{self, BuildContext, Factory, PluginError};
+use linkbus_plugin_api::{ConfigValue, Explanation, NodeName, Router, Topology};
+
+use crate::config::Config;
+
+/// The node's router and its neighbours.
+pub struct Routing {
+    local: NodeName,
+    neighbours: Vec<NodeName>,
+    router: RwLock<Arc<dyn Router>>,
+}
+
+impl std::fmt::Debug for Routing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Routing").field("local", &self.local).field("neighbours", &self.neighbours).finish()
+    }
+}
+
+/// Builds the configured router: its plugin section, with the configuration's `routes`
+/// handed over in it.
+///
+/// # Errors
+/// The plugin is not registered, or refuses its configuration.
+pub fn build_router(config: &Config) -> Result<Arc<dyn Router>, PluginError> {
+    let choice = &config.plugins.router;
+    let Some(Factory::Router(build)) = registry::find("router", &choice.kind).map(|e| e.factory) else {
+        return Err(PluginError { plugin: choice.kind.clone(), reason: "not registered".into() });
+    };
+    let mut section = match &choice.section {
+        ConfigValue::Map(entries) => entries.clone(),
+        _ => Vec::new(),
+    };
+    let text = |s: &str| ConfigValue::Str(s.to_owned());
+    let routes = config
+        .routes
+        .iter()
+        .map(|r| {
+            ConfigValue::Map(vec![("to".into(), text(r.to.as_str())), ("via".into(), text(r.via.as_str()))])
+        })
+        .collect();
+    section.retain(|(k, _)| k != "routes");
+    section.push(("routes".into(), ConfigValue::Seq(routes)));
+    let ctx = BuildContext { node: config.node.name.clone(), data_dir: config.node.data_dir.clone() };
+    Ok(Arc::from(build(&ConfigValue::Map(section), &ctx)?))
+}
+
+/// Where a destination node is reached from here.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Hop {
+    /// This node.
+    Local,
+    /// Through this neighbour.
+    Via(NodeName),
+}
+
+impl Routing {
+    /// The routing of node `config.node.name`.
+    ///
+    /// # Errors
+    /// As [`build_router`].
+    pub fn new(config: &Config) -> Result<Self, PluginError> {
+        Ok(Self {
+            local: config.node.name.clone(),
+            neighbours: config.peers.iter().map(|p| p.name.clone()).collect(),
+            router: RwLock::new(build_router(config)?),
+        })
+    }
+
+    /// Replaces the router (a reload).
+    pub fn replace(&self, router: Arc<dyn Router>) {
+        *self.router.write().unwrap_or_else(PoisonError::into_inner) = router;
+    }
+
+    fn router(&self) -> Arc<dyn Router> {
+        self.router.read().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+
+    fn topology(&self) -> Topology<'_> {
+        Topology { local: &self.local, neighbours: &self.neighbours }
+    }
+
+    /// The next hop towards `destination`, or why there is none.
+    ///
+    /// # Errors
+    /// No neighbour and no route reaches it, or the router named a node that is not a
+    /// neighbour.
+    pub fn next_hop(&self, destination: &NodeName) -> Result<Hop, String> {
+        if destination == &self.local {
+            return Ok(Hop::Local);
+        }
+        if self.neighbours.contains(destination) {
+            return Ok(Hop::Via(destination.clone()));
+        }
+        let via = self.router().next_hop(destination, &self.topology()).map_err(|e| e.to_string())?;
+        if via == self.local || !self.neighbours.contains(&via) {
+            return Err(format!(
+                "the route to node '{destination}' goes through '{via}', which is not a neighbour"
+            ));
+        }
+        Ok(Hop::Via(via))
+    }
+
+    /// The decision for `destination` with its reasons, as lines for people.
+    pub fn explain(&self, destination: &NodeName) -> Vec<String> {
+        let router = self.router();
+        let Explanation { next_hop, chosen, others } = router.explain(destination, &self.topology());
+        let mut lines = Vec::new();
+        if destination == &self.local {
+            lines.push(format!("{destination}: this node; delivered here"));
+            return lines;
+        }
+        if self.neighbours.contains(destination) {
+            lines.push(format!("{destination}: next hop {destination} (a direct neighbour)"));
+            if let Ok(via) = next_hop {
+                lines.push(format!("  {chosen} (via {via}) lost: direct neighbours win over routes"));
+            }
+            lines.extend(others.into_iter().map(|o| format!("  {o}")));
+            return lines;
+        }
+        match next_hop {
+            Ok(via) if self.neighbours.contains(&via) => {
+                lines.push(format!("{destination}: next hop {via}, by {chosen}"));
+            }
+            Ok(via) => {
+                lines.push(format!("{destination}: no next hop: {chosen} names '{via}', not a neighbour"))
+            }
+            Err(_) => lines.push(format!("{destination}: no route: {chosen}")),
+        }
+        lines.extend(others.into_iter().map(|o| format!("  {o}")));
+        lines
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn routing(yaml: &str) -> Routing {
+        let config = crate::config::from_value(&crate::config::parse_yaml(yaml).unwrap()).unwrap();
+        Routing::new(&config).unwrap()
+    }
+
+    fn name(s: &str) -> NodeName {
+        NodeName::new(s).unwrap()
+    }
+
+    #[test]
+    fn neighbours_win_over_routes_and_routes_reach_the_rest() {
+        let r = routing(
+            "node: { name: A }\nsecurity: { insecure_plaintext: true }\n\
+             peers: [ { name: B, address: 127.0.0.1:1 }, { name: C1, address: 127.0.0.1:2 } ]\n\
+             routes: [ { to: 'C*', via: B }, { to: 'D?', via: C1 } ]",
+        );
+        assert_eq!(r.next_hop(&name("A")), Ok(Hop::Local));
+        assert_eq!(r.next_hop(&name("C1")), Ok(Hop::Via(name("C1"))), "a neighbour, though C* matches");
+        assert_eq!(r.next_hop(&name("C2")), Ok(Hop::Via(name("B"))));
+        assert_eq!(r.next_hop(&name("D7")), Ok(Hop::Via(name("C1"))));
+        assert_eq!(r.next_hop(&name("E")), Err("no route to node 'E'".into()));
+        assert_eq!(r.explain(&name("C1"))[0], "C1: next hop C1 (a direct neighbour)");
+        assert_eq!(
+            r.explain(&name("C1"))[1],
+            "  route 1 'C*' via B (via B) lost: direct neighbours win over routes"
+        );
+        assert_eq!(r.explain(&name("C2")), ["C2: next hop B, by route 1 'C*' via B"]);
+        assert_eq!(r.explain(&name("E")), ["E: no route: no route matches 'E' (2 routes)"]);
+    }
+}
