@@ -46,3 +46,160 @@ fn a_chain_of_three_relays_messages_and_their_results() {
     let got = stdout(&s.run(&["get", "--node", "B", "q", "--count", "10", "--wait", "1s"]));
     assert_eq!(got, "hello\n", "B got its own copy once, and relayed C's");
 }
+
+/// A–B–C–D–E, routed by patterns: A sends everything through B (`*`), B sends single-letter
+/// names through C (`?`), C sends names from D on (`D*`, `E`) through D; the way back to A
+/// is routed the same way. 100 persistent messages arrive at E once, in order, with their
+/// results back at A.
+#[test]
+fn a_chain_of_five_follows_wildcard_and_single_character_routes() {
+    let s = Scratch::new();
+    let links = [("A", "B"), ("B", "C"), ("C", "D"), ("D", "E")];
+    let cluster = Cluster::write(
+        &s,
+        &links,
+        &[
+            ("A", "routes: [ { to: '*', via: B } ]"),
+            ("B", "routes: [ { to: '?', via: C } ]"),
+            ("C", "routes: [ { to: 'D*', via: D }, { to: E, via: D }, { to: '*', via: B } ]"),
+            ("D", "routes: [ { to: '*', via: C } ]"),
+            ("E", "routes: [ { to: '*', via: D } ]\nqueues: [ { name: q, order: fifo } ]"),
+        ],
+    );
+    let _nodes = cluster.start_all(&s, &links);
+    let lines: String = (0..100).map(|i| format!("m{i:03}\n")).collect();
+    let put = s.run_with_input(
+        &["put", "--node", "A", "--to", "E:q", "--persistent", "--wait-result", "30s", "-"],
+        lines.as_bytes(),
+        std::time::Duration::from_secs(60),
+    );
+    assert!(put.status.success(), "{}\n{}", stdout(&put), stderr(&put));
+    assert_eq!(stdout(&put).lines().filter(|l| l.ends_with(" E:q delivered")).count(), 100);
+    let got = stdout(&s.run(&["get", "--node", "E", "q", "--count", "1000", "--wait", "2s"]));
+    assert_eq!(got, lines, "each once, in order");
+    let explain = stdout(&s.run(&["route", "explain", "--node", "C", "E"]));
+    assert!(explain.starts_with("E: next hop D, by route 2 'E' via D"), "{explain}");
+    assert!(
+        explain.contains("route 1 'D*' via D lost") || explain.contains("route 3 '*' via B lost"),
+        "{explain}"
+    );
+}
+
+/// A message for a node the relay has no route to is dead-lettered there (`no_route`), and
+/// one caught in a routing loop is dead-lettered by the hop limit (`hop_limit`); the origin
+/// gets a failure result for each.
+#[test]
+fn messages_no_route_reaches_or_that_loop_are_dead_lettered_with_a_result() {
+    let s = Scratch::new();
+    let links = [("A", "B"), ("B", "C")];
+    let cluster = Cluster::write(
+        &s,
+        &links,
+        &[
+            ("A", "routes: [ { to: 'X*', via: B }, { to: 'L*', via: B } ]\nmessages: { hop_count_max: 5 }"),
+            ("B", "routes: [ { to: 'L*', via: C } ]\nmessages: { hop_count_max: 5 }"),
+            ("C", "routes: [ { to: 'L*', via: B }, { to: A, via: B } ]\nmessages: { hop_count_max: 5 }"),
+        ],
+    );
+    let _nodes = cluster.start_all(&s, &links);
+    let put = s.run(&["put", "--node", "A", "--to", "X1:q", "--wait-result", "20s", "lost"]);
+    assert!(!put.status.success());
+    let out = stdout(&put);
+    assert!(out.contains("X1:q failed no_route: no route to node 'X1'"), "{out}");
+    let dead = stdout(&s.run(&["dlq", "ls", "--node", "B"]));
+    assert!(dead.contains("no_route"), "{dead}");
+
+    let put = s.run(&["put", "--node", "A", "--to", "L1:q", "--wait-result", "20s", "loop"]);
+    assert!(!put.status.success());
+    let out = stdout(&put);
+    assert!(out.contains("L1:q failed hop_limit: it passed 5 relays"), "{out}");
+    // It arrived at B, C, B, C, B with hop counts 0..=4, and C refused the sixth relay.
+    let in_dlq = |node: &str| stdout(&s.run(&["dlq", "ls", "--node", node])).matches("hop_limit").count();
+    assert_eq!(in_dlq("B") + in_dlq("C"), 1, "one node dead-lettered it, once");
+}
+
+/// How many messages `node`'s link to `peer` had acknowledged, from `linkbus status`.
+fn acked(s: &Scratch, node: &str, peer: &str) -> u64 {
+    let status = stdout(&s.run(&["status", "--node", node]));
+    let line = status.lines().find(|l| l.trim_start().starts_with(&format!("{peer}: "))).unwrap_or_default();
+    line.split(", ").find_map(|part| part.strip_prefix("acked ")).and_then(|n| n.parse().ok()).unwrap_or(0)
+}
+
+/// Waits (at most 10 s) until B1 and B2 have relayed `expected` messages to D.
+fn assert_relayed(s: &Scratch, expected: (u64, u64), why: &str) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let mut seen = (0, 0);
+    while std::time::Instant::now() < deadline {
+        seen = (acked(s, "B1", "D"), acked(s, "B2", "D"));
+        if seen == expected {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    panic!("{why}: B1 and B2 relayed {seen:?}, expected {expected:?}");
+}
+
+/// A diamond: A reaches D through B1 or B2. The exact route wins over the wildcard one,
+/// `linkbus route explain` says so, and a reload (then SIGHUP) with the routes changed
+/// sends the next message the other way; a bad file is refused and the routes stay.
+#[test]
+fn a_diamond_routes_by_the_most_specific_route_and_a_reload_changes_it() {
+    let s = Scratch::new();
+    let links = [("A", "B1"), ("A", "B2"), ("B1", "D"), ("B2", "D")];
+    let first = "routes: [ { to: D, via: B1 }, { to: 'D*', via: B2 } ]";
+    let cluster = Cluster::write(&s, &links, &[("A", first), ("D", "queues: [ { name: q } ]")]);
+    let nodes = cluster.start_all(&s, &links);
+    let explain = stdout(&s.run(&["route", "explain", "--node", "A", "D", "B2", "Q"]));
+    assert_eq!(
+        explain,
+        "D: next hop B1, by route 1 'D' via B1\n  route 2 'D*' via B2 lost: more wildcards (1 against 0)\n\
+         B2: next hop B2 (a direct neighbour)\n\
+         Q: no route: no route matches 'Q' (2 routes)\n"
+    );
+    let put = |text: &str| assert!(s.run(&["put", "--node", "A", "--to", "D:q", text]).status.success());
+    let arrived = |count: usize| {
+        let got = stdout(&s.run(&["get", "--node", "D", "q", "--count", "1", "--wait", "10s"]));
+        assert_eq!(got.lines().count(), 1, "message {count} arrived");
+    };
+    put("one");
+    arrived(1);
+    assert_relayed(&s, (1, 0), "through B1");
+
+    // The wildcard route first and the exact one gone: D goes through B2 now.
+    std::fs::write(
+        &cluster.configs["A"],
+        std::fs::read_to_string(&cluster.configs["A"])
+            .unwrap()
+            .replace(first, "routes: [ { to: 'D*', via: B2 } ]"),
+    )
+    .unwrap();
+    let reload = s.run(&["reload", "--node", "A"]);
+    assert!(reload.status.success(), "{}", stderr(&reload));
+    assert_eq!(stdout(&reload), "routes reloaded: 1 route(s), router 'static'\n");
+    put("two");
+    arrived(2);
+    assert_relayed(&s, (1, 1), "through B2");
+
+    // A bad file is refused, naming the problem; the routes stay.
+    let good = std::fs::read_to_string(&cluster.configs["A"]).unwrap();
+    std::fs::write(&cluster.configs["A"], good.replace("via: B2", "via: Z9")).unwrap();
+    let refused = s.run(&["reload", "--node", "A"]);
+    assert!(!refused.status.success());
+    assert!(
+        stderr(&refused).contains("routes[0].via: 'Z9' is not a peer of this node"),
+        "{}",
+        stderr(&refused)
+    );
+    put("three");
+    arrived(3);
+    assert_relayed(&s, (1, 2), "still through B2");
+
+    // SIGHUP reads the file again: back to B1.
+    std::fs::write(&cluster.configs["A"], good.replace("'D*', via: B2", "'D*', via: B1")).unwrap();
+    let pid = nodes["A"].pid().unwrap().to_string();
+    assert!(std::process::Command::new("kill").args(["-HUP", &pid]).status().unwrap().success());
+    nodes["A"].wait_for_log("Configuration reloaded (SIGHUP).", 1, std::time::Duration::from_secs(10));
+    put("four");
+    arrived(4);
+    assert_relayed(&s, (2, 2), "through B1 again");
+}

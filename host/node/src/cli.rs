@@ -40,6 +40,12 @@ pub enum Command {
     /// Manage a local node's links.
     #[command(subcommand)]
     Link(LinkCommand),
+    /// Ask a local node how it routes messages.
+    #[command(subcommand)]
+    Route(RouteCommand),
+    /// Make a local node read its configuration file again and take up its routes (also
+    /// SIGHUP); a bad file is refused and the running configuration stays.
+    Reload(Target),
     /// Look at a local node's queues.
     #[command(subcommand)]
     Queue(QueueCommand),
@@ -223,6 +229,21 @@ pub enum LinkCommand {
         /// The peer whose link to reset.
         #[arg(value_parser = parse_node_name)]
         peer: String,
+    },
+}
+
+/// `linkbus route ...`.
+#[derive(Debug, Subcommand)]
+pub enum RouteCommand {
+    /// Print how a message to each destination node would leave the node: the rule that
+    /// matched, the next hop, and why the other candidates lost.
+    Explain {
+        /// Which node.
+        #[command(flatten)]
+        target: Target,
+        /// The destination nodes.
+        #[arg(required = true, value_parser = parse_node_name)]
+        destinations: Vec<String>,
     },
 }
 
@@ -412,7 +433,8 @@ pub async fn node_run(args: RunArgs) -> anyhow::Result<()> {
         psk_file: args.psk_file,
     };
     let config = config::load_file(args.config.as_deref(), &overrides)?;
-    crate::run(config, shutdown_signal()).await?;
+    let source = crate::node::ReloadSource { path: args.config, overrides };
+    crate::run_reloadable(config, source, shutdown_signal()).await?;
     Ok(())
 }
 
@@ -756,6 +778,31 @@ async fn replay_one(client: &mut Client, message: &linkbus_plugin_api::Message) 
     // nobody here asked for one.
     content.results = false;
     Ok(client.try_put(content).await?.to_string())
+}
+
+/// Runs `linkbus route ...`.
+///
+/// # Errors
+/// When the node cannot be reached.
+pub async fn route(command: RouteCommand) -> anyhow::Result<()> {
+    match command {
+        RouteCommand::Explain { target, destinations } => {
+            let mut client = target.connect().await?;
+            for destination in destinations {
+                print!("{}", client.explain_route(&destination).await?);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Runs `linkbus reload`.
+///
+/// # Errors
+/// When the node cannot be reached or refuses the new configuration.
+pub async fn reload(target: Target) -> anyhow::Result<()> {
+    print!("{}", target.connect().await?.reload().await?);
+    Ok(())
 }
 
 /// Runs `linkbus link ...`.

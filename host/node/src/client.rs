@@ -370,6 +370,30 @@ impl Client {
         }
     }
 
+    /// How a message to `destination` would leave the node, and why (lines for people).
+    ///
+    /// # Errors
+    /// [`ClientError::Refused`] for a name that is not a node name.
+    pub async fn explain_route(&mut self, destination: &str) -> Result<String, ClientError> {
+        match self.call(&Request::RouteExplain { destination: destination.to_owned() }).await? {
+            Response::Status(text) => Ok(text),
+            other => Err(ClientError::Protocol(format!("unexpected answer to route explain: {other:?}"))),
+        }
+    }
+
+    /// Makes the node read its configuration file again and take up the routes in it;
+    /// returns what changed.
+    ///
+    /// # Errors
+    /// [`ClientError::Refused`] when the file is bad (every problem is named) or the node
+    /// was not started from a file; the running configuration stays.
+    pub async fn reload(&mut self) -> Result<String, ClientError> {
+        match self.call(&Request::Reload).await? {
+            Response::Status(text) => Ok(text),
+            other => Err(ClientError::Protocol(format!("unexpected answer to reload: {other:?}"))),
+        }
+    }
+
     /// What became of messages this node accepted with results wanted
     /// ([`Content::with_results`]), one entry per id in order: each recipient with its final
     /// outcome, or `None` while it is open. Waits up to `wait` for every outcome to be final

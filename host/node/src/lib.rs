@@ -157,10 +157,49 @@ async fn result_timer(state: Arc<NodeState>, mut shutdown: watch::Receiver<bool>
 /// [`StartError`] when the node cannot start, or [`StartError::TaskFailed`] when one of its
 /// tasks ended on its own (a bug): the node stops rather than run without, say, a link.
 pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(), StartError> {
+    run_with(config, None, shutdown).await
+}
+
+/// Like [`run`], for a node whose configuration came from `source` (a file and command-line
+/// overrides): `linkbus reload` and SIGHUP read it again and take up its routes.
+///
+/// # Errors
+/// As [`run`].
+pub async fn run_reloadable(
+    config: Config,
+    source: node::ReloadSource,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), StartError> {
+    run_with(config, Some(source), shutdown).await
+}
+
+async fn run_with(
+    config: Config,
+    source: Option<node::ReloadSource>,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), StartError> {
     let mut node = Node::start(config).await?;
     let state = node.state.clone();
+    let mut hangup = None;
+    if let Some(source) = source {
+        let _ = state.reload_source.set(source);
+        hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
+    }
+    let reloads = async {
+        let Some(hangup) = hangup.as_mut() else { return std::future::pending().await };
+        while hangup.recv().await.is_some() {
+            match state.reload() {
+                Ok(text) => info!(changes = text.trim_end(), "Configuration reloaded (SIGHUP)."),
+                Err(reason) => {
+                    tracing::error!(reason, "Configuration reload (SIGHUP) refused; the running one stays.")
+                }
+            }
+        }
+        std::future::pending::<()>().await;
+    };
     tokio::select! {
         () = shutdown => {}
+        () = reloads => {}
         reason = state.failed() => {
             tracing::error!(reason, "Node failed; stopping.");
             node.shutdown().await;

@@ -29,6 +29,8 @@ fn main() -> ExitCode {
             Command::Get(get) => cli::get(get).await,
             Command::Status(target) => cli::status(target).await,
             Command::Link(command) => cli::link(command).await,
+            Command::Route(command) => cli::route(command).await,
+            Command::Reload(target) => cli::reload(target).await,
             Command::Queue(command) => cli::queue(command).await,
             Command::Dlq(command) => cli::dlq(command).await,
             Command::Events(args) => cli::events(args).await,

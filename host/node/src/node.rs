@@ -244,6 +244,15 @@ pub struct DeadLetter<'a> {
     pub failed: Vec<linkbus_plugin_api::Address>,
 }
 
+/// Where a node's configuration came from: a file (or none) and command-line overrides.
+#[derive(Debug, Clone)]
+pub struct ReloadSource {
+    /// The configuration file.
+    pub path: Option<std::path::PathBuf>,
+    /// The command-line overrides, applied again on every reload.
+    pub overrides: crate::config::Overrides,
+}
+
 /// The state shared by every task of one node.
 pub struct NodeState {
     /// The configuration the node runs with.
@@ -287,6 +296,8 @@ pub struct NodeState {
     pub committer: Arc<crate::storage::Committer>,
     /// Why the node must stop (a store failure), once it must.
     failure: Arc<crate::storage::Failure>,
+    /// Where the configuration came from, for reloads (set by `linkbus node run`).
+    pub reload_source: std::sync::OnceLock<ReloadSource>,
     /// The durability tests' negative control (see [`ACK_BEFORE_SYNC_ENV`]).
     #[doc(hidden)]
     pub ack_before_sync: std::sync::atomic::AtomicBool,
@@ -428,6 +439,7 @@ impl NodeState {
             admission: std::sync::Mutex::new(()),
             committer,
             failure,
+            reload_source: std::sync::OnceLock::new(),
             ack_before_sync: std::sync::atomic::AtomicBool::new(ack_before_sync()),
         }))
     }
@@ -785,6 +797,64 @@ impl NodeState {
         let targets = self.targets(message)?;
         self.check_room(&[(message, &targets)], &[])?;
         self.push(message, targets, now)
+    }
+
+    /// Reads the configuration again (file and overrides) and takes up its routes and
+    /// router; returns what changed. Everything else is left as it is: changes elsewhere
+    /// are named as needing a restart.
+    ///
+    /// # Errors
+    /// The node was not started from a configuration source, the new configuration is
+    /// invalid (every problem, with its path), names another node, or routes through a
+    /// node that is not a peer of the running node. The running configuration stays.
+    pub fn reload(&self) -> Result<String, String> {
+        let source = self.reload_source.get().ok_or_else(|| {
+            "this node was not started by `linkbus node run`; it has no configuration to read again"
+                .to_owned()
+        })?;
+        let new = crate::config::load_file(source.path.as_deref(), &source.overrides)
+            .map_err(|e| format!("the new configuration is refused (the running one stays):\n{e}"))?;
+        if new.node.name != self.config.node.name {
+            return Err(format!(
+                "the new configuration is for node '{}', not '{}'; the running one stays",
+                new.node.name,
+                self.name()
+            ));
+        }
+        if let Some(route) = new.routes.iter().find(|r| !self.links.contains_key(&r.via)) {
+            return Err(format!(
+                "route '{}' goes through '{}', which is not a peer of the running node (new peers need a restart); the running configuration stays",
+                route.to, route.via
+            ));
+        }
+        let router = crate::routing::build_router(&new)
+            .map_err(|e| format!("{e}; the running configuration stays"))?;
+        self.routing.replace(router);
+        let mut text =
+            format!("routes reloaded: {} route(s), router '{}'\n", new.routes.len(), new.plugins.router.kind);
+        let old = &self.config;
+        let restart: Vec<&str> = [
+            ("node", new.node != old.node),
+            ("peers", new.peers != old.peers),
+            ("queues", new.queues != old.queues),
+            ("messages", new.messages != old.messages),
+            ("links", new.links != old.links),
+            ("security", new.security != old.security),
+            ("events", new.events != old.events),
+            ("plugins.transport", new.plugins.transport != old.plugins.transport),
+            ("plugins.store", new.plugins.store != old.plugins.store),
+        ]
+        .into_iter()
+        .filter_map(|(section, changed)| changed.then_some(section))
+        .collect();
+        if !restart.is_empty() {
+            text.push_str(&format!(
+                "changed, but taken up only at the next restart: {}\n",
+                restart.join(", ")
+            ));
+        }
+        tracing::info!(routes = new.routes.len(), "Routes reloaded.");
+        Ok(text)
     }
 
     /// The link a message to `node` (not this node) leaves by.

@@ -35,6 +35,8 @@ const SUBSCRIPTIONS: u8 = 12;
 const BEGIN: u8 = 13;
 const COMMIT: u8 = 14;
 const ROLLBACK: u8 = 15;
+const ROUTE_EXPLAIN: u8 = 16;
+const RELOAD: u8 = 17;
 const RESULTS_ANSWER: u8 = 105;
 const SETTLED: u8 = 104;
 const PUT_OK: u8 = 101;
@@ -143,6 +145,15 @@ pub enum Request {
         /// The peer's node name.
         peer: String,
     },
+    /// How a message to `destination` would leave this node, and why. Answered with
+    /// `Status` text.
+    RouteExplain {
+        /// The destination node's name.
+        destination: String,
+    },
+    /// Read the configuration file again and take up its routes (a bad file is refused and
+    /// the running configuration stays). Answered with `Status` text.
+    Reload,
 }
 
 /// What went wrong with a request.
@@ -272,6 +283,8 @@ impl Request {
             Self::Rollback => frame(ROLLBACK, out, |_| {}),
             Self::Status => frame(STATUS, out, |_| {}),
             Self::LinkReset { peer } => frame(LINK_RESET, out, |out| put_name(out, peer)),
+            Self::RouteExplain { destination } => frame(ROUTE_EXPLAIN, out, |out| put_name(out, destination)),
+            Self::Reload => frame(RELOAD, out, |_| {}),
         }
     }
 
@@ -330,6 +343,8 @@ impl Request {
             ROLLBACK => Self::Rollback,
             STATUS => Self::Status,
             LINK_RESET => Self::LinkReset { peer: r.short_string()? },
+            ROUTE_EXPLAIN => Self::RouteExplain { destination: r.short_string()? },
+            RELOAD => Self::Reload,
             other => return Err(ReadError::Invalid { field: "request type", detail: other.to_string() }),
         };
         r.finish()?;
@@ -548,6 +563,8 @@ mod tests {
         });
         round_trip_request(Request::Status);
         round_trip_request(Request::LinkReset { peer: "B".into() });
+        round_trip_request(Request::RouteExplain { destination: "C1".into() });
+        round_trip_request(Request::Reload);
         round_trip_request(Request::Ack { queue: "orders".into(), tags: vec![1, 2, u64::MAX] });
         round_trip_request(Request::Backout { queue: "orders".into(), tags: vec![] });
         round_trip_request(Request::Queues { name: String::new() });

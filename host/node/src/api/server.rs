@@ -455,6 +455,14 @@ async fn handle(
         Request::Subscriptions => (Response::Status(subscriptions(node)), None),
         Request::Status => (Response::Status(status(node)), None),
         Request::LinkReset { peer } => (link_reset(node, &peer), None),
+        Request::RouteExplain { destination } => (route_explain(node, &destination), None),
+        Request::Reload => (
+            match node.reload() {
+                Ok(text) => Response::Status(text),
+                Err(message) => Response::Error { code: ErrorCode::Invalid, accepted: 0, message },
+            },
+            None,
+        ),
         other => {
             let settles = matches!(other, Request::Ack { .. } | Request::Backout { .. });
             let response = queue_request(node, other, pending);
@@ -502,6 +510,13 @@ fn queue_request(node: &NodeState, request: Request, pending: &mut PendingOnConn
             let message = format!("request {other:?} is not a queue request");
             Response::Error { code: ErrorCode::BadRequest, accepted: 0, message }
         }
+    }
+}
+
+fn route_explain(node: &NodeState, destination: &str) -> Response {
+    match linkbus_plugin_api::NodeName::new(destination) {
+        Ok(name) => Response::Status(node.routing.explain(&name).iter().map(|l| format!("{l}\n")).collect()),
+        Err(e) => Response::Error { code: ErrorCode::Invalid, accepted: 0, message: e.to_string() },
     }
 }
 
