@@ -456,13 +456,7 @@ async fn handle(
         Request::Status => (Response::Status(status(node)), None),
         Request::LinkReset { peer } => (link_reset(node, &peer), None),
         Request::RouteExplain { destination } => (route_explain(node, &destination), None),
-        Request::Reload => (
-            match node.reload() {
-                Ok(text) => Response::Status(text),
-                Err(message) => Response::Error { code: ErrorCode::Invalid, accepted: 0, message },
-            },
-            None,
-        ),
+        Request::Reload => (reload(node), None),
         other => {
             let settles = matches!(other, Request::Ack { .. } | Request::Backout { .. });
             let response = queue_request(node, other, pending);
@@ -510,6 +504,13 @@ fn queue_request(node: &NodeState, request: Request, pending: &mut PendingOnConn
             let message = format!("request {other:?} is not a queue request");
             Response::Error { code: ErrorCode::BadRequest, accepted: 0, message }
         }
+    }
+}
+
+fn reload(node: &NodeState) -> Response {
+    match node.reload() {
+        Ok(text) => Response::Status(text),
+        Err(message) => Response::Error { code: ErrorCode::Invalid, accepted: 0, message },
     }
 }
 
