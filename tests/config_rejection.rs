@@ -61,7 +61,7 @@ fn a_good_file_passes_and_syntax_errors_name_the_line() {
     let node = format!("{examples}/node.yaml");
     let check = s.run(&["config", "check", good.to_str().unwrap(), &node, &a, &b]);
     assert!(check.status.success(), "{}", stdout(&check));
-    assert!(stdout(&check).contains("ok (node A, 0 peers, 1 queues)"), "{}", stdout(&check));
+    assert!(stdout(&check).contains("ok (node A, 0 peers, 0 routes, 1 queues)"), "{}", stdout(&check));
 
     let broken = s.write("broken.yaml", "node:\n  name: A\n  listen: [unclosed\n");
     let check = s.run(&["config", "check", broken.to_str().unwrap()]);

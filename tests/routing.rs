@@ -86,8 +86,9 @@ fn a_chain_of_five_follows_wildcard_and_single_character_routes() {
 }
 
 /// A message for a node the relay has no route to is dead-lettered there (`no_route`), and
-/// one caught in a routing loop is dead-lettered by the hop limit (`hop_limit`); the origin
-/// gets a failure result for each.
+/// one caught in a routing loop — which `linkbus config check` finds in the three
+/// configurations — is dead-lettered by the hop limit (`hop_limit`); the origin gets a
+/// failure result for each.
 #[test]
 fn messages_no_route_reaches_or_that_loop_are_dead_lettered_with_a_result() {
     let s = Scratch::new();
@@ -101,6 +102,13 @@ fn messages_no_route_reaches_or_that_loop_are_dead_lettered_with_a_result() {
             ("C", "routes: [ { to: 'L*', via: B }, { to: A, via: B } ]\nmessages: { hop_count_max: 5 }"),
         ],
     );
+    // The loop shows when the three configurations are checked together.
+    let files: Vec<&str> = cluster.configs.values().map(String::as_str).collect();
+    let check = s.run(&[&["config", "check"][..], &files].concat());
+    assert!(!check.status.success(), "{}", stdout(&check));
+    let report = stdout(&check);
+    assert!(report.contains("cluster: routing loop for destination L: A -> B -> C -> B"), "{report}");
+    assert_eq!(report.matches("routing loop").count(), 1, "one loop, reported once: {report}");
     let _nodes = cluster.start_all(&s, &links);
     let put = s.run(&["put", "--node", "A", "--to", "X1:q", "--wait-result", "20s", "lost"]);
     assert!(!put.status.success());

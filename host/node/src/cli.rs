@@ -848,23 +848,43 @@ fn check_file(file: &Path) -> Result<config::Config, linkbus_plugin_api::ConfigE
     Ok(config)
 }
 
-/// Runs `linkbus config check`: prints every file's errors; fails if any file has one.
+/// Runs `linkbus config check`: prints every file's errors, and with several files checks
+/// them together as one cluster (links listed at both ends, no routing loop); fails if
+/// anything is wrong.
 pub fn config_check(files: &[PathBuf]) -> ExitCode {
     let mut failed = false;
+    let mut configs = Vec::new();
     for file in files {
         match check_file(file) {
-            Ok(c) => println!(
-                "{}: ok (node {}, {} peers, {} queues)",
-                file.display(),
-                c.node.name,
-                c.peers.len(),
-                c.queues.len()
-            ),
+            Ok(c) => {
+                println!(
+                    "{}: ok (node {}, {} peers, {} routes, {} queues)",
+                    file.display(),
+                    c.node.name,
+                    c.peers.len(),
+                    c.routes.len(),
+                    c.queues.len()
+                );
+                configs.push(c);
+            }
             Err(errors) => {
                 failed = true;
                 println!("{}: {errors}", file.display());
             }
         }
+    }
+    if configs.len() > 1 {
+        let problems = crate::routing::check_cluster(&configs);
+        for problem in &problems {
+            println!("cluster: {problem}");
+        }
+        if problems.is_empty() {
+            println!(
+                "cluster: ok ({} nodes checked together: links listed at both ends, no routing loop)",
+                configs.len()
+            );
+        }
+        failed |= !problems.is_empty();
     }
     if failed { ExitCode::FAILURE } else { ExitCode::SUCCESS }
 }

@@ -141,6 +141,95 @@ impl Routing {
     }
 }
 
+/// Checks the configurations of a cluster together: node names are unique, the two ends
+/// of every link list each other, and no message can loop — for every node and every
+/// destination (each node named anywhere, and a name matching each route pattern), the
+/// next hops are followed from node to node until the destination, a node outside the
+/// set, or no route; coming back to a node on the way is a loop, reported with its path.
+/// Returns the problems, each one line.
+pub fn check_cluster(configs: &[Config]) -> Vec<String> {
+    let mut problems = Vec::new();
+    let mut by_name: std::collections::BTreeMap<&NodeName, (&Config, Routing)> =
+        std::collections::BTreeMap::new();
+    for config in configs {
+        let name = &config.node.name;
+        if by_name.contains_key(name) {
+            problems.push(format!("node {name} has two configurations"));
+            continue;
+        }
+        match Routing::new(config) {
+            Ok(routing) => {
+                by_name.insert(name, (config, routing));
+            }
+            Err(e) => problems.push(format!("node {name}: {e}")),
+        }
+    }
+    for (name, (config, _)) in &by_name {
+        for peer in &config.peers {
+            if let Some((other, _)) = by_name.get(&peer.name)
+                && !other.peers.iter().any(|p| &p.name == *name)
+            {
+                problems.push(format!(
+                    "node {name} lists peer {}, but {}'s configuration does not list {name}",
+                    peer.name, peer.name
+                ));
+            }
+        }
+    }
+    let mut destinations: std::collections::BTreeSet<NodeName> = std::collections::BTreeSet::new();
+    for (config, _) in by_name.values() {
+        destinations.insert(config.node.name.clone());
+        destinations.extend(config.peers.iter().map(|p| p.name.clone()));
+        for route in &config.routes {
+            destinations.insert(route.via.clone());
+            destinations.extend(route.to.example());
+        }
+    }
+    let mut loops = std::collections::BTreeSet::new();
+    for destination in &destinations {
+        for start in by_name.keys() {
+            if let Some(path) = follow(&by_name, start, destination) {
+                // One report per loop and destination, whichever node it was found from.
+                let cycle_start = path.iter().position(|n| Some(n) == path.last()).unwrap_or(0);
+                let mut cycle: Vec<NodeName> = path[cycle_start..path.len() - 1].to_vec();
+                let smallest = (0..cycle.len()).min_by_key(|i| &cycle[*i]).unwrap_or(0);
+                cycle.rotate_left(smallest);
+                if loops.insert((destination.clone(), cycle)) {
+                    let path: Vec<&str> = path.iter().map(NodeName::as_str).collect();
+                    problems
+                        .push(format!("routing loop for destination {destination}: {}", path.join(" -> ")));
+                }
+            }
+        }
+    }
+    problems
+}
+
+/// The hops from `start` towards `destination`, when they come back to a node on the way
+/// (the path, ending with the node met again).
+fn follow(
+    nodes: &std::collections::BTreeMap<&NodeName, (&Config, Routing)>,
+    start: &NodeName,
+    destination: &NodeName,
+) -> Option<Vec<NodeName>> {
+    let mut path = vec![start.clone()];
+    let mut current = start.clone();
+    while let Some((_, routing)) = nodes.get(&current) {
+        match routing.next_hop(destination) {
+            Ok(Hop::Via(next)) => {
+                let again = path.contains(&next);
+                path.push(next.clone());
+                if again {
+                    return Some(path);
+                }
+                current = next;
+            }
+            Ok(Hop::Local) | Err(_) => return None,
+        }
+    }
+    None
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -152,6 +241,36 @@ mod tests {
 
     fn name(s: &str) -> NodeName {
         NodeName::new(s).unwrap()
+    }
+
+    fn config(yaml: &str) -> Config {
+        crate::config::from_value(&crate::config::parse_yaml(yaml).unwrap()).unwrap()
+    }
+
+    #[test]
+    fn a_cluster_check_finds_loops_and_one_sided_links() {
+        let node = |name: &str, peers: &[&str], routes: &str| {
+            let peers: Vec<String> = peers.iter().map(|p| format!("{{ name: {p} }}")).collect();
+            config(&format!(
+                "node: {{ name: {name} }}\nsecurity: {{ insecure_plaintext: true }}\npeers: [ {} ]\nroutes: [ {routes} ]",
+                peers.join(", ")
+            ))
+        };
+        let a = node("A", &["B", "C"], "{ to: 'X*', via: B }");
+        let b = node("B", &["A", "C"], "{ to: 'X*', via: C }");
+        let c = node("C", &["A", "B"], "{ to: 'X?', via: A }");
+        assert_eq!(
+            check_cluster(&[a.clone(), b.clone(), c.clone()]),
+            ["routing loop for destination Xx: A -> B -> C -> A"]
+        );
+        let fixed = node("C", &["A", "B"], "{ to: 'Y*', via: A }");
+        assert!(check_cluster(&[a.clone(), b.clone(), fixed]).is_empty());
+        let one_sided = node("C", &["B"], "");
+        assert_eq!(
+            check_cluster(&[a.clone(), b, one_sided]),
+            ["node A lists peer C, but C's configuration does not list A"]
+        );
+        assert_eq!(check_cluster(&[a.clone(), a]), ["node A has two configurations"]);
     }
 
     #[test]
