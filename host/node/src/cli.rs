@@ -873,7 +873,12 @@ pub fn config_check(files: &[PathBuf]) -> ExitCode {
             }
         }
     }
-    if configs.len() > 1 {
+    let mut names: Vec<&linkbus_plugin_api::NodeName> = configs.iter().map(|c| &c.node.name).collect();
+    names.sort_unstable();
+    let repeated = names.windows(2).find(|w| w[0] == w[1]).map(|w| w[0].clone());
+    if let Some(name) = repeated {
+        println!("cluster: not checked as one cluster: node {name} has more than one file (give one cluster's files)");
+    } else if configs.len() > 1 {
         let problems = crate::routing::check_cluster(&configs);
         for problem in &problems {
             println!("cluster: {problem}");
