@@ -211,3 +211,58 @@ fn a_diamond_routes_by_the_most_specific_route_and_a_reload_changes_it() {
     arrived(4);
     assert_relayed(&s, (2, 2), "through B1 again");
 }
+
+/// The relay of A–B–C killed with SIGKILL again and again while 3,000 persistent messages
+/// stream from A to C (some kills right after B's restart, while it recovers): C gets each
+/// exactly once, in order — B keeps each message it relays in the same store batch as the
+/// number it acknowledges A.
+#[test]
+fn a_relay_killed_again_and_again_loses_and_duplicates_nothing() {
+    let s = Scratch::new();
+    let links = [("A", "B"), ("B", "C")];
+    let cluster = Cluster::write(
+        &s,
+        &links,
+        &[("A", "routes: [ { to: C, via: B } ]"), ("C", "queues: [ { name: q, order: fifo } ]")],
+    );
+    let mut nodes = cluster.start_all(&s, &links);
+    let lines: String = (0..3000).map(|i| format!("{i:05} {}\n", "r".repeat(100))).collect();
+    let mut put = s
+        .command(&["put", "--node", "A", "--to", "C:q", "--persistent", "-"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = put.stdin.take().unwrap();
+    let data = lines.clone();
+    let feeder = std::thread::spawn(move || {
+        use std::io::Write;
+        for chunk in data.as_bytes().chunks(8 * 1024) {
+            stdin.write_all(chunk).unwrap();
+            std::thread::sleep(std::time::Duration::from_millis(15));
+        }
+    });
+    let mut kills = 0;
+    for pause in [120u64, 0, 300, 60, 0, 250, 180] {
+        std::thread::sleep(std::time::Duration::from_millis(pause));
+        nodes.get_mut("B").unwrap().kill();
+        kills += 1;
+        nodes.insert("B".into(), cluster.start(&s, "B"));
+    }
+    feeder.join().unwrap();
+    let out = put.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let mut got = String::new();
+    while got.lines().count() < 3000 && std::time::Instant::now() < deadline {
+        got.push_str(&stdout(&s.run(&["get", "--node", "C", "q", "--count", "3000", "--wait", "1s"])));
+    }
+    got.push_str(&stdout(&s.run(&["get", "--node", "C", "q", "--count", "3000", "--wait", "500ms"])));
+    let history = support::history::History::check(
+        &lines.lines().collect::<Vec<_>>(),
+        &got.lines().collect::<Vec<_>>(),
+    );
+    eprintln!("{kills} kills of the relay B: {history:?}");
+    assert!(history.is_clean(), "{kills} kills of the relay B: {history:?}");
+}

@@ -877,7 +877,9 @@ pub fn config_check(files: &[PathBuf]) -> ExitCode {
     names.sort_unstable();
     let repeated = names.windows(2).find(|w| w[0] == w[1]).map(|w| w[0].clone());
     if let Some(name) = repeated {
-        println!("cluster: not checked as one cluster: node {name} has more than one file (give one cluster's files)");
+        println!(
+            "cluster: not checked as one cluster: node {name} has more than one file (give one cluster's files)"
+        );
     } else if configs.len() > 1 {
         let problems = crate::routing::check_cluster(&configs);
         for problem in &problems {
