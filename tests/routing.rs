@@ -266,3 +266,57 @@ fn a_relay_killed_again_and_again_loses_and_duplicates_nothing() {
     eprintln!("{kills} kills of the relay B: {history:?}");
     assert!(history.is_clean(), "{kills} kills of the relay B: {history:?}");
 }
+
+/// A relay's own messages and those it relays share its link by `links.forward_share`:
+/// with 400 of each waiting at B for C (C down), the first 100 to arrive at C once it is up
+/// are 25 relayed and 75 of B's own, each side in order.
+#[test]
+fn a_relay_gives_relayed_messages_the_forward_share_of_its_link() {
+    let s = Scratch::new();
+    let links = [("A", "B"), ("B", "C")];
+    let cluster = Cluster::write(
+        &s,
+        &links,
+        &[
+            ("A", "routes: [ { to: C, via: B } ]"),
+            (
+                "B",
+                "links: { forward_share: 25, reconnect_backoff_min_ms: 20, reconnect_backoff_max_ms: 100 }",
+            ),
+            ("C", "queues: [ { name: q, order: fifo } ]"),
+        ],
+    );
+    let (_a, b) = (cluster.start(&s, "A"), cluster.start(&s, "B"));
+    let put = |node: &str, prefix: &str| {
+        let lines: String = (0..400).map(|i| format!("{prefix}{i:03}\n")).collect();
+        let out = s.run_with_input(
+            &["put", "--node", node, "--to", "C:q", "-"],
+            lines.as_bytes(),
+            std::time::Duration::from_secs(30),
+        );
+        assert!(out.status.success(), "{}", stderr(&out));
+    };
+    put("A", "a");
+    put("B", "b");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !stdout(&s.run(&["status", "--node", "B"])).contains("C: down, queued 800") {
+        assert!(std::time::Instant::now() < deadline, "{}", stdout(&s.run(&["status", "--node", "B"])));
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let _c = cluster.start(&s, "C");
+    b.wait_for_log("Link up.", 2, std::time::Duration::from_secs(20));
+    let mut got = String::new();
+    while got.lines().count() < 800
+        && std::time::Instant::now() < deadline + std::time::Duration::from_secs(20)
+    {
+        got.push_str(&stdout(&s.run(&["get", "--node", "C", "q", "--count", "800", "--wait", "1s"])));
+    }
+    let arrivals: Vec<&str> = got.lines().collect();
+    assert_eq!(arrivals.len(), 800);
+    let relayed = arrivals[..100].iter().filter(|l| l.starts_with('a')).count();
+    assert_eq!(relayed, 25, "relayed among the first 100: {:?}", &arrivals[..100]);
+    for prefix in ["a", "b"] {
+        let side: Vec<&&str> = arrivals.iter().filter(|l| l.starts_with(prefix)).collect();
+        assert!(side.windows(2).all(|w| w[0] < w[1]), "{prefix}: in order");
+    }
+}

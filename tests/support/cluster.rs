@@ -43,9 +43,14 @@ impl Cluster {
                 peers.push(format!("{{ name: {other}, public_key: '{}'{address} }}", keys[other]));
             }
             let extra = extra.iter().find(|(n, _)| n == name).map_or("", |(_, e)| e);
+            // Fast reconnects, unless the node's extra YAML sets its own links.
+            let links = if extra.contains("links:") {
+                ""
+            } else {
+                "links: { reconnect_backoff_min_ms: 20, reconnect_backoff_max_ms: 200 }\n"
+            };
             let yaml = format!(
-                "node: {{ name: {name}, listen: '{}' }}\npeers: [ {} ]\n{}\n\
-                 links: {{ reconnect_backoff_min_ms: 20, reconnect_backoff_max_ms: 200 }}\n{extra}\n",
+                "node: {{ name: {name}, listen: '{}' }}\npeers: [ {} ]\n{}\n{links}{extra}\n",
                 addresses[*name],
                 peers.join(", "),
                 s.security_yaml(name)

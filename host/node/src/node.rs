@@ -397,6 +397,7 @@ impl NodeState {
                     Arc::new(LinkHandle::new(
                         p.clone(),
                         config.links.queue_messages_max,
+                        u8::try_from(config.links.forward_share).unwrap_or(50),
                         room.clone(),
                         store.durable().then(|| committer.clone()),
                     )),

@@ -231,6 +231,9 @@ pub struct LinkSettings {
     pub priority_quotas: [u64; 10],
     /// Share of a busy link file transfers get, on the same scale.
     pub file_quota: u64,
+    /// Percent of a busy link's turns that messages this node relays for others get while
+    /// its own messages of the same class wait too (1..=99).
+    pub forward_share: u64,
     /// Messages sent to a neighbour and not yet acknowledged.
     pub in_flight_messages_max: u64,
     /// Bytes of messages sent to a neighbour and not yet acknowledged.
@@ -317,6 +320,7 @@ impl Default for LinkSettings {
             packet_bytes_max: 64 << 10,
             priority_quotas: PRIORITY_QUOTAS_DEFAULT,
             file_quota: 5,
+            forward_share: 50,
             in_flight_messages_max: 4096,
             in_flight_bytes_max: 64 << 20,
             queue_messages_max: 1_000_000,

@@ -359,6 +359,7 @@ fn read_links(root: &Section<'_>) -> LinkSettings {
         packet_bytes_max: s.number("packet_bytes_max", d.packet_bytes_max, 1024, 16 << 20),
         priority_quotas: read_quotas(&s, d.priority_quotas),
         file_quota: s.number("file_quota", d.file_quota, 1, QUOTA_MAX),
+        forward_share: s.number("forward_share", d.forward_share, 1, 99),
         in_flight_messages_max: s.number("in_flight_messages_max", d.in_flight_messages_max, 1, 1 << 20),
         in_flight_bytes_max: s.number("in_flight_bytes_max", d.in_flight_bytes_max, 1, BYTES_MAX),
         queue_messages_max: s.number("queue_messages_max", d.queue_messages_max, 1, 1 << 40),

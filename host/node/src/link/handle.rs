@@ -100,6 +100,7 @@ impl LinkHandle {
     pub fn new(
         peer: PeerConfig,
         queue_messages_max: u64,
+        forward_share: u8,
         room: Arc<Notify>,
         committer: Option<Arc<crate::storage::Committer>>,
     ) -> Self {
@@ -108,7 +109,7 @@ impl LinkHandle {
             record: committer.map(|c| super::state::SendRecord::new(&peer.name, c)),
             restored_sent: Mutex::new(super::state::Recovered::default()),
             peer,
-            queue: Mutex::new(TransmissionQueue::new(queue_messages_max)),
+            queue: Mutex::new(TransmissionQueue::new(queue_messages_max, forward_share)),
             room,
             wake: Notify::new(),
             incoming_tx,

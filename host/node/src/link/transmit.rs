@@ -2,6 +2,12 @@
 //! levels 0..=9, and files, which travel on their own channel), so a full class never stalls
 //! another, drained into the session system class first, then the levels and files in
 //! turn.
+//!
+//! Within a class, messages this node relays for other nodes wait apart from its own
+//! (`hop_count > 0` marks a relayed copy), and when both wait they take turns so that the
+//! relayed ones get the link's forward share (`links.forward_share`, in percent): a relay's
+//! own traffic and the traffic it carries for others never starve each other. Order holds
+//! per origin, since one origin's messages all wait on the same side.
 
 use std::collections::VecDeque;
 use std::time::Instant;
@@ -15,16 +21,22 @@ const SYSTEM: usize = PRIORITY_LEVEL_MAX as usize + 1;
 const FILES: usize = SYSTEM + 1;
 /// The classes that take turns: levels 9 down to 0, then files.
 const TURNS: [usize; CLASSES - 1] = [9, 8, 7, 6, 5, 4, 3, 2, 1, 0, FILES];
+/// Index of this node's own messages in a class, and of relayed ones.
+const OWN: usize = 0;
+const RELAYED: usize = 1;
 
 /// A queued message: when it was queued (for its lifetime), and its store key when it is
 /// recorded durably (a persistent message).
 pub(crate) type Queued = (Message, Instant, Option<u64>);
 
+/// One class: this node's own messages and relayed ones, each in order.
+type Class = [VecDeque<Queued>; 2];
+
 /// See the module doc.
 #[derive(Debug)]
 pub(crate) struct TransmissionQueue {
-    /// One FIFO per class, indexed by the priority's wire code.
-    classes: Vec<VecDeque<Queued>>,
+    /// One pair of FIFOs per class, indexed by the priority's wire code.
+    classes: Vec<Class>,
     /// Most messages one class holds.
     class_messages_max: u64,
     /// The index in [`TURNS`] served next, so classes take turns.
@@ -32,16 +44,29 @@ pub(crate) struct TransmissionQueue {
     len: usize,
     /// No message expires before this (`None`: none expires), so sweeps are cheap.
     next_expiry: Option<Instant>,
+    /// Percent of the turns relayed messages get while both kinds wait.
+    forward_share: i64,
+    /// Relayed messages sent beyond their share (negative: behind it), in percent points;
+    /// only moves while both kinds wait.
+    balance: i64,
+}
+
+fn side(message: &Message) -> usize {
+    if message.hop_count > 0 { RELAYED } else { OWN }
 }
 
 impl TransmissionQueue {
-    pub(crate) fn new(class_messages_max: u64) -> Self {
+    /// A queue whose classes hold `class_messages_max` messages each, giving relayed
+    /// messages `forward_share` percent of the turns while both kinds wait.
+    pub(crate) fn new(class_messages_max: u64, forward_share: u8) -> Self {
         Self {
-            classes: (0..CLASSES).map(|_| VecDeque::new()).collect(),
+            classes: (0..CLASSES).map(|_| [VecDeque::new(), VecDeque::new()]).collect(),
             class_messages_max,
             turn: 0,
             len: 0,
             next_expiry: None,
+            forward_share: i64::from(forward_share.clamp(1, 99)),
+            balance: 0,
         }
     }
 
@@ -82,9 +107,9 @@ impl TransmissionQueue {
 
     /// Whether `count` more messages of `message`'s class fit.
     pub(crate) fn has_room_for_many(&self, message: &Message, count: usize) -> bool {
-        self.classes
-            .get(Self::class_of(message))
-            .is_some_and(|c| (c.len() + count) as u64 <= self.class_messages_max)
+        self.classes.get(Self::class_of(message)).is_some_and(|[own, relayed]| {
+            (own.len() + relayed.len() + count) as u64 <= self.class_messages_max
+        })
     }
 
     /// Queues a message at the back of its class; `false` when the class is full.
@@ -102,9 +127,9 @@ impl TransmissionQueue {
     /// queued in one place and refused in another).
     pub(crate) fn push_checked(&mut self, message: Message, now: Instant, key: Option<u64>) {
         self.note_expiry(&message, now);
-        let class = Self::class_of(&message);
+        let (class, side) = (Self::class_of(&message), side(&message));
         if let Some(c) = self.classes.get_mut(class) {
-            c.push_back((message, now, key));
+            c[side].push_back((message, now, key));
             self.len += 1;
         }
     }
@@ -112,9 +137,9 @@ impl TransmissionQueue {
     /// Puts back a message taken by [`TransmissionQueue::pop`] (the window was full).
     pub(crate) fn unpop(&mut self, message: Message, queued_at: Instant, key: Option<u64>) {
         self.note_expiry(&message, queued_at);
-        let class = Self::class_of(&message);
+        let (class, side) = (Self::class_of(&message), side(&message));
         if let Some(c) = self.classes.get_mut(class) {
-            c.push_front((message, queued_at, key));
+            c[side].push_front((message, queued_at, key));
             self.len += 1;
         }
     }
@@ -126,9 +151,9 @@ impl TransmissionQueue {
             return expired;
         }
         let mut next: Option<Instant> = None;
-        for class in &mut self.classes {
-            let before = class.len();
-            class.retain_mut(|(message, queued_at, key)| {
+        for queue in self.classes.iter_mut().flatten() {
+            let before = queue.len();
+            queue.retain_mut(|(message, queued_at, key)| {
                 let elapsed = now.saturating_duration_since(*queued_at).as_millis() as u64;
                 let lifetime = message.content.lifetime.unwrap_or(linkbus_plugin_api::Lifetime::UNLIMITED);
                 if lifetime.after(elapsed).is_some() {
@@ -140,31 +165,44 @@ impl TransmissionQueue {
                 expired.push((message.clone(), *key));
                 false
             });
-            self.len -= before - class.len();
+            self.len -= before - queue.len();
         }
         self.next_expiry = next;
         expired
     }
 
-    /// The next message to send among those `ready` takes (it is asked about the head of
+    /// Takes the next message of class `class` if `ready` takes it: its own or a relayed
+    /// one, by the forward share when both wait.
+    fn take(&mut self, class: usize, ready: &impl Fn(&Message) -> bool) -> Option<Queued> {
+        let c = self.classes.get_mut(class)?;
+        let waiting = |q: &VecDeque<Queued>| q.front().is_some_and(|(m, _, _)| ready(m));
+        let side = match (waiting(&c[OWN]), waiting(&c[RELAYED])) {
+            (false, false) => return None,
+            (true, false) => OWN,
+            (false, true) => RELAYED,
+            (true, true) => {
+                let side = if self.balance <= 0 { RELAYED } else { OWN };
+                self.balance += if side == RELAYED { 100 - self.forward_share } else { -self.forward_share };
+                side
+            }
+        };
+        let item = c[side].pop_front()?;
+        self.len -= 1;
+        Some(item)
+    }
+
+    /// The next message to send among those `ready` takes (it is asked about the heads of
     /// each class; the session's window is per channel): the system class first, then the
     /// levels in turn, highest first in each round.
     pub(crate) fn pop(&mut self, ready: impl Fn(&Message) -> bool) -> Option<Queued> {
-        let head_ready = |c: &VecDeque<Queued>| c.front().is_some_and(|(m, _, _)| ready(m));
-        if let Some(item) =
-            self.classes.get_mut(SYSTEM).filter(|c| head_ready(c)).and_then(VecDeque::pop_front)
-        {
-            self.len -= 1;
+        if let Some(item) = self.take(SYSTEM, &ready) {
             return Some(item);
         }
         for step in 0..TURNS.len() {
             let at = (self.turn + step) % TURNS.len();
             let class = TURNS.get(at).copied().unwrap_or(FILES);
-            if let Some(item) =
-                self.classes.get_mut(class).filter(|c| head_ready(c)).and_then(VecDeque::pop_front)
-            {
+            if let Some(item) = self.take(class, &ready) {
                 self.turn = (at + 1) % TURNS.len();
-                self.len -= 1;
                 return Some(item);
             }
         }
@@ -190,7 +228,7 @@ mod tests {
     #[test]
     fn a_full_class_does_not_stall_another_and_classes_take_turns() {
         let now = Instant::now();
-        let mut q = TransmissionQueue::new(2);
+        let mut q = TransmissionQueue::new(2, 50);
         let low = Priority::level(1).unwrap();
         let high = Priority::level(8).unwrap();
         assert!(q.push(message(1, low), now) && q.push(message(2, low), now));
@@ -206,7 +244,7 @@ mod tests {
     #[test]
     fn expired_messages_are_taken_out_of_every_class() {
         let now = Instant::now();
-        let mut q = TransmissionQueue::new(10);
+        let mut q = TransmissionQueue::new(10, 50);
         let brief = |n, p| {
             let mut m = message(n, p);
             m.content.lifetime = Some(linkbus_plugin_api::Lifetime::from_ms(100));
@@ -229,7 +267,7 @@ mod tests {
     #[test]
     fn files_have_their_own_class_and_a_blocked_one_does_not_stall_the_others() {
         let now = Instant::now();
-        let mut q = TransmissionQueue::new(10);
+        let mut q = TransmissionQueue::new(10, 50);
         let level = Priority::level(4).unwrap();
         let mut file = message(1, level);
         file.content.kind = Kind::File;
@@ -238,5 +276,31 @@ mod tests {
         assert_eq!(first, Some(2), "the file's channel has no room; the buffer behind it goes");
         assert_eq!(q.pop(|m| m.content.kind != Kind::File).map(|(m, _, _)| m.id.sequence), None);
         assert_eq!(q.pop(|_| true).map(|(m, _, _)| m.id.sequence), Some(1));
+    }
+
+    #[test]
+    fn relayed_messages_get_the_forward_share_while_both_kinds_wait() {
+        let now = Instant::now();
+        let level = Priority::level(4).unwrap();
+        for share in [25u8, 50, 80] {
+            let mut q = TransmissionQueue::new(1000, share);
+            for n in 0..200 {
+                let mut relayed = message(1000 + n, level);
+                relayed.hop_count = 1;
+                assert!(q.push(message(n, level), now) && q.push(relayed, now));
+            }
+            let first: Vec<u64> =
+                (0..100).filter_map(|_| q.pop(|_| true)).map(|(m, _, _)| m.id.sequence).collect();
+            let relayed = first.iter().filter(|n| **n >= 1000).count();
+            assert_eq!(relayed, usize::from(share), "share {share}: relayed among the first 100");
+            let own: Vec<u64> = first.iter().copied().filter(|n| *n < 1000).collect();
+            assert!(own.windows(2).all(|w| w[0] < w[1]), "each side keeps its order");
+        }
+        // Alone, either kind takes every turn (and no debt is run up meanwhile).
+        let mut q = TransmissionQueue::new(1000, 10);
+        for n in 0..50 {
+            assert!(q.push(message(n, level), now));
+        }
+        assert_eq!(std::iter::from_fn(|| q.pop(|_| true)).count(), 50);
     }
 }
