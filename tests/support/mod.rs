@@ -176,12 +176,28 @@ impl Scratch {
 
     /// Like [`Scratch::start_node`], with extra environment variables.
     pub fn start_node_env(&self, name: &str, args: &[&str], env: &[(&str, &str)]) -> NodeProcess {
-        let log = self.path().join(format!("{name}.log"));
-        let log_file = std::fs::OpenOptions::new().create(true).append(true).open(&log).expect("log file");
         let mut full = vec!["node", "run"];
         full.extend_from_slice(args);
-        let child = self
-            .command(&full)
+        self.spawn_node(name, self.command(&full), env)
+    }
+
+    /// Like [`Scratch::start_node`], inside network namespace `netns` (`ip netns exec`,
+    /// which runs the node as its own process).
+    pub fn start_node_in(&self, netns: &str, name: &str, args: &[&str]) -> NodeProcess {
+        let mut cmd = Command::new("ip");
+        cmd.args(["netns", "exec", netns])
+            .arg(linkbus_bin())
+            .args(["node", "run"])
+            .args(args)
+            .current_dir(self.path())
+            .env("LINKBUS_RUNTIME_DIR", self.runtime_dir());
+        self.spawn_node(name, cmd, &[])
+    }
+
+    fn spawn_node(&self, name: &str, mut cmd: Command, env: &[(&str, &str)]) -> NodeProcess {
+        let log = self.path().join(format!("{name}.log"));
+        let log_file = std::fs::OpenOptions::new().create(true).append(true).open(&log).expect("log file");
+        let child = cmd
             .env("LINKBUS_LOG", "info,linkbus_host=debug")
             .envs(env.iter().copied())
             .stdout(Stdio::null())
