@@ -320,3 +320,41 @@ fn a_relay_gives_relayed_messages_the_forward_share_of_its_link() {
         assert!(side.windows(2).all(|w| w[0] < w[1]), "{prefix}: in order");
     }
 }
+
+/// Lifetimes count down across relays whatever the relays' clocks say: with the relay B an
+/// hour ahead, a 3 s message reaches C and is reported delivered; one that waits at B while
+/// C is down expires there, and B (which never sent it on) reports it expired to A.
+#[test]
+fn lifetimes_and_results_cross_a_relay_whose_clock_is_an_hour_ahead() {
+    let s = Scratch::new();
+    let links = [("A", "B"), ("B", "C")];
+    let cluster = Cluster::write(
+        &s,
+        &links,
+        &[
+            ("A", "routes: [ { to: C, via: B } ]"),
+            ("C", "routes: [ { to: A, via: B } ]\nqueues: [ { name: q } ]\nsecurity_extra: ~"),
+        ],
+    );
+    // B's handshakes are stamped an hour ahead: C accepts up to two hours.
+    let c_config = std::fs::read_to_string(&cluster.configs["C"]).unwrap();
+    let c_config =
+        c_config.replace("security_extra: ~\n", "").replace("psk_file:", "clock_skew_max_s: 7200, psk_file:");
+    std::fs::write(&cluster.configs["C"], c_config).unwrap();
+    let hour = [("LINKBUS_TEST_CLOCK_OFFSET_MS", "3600000")];
+    let (_a, b, mut c) = (cluster.start(&s, "A"), cluster.start_env(&s, "B", &hour), cluster.start(&s, "C"));
+    b.wait_for_log("Link up.", 2, std::time::Duration::from_secs(20));
+    let put =
+        s.run(&["put", "--node", "A", "--to", "C:q", "--lifetime", "3s", "--wait-result", "20s", "in time"]);
+    assert!(stdout(&put).contains(" C:q delivered"), "{}\n{}", stdout(&put), stderr(&put));
+    assert_eq!(stdout(&s.run(&["get", "--node", "C", "q", "--wait", "2s"])), "in time\n");
+
+    c.kill();
+    let put =
+        s.run(&["put", "--node", "A", "--to", "C:q", "--lifetime", "1s", "--wait-result", "20s", "too late"]);
+    assert!(!put.status.success());
+    assert!(stdout(&put).contains(" C:q expired"), "{}\n{}", stdout(&put), stderr(&put));
+    let _c = cluster.start(&s, "C");
+    b.wait_for_log("Link up.", 3, std::time::Duration::from_secs(20));
+    assert_eq!(stdout(&s.run(&["get", "--node", "C", "q", "--wait", "1s"])), "", "it was never delivered");
+}

@@ -66,6 +66,11 @@ impl Cluster {
         s.start_node(name, &["-c", &self.configs[name]])
     }
 
+    /// Starts node `name` with extra environment variables.
+    pub fn start_env(&self, s: &Scratch, name: &str, env: &[(&str, &str)]) -> NodeProcess {
+        s.start_node_env(name, &["-c", &self.configs[name]], env)
+    }
+
     /// Starts every node, and waits until each has as many links up as `links` gives it.
     pub fn start_all(&self, s: &Scratch, links: &[(&str, &str)]) -> BTreeMap<String, NodeProcess> {
         let nodes: BTreeMap<String, NodeProcess> =
