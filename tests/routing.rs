@@ -333,13 +333,12 @@ fn lifetimes_and_results_cross_a_relay_whose_clock_is_an_hour_ahead() {
         &links,
         &[
             ("A", "routes: [ { to: C, via: B } ]"),
-            ("C", "routes: [ { to: A, via: B } ]\nqueues: [ { name: q } ]\nsecurity_extra: ~"),
+            ("C", "routes: [ { to: A, via: B } ]\nqueues: [ { name: q } ]"),
         ],
     );
     // B's handshakes are stamped an hour ahead: C accepts up to two hours.
     let c_config = std::fs::read_to_string(&cluster.configs["C"]).unwrap();
-    let c_config =
-        c_config.replace("security_extra: ~\n", "").replace("psk_file:", "clock_skew_max_s: 7200, psk_file:");
+    let c_config = c_config.replace("psk_file:", "clock_skew_max_s: 7200, psk_file:");
     std::fs::write(&cluster.configs["C"], c_config).unwrap();
     let hour = [("LINKBUS_TEST_CLOCK_OFFSET_MS", "3600000")];
     let (_a, b, mut c) = (cluster.start(&s, "A"), cluster.start_env(&s, "B", &hour), cluster.start(&s, "C"));
