@@ -59,7 +59,7 @@ pub enum Command {
     /// Work with configuration files.
     #[command(subcommand)]
     Config(ConfigCommand),
-    /// Run two nodes in this process and send messages between them.
+    /// Run three nodes in this process and send messages from A to C through the relay B.
     Demo(DemoArgs),
     /// Make a node key (prints its public half) or a cluster pre-shared key.
     Keygen(KeygenArgs),
@@ -902,7 +902,7 @@ pub fn config_check(files: &[PathBuf]) -> ExitCode {
 /// A node or client failure, or any lost, damaged, duplicated or reordered message.
 pub async fn demo(args: DemoArgs) -> anyhow::Result<()> {
     println!(
-        "linkbus demo: nodes A and B in one process, a Noise-encrypted TCP link on 127.0.0.1, memory store"
+        "linkbus demo: nodes A, B and C in one process, Noise-encrypted TCP links on 127.0.0.1, A reaching C through B by a static route, fjall stores in a temporary directory"
     );
     let report = crate::demo::run(args.messages, args.size).await?;
     println!("{report}");

@@ -1,6 +1,7 @@
-//! `linkbus demo`: two nodes in one process, from an embedded configuration, over real TCP
-//! and real Unix sockets; node A sends numbered buffer messages to queue `orders` on node B,
-//! a consumer on B checks every byte, and the report says what arrived and how fast.
+//! `linkbus demo`: three nodes in one process, from embedded configurations, over real TCP
+//! (Noise links) and real Unix sockets; node A sends numbered buffer messages to queue
+//! `orders` on node C, which A reaches only through the relay B by a static route; a
+//! consumer on C checks every byte, and the report says what arrived and how fast.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -13,18 +14,26 @@ use crate::client::{Client, ClientError};
 use crate::config::{self, Overrides};
 use crate::node::StartError;
 
-/// Node B: listens on a free loopback port and has the `orders` queue; `{A_KEY}` is A's
-/// public key.
-const NODE_B: &str = "
-node: { name: B, listen: 127.0.0.1:0 }
-peers: [ { name: A, public_key: '{A_KEY}' } ]
+/// Node C: listens on a free loopback port and has the `orders` queue; results go back to
+/// A through B.
+const NODE_C: &str = "
+node: { name: C, listen: 127.0.0.1:0 }
+peers: [ { name: B, public_key: '{B_KEY}' } ]
+routes: [ { to: A, via: B } ]
 queues: [ { name: orders, order: fifo, queue_messages_max: 1000000 } ]
 ";
 
-/// Node A: dials B (its address is filled in once B listens) and listens nowhere.
+/// Node B, the relay: listens for A, dials C (its address is filled in once C listens).
+const NODE_B: &str = "
+node: { name: B, listen: 127.0.0.1:0 }
+peers: [ { name: A, public_key: '{A_KEY}' }, { name: C, public_key: '{C_KEY}' } ]
+";
+
+/// Node A: dials B and listens nowhere; C is reached through B.
 const NODE_A: &str = "
 node: { name: A, listen: none }
 peers: [ { name: B, public_key: '{B_KEY}' } ]
+routes: [ { to: C, via: B } ]
 ";
 
 /// Why the demo could not run.
@@ -52,7 +61,7 @@ pub enum DemoError {
 pub struct DemoReport {
     /// Messages put on A.
     pub sent: usize,
-    /// Messages taken from B.
+    /// Messages taken from C.
     pub received: usize,
     /// Received messages whose payload matched what was sent for their number.
     pub intact: usize,
@@ -82,7 +91,7 @@ impl std::fmt::Display for DemoReport {
         let rate = self.received as f64 / secs;
         writeln!(
             f,
-            "sent      {} buffer messages of {} bytes from A to B:orders",
+            "sent      {} buffer messages of {} bytes from A to C:orders, through the relay B",
             self.sent, self.message_bytes
         )?;
         writeln!(
@@ -172,9 +181,9 @@ impl Drop for Scratch {
 pub async fn run(messages: usize, size: usize) -> Result<DemoReport, DemoError> {
     let scratch = Scratch(std::env::temp_dir().join(format!("linkbus-demo-{}", std::process::id())));
     std::fs::create_dir_all(&scratch.0)?;
-    let (a, b) = start_nodes(&scratch.0).await?;
+    let (a, b, c) = start_nodes(&scratch.0).await?;
     let mut producer = Client::connect(a.socket_path()).await?;
-    let mut consumer = Client::connect(b.socket_path()).await?;
+    let mut consumer = Client::connect(c.socket_path()).await?;
     let started = Instant::now();
     let (produced, consumed) =
         tokio::join!(produce(&mut producer, messages, size), consume(&mut consumer, messages, size));
@@ -183,18 +192,25 @@ pub async fn run(messages: usize, size: usize) -> Result<DemoReport, DemoError> 
     report.elapsed = started.elapsed();
     a.shutdown().await;
     b.shutdown().await;
+    c.shutdown().await;
     Ok(report)
 }
 
-/// Starts B from [`NODE_B`], then A from [`NODE_A`] pointed at B's port, both keeping
-/// their sockets and data under `scratch`.
-async fn start_nodes(scratch: &std::path::Path) -> Result<(Node, Node), DemoError> {
+/// Starts C from [`NODE_C`], B from [`NODE_B`] pointed at C's port, then A from
+/// [`NODE_A`] pointed at B's, each keeping its socket and data under `scratch`.
+async fn start_nodes(scratch: &std::path::Path) -> Result<(Node, Node, Node), DemoError> {
     use crate::security::write_key_file;
     use linkbus_proto::secure::{Keypair, hex};
-    let (a_keys, b_keys) = (Keypair::generate()?, Keypair::generate()?);
-    write_key_file(&scratch.join("A.key"), &a_keys.private)?;
-    write_key_file(&scratch.join("B.key"), &b_keys.private)?;
+    let (a_keys, b_keys, c_keys) = (Keypair::generate()?, Keypair::generate()?, Keypair::generate()?);
+    for (name, keys) in [("A", &a_keys), ("B", &b_keys), ("C", &c_keys)] {
+        write_key_file(&scratch.join(format!("{name}.key")), &keys.private)?;
+    }
     write_key_file(&scratch.join("cluster.psk"), &Keypair::generate()?.private)?;
+    let fill = |yaml: &str| {
+        yaml.replace("{A_KEY}", &hex(&a_keys.public))
+            .replace("{B_KEY}", &hex(&b_keys.public))
+            .replace("{C_KEY}", &hex(&c_keys.public))
+    };
     let overrides = |name: &str| Overrides {
         data_dir: Some(scratch.join(name)),
         client_socket: Some(scratch.join(format!("{name}.sock"))),
@@ -202,21 +218,25 @@ async fn start_nodes(scratch: &std::path::Path) -> Result<(Node, Node), DemoErro
         psk_file: Some(scratch.join("cluster.psk")),
         ..Overrides::default()
     };
-    let mut tree = config::parse_yaml(&NODE_B.replace("{A_KEY}", &hex(&a_keys.public)))?;
-    config::apply_overrides(&mut tree, &overrides("B"));
-    let b = Node::start(config::from_value(&tree)?).await?;
+    let start = |yaml: &str, overrides: Overrides| {
+        let tree = config::parse_yaml(&fill(yaml)).map(|mut tree| {
+            config::apply_overrides(&mut tree, &overrides);
+            tree
+        });
+        async move { Ok::<Node, DemoError>(Node::start(config::from_value(&tree?)?).await?) }
+    };
+    let c = start(NODE_C, overrides("C")).await?;
+    let c_address = c.listen_address().unwrap_or_default().to_owned();
+    let b = start(NODE_B, Overrides { peers: vec![format!("C={c_address}")], ..overrides("B") }).await?;
     let b_address = b.listen_address().unwrap_or_default().to_owned();
-    let mut tree = config::parse_yaml(&NODE_A.replace("{B_KEY}", &hex(&b_keys.public)))?;
-    let a_overrides = Overrides { peers: vec![format!("B={b_address}")], ..overrides("A") };
-    config::apply_overrides(&mut tree, &a_overrides);
-    let a = Node::start(config::from_value(&tree)?).await?;
-    Ok((a, b))
+    let a = start(NODE_A, Overrides { peers: vec![format!("B={b_address}")], ..overrides("A") }).await?;
+    Ok((a, b, c))
 }
 
 /// Puts the numbered messages in slices, so the demo never holds more than a slice of
 /// payloads in memory.
 async fn produce(producer: &mut Client, messages: usize, size: usize) -> Result<(), ClientError> {
-    let to: Address = "B:orders".parse().expect("valid address");
+    let to: Address = "C:orders".parse().expect("valid address");
     let slice =
         (crate::client::PUT_BATCH_BYTES_MAX / size.max(1)).clamp(1, crate::client::PUT_BATCH_MESSAGES_MAX);
     let mut next = 0;
