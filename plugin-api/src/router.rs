@@ -134,6 +134,47 @@ impl Pattern {
         let name = if body.is_empty() { "x".to_owned() } else { body };
         NodeName::new(&name).ok().filter(|n| self.matches(n))
     }
+
+    /// Names it matches, for checks that try them: its [`Pattern::example`], and for an
+    /// open pattern one and two characters longer.
+    pub fn examples(&self) -> Vec<NodeName> {
+        let mut names: Vec<NodeName> = self.example().into_iter().collect();
+        if self.0.ends_with('*') {
+            let body: String =
+                self.0.trim_end_matches('*').chars().map(|c| if c == '?' { 'x' } else { c }).collect();
+            for more in ["x", "xx"] {
+                names.extend(NodeName::new(&format!("{body}{more}")).ok().filter(|n| self.matches(n)));
+            }
+        }
+        names
+    }
+
+    /// A node name both `self` and `other` match, if there is one.
+    pub fn common_example(&self, other: &Pattern) -> Option<NodeName> {
+        let split = |p: &Pattern| match p.0.strip_suffix('*') {
+            Some(body) => (body.as_bytes().to_vec(), true),
+            None => (p.0.as_bytes().to_vec(), false),
+        };
+        let ((a, a_open), (b, b_open)) = (split(self), split(other));
+        let len = match (a_open, b_open) {
+            (false, false) if a.len() == b.len() => a.len(),
+            (false, true) if a.len() >= b.len() => a.len(),
+            (true, false) if b.len() >= a.len() => b.len(),
+            (true, true) => a.len().max(b.len()).max(1),
+            _ => return None,
+        };
+        let mut name = String::with_capacity(len);
+        for i in 0..len {
+            let (x, y) = (a.get(i).copied().unwrap_or(b'?'), b.get(i).copied().unwrap_or(b'?'));
+            name.push(char::from(match (x, y) {
+                (b'?', b'?') => b'x',
+                (b'?', c) | (c, b'?') => c,
+                (c, d) if c == d => c,
+                _ => return None,
+            }));
+        }
+        NodeName::new(&name).ok().filter(|n| self.matches(n) && other.matches(n))
+    }
 }
 
 impl fmt::Display for Pattern {
@@ -168,6 +209,11 @@ mod tests {
         assert_eq!((p("EAST1").wildcards(), p("EAST1").literal_prefix()), (0, 5));
         assert_eq!(p("C?*").example(), Some(name("Cx")));
         assert_eq!(p("*").example(), Some(name("x")));
+        assert_eq!(p("B*").examples(), [name("B"), name("Bx"), name("Bxx")]);
+        assert_eq!(p("?1").common_example(&p("C?")), Some(name("C1")));
+        assert_eq!(p("C*").common_example(&p("?12")), Some(name("C12")));
+        assert_eq!(p("C*").common_example(&p("D*")), None);
+        assert_eq!(p("C1").common_example(&p("C?2")), None);
     }
 
     #[test]

@@ -178,12 +178,19 @@ async fn run_with(
     source: Option<node::ReloadSource>,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), StartError> {
+    // Taken before the start (which may recover a large store), so a SIGHUP meanwhile is
+    // a reload afterwards rather than the signal's default: ending the process.
+    let mut hangup = None;
+    if source.is_some() {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
+            Ok(signal) => hangup = Some(signal),
+            Err(e) => tracing::warn!(error = %e, "Cannot take SIGHUP; use `linkbus reload` instead."),
+        }
+    }
     let mut node = Node::start(config).await?;
     let state = node.state.clone();
-    let mut hangup = None;
     if let Some(source) = source {
         let _ = state.reload_source.set(source);
-        hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
     }
     let reloads = async {
         let Some(hangup) = hangup.as_mut() else { return std::future::pending().await };

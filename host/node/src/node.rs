@@ -169,6 +169,7 @@ fn open_queues(
 /// refill (their lifetimes having counted on), and what was sent goes to the link tasks.
 fn restore_sending(
     links: &HashMap<NodeName, Arc<LinkHandle>>,
+    routing: &crate::routing::Routing,
     store: &dyn Store,
     now: Instant,
 ) -> Result<(), StartError> {
@@ -177,6 +178,9 @@ fn restore_sending(
         let mut recovered = record
             .load(store)
             .map_err(|reason| StartError::Store(StoreError::Backend { op: "recover", reason }))?;
+        for stored in recovered.queued.iter_mut().chain(recovered.sent.iter_mut()) {
+            keep_recipients_routed_through(stored, &link.peer.name, routing);
+        }
         let mut queue = link.lock();
         for mut stored in std::mem::take(&mut recovered.queued) {
             // The time down counts against the lifetime (by the wall clock).
@@ -191,6 +195,25 @@ fn restore_sending(
         }
     }
     Ok(())
+}
+
+/// A message recorded for the link to `peer` keeps only the recipients routed through that
+/// link. (Records from before routing held every recipient in each link's copy; a peer
+/// that relays would reach the others a second time.) When the routes changed so that none
+/// is left, it keeps them all.
+fn keep_recipients_routed_through(
+    stored: &mut crate::link::state::Stored,
+    peer: &NodeName,
+    routing: &crate::routing::Routing,
+) {
+    let via_peer =
+        |to: &&Address| matches!(routing.next_hop(&to.node), Ok(crate::routing::Hop::Via(v)) if &v == peer);
+    let kept: Vec<Address> = stored.message.content.recipients.iter().filter(via_peer).cloned().collect();
+    if kept.is_empty() || kept.len() == stored.message.content.recipients.len() {
+        return;
+    }
+    stored.message.content.recipients = kept;
+    stored.bytes = linkbus_proto::wire::message_bytes(&stored.message);
 }
 
 /// Why an arriving message cannot go to a local recipient: dead-letter code, reason, and
@@ -298,6 +321,8 @@ pub struct NodeState {
     failure: Arc<crate::storage::Failure>,
     /// Where the configuration came from, for reloads (set by `linkbus node run`).
     pub reload_source: std::sync::OnceLock<ReloadSource>,
+    /// Held while a reload reads and applies the configuration.
+    reloading: std::sync::Mutex<()>,
     /// The durability tests' negative control (see [`ACK_BEFORE_SYNC_ENV`]).
     #[doc(hidden)]
     pub ack_before_sync: std::sync::atomic::AtomicBool,
@@ -405,7 +430,7 @@ impl NodeState {
             })
             .collect();
         if incarnation_kept {
-            restore_sending(&links, store.as_ref(), now)?;
+            restore_sending(&links, &routing, store.as_ref(), now)?;
         }
         let subscriptions = Subscriptions::load(&config.events.subscriptions, store.as_ref())?;
         subscriptions.remove_unreachable(store.as_ref(), |to| {
@@ -441,6 +466,7 @@ impl NodeState {
             committer,
             failure,
             reload_source: std::sync::OnceLock::new(),
+            reloading: std::sync::Mutex::new(()),
             ack_before_sync: std::sync::atomic::AtomicBool::new(ack_before_sync()),
         }))
     }
@@ -813,6 +839,8 @@ impl NodeState {
             "this node was not started by `linkbus node run`; it has no configuration to read again"
                 .to_owned()
         })?;
+        // One reload at a time, so the file read last is the one applied.
+        let _one = self.reloading.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let new = crate::config::load_file(source.path.as_deref(), &source.overrides)
             .map_err(|e| format!("the new configuration is refused (the running one stays):\n{e}"))?;
         if new.node.name != self.config.node.name {
@@ -1131,9 +1159,11 @@ impl NodeState {
         // (A message of this node that came back over a link reports nothing from here.)
         let result_to = ResultTo::of(&message).filter(|to| &to.id.source != self.name());
         let mut delivered = Vec::new();
-        // The link's record goes with the last write, so it is never ahead of a copy (a crash
-        // between two copies' writes makes the peer resend: a duplicate, never a loss). A
-        // relayed copy's record in its transmission queue is such a write too.
+        // Every copy (local queues, dead letters, relayed copies' records) and the link's
+        // record reach the store as one batch: a crash keeps all or none of them. The record
+        // also goes with the last write, so even a store that split the batch would make the
+        // peer resend (a duplicate), never lose one.
+        let hold = self.committer.hold();
         let last = (targets.len() + forwards.len()).saturating_sub(1);
         let forwards =
             forwards.into_iter().map(|f| f.map(|(link, copy)| Target::Forward(link, Box::new(copy))));
@@ -1171,6 +1201,7 @@ impl NodeState {
         }
         self.report(result_to.as_ref(), delivered);
         self.committer.write(with);
+        drop(hold);
         Ok(())
     }
 
@@ -1455,6 +1486,32 @@ mod tests {
         let mut tree = config::parse_yaml(&text).unwrap();
         config::apply_overrides(&mut tree, &Overrides::default());
         NodeState::new(config::from_value(&tree).unwrap()).unwrap()
+    }
+
+    #[test]
+    fn records_from_before_routing_keep_only_the_recipients_of_their_link() {
+        let text = "node: { name: A, listen: none }\npeers: [ { name: B }, { name: C } ]\n\
+                    routes: [ { to: 'D*', via: B } ]\nsecurity: { insecure_plaintext: true }\n\
+                    plugins: { store: { kind: memory } }";
+        let n = NodeState::new(config::from_value(&config::parse_yaml(text).unwrap()).unwrap()).unwrap();
+        let mut content = Content::buf("B:q".parse().unwrap(), "x");
+        content.recipients.extend(["C:q".parse().unwrap(), "D1:q".parse().unwrap()]);
+        let message = n.stamp(content, 0);
+        let stored = || crate::link::state::Stored {
+            number: 1,
+            channel: 0,
+            bytes: linkbus_proto::wire::message_bytes(&message),
+            message: message.clone(),
+            age: std::time::Duration::ZERO,
+        };
+        let mut for_b = stored();
+        keep_recipients_routed_through(&mut for_b, &NodeName::new("B").unwrap(), &n.routing);
+        let to: Vec<String> = for_b.message.content.recipients.iter().map(ToString::to_string).collect();
+        assert_eq!(to, ["B:q", "D1:q"]);
+        assert_eq!(linkbus_proto::wire::decode_message(for_b.bytes).unwrap(), for_b.message, "bytes follow");
+        let mut for_z = stored();
+        keep_recipients_routed_through(&mut for_z, &NodeName::new("Z").unwrap(), &n.routing);
+        assert_eq!(for_z.message, message, "none routed there: kept whole");
     }
 
     fn refusal(node: &NodeState, content: Content) -> (ErrorCode, String) {

@@ -81,6 +81,11 @@ impl Routing {
         *self.router.write().unwrap_or_else(PoisonError::into_inner) = router;
     }
 
+    /// The destination patterns of the router's routes.
+    pub fn patterns(&self) -> Vec<linkbus_plugin_api::Pattern> {
+        self.router().patterns()
+    }
+
     fn router(&self) -> Arc<dyn Router> {
         self.router.read().unwrap_or_else(PoisonError::into_inner).clone()
     }
@@ -121,8 +126,8 @@ impl Routing {
         }
         if self.neighbours.contains(destination) {
             lines.push(format!("{destination}: next hop {destination} (a direct neighbour)"));
-            if let Ok(via) = next_hop {
-                lines.push(format!("  {chosen} (via {via}) lost: direct neighbours win over routes"));
+            if next_hop.is_ok() {
+                lines.push(format!("  {chosen} lost: direct neighbours win over routes"));
             }
             lines.extend(others.into_iter().map(|o| format!("  {o}")));
             return lines;
@@ -176,31 +181,43 @@ pub fn check_cluster(configs: &[Config]) -> Vec<String> {
             }
         }
     }
+    // Every node named anywhere, names matching each pattern, and names matching each
+    // pair of patterns (a loop may need two nodes' routes to match the same name).
     let mut destinations: std::collections::BTreeSet<NodeName> = std::collections::BTreeSet::new();
-    for (config, _) in by_name.values() {
+    let mut patterns = Vec::new();
+    for (config, routing) in by_name.values() {
         destinations.insert(config.node.name.clone());
         destinations.extend(config.peers.iter().map(|p| p.name.clone()));
-        for route in &config.routes {
-            destinations.insert(route.via.clone());
-            destinations.extend(route.to.example());
-        }
+        patterns.extend(routing.patterns());
     }
-    let mut loops = std::collections::BTreeSet::new();
+    for (i, pattern) in patterns.iter().enumerate() {
+        destinations.extend(pattern.examples());
+        destinations.extend(patterns[i + 1..].iter().filter_map(|other| pattern.common_example(other)));
+    }
+    // One report per loop, whichever node and destination found it first; the other
+    // destinations caught in it are named too.
+    let mut loops: Vec<(Vec<NodeName>, Vec<NodeName>, Vec<&NodeName>)> = Vec::new();
     for destination in &destinations {
         for start in by_name.keys() {
-            if let Some(path) = follow(&by_name, start, destination) {
-                // One report per loop and destination, whichever node it was found from.
-                let cycle_start = path.iter().position(|n| Some(n) == path.last()).unwrap_or(0);
-                let mut cycle: Vec<NodeName> = path[cycle_start..path.len() - 1].to_vec();
-                let smallest = (0..cycle.len()).min_by_key(|i| &cycle[*i]).unwrap_or(0);
-                cycle.rotate_left(smallest);
-                if loops.insert((destination.clone(), cycle)) {
-                    let path: Vec<&str> = path.iter().map(NodeName::as_str).collect();
-                    problems
-                        .push(format!("routing loop for destination {destination}: {}", path.join(" -> ")));
-                }
+            let Some(path) = follow(&by_name, start, destination) else { continue };
+            let cycle_start = path.iter().position(|n| Some(n) == path.last()).unwrap_or(0);
+            let mut cycle: Vec<NodeName> = path[cycle_start..path.len() - 1].to_vec();
+            let smallest = (0..cycle.len()).min_by_key(|i| &cycle[*i]).unwrap_or(0);
+            cycle.rotate_left(smallest);
+            match loops.iter_mut().find(|(c, _, _)| *c == cycle) {
+                Some((_, _, caught)) if !caught.contains(&destination) => caught.push(destination),
+                Some(_) => {}
+                None => loops.push((cycle, path, vec![destination])),
             }
         }
+    }
+    for (_, path, caught) in loops {
+        let path: Vec<&str> = path.iter().map(NodeName::as_str).collect();
+        let also = match &caught[1..] {
+            [] => String::new(),
+            more => format!(" (also {})", more.iter().map(|d| d.as_str()).collect::<Vec<_>>().join(", ")),
+        };
+        problems.push(format!("routing loop for destination {}{also}: {}", caught[0], path.join(" -> ")));
     }
     problems
 }
@@ -271,6 +288,18 @@ mod tests {
             ["node A lists peer C, but C's configuration does not list A"]
         );
         assert_eq!(check_cluster(&[a.clone(), a]), ["node A has two configurations"]);
+        // Loops that need a name both nodes' patterns match, or a longer one than the
+        // pattern's own example (which is a neighbour here).
+        let a = node("A", &["B", "C"], "{ to: '?1', via: B }, { to: 'B*', via: C }");
+        let b = node("B", &["A"], "{ to: 'C?', via: A }");
+        let c = node("C", &["A"], "{ to: 'B*', via: A }");
+        assert_eq!(
+            check_cluster(&[a, b, c]),
+            [
+                "routing loop for destination B1 (also Bx, Bxx): A -> C -> A",
+                "routing loop for destination C1: A -> B -> A"
+            ]
+        );
     }
 
     #[test]
@@ -286,10 +315,7 @@ mod tests {
         assert_eq!(r.next_hop(&name("D7")), Ok(Hop::Via(name("C1"))));
         assert_eq!(r.next_hop(&name("E")), Err("no route to node 'E'".into()));
         assert_eq!(r.explain(&name("C1"))[0], "C1: next hop C1 (a direct neighbour)");
-        assert_eq!(
-            r.explain(&name("C1"))[1],
-            "  route 1 'C*' via B (via B) lost: direct neighbours win over routes"
-        );
+        assert_eq!(r.explain(&name("C1"))[1], "  route 1 'C*' via B lost: direct neighbours win over routes");
         assert_eq!(r.explain(&name("C2")), ["C2: next hop B, by route 1 'C*' via B"]);
         assert_eq!(r.explain(&name("E")), ["E: no route: no route matches 'E' (2 routes)"]);
     }

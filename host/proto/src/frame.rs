@@ -25,7 +25,9 @@ use bytes::{BufMut, Bytes, BytesMut};
 use crate::reader::{ReadError, Reader};
 
 /// The link protocol version this build speaks; a peer with another version is refused.
-pub const PROTOCOL_VERSION: u16 = 4;
+/// (5: a message for several nodes travels in one copy per next hop naming only the
+/// recipients routed there, and nodes relay the recipients that are not theirs.)
+pub const PROTOCOL_VERSION: u16 = 5;
 /// First bytes of every `Hello`, so a stray client of another protocol is recognised at once.
 pub const HELLO_MAGIC: [u8; 4] = *b"LNKB";
 /// Bytes of the length prefix.

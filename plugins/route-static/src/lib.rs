@@ -3,9 +3,11 @@
 //! `--route PATTERN=VIA`.
 //!
 //! Direct neighbours win over routes (the host resolves them before it asks). Between
-//! routes whose patterns match, the most specific wins: fewer wildcards first, then the
-//! longer literal prefix (the characters before the first wildcard), then the one written
-//! first. So `C12` beats `C1?`, which beats `C1*`, which beats `C*`, which beats `*`.
+//! routes whose patterns match, the most specific wins: fewer wildcards first (`?` and `*`
+//! count alike), then the longer literal prefix (the characters before the first
+//! wildcard), then the one written first. So for `C12`, `C12` beats `C1?` and `C1*` (these
+//! two rank by the order written), which beat `C*`, which beats `*`; and `C*` beats `C??`
+//! (fewer wildcards).
 //!
 //! The host hands the plugin its section with the node's routes in it, as
 //! `routes: [ { to: PATTERN, via: NEIGHBOUR } ]`.
@@ -164,7 +166,7 @@ mod tests {
         let r =
             router(&[("*", "D"), ("C*", "B1"), ("C1?", "B2"), ("C12", "B3"), ("C1*", "B4"), ("C*", "B5")]);
         assert_eq!(hop(&r, "C12").unwrap(), "B3", "no wildcard");
-        assert_eq!(hop(&r, "C13").unwrap(), "B2", "one wildcard, longest prefix");
+        assert_eq!(hop(&r, "C13").unwrap(), "B2", "one wildcard, longest prefix, C1? written before C1*");
         assert_eq!(hop(&r, "C1").unwrap(), "B4", "C1? needs a third character");
         assert_eq!(hop(&r, "C7").unwrap(), "B1", "C* written before the other C*");
         assert_eq!(hop(&r, "Z").unwrap(), "D", "the default route");

@@ -18,7 +18,7 @@
 mod backoff;
 mod handle;
 mod io;
-mod state;
+pub(crate) mod state;
 mod transmit;
 
 use std::sync::Arc;

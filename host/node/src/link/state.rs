@@ -4,9 +4,9 @@
 //! resend from where it really stopped: nothing it delivered before the crash comes again,
 //! nothing it did not comes never. What it sends is recorded too (`SendRecord`, below).
 //!
-//! The number after a persistent message goes in the same store batch as its last copy
-//! (so it is never ahead of a copy: with several local recipients, a crash between their
-//! writes makes the peer resend, a duplicate at worst, never a loss); the numbers of a whole
+//! The number after a persistent message goes in the same store batch as all its copies
+//! (local queues, dead letters, relayed copies: `Committer::hold` keeps them in one batch),
+//! and with the last of them, so it is never ahead of a copy); the numbers of a whole
 //! batch of deliveries (volatile messages, skips) follow in one write, and the link
 //! acknowledges only after a sync covering all of it, so a recorded number never lags what
 //! the peer was told.

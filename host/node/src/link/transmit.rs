@@ -46,9 +46,9 @@ pub(crate) struct TransmissionQueue {
     next_expiry: Option<Instant>,
     /// Percent of the turns relayed messages get while both kinds wait.
     forward_share: i64,
-    /// Relayed messages sent beyond their share (negative: behind it), in percent points;
-    /// only moves while both kinds wait.
-    balance: i64,
+    /// Per class, relayed messages sent beyond their share (negative: behind it), in
+    /// percent points; only moves while both kinds of the class wait.
+    balance: [i64; CLASSES],
 }
 
 fn side(message: &Message) -> usize {
@@ -66,7 +66,7 @@ impl TransmissionQueue {
             len: 0,
             next_expiry: None,
             forward_share: i64::from(forward_share.clamp(1, 99)),
-            balance: 0,
+            balance: [0; CLASSES],
         }
     }
 
@@ -174,15 +174,15 @@ impl TransmissionQueue {
     /// Takes the next message of class `class` if `ready` takes it: its own or a relayed
     /// one, by the forward share when both wait.
     fn take(&mut self, class: usize, ready: &impl Fn(&Message) -> bool) -> Option<Queued> {
-        let c = self.classes.get_mut(class)?;
+        let (c, balance) = (self.classes.get_mut(class)?, self.balance.get_mut(class)?);
         let waiting = |q: &VecDeque<Queued>| q.front().is_some_and(|(m, _, _)| ready(m));
         let side = match (waiting(&c[OWN]), waiting(&c[RELAYED])) {
             (false, false) => return None,
             (true, false) => OWN,
             (false, true) => RELAYED,
             (true, true) => {
-                let side = if self.balance <= 0 { RELAYED } else { OWN };
-                self.balance += if side == RELAYED { 100 - self.forward_share } else { -self.forward_share };
+                let side = if *balance <= 0 { RELAYED } else { OWN };
+                *balance += if side == RELAYED { 100 - self.forward_share } else { -self.forward_share };
                 side
             }
         };
@@ -296,6 +296,23 @@ mod tests {
             let own: Vec<u64> = first.iter().copied().filter(|n| *n < 1000).collect();
             assert!(own.windows(2).all(|w| w[0] < w[1]), "each side keeps its order");
         }
+        // Each class keeps its own balance: two busy classes both get the share.
+        let mut q = TransmissionQueue::new(1000, 50);
+        for level in [Priority::level(9).unwrap(), level] {
+            for n in 0..10 {
+                let mut relayed = message(1000 + n, level);
+                relayed.hop_count = 1;
+                assert!(q.push(message(n, level), now) && q.push(relayed, now));
+            }
+        }
+        let first: Vec<(u8, bool)> = (0..8)
+            .filter_map(|_| q.pop(|_| true))
+            .map(|(m, _, _)| (m.content.priority.code(), m.hop_count > 0))
+            .collect();
+        assert_eq!(
+            first,
+            [(9, true), (4, true), (9, false), (4, false), (9, true), (4, true), (9, false), (4, false)]
+        );
         // Alone, either kind takes every turn (and no debt is run up meanwhile).
         let mut q = TransmissionQueue::new(1000, 10);
         for n in 0..50 {
