@@ -1162,8 +1162,9 @@ impl NodeState {
         // Every copy (local queues, dead letters, relayed copies' records) and the link's
         // record reach the store as one batch: a crash keeps all or none of them. The record
         // also goes with the last write, so even a store that split the batch would make the
-        // peer resend (a duplicate), never lose one.
-        let hold = self.committer.hold();
+        // peer resend (a duplicate), never lose one. (Volatile messages write nothing here.)
+        let persistent = message.content.reliability == Reliability::Persistent;
+        let hold = (persistent && self.store.durable()).then(|| self.committer.hold());
         let last = (targets.len() + forwards.len()).saturating_sub(1);
         let forwards =
             forwards.into_iter().map(|f| f.map(|(link, copy)| Target::Forward(link, Box::new(copy))));

@@ -802,11 +802,19 @@ impl Link {
 
     /// The peer acknowledged `messages` of `channel`, through `through`.
     fn acked(&mut self, channel: u8, through: u64, messages: usize) {
-        let node = self.node.clone();
-        let hold = node.committer.hold();
-        self.forget_sent(channel, through);
-        self.record_acked();
-        drop(hold);
+        // Records change (and go to the store as one batch) only when a persistent message
+        // was among those acknowledged.
+        let forgets =
+            self.sent.get(channel as usize).and_then(|s| s.first()).is_some_and(|first| *first <= through);
+        if forgets {
+            let node = self.node.clone();
+            let hold = node.committer.hold();
+            self.forget_sent(channel, through);
+            self.record_acked();
+            drop(hold);
+        } else {
+            self.record_acked();
+        }
         self.handle.acked_total.fetch_add(messages as u64, Ordering::Relaxed);
         if messages > 0 {
             self.backoff.reset();
