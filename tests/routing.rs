@@ -360,3 +360,74 @@ fn lifetimes_and_results_cross_a_relay_whose_clock_is_an_hour_ahead() {
     b.wait_for_log("Link up.", 3, std::time::Duration::from_secs(20));
     assert_eq!(stdout(&s.run(&["get", "--node", "C", "q", "--wait", "1s"])), "", "it was never delivered");
 }
+
+/// A soak for the record, not for CI (`cargo test --test routing soak -- --ignored
+/// --nocapture`; `LINKBUS_SOAK_CYCLES`, default 40, and `LINKBUS_SOAK_SEED`): A–B–C, each
+/// cycle puts a chunk of persistent messages of random size on A for C, then kills A, the
+/// relay B or C — or two of them, or all three — at a random moment 0–80 ms later and
+/// restarts them in random order; a consumer takes from C now and then, and the history of
+/// everything put is checked at the end.
+#[test]
+#[ignore = "a long soak; run by hand"]
+fn soak_random_kills_in_a_chain_lose_and_duplicate_nothing() {
+    let cycles: usize = std::env::var("LINKBUS_SOAK_CYCLES").ok().and_then(|v| v.parse().ok()).unwrap_or(40);
+    let mut seed: u64 =
+        std::env::var("LINKBUS_SOAK_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or_else(|| {
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64 | 1
+        });
+    eprintln!("chain soak seed {seed}, {cycles} cycles");
+    let mut random = move |below: u64| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed % below
+    };
+    let s = Scratch::new();
+    let links = [("A", "B"), ("B", "C")];
+    let cluster = Cluster::write(
+        &s,
+        &links,
+        &[("A", "routes: [ { to: C, via: B } ]"), ("C", "queues: [ { name: q, order: fifo } ]")],
+    );
+    let mut nodes = cluster.start_all(&s, &links);
+    let (mut all, mut got) = (String::new(), String::new());
+    let mut kills: std::collections::BTreeMap<&str, usize> = std::collections::BTreeMap::new();
+    for cycle in 0..cycles {
+        if cycle % 25 == 24 {
+            got.push_str(&stdout(&s.run(&["get", "--node", "C", "q", "--count", "100000"])));
+        }
+        let count = 50 + random(400);
+        let lines: String = (0..count).map(|i| format!("c{cycle:04}m{i:03} {}\n", "p".repeat(64))).collect();
+        let put = s.run_with_input(
+            &["put", "--node", "A", "--to", "C:q", "--persistent", "-"],
+            lines.as_bytes(),
+            std::time::Duration::from_secs(30),
+        );
+        assert!(put.status.success(), "{}", stderr(&put));
+        all.push_str(&lines);
+        std::thread::sleep(std::time::Duration::from_millis(random(80)));
+        // A non-empty set of the three nodes, killed together.
+        let victims: Vec<&str> = ["A", "B", "C"].into_iter().filter(|_| random(2) == 0).collect();
+        let victims = if victims.is_empty() { vec![["A", "B", "C"][random(3) as usize]] } else { victims };
+        for name in &victims {
+            nodes.get_mut(*name).unwrap().kill();
+            *kills.entry(name).or_default() += 1;
+        }
+        let mut order = victims.clone();
+        if random(2) == 0 {
+            order.reverse();
+        }
+        for name in order {
+            nodes.insert(name.to_owned(), cluster.start(&s, name));
+        }
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    while got.lines().count() < all.lines().count() && std::time::Instant::now() < deadline {
+        got.push_str(&stdout(&s.run(&["get", "--node", "C", "q", "--count", "100000", "--wait", "1s"])));
+    }
+    got.push_str(&stdout(&s.run(&["get", "--node", "C", "q", "--count", "100000", "--wait", "500ms"])));
+    let history =
+        support::history::History::check(&all.lines().collect::<Vec<_>>(), &got.lines().collect::<Vec<_>>());
+    eprintln!("chain soak: {cycles} cycles, kills {kills:?}: {history:?}");
+    assert!(history.is_clean(), "{history:?}");
+}
