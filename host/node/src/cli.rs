@@ -61,6 +61,10 @@ pub enum Command {
     Config(ConfigCommand),
     /// Run three nodes in this process and send messages from A to C through the relay B.
     Demo(DemoArgs),
+    /// Measure named workloads against their baselines, side by side, with nodes in this
+    /// process: w1 (two nodes against raw TCP), w2 (persistent puts against a sync each),
+    /// w4 (a relay against w1), w5 (Noise against plaintext).
+    Bench(BenchArgs),
     /// Make a node key (prints its public half) or a cluster pre-shared key.
     Keygen(KeygenArgs),
 }
@@ -364,6 +368,21 @@ pub struct DemoArgs {
     /// Payload bytes per message (at least 11).
     #[arg(long, default_value_t = 100)]
     pub size: usize,
+}
+
+/// `linkbus bench`.
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    /// The workloads to run (w1, w2, w4, w5); all when none is named.
+    #[arg(value_parser = ["w1", "w2", "w4", "w5"])]
+    pub workloads: Vec<String>,
+    /// Print the rows as JSON (after the table).
+    #[arg(long)]
+    pub json: bool,
+    /// A hundredth of the messages and 0.2 s timed cases: shows that everything runs, not
+    /// how fast.
+    #[arg(long)]
+    pub quick: bool,
 }
 
 /// Checks a node name.
@@ -894,6 +913,23 @@ pub fn config_check(files: &[PathBuf]) -> ExitCode {
         failed |= !problems.is_empty();
     }
     if failed { ExitCode::FAILURE } else { ExitCode::SUCCESS }
+}
+
+/// Runs `linkbus bench`.
+///
+/// # Errors
+/// A node or client failure, or a delivery that lost, damaged or duplicated a message.
+pub async fn bench(args: BenchArgs) -> anyhow::Result<()> {
+    let scale = if args.quick { crate::bench::Scale::QUICK } else { crate::bench::Scale::FULL };
+    println!(
+        "linkbus bench: nodes in this process on 127.0.0.1, fjall stores in a temporary directory; {} cores",
+        std::thread::available_parallelism().map_or(1, std::num::NonZero::get)
+    );
+    let rows = crate::bench::run(&args.workloads, scale, true).await?;
+    if args.json {
+        println!("{}", crate::bench::to_json(&rows));
+    }
+    Ok(())
 }
 
 /// Runs `linkbus demo`; succeeds only when every message arrived intact.

@@ -3,38 +3,13 @@
 //! `orders` on node C, which A reaches only through the relay B by a static route; a
 //! consumer on C checks every byte, and the report says what arrived and how fast.
 
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use linkbus_plugin_api::{Address, Content};
 
-use crate::Node;
 use crate::client::{Client, ClientError};
-use crate::config::{self, Overrides};
 use crate::node::StartError;
-
-/// Node C: listens on a free loopback port and has the `orders` queue; results go back to
-/// A through B.
-const NODE_C: &str = "
-node: { name: C, listen: 127.0.0.1:0 }
-peers: [ { name: B, public_key: '{B_KEY}' } ]
-routes: [ { to: A, via: B } ]
-queues: [ { name: orders, order: fifo, queue_messages_max: 1000000 } ]
-";
-
-/// Node B, the relay: listens for A, dials C (its address is filled in once C listens).
-const NODE_B: &str = "
-node: { name: B, listen: 127.0.0.1:0 }
-peers: [ { name: A, public_key: '{A_KEY}' }, { name: C, public_key: '{C_KEY}' } ]
-";
-
-/// Node A: dials B and listens nowhere; C is reached through B.
-const NODE_A: &str = "
-node: { name: A, listen: none }
-peers: [ { name: B, public_key: '{B_KEY}' } ]
-routes: [ { to: C, via: B } ]
-";
 
 /// Why the demo could not run.
 #[derive(Debug, thiserror::Error)]
@@ -166,77 +141,36 @@ fn index_of(payload: &[u8]) -> Option<usize> {
     std::str::from_utf8(payload.get(..10)?).ok()?.parse().ok()
 }
 
-struct Scratch(PathBuf);
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 /// Runs the demo with `messages` messages of `size` bytes.
 ///
 /// # Errors
 /// [`DemoError`] when a node or client fails; a report with losses is not an error.
 pub async fn run(messages: usize, size: usize) -> Result<DemoReport, DemoError> {
-    let scratch = Scratch(std::env::temp_dir().join(format!("linkbus-demo-{}", std::process::id())));
-    std::fs::create_dir_all(&scratch.0)?;
-    let (a, b, c) = start_nodes(&scratch.0).await?;
-    let mut producer = Client::connect(a.socket_path()).await?;
-    let mut consumer = Client::connect(c.socket_path()).await?;
+    let scratch = crate::bench::Scratch::new("demo")?;
+    let nodes = crate::bench::start_chain(&scratch.0, &["A", "B", "C"], true).await?;
+    let mut producer = Client::connect(nodes[0].socket_path()).await?;
+    let mut consumer = Client::connect(nodes[2].socket_path()).await?;
+    let to: Address = "C:orders".parse().expect("valid address");
     let started = Instant::now();
     let (produced, consumed) =
-        tokio::join!(produce(&mut producer, messages, size), consume(&mut consumer, messages, size));
+        tokio::join!(produce(&mut producer, &to, messages, size), consume(&mut consumer, messages, size));
     produced?;
     let mut report = consumed?;
     report.elapsed = started.elapsed();
-    a.shutdown().await;
-    b.shutdown().await;
-    c.shutdown().await;
-    Ok(report)
-}
-
-/// Starts C from [`NODE_C`], B from [`NODE_B`] pointed at C's port, then A from
-/// [`NODE_A`] pointed at B's, each keeping its socket and data under `scratch`.
-async fn start_nodes(scratch: &std::path::Path) -> Result<(Node, Node, Node), DemoError> {
-    use crate::security::write_key_file;
-    use linkbus_proto::secure::{Keypair, hex};
-    let (a_keys, b_keys, c_keys) = (Keypair::generate()?, Keypair::generate()?, Keypair::generate()?);
-    for (name, keys) in [("A", &a_keys), ("B", &b_keys), ("C", &c_keys)] {
-        write_key_file(&scratch.join(format!("{name}.key")), &keys.private)?;
+    for node in nodes {
+        node.shutdown().await;
     }
-    write_key_file(&scratch.join("cluster.psk"), &Keypair::generate()?.private)?;
-    let fill = |yaml: &str| {
-        yaml.replace("{A_KEY}", &hex(&a_keys.public))
-            .replace("{B_KEY}", &hex(&b_keys.public))
-            .replace("{C_KEY}", &hex(&c_keys.public))
-    };
-    let overrides = |name: &str| Overrides {
-        data_dir: Some(scratch.join(name)),
-        client_socket: Some(scratch.join(format!("{name}.sock"))),
-        key_file: Some(scratch.join(format!("{name}.key"))),
-        psk_file: Some(scratch.join("cluster.psk")),
-        ..Overrides::default()
-    };
-    let start = |yaml: &str, overrides: Overrides| {
-        let tree = config::parse_yaml(&fill(yaml)).map(|mut tree| {
-            config::apply_overrides(&mut tree, &overrides);
-            tree
-        });
-        async move { Ok::<Node, DemoError>(Node::start(config::from_value(&tree?)?).await?) }
-    };
-    let c = start(NODE_C, overrides("C")).await?;
-    let c_address = c.listen_address().unwrap_or_default().to_owned();
-    let b = start(NODE_B, Overrides { peers: vec![format!("C={c_address}")], ..overrides("B") }).await?;
-    let b_address = b.listen_address().unwrap_or_default().to_owned();
-    let a = start(NODE_A, Overrides { peers: vec![format!("B={b_address}")], ..overrides("A") }).await?;
-    Ok((a, b, c))
+    Ok(report)
 }
 
 /// Puts the numbered messages in slices, so the demo never holds more than a slice of
 /// payloads in memory.
-async fn produce(producer: &mut Client, messages: usize, size: usize) -> Result<(), ClientError> {
-    let to: Address = "C:orders".parse().expect("valid address");
+pub(crate) async fn produce(
+    producer: &mut Client,
+    to: &Address,
+    messages: usize,
+    size: usize,
+) -> Result<(), ClientError> {
     let slice =
         (crate::client::PUT_BATCH_BYTES_MAX / size.max(1)).clamp(1, crate::client::PUT_BATCH_MESSAGES_MAX);
     let mut next = 0;
@@ -249,7 +183,11 @@ async fn produce(producer: &mut Client, messages: usize, size: usize) -> Result<
 }
 
 /// Takes messages until all arrived or none came for 10 s, checking each.
-async fn consume(consumer: &mut Client, messages: usize, size: usize) -> Result<DemoReport, ClientError> {
+pub(crate) async fn consume(
+    consumer: &mut Client,
+    messages: usize,
+    size: usize,
+) -> Result<DemoReport, ClientError> {
     let mut report = DemoReport {
         sent: messages,
         received: 0,

@@ -18,6 +18,7 @@
 #![forbid(unsafe_code)]
 
 pub mod api;
+pub mod bench;
 pub mod cli;
 pub mod client;
 pub mod clock;

@@ -8,7 +8,12 @@ use tracing_subscriber::EnvFilter;
 
 fn main() -> ExitCode {
     let args = Cli::parse();
-    let default_level = if matches!(args.command, Command::Node(_)) { "info" } else { "warn" };
+    let default_level = match args.command {
+        Command::Node(_) => "info",
+        // Its nodes use plaintext links on purpose (and say so loudly at `warn`).
+        Command::Bench(_) => "error",
+        _ => "warn",
+    };
     let filter = args.log.as_deref().map_or_else(|| EnvFilter::new(default_level), EnvFilter::new);
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     tracing_subscriber::fmt().with_env_filter(filter).with_ansi(ansi).with_writer(std::io::stderr).init();
@@ -36,6 +41,7 @@ fn main() -> ExitCode {
             Command::Events(args) => cli::events(args).await,
             Command::Result(args) => cli::result(args).await,
             Command::Demo(demo) => cli::demo(demo).await,
+            Command::Bench(args) => cli::bench(args).await,
             Command::Keygen(args) => cli::keygen(&args),
             Command::Config(_) => Ok(()),
         }

@@ -1,0 +1,489 @@
+//! `linkbus bench`: named workloads, each measured against its baseline in the same run
+//! (these machines are noisy: only ratios measured side by side mean something).
+//!
+//! Nodes run in this process from embedded configurations, over real TCP on 127.0.0.1 and
+//! real Unix sockets, with `fjall` stores in a temporary directory, exactly as the demo's:
+//! - `w1`: two nodes, volatile messages of 64 B, 1 KiB, 64 KiB and 1 MiB put on A and taken
+//!   on B (plaintext links), against a raw length-prefixed TCP stream of the same payloads
+//!   with buffered writes — the ceiling;
+//! - `w2`: persistent 1 KiB puts, each answered after the sync that covers it, from 16
+//!   clients at once (group commit), against the same store syncing every record on its
+//!   own, and the disk's raw write-and-`fdatasync` rate;
+//! - `w4`: a relay, A → B → C, volatile 1 KiB, against `w1` at 1 KiB;
+//! - `w5`: `w1` at 1 KiB and 64 KiB over Noise links, against plaintext.
+//!
+//! Every payload is checked byte for byte where it is taken, on both sides of a ratio.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use linkbus_plugin_api::{Address, Batch, Content, Reliability, Store};
+use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader, BufWriter};
+
+use crate::Node;
+use crate::client::Client;
+use crate::config::{self, Overrides};
+use crate::demo::{DemoError, is_payload, payload};
+
+/// The workloads, in the order they run.
+pub const WORKLOADS: [&str; 4] = ["w1", "w2", "w4", "w5"];
+
+/// One measured case and its baseline.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Row {
+    /// The workload (`w1`, ...).
+    pub workload: &'static str,
+    /// What was measured, in words.
+    pub case: String,
+    /// Payload bytes per message.
+    pub size: usize,
+    /// Messages per second.
+    pub messages_per_s: f64,
+    /// The baseline, in words.
+    pub baseline: String,
+    /// The baseline's messages per second.
+    pub baseline_per_s: f64,
+    /// Anything else worth knowing (puts per sync, ...).
+    pub note: String,
+}
+
+impl Row {
+    /// Payload megabytes per second.
+    pub fn mb_per_s(&self) -> f64 {
+        self.messages_per_s * self.size as f64 / 1e6
+    }
+
+    /// Measured against the baseline.
+    pub fn ratio(&self) -> f64 {
+        self.messages_per_s / self.baseline_per_s.max(f64::MIN_POSITIVE)
+    }
+}
+
+/// How much to measure.
+#[derive(Debug, Clone, Copy)]
+pub struct Scale {
+    /// Messages per case are divided by this (a quick run for tests uses a large one).
+    pub divisor: usize,
+    /// How long each timed case runs.
+    pub duration: Duration,
+}
+
+impl Scale {
+    /// The full run.
+    pub const FULL: Self = Self { divisor: 1, duration: Duration::from_secs(3) };
+    /// A run that only shows everything works (seconds in all).
+    pub const QUICK: Self = Self { divisor: 100, duration: Duration::from_millis(200) };
+
+    fn messages(self, full: usize) -> usize {
+        (full / self.divisor).max(10)
+    }
+}
+
+/// Messages per case of `w1` at each size.
+const W1_CASES: [(usize, usize); 4] = [(64, 300_000), (1024, 200_000), (65_536, 10_000), (1 << 20, 600)];
+
+/// Runs the named workloads (all when `names` is empty), printing each row as it comes
+/// when `print` is set.
+///
+/// # Errors
+/// [`DemoError`] when a node, a client or the scratch directory fails.
+pub async fn run(names: &[String], scale: Scale, print: bool) -> Result<Vec<Row>, DemoError> {
+    let scratch = Scratch::new("bench")?;
+    let wanted = |w: &str| names.is_empty() || names.iter().any(|n| n == w);
+    let mut rows = Vec::new();
+    let show = |row: Row, rows: &mut Vec<Row>| {
+        if print {
+            println!("{}", table_line(&row));
+        }
+        rows.push(row);
+    };
+    if print {
+        println!("{}", table_header());
+    }
+    // `w4` and `w5` compare against `w1` at their sizes, measured now.
+    let mut plain: Vec<(usize, f64)> = Vec::new();
+    for (size, full) in W1_CASES {
+        let needed = wanted("w1")
+            || (size == 1024 && wanted("w4"))
+            || ((size == 1024 || size == 65_536) && wanted("w5"));
+        if !needed {
+            continue;
+        }
+        let messages = scale.messages(full);
+        let through = through_nodes(&scratch.0, 2, false, messages, size).await?;
+        plain.push((size, through));
+        if wanted("w1") {
+            let raw = raw_tcp(messages, size).await?;
+            let case = format!("A -> B, volatile, {messages} messages");
+            show(
+                row("w1", case, size, through, "raw TCP stream, buffered writes", raw, String::new()),
+                &mut rows,
+            );
+        }
+    }
+    let plain_at = |size: usize| plain.iter().find(|(s, _)| *s == size).map_or(0.0, |(_, r)| *r);
+    if wanted("w2") {
+        show(persistent_puts(&scratch.0, scale).await?, &mut rows);
+    }
+    if wanted("w4") {
+        let messages = scale.messages(200_000);
+        let through = through_nodes(&scratch.0, 3, false, messages, 1024).await?;
+        let case = format!("A -> B -> C, volatile, {messages} messages");
+        show(row("w4", case, 1024, through, "w1: A -> B", plain_at(1024), String::new()), &mut rows);
+    }
+    if wanted("w5") {
+        for (size, full) in [(1024, 200_000), (65_536, 10_000)] {
+            let messages = scale.messages(full);
+            let through = through_nodes(&scratch.0, 2, true, messages, size).await?;
+            let case = format!("A -> B over Noise, volatile, {messages} messages");
+            show(row("w5", case, size, through, "w1: plaintext", plain_at(size), String::new()), &mut rows);
+        }
+    }
+    Ok(rows)
+}
+
+fn row(
+    workload: &'static str,
+    case: String,
+    size: usize,
+    per_s: f64,
+    baseline: &str,
+    base: f64,
+    note: String,
+) -> Row {
+    Row {
+        workload,
+        case,
+        size,
+        messages_per_s: per_s,
+        baseline: baseline.to_owned(),
+        baseline_per_s: base,
+        note,
+    }
+}
+
+/// The table's header line.
+pub fn table_header() -> String {
+    format!(
+        "{:<4} {:>8} {:>12} {:>9} {:>12} {:>7}  {}",
+        "", "size", "messages/s", "MB/s", "baseline/s", "ratio", "case (against baseline)"
+    )
+}
+
+/// One row of the table.
+pub fn table_line(row: &Row) -> String {
+    let note = if row.note.is_empty() { String::new() } else { format!("; {}", row.note) };
+    format!(
+        "{:<4} {:>8} {:>12.0} {:>9.1} {:>12.0} {:>6.2}x  {} (against {}){note}",
+        row.workload,
+        size_text(row.size),
+        row.messages_per_s,
+        row.mb_per_s(),
+        row.baseline_per_s,
+        row.ratio(),
+        row.case,
+        row.baseline
+    )
+}
+
+fn size_text(size: usize) -> String {
+    match size {
+        s if s >= 1 << 20 && s % (1 << 20) == 0 => format!("{} MiB", s >> 20),
+        s if s >= 1024 && s % 1024 == 0 => format!("{} KiB", s >> 10),
+        s => format!("{s} B"),
+    }
+}
+
+/// The rows as a JSON array (one object per row).
+pub fn to_json(rows: &[Row]) -> String {
+    let quoted = |s: &str| format!("\"{}\"", s.replace('\\', "\\\\").replace('"', "\\\""));
+    let items: Vec<String> = rows
+        .iter()
+        .map(|r| {
+            format!(
+                "{{\"workload\":{},\"case\":{},\"size\":{},\"messages_per_s\":{:.1},\"mb_per_s\":{:.2},\"baseline\":{},\"baseline_per_s\":{:.1},\"ratio\":{:.4},\"note\":{}}}",
+                quoted(r.workload),
+                quoted(&r.case),
+                r.size,
+                r.messages_per_s,
+                r.mb_per_s(),
+                quoted(&r.baseline),
+                r.baseline_per_s,
+                r.ratio(),
+                quoted(&r.note)
+            )
+        })
+        .collect();
+    format!("[\n  {}\n]", items.join(",\n  "))
+}
+
+/// A scratch directory, removed when dropped.
+pub(crate) struct Scratch(pub(crate) PathBuf);
+
+impl Scratch {
+    pub(crate) fn new(what: &str) -> std::io::Result<Self> {
+        let unique = NEXT_SCRATCH.fetch_add(1, Ordering::Relaxed);
+        let path = std::env::temp_dir().join(format!("linkbus-{what}-{}-{unique}", std::process::id()));
+        std::fs::create_dir_all(&path)?;
+        Ok(Self(path))
+    }
+}
+
+static NEXT_SCRATCH: AtomicU64 = AtomicU64::new(0);
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Starts a chain of `count` nodes (`N0` ... in a line, each dialing the next; the first
+/// routes to the last through the second, the last back through the one before it; the
+/// last has queue `orders`), over Noise links with fresh keys when `secure`, else plaintext,
+/// each keeping its data and socket in its own directory under `scratch`.
+///
+/// # Errors
+/// [`DemoError`] when a key, a configuration or a node fails.
+pub(crate) async fn start_chain(
+    scratch: &Path,
+    names: &[&str],
+    secure: bool,
+) -> Result<Vec<Node>, DemoError> {
+    use crate::security::write_key_file;
+    use linkbus_proto::secure::{Keypair, hex};
+    let dir = Scratch::new("nodes")?;
+    let dir = scratch.join(dir.0.file_name().unwrap_or_default());
+    std::fs::create_dir_all(&dir)?;
+    let mut public = Vec::new();
+    for name in names {
+        let keys = Keypair::generate()?;
+        write_key_file(&dir.join(format!("{name}.key")), &keys.private)?;
+        public.push(hex(&keys.public));
+    }
+    write_key_file(&dir.join("cluster.psk"), &Keypair::generate()?.private)?;
+    let (first, last) = (names[0], names[names.len() - 1]);
+    let mut nodes: Vec<Node> = Vec::new();
+    let mut next_address: Option<String> = None;
+    // From the last node back to the first, so each can dial the one after it.
+    for (i, name) in names.iter().enumerate().rev() {
+        let mut peers = Vec::new();
+        if let Some(before) = i.checked_sub(1) {
+            peers.push(format!("{{ name: {}, public_key: '{}' }}", names[before], public[before]));
+        }
+        if let (Some(after), Some(address)) = (names.get(i + 1), &next_address) {
+            peers.push(format!("{{ name: {after}, address: '{address}', public_key: '{}' }}", public[i + 1]));
+        }
+        let mut yaml = format!(
+            "node: {{ name: {name}, listen: '{}' }}\npeers: [ {} ]\n",
+            if i == 0 { "none" } else { "127.0.0.1:0" },
+            peers.join(", ")
+        );
+        if i == 0 && names.len() > 2 {
+            yaml.push_str(&format!("routes: [ {{ to: {last}, via: {} }} ]\n", names[1]));
+        }
+        if i == names.len() - 1 {
+            if names.len() > 2 {
+                yaml.push_str(&format!("routes: [ {{ to: {first}, via: {} }} ]\n", names[i - 1]));
+            }
+            yaml.push_str("queues: [ { name: orders, order: fifo, queue_messages_max: 10000000 } ]\n");
+        }
+        let overrides = Overrides {
+            data_dir: Some(dir.join(name)),
+            client_socket: Some(dir.join(format!("{name}.sock"))),
+            key_file: Some(dir.join(format!("{name}.key"))),
+            psk_file: Some(dir.join("cluster.psk")),
+            insecure_plaintext: !secure,
+            ..Overrides::default()
+        };
+        let mut tree = config::parse_yaml(&yaml)?;
+        config::apply_overrides(&mut tree, &overrides);
+        let node = Node::start(config::from_value(&tree)?).await?;
+        next_address = node.listen_address().map(str::to_owned);
+        nodes.push(node);
+    }
+    nodes.reverse();
+    Ok(nodes)
+}
+
+/// Puts `messages` numbered payloads of `size` bytes on the first node of a chain of
+/// `count` for `orders` on the last, takes them there, checks each, and returns messages
+/// per second from the first put to the last get.
+async fn through_nodes(
+    scratch: &Path,
+    count: usize,
+    secure: bool,
+    messages: usize,
+    size: usize,
+) -> Result<f64, DemoError> {
+    let names: Vec<&str> = ["A", "B", "C", "D", "E"].into_iter().take(count).collect();
+    let nodes = start_chain(scratch, &names, secure).await?;
+    let (first, last) = (&nodes[0], &nodes[nodes.len() - 1]);
+    let to: Address = format!("{}:orders", names[count - 1]).parse().expect("valid address");
+    let mut producer = Client::connect(first.socket_path()).await?;
+    let mut consumer = Client::connect(last.socket_path()).await?;
+    let started = Instant::now();
+    let (produced, consumed) = tokio::join!(
+        crate::demo::produce(&mut producer, &to, messages, size),
+        crate::demo::consume(&mut consumer, messages, size)
+    );
+    produced?;
+    let report = consumed?;
+    let elapsed = started.elapsed();
+    for node in nodes {
+        node.shutdown().await;
+    }
+    if !report.is_perfect() {
+        return Err(DemoError::Io(std::io::Error::other(format!(
+            "bench delivery was not perfect: {report}"
+        ))));
+    }
+    Ok(messages as f64 / elapsed.as_secs_f64().max(1e-9))
+}
+
+/// The same payloads as a raw length-prefixed TCP stream on 127.0.0.1 with buffered writes,
+/// each checked where it is read: messages per second.
+async fn raw_tcp(messages: usize, size: usize) -> Result<f64, DemoError> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let address = listener.local_addr()?;
+    let reader = tokio::spawn(async move {
+        let (stream, _) = listener.accept().await?;
+        let mut r = BufReader::with_capacity(256 << 10, stream);
+        let mut buf = vec![0u8; size.max(16)];
+        let mut intact = 0usize;
+        for i in 0..messages {
+            let len = r.read_u32().await? as usize;
+            if len > buf.len() {
+                buf.resize(len, 0);
+            }
+            r.read_exact(&mut buf[..len]).await?;
+            intact += usize::from(is_payload(i, size, &buf[..len]));
+        }
+        Ok::<usize, std::io::Error>(intact)
+    });
+    let started = Instant::now();
+    let mut w = BufWriter::with_capacity(256 << 10, tokio::net::TcpStream::connect(address).await?);
+    for i in 0..messages {
+        let p = payload(i, size);
+        w.write_u32(p.len() as u32).await?;
+        w.write_all(&p).await?;
+    }
+    w.flush().await?;
+    let intact = reader.await.map_err(std::io::Error::other)??;
+    let elapsed = started.elapsed();
+    if intact != messages {
+        return Err(DemoError::Io(std::io::Error::other(format!("raw TCP: {intact} of {messages} intact"))));
+    }
+    Ok(messages as f64 / elapsed.as_secs_f64().max(1e-9))
+}
+
+/// `w2`: 16 clients putting persistent 1 KiB messages one at a time on one node for
+/// `scale.duration`, against the same store syncing each record alone, with the disk's
+/// raw sync rate in the note.
+async fn persistent_puts(scratch: &Path, scale: Scale) -> Result<Row, DemoError> {
+    const CLIENTS: usize = 16;
+    let dir = scratch.join("w2");
+    let overrides = Overrides {
+        name: Some("A".into()),
+        listen: Some("none".into()),
+        data_dir: Some(dir.join("A")),
+        client_socket: Some(dir.join("A.sock")),
+        ..Overrides::default()
+    };
+    let mut tree = config::parse_yaml("queues: [ { name: q, order: fifo, queue_messages_max: 100000000 } ]")?;
+    config::apply_overrides(&mut tree, &overrides);
+    let node = Node::start(config::from_value(&tree)?).await?;
+    let put = Arc::new(AtomicU64::new(0));
+    let deadline = Instant::now() + scale.duration;
+    let mut tasks = Vec::new();
+    for _ in 0..CLIENTS {
+        let (socket, put) = (node.socket_path().to_owned(), put.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut client = Client::connect(&socket).await?;
+            let to: Address = "A:q".parse().expect("valid address");
+            let content = Content::buf(to, vec![7u8; 1024]).with_reliability(Reliability::Persistent);
+            while Instant::now() < deadline {
+                client.put(content.clone()).await?;
+                put.fetch_add(1, Ordering::Relaxed);
+            }
+            Ok::<(), crate::client::ClientError>(())
+        }));
+    }
+    let started = Instant::now();
+    let syncs_before = node.state().committer.stats.syncs.load(Ordering::Relaxed);
+    for task in tasks {
+        task.await.map_err(std::io::Error::other)??;
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    let count = put.load(Ordering::Relaxed);
+    let syncs = node.state().committer.stats.syncs.load(Ordering::Relaxed) - syncs_before;
+    node.shutdown().await;
+    let duration = scale.duration;
+    let alone_dir = dir.join("alone");
+    let alone = tokio::task::spawn_blocking(move || sync_each(&alone_dir, duration))
+        .await
+        .map_err(std::io::Error::other)??;
+    let raw_dir = dir.clone();
+    let raw = tokio::task::spawn_blocking(move || raw_syncs(&raw_dir, duration))
+        .await
+        .map_err(std::io::Error::other)??;
+    let per_sync = count as f64 / syncs.max(1) as f64;
+    Ok(row(
+        "w2",
+        format!("{CLIENTS} clients, persistent puts answered after their sync"),
+        1024,
+        count as f64 / elapsed.max(1e-9),
+        "fjall syncing each record alone",
+        alone,
+        format!("{per_sync:.1} puts per sync; the disk's raw write+fdatasync rate {raw:.0}/s"),
+    ))
+}
+
+/// Records per second when the `fjall` store syncs each 1 KiB record on its own.
+fn sync_each(dir: &Path, duration: Duration) -> Result<f64, DemoError> {
+    let store = linkbus_store_fjall::FjallStore::open(dir)
+        .map_err(|e| DemoError::Io(std::io::Error::other(e.to_string())))?;
+    let started = Instant::now();
+    let mut written = 0u64;
+    while started.elapsed() < duration {
+        let mut batch = Batch::new();
+        batch.put("q", written.to_be_bytes().to_vec(), vec![7u8; 1024]);
+        store.write(batch, true).map_err(|e| DemoError::Io(std::io::Error::other(e.to_string())))?;
+        written += 1;
+    }
+    Ok(written as f64 / started.elapsed().as_secs_f64().max(1e-9))
+}
+
+/// 1 KiB writes to a file, each followed by `fdatasync`, per second.
+fn raw_syncs(dir: &Path, duration: Duration) -> Result<f64, DemoError> {
+    use std::io::Write;
+    std::fs::create_dir_all(dir)?;
+    let mut file = std::fs::File::create(dir.join("raw-syncs"))?;
+    let block = [7u8; 1024];
+    let started = Instant::now();
+    let mut synced = 0u64;
+    while started.elapsed() < duration {
+        file.write_all(&block)?;
+        file.sync_data()?;
+        synced += 1;
+    }
+    Ok(synced as f64 / started.elapsed().as_secs_f64().max(1e-9))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rows_print_as_a_table_and_as_json() {
+        let r = row("w1", "A -> B".into(), 1024, 2000.0, "raw", 4000.0, "n\"ote".into());
+        assert!((r.ratio() - 0.5).abs() < 1e-9 && (r.mb_per_s() - 2.048).abs() < 1e-9);
+        assert!(table_line(&r).contains("1 KiB"), "{}", table_line(&r));
+        assert!(table_line(&r).contains("0.50x"), "{}", table_line(&r));
+        let json = to_json(&[r]);
+        assert!(json.contains("\"ratio\":0.5000") && json.contains("\"note\":\"n\\\"ote\""), "{json}");
+        assert_eq!(size_text(64), "64 B");
+        assert_eq!(size_text(1 << 20), "1 MiB");
+    }
+}

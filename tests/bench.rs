@@ -1,0 +1,30 @@
+//! `linkbus bench --quick` runs every workload with its baseline side by side and prints the
+//! table and, with `--json`, one object per row. (How fast is for BENCHMARKS.md, not for a
+//! test: nothing here compares numbers.)
+
+mod support;
+
+use support::{Scratch, stderr, stdout};
+
+#[test]
+fn bench_runs_every_workload_against_its_baseline() {
+    let s = Scratch::new();
+    let out = s.run(&["bench", "--quick", "--json"]);
+    assert!(out.status.success(), "{}\n{}", stdout(&out), stderr(&out));
+    let text = stdout(&out);
+    let rows: Vec<&str> = text.lines().filter(|l| l.starts_with('w')).collect();
+    let workloads: Vec<&str> = rows.iter().filter_map(|l| l.split_whitespace().next()).collect();
+    assert_eq!(workloads, ["w1", "w1", "w1", "w1", "w2", "w4", "w5", "w5"], "{text}");
+    assert!(rows[0].contains("64 B") && rows[3].contains("1 MiB"), "{text}");
+    assert!(rows[4].contains("puts per sync") && rows[4].contains("fdatasync"), "{text}");
+    assert_eq!(text.matches("\"workload\":").count(), 8, "{text}");
+    assert!(!stderr(&out).contains("WARN"), "plaintext warnings are not shown: {}", stderr(&out));
+
+    let one = s.run(&["bench", "--quick", "w4"]);
+    assert!(one.status.success(), "{}", stderr(&one));
+    let rows: Vec<String> = stdout(&one).lines().filter(|l| l.starts_with('w')).map(str::to_owned).collect();
+    assert_eq!(rows.len(), 1, "only w4 (its w1 baseline is measured, not shown): {rows:?}");
+    let bad = s.run(&["bench", "w9"]);
+    assert!(!bad.status.success());
+    assert!(stderr(&bad).contains("w9"), "{}", stderr(&bad));
+}
