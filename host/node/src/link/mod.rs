@@ -146,23 +146,6 @@ pub const SKIP_DEDUP_ENV: &str = "LINKBUS_TEST_SKIP_DEDUP";
 /// crash a receiver that holds messages its peer still waits on. Release builds ignore it.
 pub const HOLD_ACKS_ENV: &str = "LINKBUS_TEST_HOLD_ACKS";
 
-/// Test-only (debug builds): the receive numbers of volatile batches are never written, as
-/// if a machine crash had lost them (a killed process keeps what it wrote). Release builds
-/// ignore it.
-pub const LOSE_VOLATILE_NUMBERS_ENV: &str = "LINKBUS_TEST_LOSE_VOLATILE_NUMBERS";
-
-fn lose_volatile_numbers_for_tests() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| {
-        let on =
-            cfg!(debug_assertions) && std::env::var_os(LOSE_VOLATILE_NUMBERS_ENV).is_some_and(|v| v == "1");
-        if on {
-            warn!("{LOSE_VOLATILE_NUMBERS_ENV}=1: volatile receive numbers are not recorded (test-only).");
-        }
-        on
-    })
-}
-
 fn hold_acks_for_tests() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| {
@@ -784,9 +767,13 @@ impl Link {
     /// crash (and stop the link). Returns `false` when the store failed (nothing was
     /// acknowledged; the node is stopping).
     fn acknowledge(&mut self, delivered: [Option<u64>; CHANNELS], persistent: bool) -> bool {
-        let recorded = (persistent || !lose_volatile_numbers_for_tests())
-            && self.recorded.batch_delivered(&self.node, &delivered);
-        if let Err(e) = self.make_durable(persistent, recorded) {
+        // Only a batch with a message that is not volatile records its numbers (synced): a
+        // receiver that restarts behind volatile numbers it acknowledged gets them again as
+        // skips (its peer knows they were volatile), so they need no store at all.
+        if persistent {
+            self.recorded.batch_delivered(&self.node, &delivered);
+        }
+        if let Err(e) = self.make_durable(persistent) {
             self.node
                 .fail(format!("store sync failed before acknowledging messages from {}: {e}", self.peer()));
             return false;
@@ -879,22 +866,13 @@ impl Link {
         }
     }
 
-    /// What is acknowledged is durable first: one sync for the batch (group commit); a node
-    /// whose store failed acknowledges nothing more.
-    ///
-    /// Persistent messages are synced; numbers recorded for volatile messages only need to
-    /// be written (a killed process keeps them; after a machine crash they may lag, and the
-    /// peer, which knows those numbers were volatile ones, sends them again as skips —
-    /// rather than every volatile batch paying for a sync).
-    fn make_durable(&self, persistent: bool, recorded: bool) -> Result<(), linkbus_plugin_api::StoreError> {
+    /// What is acknowledged is durable first: one sync for a batch with a message that is
+    /// not volatile (group commit); a node whose store failed acknowledges nothing more.
+    fn make_durable(&self, persistent: bool) -> Result<(), linkbus_plugin_api::StoreError> {
         if self.node.is_failing() {
             return Err(linkbus_plugin_api::StoreError::Poisoned("the node is stopping".into()));
         }
-        match (persistent, recorded) {
-            (true, _) => self.node.committer.sync_blocking(),
-            (false, true) => self.node.committer.applied_blocking(),
-            (false, false) => Ok(()),
-        }
+        if persistent { self.node.committer.sync_blocking() } else { Ok(()) }
     }
 
     fn dropped(&self, message: Bytes, reason: DropReason, now: Instant) {

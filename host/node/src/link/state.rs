@@ -6,10 +6,12 @@
 //!
 //! The number after a persistent message goes in the same store batch as all its copies
 //! (local queues, dead letters, relayed copies: `Committer::hold` keeps them in one batch),
-//! and with the last of them, so it is never ahead of a copy); the numbers of a whole
-//! batch of deliveries (volatile messages, skips) follow in one write, and the link
-//! acknowledges only after a sync covering all of it, so a recorded number never lags what
-//! the peer was told.
+//! and with the last of them, so it is never ahead of a copy); a batch of deliveries with a
+//! persistent message records the numbers of the whole batch (volatile messages, skips) in
+//! one write, and the link acknowledges only after a sync covering all of it. A batch of
+//! volatile messages and skips records nothing: a receiver that restarts behind numbers it
+//! acknowledged for them gets those numbers again as skips (its peer knows they were
+//! volatile, see `Session`), so only persistent messages' numbers must never lag.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -97,11 +99,11 @@ impl Recorded {
         batch
     }
 
-    /// Records the end of a batch of deliveries: per channel, the last number handed over.
-    /// Returns whether it wrote anything (which must be durable before it is acknowledged).
-    pub(super) fn batch_delivered(&self, node: &NodeState, through: &[Option<u64>]) -> bool {
+    /// Records the end of a batch of deliveries with a persistent message: per channel, the
+    /// last number handed over (to be synced before it is acknowledged).
+    pub(super) fn batch_delivered(&self, node: &NodeState, through: &[Option<u64>]) {
         if !self.durable || through.iter().all(Option::is_none) {
-            return false;
+            return;
         }
         let mut batch = Batch::new();
         for (channel, through) in through.iter().enumerate() {
@@ -110,7 +112,6 @@ impl Recorded {
             }
         }
         node.committer.write(batch);
-        true
     }
 }
 
