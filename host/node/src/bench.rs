@@ -9,6 +9,10 @@
 //! - `w2`: persistent 1 KiB puts, each answered after the sync that covers it, from 16
 //!   clients at once (group commit), against the same store syncing every record on its
 //!   own, and the disk's raw write-and-`fdatasync` rate;
+//! - `w3`: ping-pong of 64 B messages, one round trip at a time at most 1,000 a second
+//!   (below saturation): A puts to `B:orders`, a client on B takes it and puts it back to
+//!   `A:orders`, where A takes it — p50, p99 and p99.9 of the round trip, against the same
+//!   ping-pong over a raw TCP connection (the ratio is round trips per second);
 //! - `w4`: a relay, A → B → C, volatile 1 KiB, against `w1` at 1 KiB;
 //! - `w5`: `w1` at 1 KiB and 64 KiB over Noise links, against plaintext.
 //!
@@ -28,7 +32,7 @@ use crate::config::{self, Overrides};
 use crate::demo::{DemoError, is_payload, payload};
 
 /// The workloads, in the order they run.
-pub const WORKLOADS: [&str; 4] = ["w1", "w2", "w4", "w5"];
+pub const WORKLOADS: [&str; 5] = ["w1", "w2", "w3", "w4", "w5"];
 
 /// One measured case and its baseline.
 #[derive(Debug, Clone, PartialEq)]
@@ -126,6 +130,9 @@ pub async fn run(names: &[String], scale: Scale, print: bool) -> Result<Vec<Row>
     let plain_at = |size: usize| plain.iter().find(|(s, _)| *s == size).map_or(0.0, |(_, r)| *r);
     if wanted("w2") {
         show(persistent_puts(&scratch.0, scale).await?, &mut rows);
+    }
+    if wanted("w3") {
+        show(ping_pong(&scratch.0, scale.messages(5_000)).await?, &mut rows);
     }
     if wanted("w4") {
         let messages = scale.messages(200_000);
@@ -283,12 +290,11 @@ pub(crate) async fn start_chain(
         if i == 0 && names.len() > 2 {
             yaml.push_str(&format!("routes: [ {{ to: {last}, via: {} }} ]\n", names[1]));
         }
-        if i == names.len() - 1 {
-            if names.len() > 2 {
-                yaml.push_str(&format!("routes: [ {{ to: {first}, via: {} }} ]\n", names[i - 1]));
-            }
-            yaml.push_str("queues: [ { name: orders, order: fifo, queue_messages_max: 10000000 } ]\n");
+        if i == names.len() - 1 && names.len() > 2 {
+            yaml.push_str(&format!("routes: [ {{ to: {first}, via: {} }} ]\n", names[i - 1]));
         }
+        // Every node has `orders` (the last is where messages go; the first takes replies).
+        yaml.push_str("queues: [ { name: orders, order: fifo, queue_messages_max: 10000000 } ]\n");
         let overrides = Overrides {
             data_dir: Some(dir.join(name)),
             client_socket: Some(dir.join(format!("{name}.sock"))),
@@ -376,6 +382,123 @@ async fn raw_tcp(messages: usize, size: usize) -> Result<f64, DemoError> {
         return Err(DemoError::Io(std::io::Error::other(format!("raw TCP: {intact} of {messages} intact"))));
     }
     Ok(messages as f64 / elapsed.as_secs_f64().max(1e-9))
+}
+
+/// Round trips of a ping-pong, at most this many a second.
+const PING_PONG_RATE: u32 = 1_000;
+
+/// `w3`: `rounds` round trips of 64 B between A and B (a client on B sends each back), one
+/// at a time and at most [`PING_PONG_RATE`] a second, against the same over raw TCP.
+async fn ping_pong(scratch: &Path, rounds: usize) -> Result<Row, DemoError> {
+    let nodes = start_chain(scratch, &["A", "B"], false).await?;
+    let (a, b) = (&nodes[0], &nodes[1]);
+    let mut echo = Client::connect(b.socket_path()).await?;
+    let echoed = tokio::spawn(async move {
+        let back: Address = "A:orders".parse().expect("valid address");
+        for _ in 0..rounds {
+            let Some(m) = echo.get("orders", 1, Duration::from_secs(10)).await?.pop() else { break };
+            echo.put(Content::buf(back.clone(), m.content.payload)).await?;
+        }
+        Ok::<(), crate::client::ClientError>(())
+    });
+    let mut client = Client::connect(a.socket_path()).await?;
+    let to: Address = "B:orders".parse().expect("valid address");
+    let mut times = Vec::with_capacity(rounds);
+    let started = Instant::now();
+    for i in 0..rounds {
+        pace(started, i).await;
+        let sent = Instant::now();
+        client.put(Content::buf(to.clone(), payload(i, 64))).await?;
+        let back = client.get("orders", 1, Duration::from_secs(10)).await?;
+        if !back.first().is_some_and(|m| is_payload(i, 64, &m.content.payload)) {
+            return Err(DemoError::Io(std::io::Error::other(format!(
+                "ping-pong: round {i} came back wrong"
+            ))));
+        }
+        times.push(sent.elapsed());
+    }
+    let per_s = rounds as f64 / started.elapsed().as_secs_f64().max(1e-9);
+    echoed.await.map_err(std::io::Error::other)??;
+    for node in nodes {
+        node.shutdown().await;
+    }
+    let (raw_times, raw_per_s) = raw_ping_pong(rounds).await?;
+    let [p50, p99, p999] = percentiles(&mut times);
+    let [r50, r99, r999] = percentiles(&mut raw_times.clone());
+    Ok(row(
+        "w3",
+        format!("A -> B -> A ping-pong, one at a time, at most {PING_PONG_RATE}/s, {rounds} rounds"),
+        64,
+        per_s,
+        "raw TCP ping-pong",
+        raw_per_s,
+        format!(
+            "round trip p50/p99/p99.9 {p50:.0}/{p99:.0}/{p999:.0} us against raw {r50:.0}/{r99:.0}/{r999:.0} us (p99 {:.1}x)",
+            p99 / r99.max(1e-9)
+        ),
+    ))
+}
+
+/// Waits until round `i` may start, so rounds go at most [`PING_PONG_RATE`] a second.
+async fn pace(started: Instant, i: usize) {
+    let due = started + Duration::from_secs(1) * u32::try_from(i).unwrap_or(u32::MAX) / PING_PONG_RATE;
+    tokio::time::sleep_until(tokio::time::Instant::from_std(due)).await;
+}
+
+/// The same ping-pong over one raw TCP connection: round-trip times and rounds per second.
+async fn raw_ping_pong(rounds: usize) -> Result<(Vec<Duration>, f64), DemoError> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let address = listener.local_addr()?;
+    let echo = tokio::spawn(async move {
+        let (mut stream, _) = listener.accept().await?;
+        stream.set_nodelay(true)?;
+        let mut buf = vec![0u8; 64];
+        for _ in 0..rounds {
+            let len = stream.read_u32().await? as usize;
+            buf.resize(len, 0);
+            stream.read_exact(&mut buf).await?;
+            stream.write_u32(len as u32).await?;
+            stream.write_all(&buf).await?;
+        }
+        Ok::<(), std::io::Error>(())
+    });
+    let mut stream = tokio::net::TcpStream::connect(address).await?;
+    stream.set_nodelay(true)?;
+    let mut times = Vec::with_capacity(rounds);
+    let mut buf = vec![0u8; 64];
+    let started = Instant::now();
+    for i in 0..rounds {
+        pace(started, i).await;
+        let sent = Instant::now();
+        let p = payload(i, 64);
+        let mut frame = Vec::with_capacity(4 + p.len());
+        frame.extend_from_slice(&(p.len() as u32).to_be_bytes());
+        frame.extend_from_slice(&p);
+        stream.write_all(&frame).await?;
+        let len = stream.read_u32().await? as usize;
+        buf.resize(len, 0);
+        stream.read_exact(&mut buf).await?;
+        if !is_payload(i, 64, &buf) {
+            return Err(DemoError::Io(std::io::Error::other(format!(
+                "raw ping-pong: round {i} came back wrong"
+            ))));
+        }
+        times.push(sent.elapsed());
+    }
+    let per_s = rounds as f64 / started.elapsed().as_secs_f64().max(1e-9);
+    echo.await.map_err(std::io::Error::other)??;
+    Ok((times, per_s))
+}
+
+/// p50, p99 and p99.9 of `times`, in microseconds.
+fn percentiles(times: &mut [Duration]) -> [f64; 3] {
+    times.sort_unstable();
+    let at = |q: f64| {
+        let index =
+            ((times.len() as f64 * q).ceil() as usize).saturating_sub(1).min(times.len().saturating_sub(1));
+        times.get(index).map_or(0.0, |t| t.as_secs_f64() * 1e6)
+    };
+    [at(0.50), at(0.99), at(0.999)]
 }
 
 /// `w2`: 16 clients putting persistent 1 KiB messages one at a time on one node for
@@ -484,6 +607,8 @@ mod tests {
         let json = to_json(&[r]);
         assert!(json.contains("\"ratio\":0.5000") && json.contains("\"note\":\"n\\\"ote\""), "{json}");
         assert_eq!(size_text(64), "64 B");
+        let mut times: Vec<Duration> = (1..=1000).map(Duration::from_micros).collect();
+        assert_eq!(percentiles(&mut times), [500.0, 990.0, 999.0]);
         assert_eq!(size_text(1 << 20), "1 MiB");
     }
 }
