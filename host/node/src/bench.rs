@@ -14,7 +14,11 @@
 //!   `A:orders`, where A takes it — p50, p99 and p99.9 of the round trip, against the same
 //!   ping-pong over a raw TCP connection (the ratio is round trips per second);
 //! - `w4`: a relay, A → B → C, volatile 1 KiB, against `w1` at 1 KiB;
-//! - `w5`: `w1` at 1 KiB and 64 KiB over Noise links, against plaintext.
+//! - `w5`: `w1` at 1 KiB and 64 KiB over Noise links, against plaintext;
+//! - `w7`: the link from A to B saturated by 1 KiB messages of priorities 0..=8 (three
+//!   producers, a consumer draining them on B), and 20 urgent messages a second (priority
+//!   9, 64 B, to their own queue): each urgent message's put-to-get latency (p50, p99,
+//!   max), against the same urgent messages on the idle link.
 //!
 //! Every payload is checked byte for byte where it is taken, on both sides of a ratio.
 
@@ -32,7 +36,7 @@ use crate::config::{self, Overrides};
 use crate::demo::{DemoError, is_payload, payload};
 
 /// The workloads, in the order they run.
-pub const WORKLOADS: [&str; 5] = ["w1", "w2", "w3", "w4", "w5"];
+pub const WORKLOADS: [&str; 6] = ["w1", "w2", "w3", "w4", "w5", "w7"];
 
 /// One measured case and its baseline.
 #[derive(Debug, Clone, PartialEq)]
@@ -148,6 +152,9 @@ pub async fn run(names: &[String], scale: Scale, print: bool) -> Result<Vec<Row>
             show(row("w5", case, size, through, "w1: plaintext", plain_at(size), String::new()), &mut rows);
         }
     }
+    if wanted("w7") {
+        show(urgent_under_load(&scratch.0, scale).await?, &mut rows);
+    }
     Ok(rows)
 }
 
@@ -182,14 +189,18 @@ pub fn table_header() -> String {
 /// One row of the table.
 pub fn table_line(row: &Row) -> String {
     let note = if row.note.is_empty() { String::new() } else { format!("; {}", row.note) };
+    // A row without a rate to compare (latency workloads say theirs in the note).
+    let (base, ratio) = if row.baseline_per_s > 0.0 {
+        (format!("{:.0}", row.baseline_per_s), format!("{:.2}x", row.ratio()))
+    } else {
+        ("-".to_owned(), "-".to_owned())
+    };
     format!(
-        "{:<4} {:>8} {:>12.0} {:>9.1} {:>12.0} {:>6.2}x  {} (against {}){note}",
+        "{:<4} {:>8} {:>12.0} {:>9.1} {base:>12} {ratio:>7}  {} (against {}){note}",
         row.workload,
         size_text(row.size),
         row.messages_per_s,
         row.mb_per_s(),
-        row.baseline_per_s,
-        row.ratio(),
         row.case,
         row.baseline
     )
@@ -210,15 +221,15 @@ pub fn to_json(rows: &[Row]) -> String {
         .iter()
         .map(|r| {
             format!(
-                "{{\"workload\":{},\"case\":{},\"size\":{},\"messages_per_s\":{:.1},\"mb_per_s\":{:.2},\"baseline\":{},\"baseline_per_s\":{:.1},\"ratio\":{:.4},\"note\":{}}}",
+                "{{\"workload\":{},\"case\":{},\"size\":{},\"messages_per_s\":{:.1},\"mb_per_s\":{:.2},\"baseline\":{},\"baseline_per_s\":{},\"ratio\":{},\"note\":{}}}",
                 quoted(r.workload),
                 quoted(&r.case),
                 r.size,
                 r.messages_per_s,
                 r.mb_per_s(),
                 quoted(&r.baseline),
-                r.baseline_per_s,
-                r.ratio(),
+                if r.baseline_per_s > 0.0 { format!("{:.1}", r.baseline_per_s) } else { "null".into() },
+                if r.baseline_per_s > 0.0 { format!("{:.4}", r.ratio()) } else { "null".into() },
                 quoted(&r.note)
             )
         })
@@ -294,7 +305,9 @@ pub(crate) async fn start_chain(
             yaml.push_str(&format!("routes: [ {{ to: {first}, via: {} }} ]\n", names[i - 1]));
         }
         // Every node has `orders` (the last is where messages go; the first takes replies).
-        yaml.push_str("queues: [ { name: orders, order: fifo, queue_messages_max: 10000000 } ]\n");
+        yaml.push_str(
+            "queues: [ { name: orders, order: fifo, queue_messages_max: 10000000 }, { name: urgent, order: fifo } ]\n",
+        );
         let overrides = Overrides {
             data_dir: Some(dir.join(name)),
             client_socket: Some(dir.join(format!("{name}.sock"))),
@@ -382,6 +395,129 @@ async fn raw_tcp(messages: usize, size: usize) -> Result<f64, DemoError> {
         return Err(DemoError::Io(std::io::Error::other(format!("raw TCP: {intact} of {messages} intact"))));
     }
     Ok(messages as f64 / elapsed.as_secs_f64().max(1e-9))
+}
+
+/// Urgent messages a second in `w7`.
+const URGENT_RATE: u32 = 20;
+
+/// `w7`: urgent messages' put-to-get latency while bulk traffic of every other level
+/// saturates the link, against the same on the idle link.
+async fn urgent_under_load(scratch: &Path, scale: Scale) -> Result<Row, DemoError> {
+    let nodes = start_chain(scratch, &["A", "B"], false).await?;
+    let (a, b) = (nodes[0].socket_path().to_owned(), nodes[1].socket_path().to_owned());
+    let seconds = scale.duration.as_secs_f64().max(0.5) * 2.0;
+    let count = ((f64::from(URGENT_RATE) * seconds) as usize).max(10);
+    let idle = urgent_latencies(&a, &b, count).await?;
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let bulk_sent = Arc::new(AtomicU64::new(0));
+    let tasks = spawn_bulk(&a, &b, &stop, &bulk_sent);
+    // Let the bulk traffic fill the link before measuring.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let started = Instant::now();
+    let before = bulk_sent.load(Ordering::Relaxed);
+    let loaded = urgent_latencies(&a, &b, count).await;
+    let bulk_per_s =
+        (bulk_sent.load(Ordering::Relaxed) - before) as f64 / started.elapsed().as_secs_f64().max(1e-9);
+    stop.store(true, Ordering::Relaxed);
+    for task in tasks {
+        task.await.map_err(std::io::Error::other)??;
+    }
+    for node in nodes {
+        node.shutdown().await;
+    }
+    let (mut loaded, mut idle) = (loaded?, idle);
+    let [l50, l99, _] = percentiles(&mut loaded);
+    let [i50, i99, _] = percentiles(&mut idle);
+    let max = |t: &[Duration]| t.iter().max().map_or(0.0, |d| d.as_secs_f64() * 1e6);
+    Ok(row(
+        "w7",
+        format!(
+            "1 KiB bulk of levels 0..=8 with {count} urgent messages (priority 9, 64 B) at {URGENT_RATE}/s"
+        ),
+        1024,
+        bulk_per_s,
+        "the urgent messages on the idle link",
+        0.0,
+        format!(
+            "urgent put-to-get p50/p99/max {:.1}/{:.1}/{:.1} ms under load, {:.1}/{:.1}/{:.1} ms idle (the rate column is the bulk's)",
+            l50 / 1e3,
+            l99 / 1e3,
+            max(&loaded) / 1e3,
+            i50 / 1e3,
+            i99 / 1e3,
+            max(&idle) / 1e3
+        ),
+    ))
+}
+
+type BulkTask = tokio::task::JoinHandle<Result<(), crate::client::ClientError>>;
+
+/// Three producers putting batches of 1 KiB messages of levels 0..=8 on A for `B:orders`,
+/// and a consumer draining them on B, until `stop`; `sent` counts the messages put.
+fn spawn_bulk(
+    a: &Path,
+    b: &Path,
+    stop: &Arc<std::sync::atomic::AtomicBool>,
+    sent: &Arc<AtomicU64>,
+) -> Vec<BulkTask> {
+    let mut tasks = Vec::new();
+    for producer in 0..3u8 {
+        let (socket, stop, sent) = (a.to_owned(), stop.clone(), sent.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut client = Client::connect(&socket).await?;
+            let to: Address = "B:orders".parse().expect("valid address");
+            let mut round = 0u8;
+            while !stop.load(Ordering::Relaxed) {
+                let level =
+                    linkbus_plugin_api::Priority::level((producer * 3 + round % 3) % 9).expect("0..=8");
+                round = round.wrapping_add(1);
+                let batch: Vec<Content> = (0..256)
+                    .map(|_| Content::buf(to.clone(), vec![1u8; 1024]).with_priority(level))
+                    .collect();
+                client.put_batch(batch).await?;
+                sent.fetch_add(256, Ordering::Relaxed);
+            }
+            Ok(())
+        }));
+    }
+    let (socket, stop) = (b.to_owned(), stop.clone());
+    tasks.push(tokio::spawn(async move {
+        let mut client = Client::connect(&socket).await?;
+        while !stop.load(Ordering::Relaxed) {
+            client.get("orders", 10_000, Duration::from_millis(100)).await?;
+        }
+        Ok(())
+    }));
+    tasks
+}
+
+/// Put-to-get latencies of `count` urgent messages from A to `B:urgent`, paced at
+/// [`URGENT_RATE`] a second.
+async fn urgent_latencies(a: &Path, b: &Path, count: usize) -> Result<Vec<Duration>, DemoError> {
+    let mut producer = Client::connect(a).await?;
+    let mut consumer = Client::connect(b).await?;
+    let to: Address = "B:urgent".parse().expect("valid address");
+    let mut times = Vec::with_capacity(count);
+    let started = Instant::now();
+    for i in 0..count {
+        let due = started + Duration::from_secs(1) * u32::try_from(i).unwrap_or(u32::MAX) / URGENT_RATE;
+        tokio::time::sleep_until(tokio::time::Instant::from_std(due)).await;
+        let sent = Instant::now();
+        producer
+            .put(
+                Content::buf(to.clone(), payload(i, 64))
+                    .with_priority(linkbus_plugin_api::Priority::level(9).expect("9")),
+            )
+            .await?;
+        let got = consumer.get("urgent", 1, Duration::from_secs(30)).await?;
+        if !got.first().is_some_and(|m| is_payload(i, 64, &m.content.payload)) {
+            return Err(DemoError::Io(std::io::Error::other(format!(
+                "urgent message {i} did not arrive intact"
+            ))));
+        }
+        times.push(sent.elapsed());
+    }
+    Ok(times)
 }
 
 /// Round trips of a ping-pong, at most this many a second.

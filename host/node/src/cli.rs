@@ -64,7 +64,7 @@ pub enum Command {
     /// Measure named workloads against their baselines, side by side, with nodes in this
     /// process: w1 (two nodes against raw TCP), w2 (persistent puts against a sync each),
     /// w3 (ping-pong latency against raw TCP), w4 (a relay against w1), w5 (Noise against
-    /// plaintext).
+    /// plaintext), w7 (urgent latency while the link is saturated).
     Bench(BenchArgs),
     /// Make a node key (prints its public half) or a cluster pre-shared key.
     Keygen(KeygenArgs),
@@ -374,8 +374,8 @@ pub struct DemoArgs {
 /// `linkbus bench`.
 #[derive(Debug, Args)]
 pub struct BenchArgs {
-    /// The workloads to run (w1, w2, w3, w4, w5); all when none is named.
-    #[arg(value_parser = ["w1", "w2", "w3", "w4", "w5"])]
+    /// The workloads to run (w1, w2, w3, w4, w5, w7); all when none is named.
+    #[arg(value_parser = ["w1", "w2", "w3", "w4", "w5", "w7"])]
     pub workloads: Vec<String>,
     /// Print the rows as JSON (after the table).
     #[arg(long)]
