@@ -10,6 +10,7 @@ mod support;
 use std::time::Duration;
 
 use support::history::History;
+use support::soak::Soak;
 use support::{NodeProcess, Scratch, stderr, stdout};
 
 #[test]
@@ -104,14 +105,7 @@ fn put_lines(s: &Scratch, to: &str, lines: &str, reliability: &str) {
 /// Takes `count` messages from `B:q` (bounded in time), then whatever is left over — which
 /// would be a duplicate.
 fn take_from_b(s: &Scratch, count: usize) -> String {
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    let mut got = String::new();
-    while got.lines().count() < count && std::time::Instant::now() < deadline {
-        let left = (count - got.lines().count()).to_string();
-        got.push_str(&stdout(&s.run(&["get", "--node", "B", "q", "--count", &left, "--wait", "1s"])));
-    }
-    got.push_str(&stdout(&s.run(&["get", "--node", "B", "q", "--count", "100000", "--wait", "500ms"])));
-    got
+    s.take_all("B", "q", count, Duration::from_secs(60))
 }
 
 fn history(sent: &str, got: &str) -> History {
@@ -130,22 +124,12 @@ fn a_receiver_killed_again_and_again_loses_and_duplicates_nothing() {
     a.wait_for_log("Link up.", 1, Duration::from_secs(10));
 
     let lines: String = (0..3000).map(|i| format!("{i:05} {}\n", "p".repeat(100))).collect();
-    let mut put = s
-        .command(&["put", "--node", "A", "--to", "B:q", "--persistent", "-"])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut stdin = put.stdin.take().unwrap();
-    let data = lines.clone();
-    let feeder = std::thread::spawn(move || {
-        use std::io::Write;
-        for chunk in data.as_bytes().chunks(8 * 1024) {
-            stdin.write_all(chunk).unwrap();
-            std::thread::sleep(Duration::from_millis(15));
-        }
-    });
+    let put = s.put_streaming(
+        &["put", "--node", "A", "--to", "B:q", "--persistent", "-"],
+        &lines,
+        8 * 1024,
+        Duration::from_millis(15),
+    );
     let mut kills = 0;
     // Some kills come right after the restart, while B recovers and A resends.
     for pause in [150u64, 0, 330, 90, 0, 260, 410, 0, 200] {
@@ -154,9 +138,7 @@ fn a_receiver_killed_again_and_again_loses_and_duplicates_nothing() {
         kills += 1;
         b = pair.start_b(&s);
     }
-    feeder.join().unwrap();
-    let out = put.wait_with_output().unwrap();
-    assert!(out.status.success(), "{}", stderr(&out));
+    put.finish();
 
     let history = history(&lines, &take_from_b(&s, 3000));
     eprintln!("{kills} kills of B: {history:?}");
@@ -392,42 +374,41 @@ fn results_of_persistent_messages_survive_the_origins_restarts() {
     drop(b);
 }
 
-/// A soak for the record, not for CI (`cargo test --test durability soak -- --ignored
-/// --nocapture`; `LINKBUS_SOAK_CYCLES`, default 40, and `LINKBUS_SOAK_SEED`): each cycle
-/// puts a chunk of persistent messages of random size on A for B, then kills A, B or both
-/// at a random moment 0–80 ms later (messages queued, in flight, or just acknowledged) and
-/// restarts them in random order; the history of everything put is checked at the end.
+/// Random kills, briefly: 8 cycles of [`random_kills_of_either_node`] in every test run.
 #[test]
-#[ignore = "a long soak; run by hand"]
+fn random_kills_of_either_node_lose_and_duplicate_nothing() {
+    random_kills_of_either_node(&mut Soak::new(8));
+}
+
+/// The same as a soak, for the record (`cargo test --test durability soak -- --ignored
+/// --nocapture`; `LINKBUS_SOAK_CYCLES`, default 300, and `LINKBUS_SOAK_SEED`): minutes
+/// long, so not in every run.
+#[test]
+#[ignore = "minutes long; the 8-cycle version runs every time"]
 fn soak_random_kills_of_either_node_lose_and_duplicate_nothing() {
-    let cycles: usize = std::env::var("LINKBUS_SOAK_CYCLES").ok().and_then(|v| v.parse().ok()).unwrap_or(40);
-    let mut seed: u64 =
-        std::env::var("LINKBUS_SOAK_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or_else(|| {
-            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64 | 1
-        });
-    eprintln!("soak seed {seed}, {cycles} cycles");
-    let mut random = move |below: u64| {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        seed % below
-    };
+    random_kills_of_either_node(&mut Soak::from_env(300));
+}
+
+/// Each cycle puts a chunk of persistent messages of random size on A for B, then kills A,
+/// B or both at a random moment 0–80 ms later (messages queued, in flight, or just
+/// acknowledged) and restarts them in random order; a consumer takes from B now and then
+/// (its queue holds 100,000 at most); the history of everything put is checked at the end.
+fn random_kills_of_either_node(soak: &mut Soak) {
     let s = Scratch::new();
     let pair = Pair::new(&s, "");
     let mut b = pair.start_b(&s);
     let mut a = pair.start_a(&s);
     let (mut all, mut got, mut kills_a, mut kills_b) = (String::new(), String::new(), 0, 0);
-    for cycle in 0..cycles {
-        // A consumer takes what arrived now and then (B's queue holds 100,000 at most).
+    for cycle in 0..soak.cycles {
         if cycle % 25 == 24 {
             got.push_str(&stdout(&s.run(&["get", "--node", "B", "q", "--count", "100000"])));
         }
-        let count = 50 + random(400);
+        let count = 50 + soak.below(400);
         let lines: String = (0..count).map(|i| format!("c{cycle:04}m{i:03} {}\n", "p".repeat(64))).collect();
         put_lines(&s, "B:q", &lines, "--persistent");
         all.push_str(&lines);
-        std::thread::sleep(Duration::from_millis(random(80)));
-        let (kill_a, kill_b) = match random(3) {
+        std::thread::sleep(Duration::from_millis(soak.below(80)));
+        let (kill_a, kill_b) = match soak.below(3) {
             0 => (true, false),
             1 => (false, true),
             _ => (true, true),
@@ -440,7 +421,7 @@ fn soak_random_kills_of_either_node_lose_and_duplicate_nothing() {
             b.kill();
             kills_b += 1;
         }
-        if random(2) == 0 {
+        if soak.below(2) == 0 {
             b = if kill_b { pair.start_b(&s) } else { b };
             a = if kill_a { pair.start_a(&s) } else { a };
         } else {
@@ -451,7 +432,7 @@ fn soak_random_kills_of_either_node_lose_and_duplicate_nothing() {
     let left = all.lines().count() - got.lines().count();
     got.push_str(&take_from_b(&s, left));
     let history = history(&all, &got);
-    eprintln!("soak: {cycles} cycles, {kills_a} kills of A, {kills_b} kills of B: {history:?}");
+    eprintln!("{} cycles, {kills_a} kills of A, {kills_b} kills of B: {history:?}", soak.cycles);
     assert!(history.is_clean(), "{history:?}");
     drop((a, b));
 }

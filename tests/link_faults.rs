@@ -65,14 +65,7 @@ fn start_behind(
 }
 
 fn get_all(s: &Scratch, node: &str, count: usize, within: Duration) -> String {
-    let deadline = Instant::now() + within;
-    let mut text = String::new();
-    while text.lines().count() < count && Instant::now() < deadline {
-        let left = (count - text.lines().count()).to_string();
-        let out = s.run(&["get", "--node", node, "q", "--count", &left, "--wait", "1s"]);
-        text.push_str(&stdout(&out));
-    }
-    text
+    s.take_all(node, "q", count, within)
 }
 
 #[test]
@@ -119,26 +112,14 @@ fn large_backlogs_both_ways_recover_after_a_blackout() {
 /// Streams `lines` from A to `B:q` in small pieces (so faults land mid-stream), runs
 /// `during` meanwhile, then gets everything from B and checks the history.
 fn stream_through(s: &Scratch, lines: &str, during: impl FnOnce()) -> History {
-    let mut child = s
-        .command(&["put", "--node", "A", "--to", "B:q", "-"])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut stdin = child.stdin.take().unwrap();
-    let data = lines.to_owned();
-    let feeder = std::thread::spawn(move || {
-        use std::io::Write;
-        for chunk in data.as_bytes().chunks(4 * 1024) {
-            stdin.write_all(chunk).unwrap();
-            std::thread::sleep(Duration::from_millis(3));
-        }
-    });
+    let put = s.put_streaming(
+        &["put", "--node", "A", "--to", "B:q", "-"],
+        lines,
+        4 * 1024,
+        Duration::from_millis(3),
+    );
     during();
-    feeder.join().unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(out.status.success(), "{}", stderr(&out));
+    put.finish();
     let count = lines.lines().count();
     let got = get_all(s, "B", count, Duration::from_secs(60));
     let sent: Vec<&str> = lines.lines().collect();

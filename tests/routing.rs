@@ -6,13 +6,14 @@
 mod support;
 
 use support::cluster::Cluster;
+use support::soak::Soak;
 use support::{Scratch, stderr, stdout};
 
 #[test]
 fn a_chain_of_three_relays_messages_and_their_results() {
     let s = Scratch::new();
     let links = [("A", "B"), ("B", "C")];
-    let cluster = Cluster::write(
+    let (_cluster, _nodes) = Cluster::up(
         &s,
         &links,
         &[
@@ -21,7 +22,6 @@ fn a_chain_of_three_relays_messages_and_their_results() {
             ("C", "routes: [ { to: A, via: B } ]\nqueues: [ { name: q } ]"),
         ],
     );
-    let _nodes = cluster.start_all(&s, &links);
     let put = s.run(&[
         "put",
         "--node",
@@ -55,7 +55,7 @@ fn a_chain_of_three_relays_messages_and_their_results() {
 fn a_chain_of_five_follows_wildcard_and_single_character_routes() {
     let s = Scratch::new();
     let links = [("A", "B"), ("B", "C"), ("C", "D"), ("D", "E")];
-    let cluster = Cluster::write(
+    let (_cluster, _nodes) = Cluster::up(
         &s,
         &links,
         &[
@@ -66,7 +66,6 @@ fn a_chain_of_five_follows_wildcard_and_single_character_routes() {
             ("E", "routes: [ { to: '*', via: D } ]\nqueues: [ { name: q, order: fifo } ]"),
         ],
     );
-    let _nodes = cluster.start_all(&s, &links);
     let lines: String = (0..100).map(|i| format!("m{i:03}\n")).collect();
     let put = s.run_with_input(
         &["put", "--node", "A", "--to", "E:q", "--persistent", "--wait-result", "30s", "-"],
@@ -93,7 +92,7 @@ fn a_chain_of_five_follows_wildcard_and_single_character_routes() {
 fn messages_no_route_reaches_or_that_loop_are_dead_lettered_with_a_result() {
     let s = Scratch::new();
     let links = [("A", "B"), ("B", "C")];
-    let cluster = Cluster::write(
+    let (cluster, _nodes) = Cluster::up(
         &s,
         &links,
         &[
@@ -112,7 +111,6 @@ fn messages_no_route_reaches_or_that_loop_are_dead_lettered_with_a_result() {
         "{report}"
     );
     assert_eq!(report.matches("routing loop").count(), 1, "one loop, reported once: {report}");
-    let _nodes = cluster.start_all(&s, &links);
     let put = s.run(&["put", "--node", "A", "--to", "X1:q", "--wait-result", "20s", "lost"]);
     assert!(!put.status.success());
     let out = stdout(&put);
@@ -158,8 +156,7 @@ fn a_diamond_routes_by_the_most_specific_route_and_a_reload_changes_it() {
     let s = Scratch::new();
     let links = [("A", "B1"), ("A", "B2"), ("B1", "D"), ("B2", "D")];
     let first = "routes: [ { to: D, via: B1 }, { to: 'D*', via: B2 } ]";
-    let cluster = Cluster::write(&s, &links, &[("A", first), ("D", "queues: [ { name: q } ]")]);
-    let nodes = cluster.start_all(&s, &links);
+    let (cluster, nodes) = Cluster::up(&s, &links, &[("A", first), ("D", "queues: [ { name: q } ]")]);
     let explain = stdout(&s.run(&["route", "explain", "--node", "A", "D", "B2", "Q"]));
     assert_eq!(
         explain,
@@ -223,29 +220,18 @@ fn a_diamond_routes_by_the_most_specific_route_and_a_reload_changes_it() {
 fn a_relay_killed_again_and_again_loses_and_duplicates_nothing() {
     let s = Scratch::new();
     let links = [("A", "B"), ("B", "C")];
-    let cluster = Cluster::write(
+    let (cluster, mut nodes) = Cluster::up(
         &s,
         &links,
         &[("A", "routes: [ { to: C, via: B } ]"), ("C", "queues: [ { name: q, order: fifo } ]")],
     );
-    let mut nodes = cluster.start_all(&s, &links);
     let lines: String = (0..3000).map(|i| format!("{i:05} {}\n", "r".repeat(100))).collect();
-    let mut put = s
-        .command(&["put", "--node", "A", "--to", "C:q", "--persistent", "-"])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut stdin = put.stdin.take().unwrap();
-    let data = lines.clone();
-    let feeder = std::thread::spawn(move || {
-        use std::io::Write;
-        for chunk in data.as_bytes().chunks(8 * 1024) {
-            stdin.write_all(chunk).unwrap();
-            std::thread::sleep(std::time::Duration::from_millis(15));
-        }
-    });
+    let put = s.put_streaming(
+        &["put", "--node", "A", "--to", "C:q", "--persistent", "-"],
+        &lines,
+        8 * 1024,
+        std::time::Duration::from_millis(15),
+    );
     let mut kills = 0;
     for pause in [120u64, 0, 300, 60, 0, 250, 180] {
         std::thread::sleep(std::time::Duration::from_millis(pause));
@@ -253,15 +239,8 @@ fn a_relay_killed_again_and_again_loses_and_duplicates_nothing() {
         kills += 1;
         nodes.insert("B".into(), cluster.start(&s, "B"));
     }
-    feeder.join().unwrap();
-    let out = put.wait_with_output().unwrap();
-    assert!(out.status.success(), "{}", stderr(&out));
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    let mut got = String::new();
-    while got.lines().count() < 3000 && std::time::Instant::now() < deadline {
-        got.push_str(&stdout(&s.run(&["get", "--node", "C", "q", "--count", "3000", "--wait", "1s"])));
-    }
-    got.push_str(&stdout(&s.run(&["get", "--node", "C", "q", "--count", "3000", "--wait", "500ms"])));
+    put.finish();
+    let got = s.take_all("C", "q", 3000, std::time::Duration::from_secs(60));
     let history = support::history::History::check(
         &lines.lines().collect::<Vec<_>>(),
         &got.lines().collect::<Vec<_>>(),
@@ -308,12 +287,7 @@ fn a_relay_gives_relayed_messages_the_forward_share_of_its_link() {
     }
     let _c = cluster.start(&s, "C");
     b.wait_for_log("Link up.", 2, std::time::Duration::from_secs(20));
-    let mut got = String::new();
-    while got.lines().count() < 800
-        && std::time::Instant::now() < deadline + std::time::Duration::from_secs(20)
-    {
-        got.push_str(&stdout(&s.run(&["get", "--node", "C", "q", "--count", "800", "--wait", "1s"])));
-    }
+    let got = s.take_all("C", "q", 800, std::time::Duration::from_secs(40));
     let arrivals: Vec<&str> = got.lines().collect();
     assert_eq!(arrivals.len(), 800);
     let relayed = arrivals[..100].iter().filter(|l| l.starts_with('a')).count();
@@ -361,42 +335,40 @@ fn lifetimes_and_results_cross_a_relay_whose_clock_is_an_hour_ahead() {
     assert_eq!(stdout(&s.run(&["get", "--node", "C", "q", "--wait", "1s"])), "", "it was never delivered");
 }
 
-/// A soak for the record, not for CI (`cargo test --test routing soak -- --ignored
-/// --nocapture`; `LINKBUS_SOAK_CYCLES`, default 40, and `LINKBUS_SOAK_SEED`): A–B–C, each
-/// cycle puts a chunk of persistent messages of random size on A for C, then kills A, the
-/// relay B or C — or two of them, or all three — at a random moment 0–80 ms later and
-/// restarts them in random order; a consumer takes from C now and then, and the history of
-/// everything put is checked at the end.
+/// Random kills in a chain, briefly: 8 cycles of [`random_kills_in_a_chain`] in every run.
 #[test]
-#[ignore = "a long soak; run by hand"]
+fn random_kills_in_a_chain_lose_and_duplicate_nothing() {
+    random_kills_in_a_chain(&mut Soak::new(8));
+}
+
+/// The same as a soak, for the record (`cargo test --test routing soak -- --ignored
+/// --nocapture`; `LINKBUS_SOAK_CYCLES`, default 250, and `LINKBUS_SOAK_SEED`): minutes
+/// long, so not in every run.
+#[test]
+#[ignore = "minutes long; the 8-cycle version runs every time"]
 fn soak_random_kills_in_a_chain_lose_and_duplicate_nothing() {
-    let cycles: usize = std::env::var("LINKBUS_SOAK_CYCLES").ok().and_then(|v| v.parse().ok()).unwrap_or(40);
-    let mut seed: u64 =
-        std::env::var("LINKBUS_SOAK_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or_else(|| {
-            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64 | 1
-        });
-    eprintln!("chain soak seed {seed}, {cycles} cycles");
-    let mut random = move |below: u64| {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        seed % below
-    };
+    random_kills_in_a_chain(&mut Soak::from_env(250));
+}
+
+/// A–B–C: each cycle puts a chunk of persistent messages of random size on A for C, then
+/// kills A, the relay B or C — or two of them, or all three — at a random moment 0–80 ms
+/// later and restarts them in random order; a consumer takes from C now and then, and the
+/// history of everything put is checked at the end.
+fn random_kills_in_a_chain(soak: &mut Soak) {
     let s = Scratch::new();
     let links = [("A", "B"), ("B", "C")];
-    let cluster = Cluster::write(
+    let (cluster, mut nodes) = Cluster::up(
         &s,
         &links,
         &[("A", "routes: [ { to: C, via: B } ]"), ("C", "queues: [ { name: q, order: fifo } ]")],
     );
-    let mut nodes = cluster.start_all(&s, &links);
     let (mut all, mut got) = (String::new(), String::new());
     let mut kills: std::collections::BTreeMap<&str, usize> = std::collections::BTreeMap::new();
-    for cycle in 0..cycles {
+    for cycle in 0..soak.cycles {
         if cycle % 25 == 24 {
             got.push_str(&stdout(&s.run(&["get", "--node", "C", "q", "--count", "100000"])));
         }
-        let count = 50 + random(400);
+        let count = 50 + soak.below(400);
         let lines: String = (0..count).map(|i| format!("c{cycle:04}m{i:03} {}\n", "p".repeat(64))).collect();
         let put = s.run_with_input(
             &["put", "--node", "A", "--to", "C:q", "--persistent", "-"],
@@ -405,29 +377,27 @@ fn soak_random_kills_in_a_chain_lose_and_duplicate_nothing() {
         );
         assert!(put.status.success(), "{}", stderr(&put));
         all.push_str(&lines);
-        std::thread::sleep(std::time::Duration::from_millis(random(80)));
+        std::thread::sleep(std::time::Duration::from_millis(soak.below(80)));
         // A non-empty set of the three nodes, killed together.
-        let victims: Vec<&str> = ["A", "B", "C"].into_iter().filter(|_| random(2) == 0).collect();
-        let victims = if victims.is_empty() { vec![["A", "B", "C"][random(3) as usize]] } else { victims };
+        let victims: Vec<&str> = ["A", "B", "C"].into_iter().filter(|_| soak.below(2) == 0).collect();
+        let victims =
+            if victims.is_empty() { vec![["A", "B", "C"][soak.below(3) as usize]] } else { victims };
         for name in &victims {
             nodes.get_mut(*name).unwrap().kill();
             *kills.entry(name).or_default() += 1;
         }
         let mut order = victims.clone();
-        if random(2) == 0 {
+        if soak.below(2) == 0 {
             order.reverse();
         }
         for name in order {
             nodes.insert(name.to_owned(), cluster.start(&s, name));
         }
     }
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
-    while got.lines().count() < all.lines().count() && std::time::Instant::now() < deadline {
-        got.push_str(&stdout(&s.run(&["get", "--node", "C", "q", "--count", "100000", "--wait", "1s"])));
-    }
-    got.push_str(&stdout(&s.run(&["get", "--node", "C", "q", "--count", "100000", "--wait", "500ms"])));
+    let left = all.lines().count() - got.lines().count();
+    got.push_str(&s.take_all("C", "q", left, std::time::Duration::from_secs(120)));
     let history =
         support::history::History::check(&all.lines().collect::<Vec<_>>(), &got.lines().collect::<Vec<_>>());
-    eprintln!("chain soak: {cycles} cycles, kills {kills:?}: {history:?}");
+    eprintln!("chain: {} cycles, kills {kills:?}: {history:?}", soak.cycles);
     assert!(history.is_clean(), "{history:?}");
 }

@@ -61,6 +61,18 @@ impl Cluster {
         Self { configs, addresses }
     }
 
+    /// Writes the configurations ([`Cluster::write`]) and starts every node
+    /// ([`Cluster::start_all`]).
+    pub fn up(
+        s: &Scratch,
+        links: &[(&str, &str)],
+        extra: &[(&str, &str)],
+    ) -> (Self, BTreeMap<String, NodeProcess>) {
+        let cluster = Self::write(s, links, extra);
+        let nodes = cluster.start_all(s, links);
+        (cluster, nodes)
+    }
+
     /// Starts node `name`.
     pub fn start(&self, s: &Scratch, name: &str) -> NodeProcess {
         s.start_node(name, &["-c", &self.configs[name]])

@@ -9,6 +9,7 @@
 pub mod cluster;
 pub mod history;
 pub mod proxy;
+pub mod soak;
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -155,6 +156,46 @@ impl Scratch {
         let a = self.start_node("A", &["-c", a_config.to_str().expect("utf-8 path")]);
         a.wait_for_log("Link up.", 1, Duration::from_secs(10));
         (a, b)
+    }
+
+    /// Takes `count` messages from `node`'s `queue` (waiting at most `within`), then whatever
+    /// else is there half a second later — which would be a duplicate.
+    pub fn take_all(&self, node: &str, queue: &str, count: usize, within: Duration) -> String {
+        let deadline = Instant::now() + within;
+        let mut got = String::new();
+        while got.lines().count() < count && Instant::now() < deadline {
+            let left = (count - got.lines().count()).to_string();
+            got.push_str(&stdout(
+                &self.run(&["get", "--node", node, queue, "--count", &left, "--wait", "1s"]),
+            ));
+        }
+        got.push_str(&stdout(
+            &self.run(&["get", "--node", node, queue, "--count", "100000", "--wait", "500ms"]),
+        ));
+        got
+    }
+
+    /// Starts `linkbus ARGS` (a put reading standard input) fed `lines` in pieces of
+    /// `piece` bytes with `pause` between them, so what a test does meanwhile lands
+    /// mid-stream.
+    pub fn put_streaming(&self, args: &[&str], lines: &str, piece: usize, pause: Duration) -> StreamingPut {
+        let mut child = self
+            .command(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn linkbus put");
+        let mut stdin = child.stdin.take().expect("stdin");
+        let data = lines.to_owned();
+        let feeder = std::thread::spawn(move || {
+            use std::io::Write;
+            for chunk in data.as_bytes().chunks(piece) {
+                stdin.write_all(chunk).expect("write to put");
+                std::thread::sleep(pause);
+            }
+        });
+        StreamingPut { child, feeder }
     }
 
     /// Starts node `name` without peers, from flags only, with the given `--queue` values
@@ -378,6 +419,21 @@ pub fn hello_frame(from: &str, version: u16) -> Vec<u8> {
 }
 
 /// Standard output as text.
+/// A put fed in pieces, from [`Scratch::put_streaming`].
+pub struct StreamingPut {
+    child: Child,
+    feeder: std::thread::JoinHandle<()>,
+}
+
+impl StreamingPut {
+    /// Waits until everything was fed and the put ended, which must be a success.
+    pub fn finish(self) {
+        self.feeder.join().expect("feeder");
+        let out = self.child.wait_with_output().expect("put");
+        assert!(out.status.success(), "{}", stderr(&out));
+    }
+}
+
 pub fn stdout(output: &Output) -> String {
     String::from_utf8_lossy(&output.stdout).into_owned()
 }

@@ -271,8 +271,8 @@ pub(crate) async fn start_chain(
 ) -> Result<Vec<Node>, DemoError> {
     use crate::security::write_key_file;
     use linkbus_proto::secure::{Keypair, hex};
-    let dir = Scratch::new("nodes")?;
-    let dir = scratch.join(dir.0.file_name().unwrap_or_default());
+    // Each chain in its own directory under `scratch` (a run starts several).
+    let dir = scratch.join(format!("chain-{}", NEXT_SCRATCH.fetch_add(1, Ordering::Relaxed)));
     std::fs::create_dir_all(&dir)?;
     let mut public = Vec::new();
     for name in names {
@@ -337,28 +337,13 @@ async fn through_nodes(
     size: usize,
 ) -> Result<f64, DemoError> {
     let names: Vec<&str> = ["A", "B", "C", "D", "E"].into_iter().take(count).collect();
-    let nodes = start_chain(scratch, &names, secure).await?;
-    let (first, last) = (&nodes[0], &nodes[nodes.len() - 1]);
-    let to: Address = format!("{}:orders", names[count - 1]).parse().expect("valid address");
-    let mut producer = Client::connect(first.socket_path()).await?;
-    let mut consumer = Client::connect(last.socket_path()).await?;
-    let started = Instant::now();
-    let (produced, consumed) = tokio::join!(
-        crate::demo::produce(&mut producer, &to, messages, size),
-        crate::demo::consume(&mut consumer, messages, size)
-    );
-    produced?;
-    let report = consumed?;
-    let elapsed = started.elapsed();
-    for node in nodes {
-        node.shutdown().await;
-    }
+    let report = crate::demo::deliver_through(scratch, &names, secure, messages, size).await?;
     if !report.is_perfect() {
         return Err(DemoError::Io(std::io::Error::other(format!(
             "bench delivery was not perfect: {report}"
         ))));
     }
-    Ok(messages as f64 / elapsed.as_secs_f64().max(1e-9))
+    Ok(messages as f64 / report.elapsed.as_secs_f64().max(1e-9))
 }
 
 /// The same payloads as a raw length-prefixed TCP stream on 127.0.0.1 with buffered writes,

@@ -147,10 +147,28 @@ fn index_of(payload: &[u8]) -> Option<usize> {
 /// [`DemoError`] when a node or client fails; a report with losses is not an error.
 pub async fn run(messages: usize, size: usize) -> Result<DemoReport, DemoError> {
     let scratch = crate::bench::Scratch::new("demo")?;
-    let nodes = crate::bench::start_chain(&scratch.0, &["A", "B", "C"], true).await?;
-    let mut producer = Client::connect(nodes[0].socket_path()).await?;
-    let mut consumer = Client::connect(nodes[2].socket_path()).await?;
-    let to: Address = "C:orders".parse().expect("valid address");
+    deliver_through(&scratch.0, &["A", "B", "C"], true, messages, size).await
+}
+
+/// Starts the chain `names` ([`crate::bench::start_chain`], under `scratch`), puts
+/// `messages` numbered payloads of `size` bytes on the first node for `orders` on the last,
+/// takes and checks them there, stops the nodes, and reports (timed from the first put to
+/// the last get).
+///
+/// # Errors
+/// [`DemoError`] when a node or client fails; a report with losses is not an error.
+pub(crate) async fn deliver_through(
+    scratch: &std::path::Path,
+    names: &[&str],
+    secure: bool,
+    messages: usize,
+    size: usize,
+) -> Result<DemoReport, DemoError> {
+    let nodes = crate::bench::start_chain(scratch, names, secure).await?;
+    let (first, last) = (&nodes[0], &nodes[nodes.len() - 1]);
+    let mut producer = Client::connect(first.socket_path()).await?;
+    let mut consumer = Client::connect(last.socket_path()).await?;
+    let to: Address = format!("{}:orders", names[names.len() - 1]).parse().expect("valid address");
     let started = Instant::now();
     let (produced, consumed) =
         tokio::join!(produce(&mut producer, &to, messages, size), consume(&mut consumer, messages, size));
@@ -165,7 +183,7 @@ pub async fn run(messages: usize, size: usize) -> Result<DemoReport, DemoError> 
 
 /// Puts the numbered messages in slices, so the demo never holds more than a slice of
 /// payloads in memory.
-pub(crate) async fn produce(
+async fn produce(
     producer: &mut Client,
     to: &Address,
     messages: usize,
@@ -183,11 +201,7 @@ pub(crate) async fn produce(
 }
 
 /// Takes messages until all arrived or none came for 10 s, checking each.
-pub(crate) async fn consume(
-    consumer: &mut Client,
-    messages: usize,
-    size: usize,
-) -> Result<DemoReport, ClientError> {
+async fn consume(consumer: &mut Client, messages: usize, size: usize) -> Result<DemoReport, ClientError> {
     let mut report = DemoReport {
         sent: messages,
         received: 0,

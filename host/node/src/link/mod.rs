@@ -799,8 +799,6 @@ impl Link {
             self.forget_sent(channel, through);
             self.record_acked();
             drop(hold);
-        } else {
-            self.record_acked();
         }
         self.handle.acked_total.fetch_add(messages as u64, Ordering::Relaxed);
         if messages > 0 {
