@@ -2,8 +2,10 @@
 //!
 //! A value of these types is always valid, so code that holds one never checks it again.
 
+use std::cell::RefCell;
 use std::fmt;
 use std::str::FromStr;
+use std::sync::Arc;
 
 /// Longest node name, in characters (TongLink/Q's rule).
 pub const NODE_NAME_CHARS_MAX: usize = 20;
@@ -81,6 +83,45 @@ fn check(
     Ok(())
 }
 
+/// Names a thread made lately, by kind, so that a name read again (every message names its
+/// source and recipients) is shared rather than checked and allocated again: a handful of
+/// nodes and queues is the common case, and a name not among them only costs a scan.
+struct Recent {
+    names: [Vec<Arc<str>>; 2],
+    next: [usize; 2],
+}
+
+/// Names kept per kind and thread.
+const RECENT_NAMES: usize = 16;
+
+thread_local! {
+    static RECENT: RefCell<Recent> = const { RefCell::new(Recent { names: [Vec::new(), Vec::new()], next: [0, 0] }) };
+}
+
+/// `name` as a shared string of `kind` (0 node, 1 queue): one made lately on this thread,
+/// else `check`ed and kept.
+fn shared(
+    kind: usize,
+    name: &str,
+    check: impl FnOnce(&str) -> Result<(), NameError>,
+) -> Result<Arc<str>, NameError> {
+    let known = RECENT.with_borrow(|r| r.names[kind].iter().find(|n| &***n == name).cloned());
+    if let Some(known) = known {
+        return Ok(known);
+    }
+    check(name)?;
+    let made: Arc<str> = Arc::from(name);
+    RECENT.with_borrow_mut(|r| {
+        let slot = r.next[kind];
+        r.next[kind] = (slot + 1) % RECENT_NAMES;
+        match r.names[kind].get_mut(slot) {
+            Some(old) => *old = made.clone(),
+            None => r.names[kind].push(made.clone()),
+        }
+    });
+    Ok(made)
+}
+
 /// The name of a node: ASCII letters, digits, `.` and `_`, starting with a letter, at most
 /// [`NODE_NAME_CHARS_MAX`] characters.
 ///
@@ -90,7 +131,7 @@ fn check(
 /// assert!(NodeName::new("1a").is_err());
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct NodeName(String);
+pub struct NodeName(Arc<str>);
 
 impl NodeName {
     /// Checks `name` and wraps it.
@@ -98,8 +139,7 @@ impl NodeName {
     /// # Errors
     /// [`NameError`] naming the rule the name breaks.
     pub fn new(name: &str) -> Result<Self, NameError> {
-        check("node", name, NODE_NAME_CHARS_MAX, &['.', '_'], ", '.' and '_'")?;
-        Ok(Self(name.to_owned()))
+        shared(0, name, |n| check("node", n, NODE_NAME_CHARS_MAX, &['.', '_'], ", '.' and '_'")).map(Self)
     }
 
     /// The name as text.
@@ -111,7 +151,7 @@ impl NodeName {
 /// The name of a queue on a node: ASCII letters, digits, `.`, `_` and `-`, starting with a
 /// letter, at most [`QUEUE_NAME_CHARS_MAX`] characters.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct QueueName(String);
+pub struct QueueName(Arc<str>);
 
 impl QueueName {
     /// Checks `name` and wraps it.
@@ -119,8 +159,8 @@ impl QueueName {
     /// # Errors
     /// [`NameError`] naming the rule the name breaks.
     pub fn new(name: &str) -> Result<Self, NameError> {
-        check("queue", name, QUEUE_NAME_CHARS_MAX, &['.', '_', '-'], ", '.', '_' and '-'")?;
-        Ok(Self(name.to_owned()))
+        shared(1, name, |n| check("queue", n, QUEUE_NAME_CHARS_MAX, &['.', '_', '-'], ", '.', '_' and '-'"))
+            .map(Self)
     }
 
     /// The name as text.
@@ -191,6 +231,25 @@ impl fmt::Display for Address {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_name_made_again_is_shared_and_bad_names_are_refused_however_many_good_ones_came_before() {
+        let a = NodeName::new("A").unwrap();
+        let again = NodeName::new("A").unwrap();
+        assert!(Arc::ptr_eq(&a.0, &again.0), "the second is the first, shared");
+        // More names than are kept: each is still itself, and checked.
+        let many: Vec<QueueName> =
+            (0..3 * RECENT_NAMES).map(|i| QueueName::new(&format!("q{i}")).unwrap()).collect();
+        for (i, name) in many.iter().enumerate() {
+            assert_eq!(name.as_str(), format!("q{i}"));
+        }
+        assert!(NodeName::new("1A").is_err());
+        assert!(QueueName::new("q 1").is_err());
+        // A queue name is not taken for a node name, nor the other way round.
+        assert!(NodeName::new("q-1").is_err(), "'-' is allowed in queue names only");
+        QueueName::new("q-1").unwrap();
+        assert!(NodeName::new("q-1").is_err());
+    }
 
     #[test]
     fn node_names_follow_the_rule() {

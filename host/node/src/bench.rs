@@ -7,7 +7,7 @@
 //!   on B (plaintext links), against a raw length-prefixed TCP stream of the same payloads
 //!   with buffered writes — the ceiling;
 //! - `w2`: persistent 1 KiB puts, each answered after the sync that covers it, from 16
-//!   clients at once (group commit), against the same store syncing every record on its
+//!   clients at once (group commit), one per request and 256 per request, against the same store syncing every record on its
 //!   own, and the disk's raw write-and-`fdatasync` rate;
 //! - `w3`: ping-pong of 64 B messages, one round trip at a time at most 1,000 a second
 //!   (below saturation): A puts to `B:orders`, a client on B takes it and puts it back to
@@ -76,16 +76,23 @@ pub struct Scale {
     pub divisor: usize,
     /// How long each timed case runs.
     pub duration: Duration,
+    /// Only the cases of this payload size, where a workload has several.
+    pub only_size: Option<usize>,
 }
 
 impl Scale {
     /// The full run.
-    pub const FULL: Self = Self { divisor: 1, duration: Duration::from_secs(3) };
+    pub const FULL: Self = Self { divisor: 1, duration: Duration::from_secs(3), only_size: None };
     /// A run that only shows everything works (seconds in all).
-    pub const QUICK: Self = Self { divisor: 100, duration: Duration::from_millis(200) };
+    pub const QUICK: Self = Self { divisor: 100, duration: Duration::from_millis(200), only_size: None };
 
     fn messages(self, full: usize) -> usize {
         (full / self.divisor).max(10)
+    }
+
+    /// Whether a case of `size` bytes runs.
+    fn has_size(self, size: usize) -> bool {
+        self.only_size.is_none_or(|only| only == size)
     }
 }
 
@@ -116,7 +123,7 @@ pub async fn run(names: &[String], scale: Scale, print: bool) -> Result<Vec<Row>
         let needed = wanted("w1")
             || (size == 1024 && wanted("w4"))
             || ((size == 1024 || size == 65_536) && wanted("w5"));
-        if !needed {
+        if !needed || !scale.has_size(size) {
             continue;
         }
         let messages = scale.messages(full);
@@ -133,19 +140,23 @@ pub async fn run(names: &[String], scale: Scale, print: bool) -> Result<Vec<Row>
     }
     let plain_at = |size: usize| plain.iter().find(|(s, _)| *s == size).map_or(0.0, |(_, r)| *r);
     if wanted("w2") {
-        show(persistent_puts(&scratch.0, scale).await?, &mut rows);
+        for row in persistent_puts(&scratch.0, scale).await? {
+            show(row, &mut rows);
+        }
     }
     if wanted("w3") {
         show(ping_pong(&scratch.0, scale.messages(5_000)).await?, &mut rows);
     }
-    if wanted("w4") {
+    if wanted("w4") && scale.has_size(1024) {
         let messages = scale.messages(200_000);
         let through = through_nodes(&scratch.0, 3, false, messages, 1024).await?;
         let case = format!("A -> B -> C, volatile, {messages} messages");
         show(row("w4", case, 1024, through, "w1: A -> B", plain_at(1024), String::new()), &mut rows);
     }
     if wanted("w5") {
-        for (size, full) in [(1024, 200_000), (65_536, 10_000)] {
+        for (size, full) in
+            [(1024, 200_000), (65_536, 10_000)].into_iter().filter(|(size, _)| scale.has_size(*size))
+        {
             let messages = scale.messages(full);
             let through = through_nodes(&scratch.0, 2, true, messages, size).await?;
             let case = format!("A -> B over Noise, volatile, {messages} messages");
@@ -622,12 +633,50 @@ fn percentiles(times: &mut [Duration]) -> [f64; 3] {
     [at(0.50), at(0.99), at(0.999)]
 }
 
-/// `w2`: 16 clients putting persistent 1 KiB messages one at a time on one node for
-/// `scale.duration`, against the same store syncing each record alone, with the disk's
-/// raw sync rate in the note.
-async fn persistent_puts(scratch: &Path, scale: Scale) -> Result<Row, DemoError> {
-    const CLIENTS: usize = 16;
+/// `w2`: 16 clients putting persistent 1 KiB messages on one node for `scale.duration`,
+/// one at a time and then [`W2_BATCH`] per request, each request answered after the sync
+/// that covers it; against the same store syncing each record alone, with the disk's raw
+/// sync rate in the note.
+async fn persistent_puts(scratch: &Path, scale: Scale) -> Result<Vec<Row>, DemoError> {
     let dir = scratch.join("w2");
+    let mut measured = Vec::new();
+    for batch in [1, W2_BATCH] {
+        measured
+            .push((batch, persistent_puts_in(&dir.join(format!("b{batch}")), scale.duration, batch).await?));
+    }
+    let duration = scale.duration;
+    let alone_dir = dir.join("alone");
+    let alone = tokio::task::spawn_blocking(move || sync_each(&alone_dir, duration))
+        .await
+        .map_err(std::io::Error::other)??;
+    let raw_dir = dir.clone();
+    let raw = tokio::task::spawn_blocking(move || raw_syncs(&raw_dir, duration))
+        .await
+        .map_err(std::io::Error::other)??;
+    Ok(measured
+        .into_iter()
+        .map(|(batch, (rate, per_sync))| {
+            let case = if batch == 1 {
+                format!("{W2_CLIENTS} clients, persistent puts one at a time, each answered after its sync")
+            } else {
+                format!(
+                    "{W2_CLIENTS} clients, {batch} persistent puts per request, answered after their sync"
+                )
+            };
+            let note = format!("{per_sync:.1} puts per sync; the disk's raw write+fdatasync rate {raw:.0}/s");
+            row("w2", case, 1024, rate, "fjall syncing each record alone", alone, note)
+        })
+        .collect())
+}
+
+/// Clients putting at `w2`.
+const W2_CLIENTS: usize = 16;
+/// Puts per request in `w2`'s batched case.
+const W2_BATCH: usize = 256;
+
+/// One node in `dir`, [`W2_CLIENTS`] clients putting `batch` persistent 1 KiB messages per
+/// request for `duration`: puts per second and puts per store sync.
+async fn persistent_puts_in(dir: &Path, duration: Duration, batch: usize) -> Result<(f64, f64), DemoError> {
     let overrides = Overrides {
         name: Some("A".into()),
         listen: Some("none".into()),
@@ -639,17 +688,17 @@ async fn persistent_puts(scratch: &Path, scale: Scale) -> Result<Row, DemoError>
     config::apply_overrides(&mut tree, &overrides);
     let node = Node::start(config::from_value(&tree)?).await?;
     let put = Arc::new(AtomicU64::new(0));
-    let deadline = Instant::now() + scale.duration;
+    let deadline = Instant::now() + duration;
     let mut tasks = Vec::new();
-    for _ in 0..CLIENTS {
+    for _ in 0..W2_CLIENTS {
         let (socket, put) = (node.socket_path().to_owned(), put.clone());
         tasks.push(tokio::spawn(async move {
             let mut client = Client::connect(&socket).await?;
             let to: Address = "A:q".parse().expect("valid address");
             let content = Content::buf(to, vec![7u8; 1024]).with_reliability(Reliability::Persistent);
             while Instant::now() < deadline {
-                client.put(content.clone()).await?;
-                put.fetch_add(1, Ordering::Relaxed);
+                let ids = client.put_batch(vec![content.clone(); batch]).await?;
+                put.fetch_add(ids.len() as u64, Ordering::Relaxed);
             }
             Ok::<(), crate::client::ClientError>(())
         }));
@@ -663,25 +712,7 @@ async fn persistent_puts(scratch: &Path, scale: Scale) -> Result<Row, DemoError>
     let count = put.load(Ordering::Relaxed);
     let syncs = node.state().committer.stats.syncs.load(Ordering::Relaxed) - syncs_before;
     node.shutdown().await;
-    let duration = scale.duration;
-    let alone_dir = dir.join("alone");
-    let alone = tokio::task::spawn_blocking(move || sync_each(&alone_dir, duration))
-        .await
-        .map_err(std::io::Error::other)??;
-    let raw_dir = dir.clone();
-    let raw = tokio::task::spawn_blocking(move || raw_syncs(&raw_dir, duration))
-        .await
-        .map_err(std::io::Error::other)??;
-    let per_sync = count as f64 / syncs.max(1) as f64;
-    Ok(row(
-        "w2",
-        format!("{CLIENTS} clients, persistent puts answered after their sync"),
-        1024,
-        count as f64 / elapsed.max(1e-9),
-        "fjall syncing each record alone",
-        alone,
-        format!("{per_sync:.1} puts per sync; the disk's raw write+fdatasync rate {raw:.0}/s"),
-    ))
+    Ok((count as f64 / elapsed.max(1e-9), count as f64 / syncs.max(1) as f64))
 }
 
 /// Records per second when the `fjall` store syncs each 1 KiB record on its own.

@@ -384,6 +384,10 @@ pub struct BenchArgs {
     /// how fast.
     #[arg(long)]
     pub quick: bool,
+    /// Only the cases of this payload size in bytes, where a workload has several (w1: 64,
+    /// 1024, 65536, 1048576; w5: 1024, 65536); for profiling one case.
+    #[arg(long)]
+    pub size: Option<usize>,
 }
 
 /// Checks a node name.
@@ -921,7 +925,8 @@ pub fn config_check(files: &[PathBuf]) -> ExitCode {
 /// # Errors
 /// A node or client failure, or a delivery that lost, damaged or duplicated a message.
 pub async fn bench(args: BenchArgs) -> anyhow::Result<()> {
-    let scale = if args.quick { crate::bench::Scale::QUICK } else { crate::bench::Scale::FULL };
+    let mut scale = if args.quick { crate::bench::Scale::QUICK } else { crate::bench::Scale::FULL };
+    scale.only_size = args.size;
     println!(
         "linkbus bench: nodes in this process on 127.0.0.1, fjall stores in a temporary directory; {} cores",
         std::thread::available_parallelism().map_or(1, std::num::NonZero::get)

@@ -500,8 +500,10 @@ impl LocalQueue {
     pub fn pop(&self, limits: PopLimits, now: Instant) -> Popped {
         let mut levels = self.lock();
         let mut popped = Popped::default();
-        // Each taken entry, and whether it stays pending.
-        let mut taken: Vec<(Entry, bool)> = Vec::new();
+        popped.messages.reserve(limits.count_max.min(levels.len));
+        // Entries taken and still pending, and how many left the queue for good.
+        let mut pending: Vec<Entry> = Vec::new();
+        let mut gone = 0usize;
         let mut bytes = 0usize;
         let mut batch = Batch::new();
         while popped.messages.len() < limits.count_max {
@@ -531,25 +533,25 @@ impl LocalQueue {
                     popped.expired += 1;
                 }
                 self.delete_op(&mut batch, entry.key, &entry.message);
-                taken.push((entry, false));
+                gone += 1;
                 continue;
             };
             bytes += size;
-            let mut message = entry.message.clone();
-            message.content.lifetime = Some(left);
-            popped.messages.push(message);
+            entry.message.content.lifetime = Some(left);
             if limits.pending {
+                popped.messages.push(entry.message.clone());
                 popped.tags.push(entry.key);
-                entry.message.content.lifetime = Some(left);
                 entry.enqueued_at = now;
                 self.mark_seen(&entry, &mut batch);
+                pending.push(entry);
             } else {
                 self.delete_op(&mut batch, entry.key, &entry.message);
+                popped.messages.push(entry.message);
+                gone += 1;
             }
-            taken.push((entry, limits.pending));
         }
         self.committer.write(batch);
-        let freed = settle_taken(&mut levels, taken);
+        let freed = settle_taken(&mut levels, pending, gone);
         drop(levels);
         if freed {
             self.room.notify_waiters();
@@ -626,17 +628,12 @@ fn unpop_entry(levels: &mut Levels, order: QueueOrder, entry: Entry) {
 
 /// After a pop was stored: taken entries leave the levels, pending ones are kept by tag.
 /// Returns whether any left the queue for good (room was freed).
-fn settle_taken(levels: &mut Levels, taken: Vec<(Entry, bool)>) -> bool {
-    levels.len -= taken.len();
-    let mut freed = false;
-    for (entry, pending) in taken {
-        if pending {
-            levels.pending.insert(entry.key, entry);
-        } else {
-            freed = true;
-        }
+fn settle_taken(levels: &mut Levels, pending: Vec<Entry>, gone: usize) -> bool {
+    levels.len -= pending.len() + gone;
+    for entry in pending {
+        levels.pending.insert(entry.key, entry);
     }
-    freed
+    gone > 0
 }
 
 fn check_pending(levels: &Levels, tags: &[u64]) -> Result<(), UnknownTags> {

@@ -113,6 +113,18 @@ impl Reader {
         self.string(n)
     }
 
+    /// Text with a u8 length prefix, borrowed where it is not valid on its own (a name about
+    /// to be checked and shared).
+    ///
+    /// # Errors
+    /// [`ReadError`].
+    pub fn short_str(&mut self) -> Result<ShortStr, ReadError> {
+        let n = self.u8()? as usize;
+        let bytes = self.bytes(n)?;
+        std::str::from_utf8(&bytes).map_err(|_| ReadError::Utf8)?;
+        Ok(ShortStr(bytes))
+    }
+
     /// Everything left.
     pub fn rest(&mut self) -> Bytes {
         self.bytes.split_off(0)
@@ -132,5 +144,18 @@ impl Reader {
             0 => Ok(()),
             n => Err(ReadError::Trailing(n)),
         }
+    }
+}
+
+/// Text read by [`Reader::short_str`]: UTF-8, checked.
+#[derive(Debug)]
+pub struct ShortStr(Bytes);
+
+impl std::ops::Deref for ShortStr {
+    type Target = str;
+
+    fn deref(&self) -> &str {
+        // Checked by `short_str`; the bytes cannot change.
+        std::str::from_utf8(&self.0).unwrap_or_default()
     }
 }
