@@ -17,15 +17,21 @@ fn bench_runs_every_workload_against_its_baseline() {
     assert_eq!(workloads, ["w1", "w1", "w1", "w1", "w2", "w2", "w3", "w4", "w5", "w5", "w7"], "{text}");
     assert!(rows[0].contains("64 B") && rows[3].contains("1 MiB"), "{text}");
     assert!(rows[4].contains("puts per sync") && rows[4].contains("fdatasync"), "{text}");
-    assert!(rows[5].contains("p50/p99/p99.9"), "{text}");
-    assert!(rows[9].contains("urgent put-to-get p50/p99/max"), "{text}");
-    assert_eq!(text.matches("\"workload\":").count(), 10, "{text}");
+    assert!(rows[5].contains("256 persistent puts per request"), "{text}");
+    assert!(rows[6].contains("p50/p99/p99.9"), "{text}");
+    assert!(rows[10].contains("urgent put-to-get p50/p99/max"), "{text}");
+    assert_eq!(text.matches("\"workload\":").count(), 11, "{text}");
     assert!(!stderr(&out).contains("WARN"), "plaintext warnings are not shown: {}", stderr(&out));
 
     let one = s.run(&["bench", "--quick", "w4"]);
     assert!(one.status.success(), "{}", stderr(&one));
     let rows: Vec<String> = stdout(&one).lines().filter(|l| l.starts_with('w')).map(str::to_owned).collect();
     assert_eq!(rows.len(), 1, "only w4 (its w1 baseline is measured, not shown): {rows:?}");
+    let sized = s.run(&["bench", "--quick", "w1", "--size", "1024"]);
+    assert!(sized.status.success(), "{}", stderr(&sized));
+    let rows: Vec<String> =
+        stdout(&sized).lines().filter(|l| l.starts_with('w')).map(str::to_owned).collect();
+    assert!(rows.len() == 1 && rows[0].contains("1 KiB"), "only the 1 KiB case of w1: {rows:?}");
     let bad = s.run(&["bench", "w9"]);
     assert!(!bad.status.success());
     assert!(stderr(&bad).contains("w9"), "{}", stderr(&bad));

@@ -1169,8 +1169,12 @@ impl NodeState {
         let forwards =
             forwards.into_iter().map(|f| f.map(|(link, copy)| Target::Forward(link, Box::new(copy))));
         let all = targets.into_iter().map(|t| t.map(Target::Local)).chain(forwards);
+        let id = message.id.clone();
+        // The last target that needs the message itself gets it; those before, copies.
+        let mut message = Some(message);
         for (index, target) in all.enumerate() {
             let with_this = if index == last { std::mem::take(&mut with) } else { Batch::new() };
+            let mut this = || if index == last { message.take() } else { message.clone() };
             match target {
                 Ok(Target::Forward(link, copy)) => {
                     if let Some(unused) = link.enqueue_with(*copy, now, with_this) {
@@ -1178,7 +1182,8 @@ impl NodeState {
                     }
                 }
                 Ok(Target::Local(queue)) => {
-                    queue.push_bounded_with(message.clone(), now, u64::MAX, with_this)?;
+                    let Some(this) = this() else { break };
+                    queue.push_bounded_with(this, now, u64::MAX, with_this)?;
                     delivered.push((
                         Address::new(self.name().clone(), queue.config().name.clone()),
                         Outcome::Delivered,
@@ -1186,12 +1191,13 @@ impl NodeState {
                 }
                 Err((_, reason, _)) if event => {
                     self.events_dropped.fetch_add(1, Ordering::Relaxed);
-                    tracing::debug!(id = %message.id, reason, "Event message dropped.");
+                    tracing::debug!(id = %id, reason, "Event message dropped.");
                     self.committer.write(with_this);
                 }
                 Err((code, reason, failed)) => {
+                    let Some(this) = this() else { break };
                     self.dead_letter_with(
-                        message.clone(),
+                        this,
                         DeadLetter { code, reason: &reason, failed },
                         now,
                         u64::MAX,

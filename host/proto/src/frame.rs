@@ -348,44 +348,70 @@ fn encode_hello(h: &Hello, out: &mut BytesMut) {
 }
 
 /// Incremental frame decoder: feed bytes as they arrive, take frames as they complete.
+///
+/// Frames that arrive whole in a chunk given as [`Bytes`] ([`FrameDecoder::extend_bytes`])
+/// are cut out of it without a copy; only a frame split across chunks is gathered.
 #[derive(Debug)]
 pub struct FrameDecoder {
+    /// The start of a frame split across chunks (empty between frames).
     buf: BytesMut,
+    /// Received bytes after `buf`, not yet looked at.
+    whole: Bytes,
     frame_bytes_max: usize,
 }
 
 impl FrameDecoder {
     /// A decoder refusing frames longer than `frame_bytes_max`.
     pub fn new(frame_bytes_max: usize) -> Self {
-        Self { buf: BytesMut::new(), frame_bytes_max }
+        Self { buf: BytesMut::new(), whole: Bytes::new(), frame_bytes_max }
     }
 
-    /// Buffers received bytes.
+    /// Buffers received bytes (copied).
     pub fn extend(&mut self, bytes: &[u8]) {
+        self.gather_whole();
         self.buf.extend_from_slice(bytes);
+    }
+
+    /// Takes received bytes; frames wholly inside them are not copied.
+    pub fn extend_bytes(&mut self, bytes: Bytes) {
+        self.gather_whole();
+        if self.buf.is_empty() {
+            self.whole = bytes;
+        } else {
+            self.buf.extend_from_slice(&bytes);
+        }
+    }
+
+    /// Moves what is left of the last chunk into the buffer.
+    fn gather_whole(&mut self) {
+        if !self.whole.is_empty() {
+            self.buf.extend_from_slice(&std::mem::take(&mut self.whole));
+        }
     }
 
     /// Bytes buffered but not yet decoded.
     pub fn buffered(&self) -> usize {
-        self.buf.len()
+        self.buf.len() + self.whole.len()
     }
 
     /// Takes the bytes buffered after the last decoded frame (to hand a connection over).
     pub fn take_buffered(&mut self) -> BytesMut {
+        self.gather_whole();
         self.buf.split()
     }
 
     /// Drops everything buffered (a new connection starts clean).
     pub fn clear(&mut self) {
         self.buf.clear();
+        self.whole = Bytes::new();
     }
 
-    /// The next complete frame: `Ok(None)` when more bytes are needed.
-    ///
-    /// # Errors
-    /// [`FrameError`] for a corrupt stream; the connection must be closed.
-    pub fn decode(&mut self) -> Result<Option<Frame>, FrameError> {
-        let Some(prefix) = self.buf.get(..LENGTH_BYTES) else {
+    /// The whole length of the frame that `head` begins, once its length prefix is there;
+    /// a length out of bounds, or (while the frame is incomplete) a data frame's header
+    /// that fails its CRC, is an error — so a damaged length never makes us wait for (or
+    /// reserve) bytes that belong to later frames.
+    fn frame_len(&self, head: &[u8]) -> Result<Option<usize>, FrameError> {
+        let Some(prefix) = head.get(..LENGTH_BYTES) else {
             return Ok(None);
         };
         let mut len_bytes = [0u8; LENGTH_BYTES];
@@ -394,20 +420,47 @@ impl FrameDecoder {
         if len == 0 || len > self.frame_bytes_max {
             return Err(FrameError::BadLength { len, max: self.frame_bytes_max });
         }
-        if self.buf.len() < LENGTH_BYTES + len {
-            // A data frame's header is checked as soon as it is here, so a damaged length
-            // never makes us wait for (or reserve) bytes that belong to later frames.
-            if let Some(header) = self.buf.get(..DATA_HEADER_BYTES)
-                && header.get(LENGTH_BYTES) == Some(&TYPE_DATA)
-                && !header_crc_matches(header)
-            {
-                return Err(FrameError::BadHeaderCrc);
+        if head.len() < LENGTH_BYTES + len
+            && let Some(header) = head.get(..DATA_HEADER_BYTES)
+            && header.get(LENGTH_BYTES) == Some(&TYPE_DATA)
+            && !header_crc_matches(header)
+        {
+            return Err(FrameError::BadHeaderCrc);
+        }
+        Ok(Some(LENGTH_BYTES + len))
+    }
+
+    /// The next complete frame: `Ok(None)` when more bytes are needed.
+    ///
+    /// # Errors
+    /// [`FrameError`] for a corrupt stream; the connection must be closed.
+    pub fn decode(&mut self) -> Result<Option<Frame>, FrameError> {
+        if self.buf.is_empty() {
+            let total = self.frame_len(&self.whole)?;
+            if let Some(total) = total.filter(|t| *t <= self.whole.len()) {
+                return decode_frame(self.whole.split_to(total)).map(Some);
             }
-            self.buf.reserve(LENGTH_BYTES + len - self.buf.len());
+            // The chunk ends inside a frame: gather it from here.
+            let rest = std::mem::take(&mut self.whole);
+            self.buf.reserve(total.unwrap_or(LENGTH_BYTES).max(rest.len()));
+            self.buf.extend_from_slice(&rest);
             return Ok(None);
         }
-        let frame = self.buf.split_to(LENGTH_BYTES + len).freeze();
-        decode_frame(frame).map(Some)
+        // A frame begun in an earlier chunk: take from the new one only what completes it
+        // (first the length, then the rest).
+        loop {
+            let total = self.frame_len(&self.buf)?;
+            let want = total.unwrap_or(LENGTH_BYTES);
+            if let Some(total) = total.filter(|t| *t <= self.buf.len()) {
+                return decode_frame(self.buf.split_to(total).freeze()).map(Some);
+            }
+            if self.whole.is_empty() {
+                self.buf.reserve(want - self.buf.len());
+                return Ok(None);
+            }
+            let take = (want - self.buf.len()).min(self.whole.len());
+            self.buf.extend_from_slice(&self.whole.split_to(take));
+        }
     }
 }
 

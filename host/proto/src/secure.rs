@@ -16,6 +16,8 @@
 //! plaintext out through [`SecureChannel::take_plaintext`], plaintext in through
 //! [`SecureChannel::send`], bytes out through [`SecureChannel::poll_transmit`].
 
+use std::collections::VecDeque;
+
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 
 /// The Noise protocol name.
@@ -184,8 +186,12 @@ pub struct SecureChannel {
     inbound: BytesMut,
     /// Decrypted bytes for the link session.
     plaintext: BytesMut,
+    /// Plaintext-mode chunks passed through as received, before `plaintext`.
+    passed_in: VecDeque<Bytes>,
     /// Bytes for the wire.
     outbound: BytesMut,
+    /// Plaintext-mode chunks passed through as given, before `outbound`.
+    passed_out: VecDeque<Bytes>,
     /// Room for one Noise message, reused for every message.
     scratch: Vec<u8>,
     /// The dialer's static key and clock reading, once the listener read them.
@@ -275,7 +281,9 @@ impl SecureChannel {
             state,
             inbound: BytesMut::new(),
             plaintext: BytesMut::new(),
+            passed_in: VecDeque::new(),
             outbound: BytesMut::new(),
+            passed_out: VecDeque::new(),
             scratch: Vec::new(),
             identity: None,
         }
@@ -325,6 +333,22 @@ impl SecureChannel {
             self.state = State::Failed;
         }
         result
+    }
+
+    /// Like [`SecureChannel::handle_bytes`], passing the chunk through without a copy once
+    /// a plaintext channel is established.
+    ///
+    /// # Errors
+    /// As [`SecureChannel::handle_bytes`].
+    pub fn handle_received(&mut self, bytes: Bytes) -> Result<(), SecureError> {
+        if !matches!(self.state, State::Plain) || !self.inbound.is_empty() {
+            return self.handle_bytes(&bytes);
+        }
+        if !self.plaintext.is_empty() {
+            self.passed_in.push_back(self.plaintext.split().freeze());
+        }
+        self.passed_in.push_back(bytes);
+        Ok(())
     }
 
     fn drain(&mut self) -> Result<(), SecureError> {
@@ -415,7 +439,9 @@ impl SecureChannel {
 
     /// Decrypted bytes for the link session, if any.
     pub fn take_plaintext(&mut self) -> Option<Bytes> {
-        (!self.plaintext.is_empty()).then(|| self.plaintext.split().freeze())
+        self.passed_in
+            .pop_front()
+            .or_else(|| (!self.plaintext.is_empty()).then(|| self.plaintext.split().freeze()))
     }
 
     /// Encrypts link frames for the wire (in Noise messages of at most 64 KiB).
@@ -441,9 +467,41 @@ impl SecureChannel {
         }
     }
 
-    /// Bytes for the wire, if any.
+    /// Like [`SecureChannel::send`], passing the bytes through without a copy on a
+    /// plaintext channel.
+    ///
+    /// # Errors
+    /// As [`SecureChannel::send`].
+    pub fn send_bytes(&mut self, plaintext: Bytes) -> Result<(), SecureError> {
+        if !matches!(self.state, State::Plain) {
+            return self.send(&plaintext);
+        }
+        if !self.outbound.is_empty() {
+            self.passed_out.push_back(self.outbound.split().freeze());
+        }
+        self.passed_out.push_back(plaintext);
+        Ok(())
+    }
+
+    /// Bytes for the wire, if any, in one piece.
     pub fn poll_transmit(&mut self) -> Option<Bytes> {
-        (!self.outbound.is_empty()).then(|| self.outbound.split().freeze())
+        if self.passed_out.is_empty() {
+            return (!self.outbound.is_empty()).then(|| self.outbound.split().freeze());
+        }
+        let mut all = BytesMut::new();
+        for chunk in self.passed_out.drain(..) {
+            all.extend_from_slice(&chunk);
+        }
+        all.extend_from_slice(&self.outbound.split());
+        Some(all.freeze())
+    }
+
+    /// Bytes for the wire, in order, as they are (no copy to join them).
+    pub fn take_transmit(&mut self, out: &mut Vec<Bytes>) {
+        out.extend(self.passed_out.drain(..));
+        if !self.outbound.is_empty() {
+            out.push(self.outbound.split().freeze());
+        }
     }
 }
 

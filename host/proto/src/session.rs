@@ -368,6 +368,20 @@ impl Session {
             return;
         }
         self.decoder.extend(bytes);
+        self.decode_frames(now);
+    }
+
+    /// Like [`Session::handle_bytes`], without copying the frames that arrive whole in
+    /// `bytes` (their packets are slices of it).
+    pub fn handle_received(&mut self, bytes: Bytes, now: Instant) {
+        if self.phase == Phase::Disconnected {
+            return;
+        }
+        self.decoder.extend_bytes(bytes);
+        self.decode_frames(now);
+    }
+
+    fn decode_frames(&mut self, now: Instant) {
         while self.phase != Phase::Disconnected {
             match self.decoder.decode() {
                 Ok(Some(frame)) => self.handle_frame(frame, now),

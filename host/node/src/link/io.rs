@@ -1,10 +1,12 @@
 //! The byte movers of a connection: a reader task and a writer task, so that reading never
 //! waits on writing; and refusing a connection with a `Close` frame.
 
+use std::collections::VecDeque;
+use std::io::IoSlice;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use bytes::{Bytes, BytesMut};
+use bytes::{Buf, Bytes, BytesMut};
 use linkbus_plugin_api::Connection;
 use linkbus_proto::frame::{CloseCode, Frame};
 use linkbus_proto::secure::SecureChannel;
@@ -19,6 +21,10 @@ pub(crate) enum ConnEvent {
     Closed(String),
 }
 
+/// Room for one read: large, so that most frames arrive whole in one chunk and pass on
+/// as slices of it (a frame split between two reads is copied together).
+const READ_BYTES: usize = 256 * 1024;
+
 /// Reads until the connection ends, handing chunks to the link task (bounded channel, so
 /// a slow link task slows the peer down through TCP).
 pub(crate) async fn read_loop(
@@ -26,10 +32,10 @@ pub(crate) async fn read_loop(
     id: u64,
     events: mpsc::Sender<(u64, ConnEvent)>,
 ) {
-    let mut buf = BytesMut::with_capacity(64 * 1024);
+    let mut buf = BytesMut::with_capacity(READ_BYTES);
     loop {
-        if buf.capacity() < 16 * 1024 {
-            buf.reserve(64 * 1024);
+        if buf.capacity() < READ_BYTES / 4 {
+            buf.reserve(READ_BYTES);
         }
         let event = match reader.read_buf(&mut buf).await {
             Ok(0) => ConnEvent::Closed("connection closed by peer".into()),
@@ -44,7 +50,8 @@ pub(crate) async fn read_loop(
 }
 
 /// Writes what the link task sends, counting the bytes not yet written in `backlog` (the
-/// link task stops producing above its limit) and waking the link task as it drains.
+/// link task stops producing above its limit) and waking the link task as it drains. The
+/// chunks waiting at a time go out together, in vectored writes.
 pub(crate) async fn write_loop(
     mut writer: Box<dyn AsyncWrite + Send + Unpin>,
     mut rx: mpsc::UnboundedReceiver<Bytes>,
@@ -53,9 +60,16 @@ pub(crate) async fn write_loop(
     id: u64,
     events: mpsc::Sender<(u64, ConnEvent)>,
 ) {
-    while let Some(bytes) = rx.recv().await {
-        let result = writer.write_all(&bytes).await;
-        backlog.fetch_sub(bytes.len(), Ordering::Relaxed);
+    let mut chunks: VecDeque<Bytes> = VecDeque::new();
+    while let Some(first) = rx.recv().await {
+        chunks.push_back(first);
+        while chunks.len() < WRITE_CHUNKS_MAX {
+            let Ok(more) = rx.try_recv() else { break };
+            chunks.push_back(more);
+        }
+        let len: usize = chunks.iter().map(Bytes::len).sum();
+        let result = write_all_vectored(&mut writer, &mut chunks).await;
+        backlog.fetch_sub(len, Ordering::Relaxed);
         if let Err(e) = result {
             // Nothing queued behind the failed write will be written: uncount it, so the
             // link task reads again and sees this connection's end.
@@ -70,6 +84,42 @@ pub(crate) async fn write_loop(
         wake.notify_one();
     }
     let _ = writer.shutdown().await;
+}
+
+/// Chunks written together at most (the kernel takes up to 1,024 per call).
+const WRITE_CHUNKS_MAX: usize = 64;
+
+/// Writes every chunk, in order, with as few calls as the writer allows; `chunks` is empty
+/// afterwards, also on an error.
+async fn write_all_vectored(
+    writer: &mut Box<dyn AsyncWrite + Send + Unpin>,
+    chunks: &mut VecDeque<Bytes>,
+) -> std::io::Result<()> {
+    let result = async {
+        while !chunks.is_empty() {
+            let mut slices = [IoSlice::new(&[]); WRITE_CHUNKS_MAX];
+            let count = chunks.len().min(WRITE_CHUNKS_MAX);
+            for (slice, chunk) in slices.iter_mut().zip(chunks.iter()) {
+                *slice = IoSlice::new(chunk);
+            }
+            let mut written = writer.write_vectored(slices.get(..count).unwrap_or_default()).await?;
+            if written == 0 {
+                return Err(std::io::ErrorKind::WriteZero.into());
+            }
+            while let Some(front) = chunks.front_mut() {
+                if written < front.len() {
+                    front.advance(written);
+                    break;
+                }
+                written -= front.len();
+                chunks.pop_front();
+            }
+        }
+        Ok(())
+    }
+    .await;
+    chunks.clear();
+    result
 }
 
 /// Writes a `Close` frame on a connection that will not be used (through its secure

@@ -97,6 +97,8 @@ struct Link {
     /// synced before the message's bytes leave (or a crash of the process or the machine
     /// could send it twice, under a new number).
     unsynced: bool,
+    /// Room for the chunks of one write, reused.
+    out: Vec<Bytes>,
 }
 
 fn session_config(node: &NodeState, handle: &LinkHandle) -> SessionConfig {
@@ -189,6 +191,7 @@ pub async fn run(node: Arc<NodeState>, handle: Arc<LinkHandle>, mut shutdown: wa
         sent,
         acked_recorded,
         unsynced: false,
+        out: Vec::new(),
         next_dial: handle.peer.address.as_ref().map(|_| tokio::time::Instant::now()),
         backoff: Backoff::new(links.reconnect_backoff_min_ms, links.reconnect_backoff_max_ms),
         node,
@@ -426,12 +429,12 @@ impl Link {
         match event {
             ConnEvent::Bytes(bytes) => {
                 let Some(active) = self.active.as_mut() else { return };
-                if let Err(e) = active.secure.handle_bytes(&bytes) {
+                if let Err(e) = active.secure.handle_received(bytes) {
                     warn!(peer = self.peer(), error = %e, "Secure channel failed.");
                     return self.drop_connection(&e.to_string());
                 }
                 while let Some(plain) = self.active.as_mut().and_then(|a| a.secure.take_plaintext()) {
-                    self.session.handle_bytes(&plain, Instant::now());
+                    self.session.handle_received(plain, Instant::now());
                 }
             }
             ConnEvent::Closed(reason) => self.drop_connection(&reason),
@@ -472,18 +475,22 @@ impl Link {
         let (control, data) = self.session.poll_transmit_parts();
         if let Some(active) = &mut self.active {
             for plain in [control, data].into_iter().flatten() {
-                if let Err(e) = active.secure.send(&plain) {
+                if let Err(e) = active.secure.send_bytes(plain) {
                     warn!(peer = self.handle.peer.name.as_str(), error = %e, "Secure channel failed.");
                     return self.drop_connection(&e.to_string());
                 }
             }
-            let Some(bytes) = active.secure.poll_transmit() else { return };
-            let len = bytes.len();
-            active.backlog.fetch_add(len, Ordering::Relaxed);
-            if active.writer.send(bytes).is_err() {
-                // The writer is gone (its connection failed): nothing will drain these bytes.
-                active.backlog.fetch_sub(len, Ordering::Relaxed);
+            let mut out = std::mem::take(&mut self.out);
+            active.secure.take_transmit(&mut out);
+            for bytes in out.drain(..) {
+                let len = bytes.len();
+                active.backlog.fetch_add(len, Ordering::Relaxed);
+                if active.writer.send(bytes).is_err() {
+                    // The writer is gone (its connection failed): nothing will drain these bytes.
+                    active.backlog.fetch_sub(len, Ordering::Relaxed);
+                }
             }
+            self.out = out;
         }
     }
 

@@ -66,6 +66,7 @@ proptest! {
     fn frames_round_trip_under_any_split(
         frames in proptest::collection::vec(frame_strategy(), 1..8),
         cuts in proptest::collection::vec(any::<usize>(), 0..16),
+        shared in proptest::collection::vec(any::<bool>(), 17),
     ) {
         let mut wire = BytesMut::new();
         for f in &frames {
@@ -77,8 +78,13 @@ proptest! {
         let mut decoder = FrameDecoder::new(MAX);
         let mut got = Vec::new();
         let mut at = 0;
-        for cut in cuts {
-            decoder.extend(&wire[at..cut]);
+        for (i, cut) in cuts.into_iter().enumerate() {
+            // Copied in, or handed over whole (cut without copies where frames are whole).
+            if shared.get(i).copied().unwrap_or(false) {
+                decoder.extend_bytes(bytes::Bytes::copy_from_slice(&wire[at..cut]));
+            } else {
+                decoder.extend(&wire[at..cut]);
+            }
             at = cut;
             got.extend(decode_all(&mut decoder));
         }
@@ -87,9 +93,13 @@ proptest! {
     }
 
     #[test]
-    fn arbitrary_bytes_never_panic(data in proptest::collection::vec(any::<u8>(), 0..4096)) {
+    fn arbitrary_bytes_never_panic(data in proptest::collection::vec(any::<u8>(), 0..4096), shared: bool) {
         let mut decoder = FrameDecoder::new(MAX);
-        decoder.extend(&data);
+        if shared {
+            decoder.extend_bytes(bytes::Bytes::copy_from_slice(&data));
+        } else {
+            decoder.extend(&data);
+        }
         for _ in 0..data.len() + 1 {
             match decoder.decode() {
                 Ok(Some(_)) => {}
@@ -160,4 +170,42 @@ fn a_damaged_data_length_is_caught_before_waiting() {
     let mut decoder = FrameDecoder::new(MAX);
     decoder.extend(&wire);
     assert_eq!(decoder.decode(), Err(FrameError::BadHeaderCrc));
+}
+
+#[test]
+fn frames_whole_in_a_chunk_are_cut_out_of_it_and_only_a_split_one_is_gathered() {
+    let crc = crc32c::crc32c(b"the payload");
+    let data = |sequence| Frame::Data {
+        channel: 3,
+        sequence,
+        offset: 4,
+        total: 11,
+        crc,
+        bytes: Bytes::from_static(b"payload"),
+    };
+    let mut wire = BytesMut::new();
+    for sequence in 1..=3 {
+        data(sequence).encode(&mut wire);
+    }
+    let wire = wire.freeze();
+    let cut = wire.len() - 5;
+    let mut decoder = FrameDecoder::new(MAX);
+    decoder.extend_bytes(wire.slice(..cut));
+    let within = |bytes: &Bytes| {
+        let range = wire.as_ptr() as usize..wire.as_ptr() as usize + wire.len();
+        range.contains(&(bytes.as_ptr() as usize))
+    };
+    for sequence in 1..=2 {
+        let Some(Frame::Data { bytes, sequence: got, .. }) = decoder.decode().unwrap() else {
+            panic!("a data frame")
+        };
+        assert_eq!(got, sequence);
+        assert!(within(&bytes), "frame {sequence} is a slice of the chunk, not a copy");
+    }
+    assert_eq!(decoder.decode(), Ok(None), "the third is split");
+    decoder.extend_bytes(wire.slice(cut..));
+    let Some(Frame::Data { bytes, sequence: 3, .. }) = decoder.decode().unwrap() else { panic!("frame 3") };
+    assert!(!within(&bytes), "the split frame was gathered");
+    assert_eq!(&bytes[..], b"payload");
+    assert_eq!(decoder.buffered(), 0);
 }
