@@ -413,6 +413,22 @@ impl SecureChannel {
     }
 
     fn read_message(&mut self, message: &[u8]) -> Result<(), SecureError> {
+        if let State::Secure(transport) = &mut self.state {
+            // Decrypted straight into what the session takes.
+            let start = self.plaintext.len();
+            self.plaintext.resize(start + message.len(), 0);
+            let into = self.plaintext.get_mut(start..).unwrap_or_default();
+            return match transport.read_message(message, into) {
+                Ok(len) => {
+                    self.plaintext.truncate(start + len);
+                    Ok(())
+                }
+                Err(_) => {
+                    self.plaintext.truncate(start);
+                    Err(SecureError::Decrypt)
+                }
+            };
+        }
         let mut out = std::mem::take(&mut self.scratch);
         out.resize(NOISE_MESSAGE_MAX, 0);
         let result = self.read_message_into(message, &mut out);
@@ -427,11 +443,7 @@ impl SecureChannel {
                 hs.read_message(message, out).map_err(handshake)?;
                 self.state = State::Secure(Box::new(hs.into_transport_mode().map_err(handshake)?));
             }
-            State::Secure(mut transport) => {
-                let len = transport.read_message(message, out).map_err(|_| SecureError::Decrypt)?;
-                self.plaintext.extend_from_slice(out.get(..len).unwrap_or_default());
-                self.state = State::Secure(transport);
-            }
+            // (Transport messages are read in `read_message`.)
             other => self.state = other,
         }
         Ok(())
@@ -455,11 +467,20 @@ impl SecureChannel {
                 Ok(())
             }
             State::Secure(transport) => {
-                let mut message = vec![0u8; NOISE_MESSAGE_MAX];
                 for chunk in plaintext.chunks(PLAINTEXT_CHUNK_MAX) {
-                    let len =
-                        transport.write_message(chunk, &mut message).map_err(|_| SecureError::Decrypt)?;
-                    put_message(&mut self.outbound, message.get(..len).unwrap_or_default());
+                    // Encrypted straight into the output, after room for its length.
+                    let start = self.outbound.len();
+                    self.outbound.resize(start + 2 + chunk.len() + TAG_BYTES, 0);
+                    let into = self.outbound.get_mut(start + 2..).unwrap_or_default();
+                    let Ok(len) = transport.write_message(chunk, into) else {
+                        self.outbound.truncate(start);
+                        return Err(SecureError::Decrypt);
+                    };
+                    self.outbound.truncate(start + 2 + len);
+                    let prefix = u16::try_from(len).expect("noise messages are at most 65535 bytes");
+                    if let Some(at) = self.outbound.get_mut(start..start + 2) {
+                        at.copy_from_slice(&prefix.to_be_bytes());
+                    }
                 }
                 Ok(())
             }

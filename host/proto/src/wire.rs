@@ -159,7 +159,8 @@ pub fn is_volatile(message: &[u8]) -> bool {
 
 /// The wire form of `message` as one buffer.
 pub fn message_bytes(message: &Message) -> Bytes {
-    let mut out = BytesMut::new();
+    let mut out =
+        BytesMut::with_capacity(message_encoded_len(message.id.source.as_str().len(), &message.content));
     encode_message(message, &mut out);
     out.freeze()
 }

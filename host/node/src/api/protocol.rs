@@ -16,7 +16,9 @@ use bytes::{Buf, BufMut, Bytes, BytesMut};
 use linkbus_plugin_api::{Address, Content, Message, MessageId, NodeName, QueueName};
 use linkbus_proto::frame::put_length_prefixed;
 use linkbus_proto::reader::{ReadError, Reader};
-use linkbus_proto::wire::{decode_message, encode_content, encode_message, read_content};
+use linkbus_proto::wire::{
+    content_encoded_len, decode_message, encode_content, encode_message, message_encoded_len, read_content,
+};
 
 use crate::results::{MessageResults, Outcome};
 
@@ -246,6 +248,7 @@ impl Request {
     pub fn encode(&self, out: &mut BytesMut) {
         match self {
             Self::Put { contents, timeout_ms, no_wait } => frame(PUT, out, |out| {
+                out.reserve(16 + contents.iter().map(|c| 4 + content_encoded_len(c)).sum::<usize>());
                 out.put_u64(*timeout_ms);
                 out.put_u8(u8::from(*no_wait));
                 out.put_u32(contents.len() as u32);
@@ -364,6 +367,11 @@ impl Response {
                 sequences.iter().for_each(|s| out.put_u64(*s));
             }),
             Self::Messages { messages, tags } => frame(MESSAGES, out, |out| {
+                let bytes: usize = messages
+                    .iter()
+                    .map(|m| 4 + message_encoded_len(m.id.source.as_str().len(), &m.content))
+                    .sum();
+                out.reserve(8 + bytes + 8 * tags.len());
                 out.put_u32(messages.len() as u32);
                 for m in messages {
                     put_length_prefixed(out, |out| encode_message(m, out));
