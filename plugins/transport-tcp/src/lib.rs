@@ -16,6 +16,11 @@
 //!     # long fat networks.
 //!     send_buffer_bytes: 0
 //!     receive_buffer_bytes: 0
+//!     # Most bytes left unsent in a link socket before the link writes more (Linux:
+//!     # TCP_NOTSENT_LOWAT; elsewhere ignored). It bounds what queues below the scheduler
+//!     # without limiting what is in flight, so an urgent message overtakes bulk traffic
+//!     # within about this many bytes; 0 leaves it to the kernel.
+//!     unsent_bytes_max: 131072
 //! ```
 #![forbid(unsafe_code)]
 
@@ -28,13 +33,24 @@ use linkbus_plugin_api::{
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 
 /// The `tcp` transport.
-#[derive(Debug, Default, Clone, Copy)]
+#[derive(Debug, Clone, Copy)]
 pub struct TcpTransport {
     /// `SO_SNDBUF` of every link socket (`0`: the kernel's choice).
     pub send_buffer_bytes: u32,
     /// `SO_RCVBUF` of every link socket (`0`: the kernel's choice).
     pub receive_buffer_bytes: u32,
+    /// `TCP_NOTSENT_LOWAT` of every link socket (`0`: the kernel's choice).
+    pub unsent_bytes_max: u32,
 }
+
+impl Default for TcpTransport {
+    fn default() -> Self {
+        Self { send_buffer_bytes: 0, receive_buffer_bytes: 0, unsent_bytes_max: UNSENT_BYTES_DEFAULT }
+    }
+}
+
+/// Default of `unsent_bytes_max`: about a millisecond of a loopback link's bulk traffic.
+pub const UNSENT_BYTES_DEFAULT: u32 = 128 * 1024;
 
 /// Largest socket buffer the configuration accepts.
 const SOCKET_BUFFER_BYTES_MAX: u64 = 1 << 30;
@@ -61,9 +77,13 @@ fn parse(address: &str) -> Result<SocketAddr, TransportError> {
     })
 }
 
-fn connection(stream: TcpStream, peer: SocketAddr) -> Connection {
+fn connection(stream: TcpStream, peer: SocketAddr, unsent_bytes_max: u32) -> Connection {
     // A failure here only costs latency, never correctness.
     let _ = stream.set_nodelay(true);
+    #[cfg(any(target_os = "linux", target_os = "android"))]
+    if unsent_bytes_max > 0 {
+        let _ = socket2::SockRef::from(&stream).set_tcp_notsent_lowat(unsent_bytes_max);
+    }
     let (reader, writer) = stream.into_split();
     Connection { reader: Box::new(reader), writer: Box::new(writer), peer_address: peer.to_string() }
 }
@@ -71,6 +91,7 @@ fn connection(stream: TcpStream, peer: SocketAddr) -> Connection {
 struct TcpAcceptor {
     listener: TcpListener,
     local: String,
+    unsent_bytes_max: u32,
 }
 
 impl Listener for TcpAcceptor {
@@ -85,7 +106,7 @@ impl Listener for TcpAcceptor {
                 address: self.local.clone(),
                 source,
             })?;
-            Ok(connection(stream, peer))
+            Ok(connection(stream, peer, self.unsent_bytes_max))
         })
     }
 }
@@ -104,7 +125,8 @@ impl Transport for TcpTransport {
             socket.bind(addr).map_err(io)?;
             let listener: TcpListener = socket.listen(1024).map_err(io)?;
             let local = listener.local_addr().map_err(io)?.to_string();
-            Ok(Box::new(TcpAcceptor { listener, local }) as Box<dyn Listener>)
+            let unsent_bytes_max = self.unsent_bytes_max;
+            Ok(Box::new(TcpAcceptor { listener, local, unsent_bytes_max }) as Box<dyn Listener>)
         })
     }
 
@@ -113,7 +135,7 @@ impl Transport for TcpTransport {
             let addr = parse(address)?;
             let io = |source| TransportError::Io { op: "connect", address: address.to_owned(), source };
             let stream: TcpStream = self.socket(addr).map_err(io)?.connect(addr).await.map_err(io)?;
-            Ok(connection(stream, addr))
+            Ok(connection(stream, addr, self.unsent_bytes_max))
         })
     }
 }
@@ -124,6 +146,12 @@ fn read(section: &Section<'_>) -> TcpTransport {
     TcpTransport {
         send_buffer_bytes: bytes("send_buffer_bytes"),
         receive_buffer_bytes: bytes("receive_buffer_bytes"),
+        unsent_bytes_max: section.number(
+            "unsent_bytes_max",
+            u64::from(UNSENT_BYTES_DEFAULT),
+            0,
+            SOCKET_BUFFER_BYTES_MAX,
+        ) as u32,
     }
 }
 
@@ -154,7 +182,11 @@ mod tests {
 
     #[tokio::test]
     async fn bytes_cross_a_loopback_connection() {
-        let t = TcpTransport { send_buffer_bytes: 64 * 1024, receive_buffer_bytes: 64 * 1024 };
+        let t = TcpTransport {
+            send_buffer_bytes: 64 * 1024,
+            receive_buffer_bytes: 64 * 1024,
+            ..TcpTransport::default()
+        };
         let mut listener = t.listen("127.0.0.1:0").await.unwrap();
         let addr = listener.local_address();
         assert!(!addr.ends_with(":0"), "the real port is reported");

@@ -168,13 +168,18 @@ fn skip_dedup_for_tests() -> bool {
     on
 }
 
+/// Chunks read from a connection and not yet handled, at most.
+const READ_AHEAD_CHUNKS: usize = 2;
+
 /// Runs the link for `handle.peer` until `shutdown` turns true.
 pub async fn run(node: Arc<NodeState>, handle: Arc<LinkHandle>, mut shutdown: watch::Receiver<bool>) {
     let Some(mut incoming_rx) = handle.incoming_rx.lock().ok().and_then(|mut rx| rx.take()) else {
         warn!(peer = %handle.peer.name, "Link task started twice.");
         return;
     };
-    let (conn_tx, mut conn_rx) = mpsc::channel(8);
+    // Read chunks waiting for this task: few, so that little received data queues ahead of
+    // an urgent message (the reader holds one more; TCP holds the rest back at the peer).
+    let (conn_tx, mut conn_rx) = mpsc::channel(READ_AHEAD_CHUNKS);
     let (dial_tx, mut dial_rx) = mpsc::channel(1);
     let links = &node.config.links;
     let mut session = Session::new(session_config(&node, &handle), Instant::now());
