@@ -100,8 +100,12 @@ impl Reader {
     /// # Errors
     /// [`ReadError::Truncated`] or [`ReadError::Utf8`].
     pub fn string(&mut self, n: usize) -> Result<String, ReadError> {
-        let bytes = self.bytes(n)?;
-        String::from_utf8(bytes.to_vec()).map_err(|_| ReadError::Utf8)
+        self.need(n)?;
+        let text =
+            std::str::from_utf8(self.bytes.get(..n).unwrap_or_default()).map_err(|_| ReadError::Utf8)?;
+        let text = text.to_owned();
+        self.bytes.advance(n);
+        Ok(text)
     }
 
     /// Text with a u8 length prefix.
@@ -113,16 +117,19 @@ impl Reader {
         self.string(n)
     }
 
-    /// Text with a u8 length prefix, borrowed where it is not valid on its own (a name about
-    /// to be checked and shared).
+    /// Text with a u8 length prefix, handed to `f` where it lies (a name about to be
+    /// checked or shared needs no copy of its own).
     ///
     /// # Errors
     /// [`ReadError`].
-    pub fn short_str(&mut self) -> Result<ShortStr, ReadError> {
+    pub fn short_str<T>(&mut self, f: impl FnOnce(&str) -> T) -> Result<T, ReadError> {
         let n = self.u8()? as usize;
-        let bytes = self.bytes(n)?;
-        std::str::from_utf8(&bytes).map_err(|_| ReadError::Utf8)?;
-        Ok(ShortStr(bytes))
+        self.need(n)?;
+        let text =
+            std::str::from_utf8(self.bytes.get(..n).unwrap_or_default()).map_err(|_| ReadError::Utf8)?;
+        let out = f(text);
+        self.bytes.advance(n);
+        Ok(out)
     }
 
     /// Everything left.
@@ -144,18 +151,5 @@ impl Reader {
             0 => Ok(()),
             n => Err(ReadError::Trailing(n)),
         }
-    }
-}
-
-/// Text read by [`Reader::short_str`]: UTF-8, checked.
-#[derive(Debug)]
-pub struct ShortStr(Bytes);
-
-impl std::ops::Deref for ShortStr {
-    type Target = str;
-
-    fn deref(&self) -> &str {
-        // Checked by `short_str`; the bytes cannot change.
-        std::str::from_utf8(&self.0).unwrap_or_default()
     }
 }

@@ -177,7 +177,7 @@ fn bounded(field: &'static str, len: usize, max: usize) -> Result<usize, ReadErr
 }
 
 fn node_name(r: &mut Reader) -> Result<NodeName, ReadError> {
-    NodeName::new(&r.short_str()?).map_err(|e| invalid("node name", e))
+    r.short_str(NodeName::new)?.map_err(|e| invalid("node name", e))
 }
 
 /// Reads a [`Content`] from `r`, leaving the reader after the payload.
@@ -210,7 +210,7 @@ pub fn read_content(r: &mut Reader) -> Result<Content, ReadError> {
     let mut recipients = Vec::with_capacity(count);
     for _ in 0..count {
         let node = node_name(r)?;
-        let queue = QueueName::new(&r.short_str()?).map_err(|e| invalid("queue name", e))?;
+        let queue = r.short_str(QueueName::new)?.map_err(|e| invalid("queue name", e))?;
         recipients.push(Address::new(node, queue));
     }
     let count = bounded("headers", r.u8()? as usize, HEADERS_MAX)?;

@@ -401,7 +401,8 @@ impl Response {
         let mut r = Reader::new(body);
         let response = match kind {
             PUT_OK => {
-                let source = NodeName::new(&r.short_str()?)
+                let source = r
+                    .short_str(NodeName::new)?
                     .map_err(|e| ReadError::Invalid { field: "source", detail: e.to_string() })?;
                 let created_unix_ms = r.u64()?;
                 let count = r.u32()? as usize;
@@ -478,12 +479,12 @@ fn read_results(r: &mut Reader) -> Result<Option<MessageResults>, ReadError> {
     if r.u8()? == 0 {
         return Ok(None);
     }
-    let source = NodeName::new(&r.short_str()?).map_err(|e| invalid("source", e.to_string()))?;
+    let source = r.short_str(NodeName::new)?.map_err(|e| invalid("source", e.to_string()))?;
     let id = MessageId { source, sequence: r.u64()?, created_unix_ms: r.u64()? };
     let count = r.u8()?;
     let mut recipients = Vec::with_capacity(usize::from(count));
     for _ in 0..count {
-        let node = NodeName::new(&r.short_str()?).map_err(|e| invalid("node", e.to_string()))?;
+        let node = r.short_str(NodeName::new)?.map_err(|e| invalid("node", e.to_string()))?;
         let queue = QueueName::new(&r.short_string()?).map_err(|e| invalid("queue", e.to_string()))?;
         let outcome = match r.u8()? {
             0 => None,
