@@ -96,6 +96,9 @@ impl Tracking<'_> {
     /// The messages were accepted (now): their results stay tracked, and time out counting
     /// from now.
     fn keep(mut self) {
+        if self.sequences.is_empty() {
+            return;
+        }
         let now = Instant::now();
         for sequence in std::mem::take(&mut self.sequences) {
             self.book.accepted(sequence, now);
@@ -629,6 +632,8 @@ impl NodeState {
         let deadline = tokio::time::Instant::now() + timeout;
         let created_unix_ms = crate::clock::unix_ms();
         let mut sequences = Vec::with_capacity(contents.len());
+        // The batch arrives at one instant (read again after waiting for room).
+        let mut now = Instant::now();
         for (index, content) in contents.into_iter().enumerate() {
             let message = self.prepare(index, content, created_unix_ms)?;
             // Undone if the put is refused, or abandoned while it waits.
@@ -645,11 +650,12 @@ impl NodeState {
                 let room = self.room.notified();
                 tokio::pin!(room);
                 room.as_mut().enable();
-                match self.dispatch(&message, Instant::now()) {
+                match self.dispatch(&message, now) {
                     Ok(()) => break,
                     Err((ErrorCode::Full, reason)) => {
                         let waited = tokio::time::Instant::now() < deadline
                             && tokio::time::timeout_at(deadline, room).await.is_ok();
+                        now = Instant::now();
                         if !waited {
                             let reason = format!("{reason}; no room within {waits:?}, not accepted");
                             return Err(put_error(index, (ErrorCode::Full, reason)));
@@ -1158,6 +1164,7 @@ impl NodeState {
         // Room was checked everywhere: push past the limits rather than deliver partly.
         // (A message of this node that came back over a link reports nothing from here.)
         let result_to = ResultTo::of(&message).filter(|to| &to.id.source != self.name());
+        // Outcomes to report (only where somebody asked for results).
         let mut delivered = Vec::new();
         // Every copy (local queues, dead letters, relayed copies' records) and the link's
         // record reach the store as one batch: a crash keeps all or none of them. The record
@@ -1184,6 +1191,9 @@ impl NodeState {
                 Ok(Target::Local(queue)) => {
                     let Some(this) = this() else { break };
                     queue.push_bounded_with(this, now, u64::MAX, with_this)?;
+                    if result_to.is_none() {
+                        continue;
+                    }
                     delivered.push((
                         Address::new(self.name().clone(), queue.config().name.clone()),
                         Outcome::Delivered,
