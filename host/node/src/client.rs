@@ -18,7 +18,8 @@ use std::time::Duration;
 
 use bytes::BytesMut;
 use linkbus_plugin_api::{Content, Message, MessageId};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use linkbus_proto::wire::Chunks;
+use tokio::io::AsyncReadExt;
 use tokio::net::UnixStream;
 
 use crate::api::protocol::{ErrorCode, Request, Response, split_frame};
@@ -89,7 +90,9 @@ pub struct Client {
     broken: bool,
     stream: UnixStream,
     buf: BytesMut,
-    out: BytesMut,
+    /// The request being written, and its chunks.
+    out: Chunks,
+    parts: Vec<bytes::Bytes>,
 }
 
 /// A message handed out pending by [`Client::get_pending`], with the tag that acknowledges
@@ -117,7 +120,8 @@ impl Client {
             broken: false,
             stream,
             buf: BytesMut::with_capacity(64 * 1024),
-            out: BytesMut::new(),
+            out: Chunks::default(),
+            parts: Vec::new(),
         })
     }
 
@@ -133,9 +137,10 @@ impl Client {
         if self.broken {
             return Err(ClientError::Broken);
         }
-        self.out.clear();
-        request.encode(&mut self.out);
-        self.stream.write_all(&self.out).await?;
+        // Large payloads are shared into a vectored write, not copied.
+        request.encode_chunks(&mut self.out);
+        self.out.take(&mut self.parts);
+        crate::vectored::write_all(&mut self.stream, &mut self.parts).await?;
         loop {
             if let Some((kind, body)) =
                 split_frame(&mut self.buf, RESPONSE_BYTES_MAX).map_err(ClientError::Protocol)?

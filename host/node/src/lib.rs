@@ -34,6 +34,7 @@ pub mod routing;
 pub mod runtime_dir;
 pub mod security;
 pub mod storage;
+mod vectored;
 
 use std::future::Future;
 use std::path::{Path, PathBuf};

@@ -41,6 +41,21 @@ fn len_u32(n: usize) -> u32 {
 /// When a field is over its limit: call [`Content::validate`] first.
 pub fn encode_content(content: &Content, out: &mut BytesMut) {
     out.reserve(32 + content.name.len() + content.payload.len());
+    encode_content_head(content, out);
+    out.put_slice(&content.payload);
+}
+
+/// Appends `content` into `out`, its payload shared rather than copied when large.
+///
+/// # Panics
+/// As [`encode_content`].
+pub fn encode_content_chunks(content: &Content, out: &mut Chunks) {
+    encode_content_head(content, out.buf());
+    out.share(&content.payload);
+}
+
+/// Everything of [`encode_content`] before the payload's bytes.
+fn encode_content_head(content: &Content, out: &mut BytesMut) {
     out.put_u8(content.kind.code());
     out.put_u8(content.priority.code());
     out.put_u8(match content.reliability {
@@ -83,7 +98,6 @@ pub fn encode_content(content: &Content, out: &mut BytesMut) {
         }
     }
     out.put_u32(len_u32(content.payload.len()));
-    out.put_slice(&content.payload);
 }
 
 fn put_short(out: &mut BytesMut, bytes: &[u8]) {
@@ -125,6 +139,21 @@ pub fn message_encoded_len(source_name_len: usize, content: &Content) -> usize {
 /// # Panics
 /// When a field is over its limit (accepted messages are validated).
 pub fn encode_message(message: &Message, out: &mut BytesMut) {
+    encode_message_head(message, out);
+    encode_content(&message.content, out);
+}
+
+/// Appends `message` into `out`, its payload shared rather than copied when large.
+///
+/// # Panics
+/// As [`encode_message`].
+pub fn encode_message_chunks(message: &Message, out: &mut Chunks) {
+    encode_message_head(message, out.buf());
+    encode_content_chunks(&message.content, out);
+}
+
+/// Everything of [`encode_message`] before its content.
+fn encode_message_head(message: &Message, out: &mut BytesMut) {
     out.put_u8(MESSAGE_FORMAT);
     put_short(out, message.id.source.as_str().as_bytes());
     out.put_u64(message.id.sequence);
@@ -132,7 +161,54 @@ pub fn encode_message(message: &Message, out: &mut BytesMut) {
     out.put_u8(message.hop_count);
     out.put_u8(if message.redelivered { FLAG_REDELIVERED } else { 0 });
     out.put_u16(message.backout_count);
-    encode_content(&message.content, out);
+}
+
+/// Output for a vectored write: encoded bytes with large payloads shared between them
+/// instead of copied in.
+#[derive(Debug, Default)]
+pub struct Chunks {
+    done: Vec<Bytes>,
+    current: BytesMut,
+}
+
+impl Chunks {
+    /// Payloads shorter than this are copied (an extra chunk costs more than the copy).
+    pub const SHARE_BYTES_MIN: usize = 4096;
+
+    /// Where to encode the next bytes.
+    pub fn buf(&mut self) -> &mut BytesMut {
+        &mut self.current
+    }
+
+    /// Appends `bytes`: shared when large, else copied.
+    pub fn share(&mut self, bytes: &Bytes) {
+        if bytes.len() < Self::SHARE_BYTES_MIN {
+            self.current.put_slice(bytes);
+            return;
+        }
+        if !self.current.is_empty() {
+            self.done.push(self.current.split().freeze());
+        }
+        self.done.push(bytes.clone());
+    }
+
+    /// Bytes appended so far.
+    pub fn len(&self) -> usize {
+        self.done.iter().map(Bytes::len).sum::<usize>() + self.current.len()
+    }
+
+    /// Whether nothing was appended.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The chunks, in order, leaving this empty (its buffer kept for reuse).
+    pub fn take(&mut self, into: &mut Vec<Bytes>) {
+        into.append(&mut self.done);
+        if !self.current.is_empty() {
+            into.push(self.current.split().freeze());
+        }
+    }
 }
 
 /// A copy of the encoded `message` with its remaining lifetime set to `lifetime_ms`, or

@@ -17,7 +17,8 @@ use linkbus_plugin_api::{Address, Content, Message, MessageId, NodeName, QueueNa
 use linkbus_proto::frame::put_length_prefixed;
 use linkbus_proto::reader::{ReadError, Reader};
 use linkbus_proto::wire::{
-    content_encoded_len, decode_message, encode_content, encode_message, message_encoded_len, read_content,
+    Chunks, content_encoded_len, decode_message, encode_content, encode_content_chunks, encode_message,
+    encode_message_chunks, message_encoded_len, read_content,
 };
 
 use crate::results::{MessageResults, Outcome};
@@ -236,6 +237,14 @@ pub enum Response {
     },
 }
 
+/// Bytes in a length-prefixed frame.
+const LENGTH_BYTES: usize = 4;
+
+/// A frame or message length as written.
+fn frame_len(len: usize) -> u32 {
+    u32::try_from(len).expect("frames are bounded below 4 GiB")
+}
+
 fn frame(kind: u8, out: &mut BytesMut, body: impl FnOnce(&mut BytesMut)) {
     put_length_prefixed(out, |out| {
         out.put_u8(kind);
@@ -244,6 +253,23 @@ fn frame(kind: u8, out: &mut BytesMut, body: impl FnOnce(&mut BytesMut)) {
 }
 
 impl Request {
+    /// Appends the encoded request into `out`, the payloads of large messages shared rather
+    /// than copied (for a vectored write).
+    pub fn encode_chunks(&self, out: &mut Chunks) {
+        let Self::Put { contents, timeout_ms, no_wait } = self else { return self.encode(out.buf()) };
+        let lens: usize = contents.iter().map(|c| LENGTH_BYTES + content_encoded_len(c)).sum();
+        let head = out.buf();
+        head.put_u32(frame_len(1 + 8 + 1 + 4 + lens));
+        head.put_u8(PUT);
+        head.put_u64(*timeout_ms);
+        head.put_u8(u8::from(*no_wait));
+        head.put_u32(contents.len() as u32);
+        for c in contents {
+            out.buf().put_u32(frame_len(content_encoded_len(c)));
+            encode_content_chunks(c, out);
+        }
+    }
+
     /// Appends the encoded request.
     pub fn encode(&self, out: &mut BytesMut) {
         match self {
@@ -356,6 +382,25 @@ impl Request {
 }
 
 impl Response {
+    /// Appends the encoded response into `out`, the payloads of large messages shared
+    /// rather than copied (for a vectored write).
+    pub fn encode_chunks(&self, out: &mut Chunks) {
+        let Self::Messages { messages, tags } = self else { return self.encode(out.buf()) };
+        let len = |m: &Message| message_encoded_len(m.id.source.as_str().len(), &m.content);
+        let lens: usize = messages.iter().map(|m| LENGTH_BYTES + len(m)).sum();
+        let head = out.buf();
+        head.put_u32(frame_len(1 + 4 + lens + 4 + 8 * tags.len()));
+        head.put_u8(MESSAGES);
+        head.put_u32(messages.len() as u32);
+        for m in messages {
+            out.buf().put_u32(frame_len(len(m)));
+            encode_message_chunks(m, out);
+        }
+        let tail = out.buf();
+        tail.put_u32(tags.len() as u32);
+        tags.iter().for_each(|t| tail.put_u64(*t));
+    }
+
     /// Appends the encoded response.
     pub fn encode(&self, out: &mut BytesMut) {
         match self {
@@ -552,8 +597,52 @@ mod tests {
     fn round_trip_request(r: Request) {
         let mut out = BytesMut::new();
         r.encode(&mut out);
+        assert_eq!(joined(|c| r.encode_chunks(c)), out, "the chunks say the same: {r:?}");
         let (kind, body) = split_frame(&mut out, 1 << 20).unwrap().unwrap();
         assert_eq!(Request::decode(kind, body).unwrap(), r);
+    }
+
+    /// What an `encode_chunks` wrote, joined.
+    fn joined(encode: impl FnOnce(&mut Chunks)) -> BytesMut {
+        let (mut chunks, mut parts) = (Chunks::default(), Vec::new());
+        encode(&mut chunks);
+        chunks.take(&mut parts);
+        parts.iter().fold(BytesMut::new(), |mut all, p| {
+            all.extend_from_slice(p);
+            all
+        })
+    }
+
+    #[test]
+    fn large_payloads_are_shared_into_the_chunks_and_the_bytes_are_the_same() {
+        let big = Bytes::from(vec![7u8; 3 * Chunks::SHARE_BYTES_MIN]);
+        let contents = vec![
+            Content::buf("B:q".parse().unwrap(), "small"),
+            Content::buf("B:q".parse().unwrap(), big.clone()),
+        ];
+        round_trip_request(Request::Put { contents: contents.clone(), timeout_ms: 1, no_wait: false });
+        let message = |content: Content| Message {
+            id: linkbus_plugin_api::MessageId {
+                source: NodeName::new("A").unwrap(),
+                sequence: 4,
+                created_unix_ms: 5,
+            },
+            hop_count: 1,
+            redelivered: false,
+            backout_count: 0,
+            content,
+        };
+        let response =
+            Response::Messages { messages: contents.into_iter().map(message).collect(), tags: vec![1, 2] };
+        let mut out = BytesMut::new();
+        response.encode(&mut out);
+        assert_eq!(joined(|c| response.encode_chunks(c)), out);
+        let (mut chunks, mut parts) = (Chunks::default(), Vec::new());
+        response.encode_chunks(&mut chunks);
+        chunks.take(&mut parts);
+        assert!(parts.iter().any(|p| p.as_ptr() == big.as_ptr()), "the large payload is shared, not copied");
+        let (kind, body) = split_frame(&mut out, 1 << 20).unwrap().unwrap();
+        assert_eq!(Response::decode(kind, body).unwrap(), response);
     }
 
     #[test]

@@ -17,6 +17,7 @@ use crate::events::{Event, EventKind};
 use crate::node::{CommitError, NodeState, StartError};
 use crate::queue::{DEAD_LETTER_QUEUE, LocalQueue, PopLimits, SettleError};
 use linkbus_plugin_api::{Address, Reliability};
+use linkbus_proto::wire::Chunks;
 
 /// Most messages one `get` returns.
 pub const GET_MESSAGES_MAX: u32 = 100_000;
@@ -308,6 +309,8 @@ async fn serve(node: Arc<NodeState>, mut stream: UnixStream, mut shutdown: watch
     let frame_bytes_max = node.encoded_message_bytes_max().saturating_add(1 << 20);
     let mut buf = BytesMut::with_capacity(64 * 1024);
     let mut out = BytesMut::new();
+    // A response's chunks: large payloads are shared into a vectored write, not copied.
+    let (mut chunks, mut parts) = (Chunks::default(), Vec::new());
     let mut pending = PendingOnConnection::default();
     // Dropped with the connection: an open transaction is rolled back.
     let mut transaction: Option<Transaction> = None;
@@ -348,9 +351,9 @@ async fn serve(node: Arc<NodeState>, mut stream: UnixStream, mut shutdown: watch
                 (Response::Error { code: ErrorCode::BadRequest, accepted: 0, message }, None)
             }
         };
-        out.clear();
-        response.encode(&mut out);
-        if let Err(e) = stream.write_all(&out).await {
+        response.encode_chunks(&mut chunks);
+        chunks.take(&mut parts);
+        if let Err(e) = crate::vectored::write_all(&mut stream, &mut parts).await {
             // The client is gone: messages it never received go back to the head of the queue.
             // (Pending ones go back when `pending` drops.)
             if let (Response::Messages { messages, tags }, Some(queue)) = (response, taken_from)

@@ -1,12 +1,10 @@
 //! The byte movers of a connection: a reader task and a writer task, so that reading never
 //! waits on writing; and refusing a connection with a `Close` frame.
 
-use std::collections::VecDeque;
-use std::io::IoSlice;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use bytes::{Buf, Bytes, BytesMut};
+use bytes::{Bytes, BytesMut};
 use linkbus_plugin_api::Connection;
 use linkbus_proto::frame::{CloseCode, Frame};
 use linkbus_proto::secure::SecureChannel;
@@ -60,15 +58,15 @@ pub(crate) async fn write_loop(
     id: u64,
     events: mpsc::Sender<(u64, ConnEvent)>,
 ) {
-    let mut chunks: VecDeque<Bytes> = VecDeque::new();
+    let mut chunks: Vec<Bytes> = Vec::new();
     while let Some(first) = rx.recv().await {
-        chunks.push_back(first);
-        while chunks.len() < WRITE_CHUNKS_MAX {
+        chunks.push(first);
+        while chunks.len() < crate::vectored::WRITE_CHUNKS_MAX {
             let Ok(more) = rx.try_recv() else { break };
-            chunks.push_back(more);
+            chunks.push(more);
         }
         let len: usize = chunks.iter().map(Bytes::len).sum();
-        let result = write_all_vectored(&mut writer, &mut chunks).await;
+        let result = crate::vectored::write_all(&mut writer, &mut chunks).await;
         backlog.fetch_sub(len, Ordering::Relaxed);
         if let Err(e) = result {
             // Nothing queued behind the failed write will be written: uncount it, so the
@@ -84,42 +82,6 @@ pub(crate) async fn write_loop(
         wake.notify_one();
     }
     let _ = writer.shutdown().await;
-}
-
-/// Chunks written together at most (the kernel takes up to 1,024 per call).
-const WRITE_CHUNKS_MAX: usize = 64;
-
-/// Writes every chunk, in order, with as few calls as the writer allows; `chunks` is empty
-/// afterwards, also on an error.
-async fn write_all_vectored(
-    writer: &mut Box<dyn AsyncWrite + Send + Unpin>,
-    chunks: &mut VecDeque<Bytes>,
-) -> std::io::Result<()> {
-    let result = async {
-        while !chunks.is_empty() {
-            let mut slices = [IoSlice::new(&[]); WRITE_CHUNKS_MAX];
-            let count = chunks.len().min(WRITE_CHUNKS_MAX);
-            for (slice, chunk) in slices.iter_mut().zip(chunks.iter()) {
-                *slice = IoSlice::new(chunk);
-            }
-            let mut written = writer.write_vectored(slices.get(..count).unwrap_or_default()).await?;
-            if written == 0 {
-                return Err(std::io::ErrorKind::WriteZero.into());
-            }
-            while let Some(front) = chunks.front_mut() {
-                if written < front.len() {
-                    front.advance(written);
-                    break;
-                }
-                written -= front.len();
-                chunks.pop_front();
-            }
-        }
-        Ok(())
-    }
-    .await;
-    chunks.clear();
-    result
 }
 
 /// Writes a `Close` frame on a connection that will not be used (through its secure
