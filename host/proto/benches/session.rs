@@ -75,9 +75,10 @@ fn message(payload_bytes: usize) -> Bytes {
 /// Hands what `from` wrote to `to` as the link does: control frames, then packets, each as
 /// one received chunk. Returns whether anything moved.
 fn carry(from: &mut Session, to: &mut Session, now: Instant) -> bool {
-    let (control, data) = from.poll_transmit_parts();
-    let moved = control.is_some() || data.is_some();
-    for chunk in [control, data].into_iter().flatten() {
+    let mut chunks = Vec::new();
+    from.take_transmit(&mut chunks);
+    let moved = !chunks.is_empty();
+    for chunk in chunks {
         to.handle_received(chunk, now);
     }
     moved

@@ -261,6 +261,14 @@ impl Frame {
     /// # Panics
     /// When the packet is 4 GiB or more (packets are bounded by the frame limit).
     pub fn encode_data(packet: &Packet<'_>, out: &mut BytesMut) {
+        out.reserve(DATA_HEADER_BYTES + packet.bytes.len());
+        Self::encode_data_header(packet, out);
+        out.put_slice(packet.bytes);
+    }
+
+    /// The header of [`Frame::encode_data`]'s frame, without the packet's bytes (which the
+    /// caller appends, or shares into a vectored write).
+    pub fn encode_data_header(packet: &Packet<'_>, out: &mut BytesMut) {
         let len = u32::try_from(DATA_HEADER_BYTES - LENGTH_BYTES + packet.bytes.len())
             .expect("packets are bounded by the frame limit");
         let mut header = [0u8; DATA_HEADER_BYTES];
@@ -273,9 +281,7 @@ impl Frame {
         header[34..].copy_from_slice(&packet.crc.to_be_bytes());
         let crc = header_crc(&header);
         header[5..9].copy_from_slice(&crc.to_be_bytes());
-        out.reserve(LENGTH_BYTES + len as usize);
         out.put_slice(&header);
-        out.put_slice(packet.bytes);
     }
 
     /// A short name for logs.
@@ -466,7 +472,7 @@ impl FrameDecoder {
 
 /// Bytes of a `Data` frame before its packet: length, type, header CRC, channel,
 /// sequence, offset, message length, message CRC.
-const DATA_HEADER_BYTES: usize = LENGTH_BYTES + 1 + HEADER_CRC_BYTES + 1 + 8 + 8 + 8 + 4;
+pub const DATA_HEADER_BYTES: usize = LENGTH_BYTES + 1 + HEADER_CRC_BYTES + 1 + 8 + 8 + 8 + 4;
 
 /// The header CRC of a frame whose covered bytes are `covered` (length, type, a zeroed CRC
 /// slot, and the covered fields): the CRC slot itself is skipped.

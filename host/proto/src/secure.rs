@@ -504,6 +504,29 @@ impl SecureChannel {
         Ok(())
     }
 
+    /// Like [`SecureChannel::send_bytes`] for several chunks in order, leaving `chunks`
+    /// empty: passed through on a plaintext channel; under Noise encrypted as one run, so
+    /// small chunks (packet headers) do not each become a Noise message.
+    ///
+    /// # Errors
+    /// As [`SecureChannel::send`].
+    pub fn send_chunks(&mut self, chunks: &mut Vec<Bytes>) -> Result<(), SecureError> {
+        if matches!(self.state, State::Plain) {
+            return chunks.drain(..).try_for_each(|chunk| self.send_bytes(chunk));
+        }
+        let result = match chunks.as_slice() {
+            [] => Ok(()),
+            [one] => self.send(one),
+            all => {
+                let mut run = BytesMut::with_capacity(all.iter().map(Bytes::len).sum());
+                all.iter().for_each(|chunk| run.extend_from_slice(chunk));
+                self.send(&run)
+            }
+        };
+        chunks.clear();
+        result
+    }
+
     /// Bytes for the wire, if any, in one piece.
     pub fn poll_transmit(&mut self) -> Option<Bytes> {
         if self.passed_out.is_empty() {

@@ -56,6 +56,7 @@ use crate::frame::{
     ChannelPosition, DATA_OVERHEAD_BYTES, FRAME_BYTES_MIN, Frame, FrameDecoder, HELLO_FLAG_DURABLE, Hello,
     LENGTH_BYTES, PROTOCOL_VERSION,
 };
+use crate::wire::Chunks;
 
 /// Settings of one session, from the node's configuration.
 #[derive(Debug, Clone)]
@@ -172,7 +173,7 @@ pub struct Session {
     /// any packet.
     control: BytesMut,
     /// Packets to write, collected until the host takes them (one write per batch).
-    transmit: BytesMut,
+    transmit: Chunks,
     /// Events for the host.
     events: VecDeque<SessionEvent>,
     /// When the last frame arrived, for the keepalive.
@@ -217,7 +218,7 @@ impl Session {
             peer_message_bytes_max: None,
             decoder,
             control: BytesMut::new(),
-            transmit: BytesMut::new(),
+            transmit: Chunks::default(),
             events: VecDeque::new(),
             last_received: now,
             ping: None,
@@ -929,25 +930,33 @@ impl Session {
     }
 
     /// Bytes to write to the connection, all frames since the last call in one buffer:
-    /// control frames first, then packets. (Hosts that can write two buffers in a row use
-    /// [`Session::poll_transmit_parts`], which copies nothing.)
+    /// control frames first, then packets. (Hosts that write several buffers at once use
+    /// [`Session::take_transmit`], which copies nothing.)
     pub fn poll_transmit(&mut self) -> Option<Bytes> {
-        match self.poll_transmit_parts() {
-            (None, data) => data,
-            (Some(control), None) => Some(control),
-            (Some(control), Some(data)) => {
-                let mut out = BytesMut::from(control);
-                out.extend_from_slice(&data);
-                Some(out.freeze())
-            }
+        let mut chunks = Vec::new();
+        self.take_transmit(&mut chunks);
+        match chunks.len() {
+            0 => None,
+            1 => chunks.pop(),
+            _ => Some(
+                chunks
+                    .iter()
+                    .fold(BytesMut::new(), |mut all, c| {
+                        all.extend_from_slice(c);
+                        all
+                    })
+                    .freeze(),
+            ),
         }
     }
 
-    /// What [`Session::poll_transmit`] returns, as the control frames and the packets to
-    /// write after them, each without copying.
-    pub fn poll_transmit_parts(&mut self) -> (Option<Bytes>, Option<Bytes>) {
-        let take = |buf: &mut BytesMut| (!buf.is_empty()).then(|| buf.split().freeze());
-        (take(&mut self.control), take(&mut self.transmit))
+    /// What [`Session::poll_transmit`] returns, as chunks to write in order (control frames,
+    /// then packets): packet headers, and the packets' bytes shared with the messages.
+    pub fn take_transmit(&mut self, out: &mut Vec<Bytes>) {
+        if !self.control.is_empty() {
+            out.push(self.control.split().freeze());
+        }
+        self.transmit.take(out);
     }
 
     /// Bytes waiting for [`Session::poll_transmit`].

@@ -202,6 +202,12 @@ impl Chunks {
         self.len() == 0
     }
 
+    /// Drops everything appended.
+    pub fn clear(&mut self) {
+        self.done.clear();
+        self.current.clear();
+    }
+
     /// The chunks, in order, leaving this empty (its buffer kept for reuse).
     pub fn take(&mut self, into: &mut Vec<Bytes>) {
         into.append(&mut self.done);

@@ -477,15 +477,14 @@ impl Link {
             self.node.fail(format!("store failed while recording messages for {}: {e}", self.peer()));
             return self.drop_connection("store failed");
         }
-        let (control, data) = self.session.poll_transmit_parts();
+        let mut out = std::mem::take(&mut self.out);
+        self.session.take_transmit(&mut out);
         if let Some(active) = &mut self.active {
-            for plain in [control, data].into_iter().flatten() {
-                if let Err(e) = active.secure.send_bytes(plain) {
-                    warn!(peer = self.handle.peer.name.as_str(), error = %e, "Secure channel failed.");
-                    return self.drop_connection(&e.to_string());
-                }
+            if let Err(e) = active.secure.send_chunks(&mut out) {
+                warn!(peer = self.handle.peer.name.as_str(), error = %e, "Secure channel failed.");
+                self.out = out;
+                return self.drop_connection(&e.to_string());
             }
-            let mut out = std::mem::take(&mut self.out);
             active.secure.take_transmit(&mut out);
             for bytes in out.drain(..) {
                 let len = bytes.len();

@@ -190,12 +190,14 @@ impl Receiver {
             if p.offset != 0 {
                 return PacketOutcome::Dropped { last };
             }
-            // A new message, or the sender's bytes changed (it started over): begin afresh.
+            // A new message, or the sender's bytes changed (it started over): begin afresh,
+            // with room for all of it (`total` was checked against the message limit), so
+            // it is copied once, not again at each growth.
             self.assembly = Some(Assembly {
                 sequence: p.sequence,
                 total: p.total,
                 crc: p.crc,
-                bytes: BytesMut::new(),
+                bytes: BytesMut::with_capacity(usize::try_from(p.total).unwrap_or(0)),
                 started: now,
             });
         }

@@ -5,11 +5,11 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 
 use super::event::{DropReason, SessionEvent};
-use crate::frame::{Frame, Packet};
-use crate::wire::with_lifetime;
+use crate::frame::{DATA_HEADER_BYTES, Frame, Packet};
+use crate::wire::{Chunks, with_lifetime};
 
 /// A message written this long after it was handed over carries its lifetime rewritten.
 const LIFETIME_PATCH_AFTER: Duration = Duration::from_millis(100);
@@ -338,7 +338,7 @@ impl Sender {
         &mut self,
         now: Instant,
         limits: &WriteLimits,
-        out: &mut BytesMut,
+        out: &mut Chunks,
         events: &mut VecDeque<SessionEvent>,
     ) -> Option<usize> {
         let (channel, offset) = (self.channel, self.write_offset);
@@ -353,8 +353,10 @@ impl Sender {
         let bytes = pending.message.get(start..end).unwrap_or_default();
         let crc = pending.crc.unwrap_or_default();
         let packet = Packet { channel, sequence, offset: start as u64, total: total as u64, crc, bytes };
-        let before = out.len();
-        Frame::encode_data(&packet, out);
+        // The header is written; the bytes are shared (copied only when small).
+        Frame::encode_data_header(&packet, out.buf());
+        out.share(&pending.message.slice(start..end));
+        let written = DATA_HEADER_BYTES + (end - start);
         if end == total {
             pending.written_at = Some(now);
             self.next_write = sequence + 1;
@@ -362,7 +364,7 @@ impl Sender {
         } else {
             self.write_offset = end as u64;
         }
-        Some(out.len() - before)
+        Some(written)
     }
 
     /// The peer refused message `sequence` (its CRC failed): write it again, and the ones
