@@ -163,6 +163,16 @@ fn encode_message_head(message: &Message, out: &mut BytesMut) {
     out.put_u16(message.backout_count);
 }
 
+/// Messages shorter than this are copied out of the buffer they arrived in (a connection's
+/// read chunk, a client's request) before they are kept: a small message shared with a large
+/// buffer would hold all of it in memory for as long as it waits in a queue.
+pub const DETACH_BYTES_MAX: usize = 32 * 1024;
+
+/// `bytes` in a buffer of their own when short (see [`DETACH_BYTES_MAX`]), else as they are.
+pub fn detached(bytes: Bytes) -> Bytes {
+    if bytes.len() < DETACH_BYTES_MAX { Bytes::copy_from_slice(&bytes) } else { bytes }
+}
+
 /// Output for a vectored write: encoded bytes with large payloads shared between them
 /// instead of copied in.
 #[derive(Debug, Default)]
@@ -362,6 +372,16 @@ pub fn decode_message(bytes: Bytes) -> Result<Message, ReadError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn short_bytes_are_detached_from_their_buffer_and_long_ones_shared() {
+        let chunk = Bytes::from(vec![1u8; 4 * DETACH_BYTES_MAX]);
+        let short = detached(chunk.slice(10..74));
+        assert_ne!(short.as_ptr(), chunk.as_ptr().wrapping_add(10), "a short message has its own buffer");
+        assert_eq!(&short[..], &chunk[10..74]);
+        let long = detached(chunk.slice(..DETACH_BYTES_MAX));
+        assert_eq!(long.as_ptr(), chunk.as_ptr(), "a long one stays shared");
+    }
     use proptest::prelude::*;
 
     fn sample() -> Message {

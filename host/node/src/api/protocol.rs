@@ -333,8 +333,12 @@ impl Request {
                 for _ in 0..count {
                     let len = r.u32()? as usize;
                     let mut item = Reader::new(r.bytes(len)?);
-                    contents.push(read_content(&mut item)?);
+                    let mut content = read_content(&mut item)?;
                     item.finish()?;
+                    // Slices of the request: kept in queues, so short ones get their own buffers.
+                    content.payload = linkbus_proto::wire::detached(content.payload);
+                    content.correlation_id = content.correlation_id.map(linkbus_proto::wire::detached);
+                    contents.push(content);
                 }
                 Self::Put { contents, timeout_ms, no_wait }
             }

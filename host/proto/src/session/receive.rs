@@ -177,7 +177,8 @@ impl Receiver {
         let end = p.offset.saturating_add(p.bytes.len() as u64);
         let last = end == p.total;
         if p.offset == 0 && last {
-            return PacketOutcome::Complete { message: p.bytes, first: now };
+            // A slice of the read chunk: a short message gets its own buffer before it is kept.
+            return PacketOutcome::Complete { message: crate::wire::detached(p.bytes), first: now };
         }
         if p.sequence <= self.received_through || self.held.contains_key(&p.sequence) {
             return PacketOutcome::Duplicate { last };
