@@ -7,8 +7,8 @@
 //!   on B (plaintext links), against a raw length-prefixed TCP stream of the same payloads
 //!   with buffered writes — the ceiling;
 //! - `w2`: persistent 1 KiB puts, each answered after the sync that covers it, from 16
-//!   clients at once (group commit), one per request and 256 per request, against the same store syncing every record on its
-//!   own, and the disk's raw write-and-`fdatasync` rate;
+//!   clients at once (group commit), one per request and 256 per request, against the same
+//!   store syncing every record on its own, and the disk's raw write-and-`fdatasync` rate;
 //! - `w3`: ping-pong of 64 B messages, one round trip at a time at most 1,000 a second
 //!   (below saturation): A puts to `B:orders`, a client on B takes it and puts it back to
 //!   `A:orders`, where A takes it — p50, p99 and p99.9 of the round trip, against the same
@@ -378,13 +378,17 @@ async fn raw_tcp(messages: usize, size: usize) -> Result<f64, DemoError> {
         Ok::<usize, std::io::Error>(intact)
     });
     let started = Instant::now();
-    let mut w = BufWriter::with_capacity(256 << 10, tokio::net::TcpStream::connect(address).await?);
-    for i in 0..messages {
-        let p = payload(i, size);
-        w.write_u32(p.len() as u32).await?;
-        w.write_all(&p).await?;
-    }
-    w.flush().await?;
+    // On a task of its own, as the nodes' clients are.
+    let writer = tokio::spawn(async move {
+        let mut w = BufWriter::with_capacity(256 << 10, tokio::net::TcpStream::connect(address).await?);
+        for i in 0..messages {
+            let p = payload(i, size);
+            w.write_u32(p.len() as u32).await?;
+            w.write_all(&p).await?;
+        }
+        w.flush().await
+    });
+    writer.await.map_err(std::io::Error::other)??;
     let intact = reader.await.map_err(std::io::Error::other)??;
     let elapsed = started.elapsed();
     if intact != messages {

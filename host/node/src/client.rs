@@ -14,6 +14,7 @@
 //! ```
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::BytesMut;
@@ -23,6 +24,8 @@ use tokio::io::AsyncReadExt;
 use tokio::net::UnixStream;
 
 use crate::api::protocol::{ErrorCode, Request, Response, split_frame};
+use crate::api::server::InProcess;
+use crate::node::NodeState;
 use crate::results::MessageResults;
 
 /// Encoded bytes [`Client::put_batch`] packs into one request at most (a larger single
@@ -88,11 +91,31 @@ pub struct Client {
     no_wait: bool,
     /// A call ended without its answer: the stream is out of step.
     broken: bool,
-    stream: UnixStream,
-    buf: BytesMut,
-    /// The request being written, and its chunks.
-    out: Chunks,
-    parts: Vec<bytes::Bytes>,
+    to: To,
+}
+
+/// How a client reaches its node.
+enum To {
+    /// The node's Unix socket.
+    Socket {
+        stream: UnixStream,
+        buf: BytesMut,
+        /// The request being written, and its chunks.
+        out: Chunks,
+        parts: Vec<bytes::Bytes>,
+    },
+    /// A node in this process: requests are answered by direct calls (no socket, no
+    /// encoding), with the same rules.
+    InProcess(Arc<NodeState>, Box<InProcess>),
+}
+
+impl std::fmt::Debug for To {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Socket { stream, .. } => f.debug_tuple("Socket").field(stream).finish(),
+            Self::InProcess(node, _) => f.debug_tuple("InProcess").field(&node.name().as_str()).finish(),
+        }
+    }
 }
 
 /// A message handed out pending by [`Client::get_pending`], with the tag that acknowledges
@@ -114,15 +137,20 @@ impl Client {
         let stream = UnixStream::connect(path)
             .await
             .map_err(|source| ClientError::Connect { path: path.to_owned(), source })?;
-        Ok(Self {
-            put_timeout: PUT_TIMEOUT_DEFAULT,
-            no_wait: false,
-            broken: false,
-            stream,
-            buf: BytesMut::with_capacity(64 * 1024),
-            out: Chunks::default(),
-            parts: Vec::new(),
-        })
+        let (buf, out, parts) = (BytesMut::with_capacity(64 * 1024), Chunks::default(), Vec::new());
+        Ok(Self::with(To::Socket { stream, buf, out, parts }))
+    }
+
+    /// A client of a node running in this process (see [`crate::Node::client`]): the same
+    /// calls and rules as over the socket, answered by direct calls — no socket, no encoding.
+    /// Messages it took pending go back, and its open transaction is rolled back, when it
+    /// drops (as when a connection closes).
+    pub fn in_process(node: Arc<NodeState>) -> Self {
+        Self::with(To::InProcess(node, Box::default()))
+    }
+
+    fn with(to: To) -> Self {
+        Self { put_timeout: PUT_TIMEOUT_DEFAULT, no_wait: false, broken: false, to }
     }
 
     /// Connects to the local node called `name` through the runtime directory.
@@ -133,29 +161,34 @@ impl Client {
         Self::connect(&crate::runtime_dir::socket_for(name)).await
     }
 
-    async fn call(&mut self, request: &Request) -> Result<Response, ClientError> {
+    async fn call(&mut self, request: Request) -> Result<Response, ClientError> {
         if self.broken {
             return Err(ClientError::Broken);
         }
-        // Large payloads are shared into a vectored write, not copied.
-        request.encode_chunks(&mut self.out);
-        self.out.take(&mut self.parts);
-        crate::vectored::write_all(&mut self.stream, &mut self.parts).await?;
-        loop {
-            if let Some((kind, body)) =
-                split_frame(&mut self.buf, RESPONSE_BYTES_MAX).map_err(ClientError::Protocol)?
-            {
-                let response =
-                    Response::decode(kind, body).map_err(|e| ClientError::Protocol(e.to_string()))?;
-                if let Response::Error { code, accepted, message } = response {
-                    return Err(ClientError::Refused { code, accepted, message });
+        let response = match &mut self.to {
+            To::Socket { stream, buf, out, parts } => {
+                // Large payloads are shared into a vectored write, not copied.
+                request.encode_chunks(out);
+                out.take(parts);
+                crate::vectored::write_all(stream, parts).await?;
+                loop {
+                    if let Some((kind, body)) =
+                        split_frame(buf, RESPONSE_BYTES_MAX).map_err(ClientError::Protocol)?
+                    {
+                        break Response::decode(kind, body)
+                            .map_err(|e| ClientError::Protocol(e.to_string()))?;
+                    }
+                    if stream.read_buf(buf).await? == 0 {
+                        return Err(ClientError::Protocol("the node closed the connection".into()));
+                    }
                 }
-                return Ok(response);
             }
-            if self.stream.read_buf(&mut self.buf).await? == 0 {
-                return Err(ClientError::Protocol("the node closed the connection".into()));
-            }
+            To::InProcess(node, connection) => connection.call(node, request).await,
+        };
+        if let Response::Error { code, accepted, message } = response {
+            return Err(ClientError::Refused { code, accepted, message });
         }
+        Ok(response)
     }
 
     /// Makes puts no-wait puts: they fail at once when a queue is full and refuse persistent
@@ -238,7 +271,7 @@ impl Client {
         // The node answers within the timeout; past it (and a margin), the outcome is unknown.
         let answer = tokio::time::timeout(
             timeout + PUT_ANSWER_MARGIN,
-            self.call(&Request::Put { contents: batch, timeout_ms, no_wait: self.no_wait }),
+            self.call(Request::Put { contents: batch, timeout_ms, no_wait: self.no_wait }),
         )
         .await;
         let Ok(answer) = answer else {
@@ -307,7 +340,7 @@ impl Client {
             bytes_max,
             pending,
         };
-        match self.call(&request).await? {
+        match self.call(request).await? {
             Response::Messages { messages, tags } => Ok((messages, tags)),
             other => Err(ClientError::Protocol(format!("unexpected answer to get: {other:?}"))),
         }
@@ -333,9 +366,15 @@ impl Client {
     }
 
     async fn settle(&mut self, request: Request) -> Result<u32, ClientError> {
-        match self.call(&request).await? {
+        let what = match request {
+            Request::Ack { .. } => "ack",
+            Request::Backout { .. } => "backout",
+            Request::Begin => "begin",
+            _ => "rollback",
+        };
+        match self.call(request).await? {
             Response::Settled(count) => Ok(count),
-            other => Err(ClientError::Protocol(format!("unexpected answer to {request:?}: {other:?}"))),
+            other => Err(ClientError::Protocol(format!("unexpected answer to {what}: {other:?}"))),
         }
     }
 
@@ -345,7 +384,7 @@ impl Client {
     /// # Errors
     /// [`ClientError::Refused`] when the queue does not exist.
     pub async fn browse(&mut self, queue: &str, count_max: u32) -> Result<Vec<Message>, ClientError> {
-        match self.call(&Request::Browse { queue: queue.to_owned(), count_max }).await? {
+        match self.call(Request::Browse { queue: queue.to_owned(), count_max }).await? {
             Response::Messages { messages, .. } => Ok(messages),
             other => Err(ClientError::Protocol(format!("unexpected answer to browse: {other:?}"))),
         }
@@ -357,7 +396,7 @@ impl Client {
     /// # Errors
     /// [`ClientError::Refused`] when the named queue does not exist.
     pub async fn queues(&mut self, name: &str) -> Result<String, ClientError> {
-        match self.call(&Request::Queues { name: name.to_owned() }).await? {
+        match self.call(Request::Queues { name: name.to_owned() }).await? {
             Response::Status(text) => Ok(text),
             other => Err(ClientError::Protocol(format!("unexpected answer to queues: {other:?}"))),
         }
@@ -369,7 +408,7 @@ impl Client {
     /// # Errors
     /// [`ClientError::Refused`] when the node has no link to `peer`.
     pub async fn reset_link(&mut self, peer: &str) -> Result<String, ClientError> {
-        match self.call(&Request::LinkReset { peer: peer.to_owned() }).await? {
+        match self.call(Request::LinkReset { peer: peer.to_owned() }).await? {
             Response::Status(text) => Ok(text),
             other => Err(ClientError::Protocol(format!("unexpected answer to link reset: {other:?}"))),
         }
@@ -380,7 +419,7 @@ impl Client {
     /// # Errors
     /// [`ClientError::Refused`] for a name that is not a node name.
     pub async fn explain_route(&mut self, destination: &str) -> Result<String, ClientError> {
-        match self.call(&Request::RouteExplain { destination: destination.to_owned() }).await? {
+        match self.call(Request::RouteExplain { destination: destination.to_owned() }).await? {
             Response::Status(text) => Ok(text),
             other => Err(ClientError::Protocol(format!("unexpected answer to route explain: {other:?}"))),
         }
@@ -393,7 +432,7 @@ impl Client {
     /// [`ClientError::Refused`] when the file is bad (every problem is named) or the node
     /// was not started from a file; the running configuration stays.
     pub async fn reload(&mut self) -> Result<String, ClientError> {
-        match self.call(&Request::Reload).await? {
+        match self.call(Request::Reload).await? {
             Response::Status(text) => Ok(text),
             other => Err(ClientError::Protocol(format!("unexpected answer to reload: {other:?}"))),
         }
@@ -434,7 +473,7 @@ impl Client {
                 sequences: chunk.iter().map(|id| id.sequence).collect(),
                 wait_ms,
             };
-            match self.call(&request).await? {
+            match self.call(request).await? {
                 Response::Results(results) if results.len() == chunk.len() => all.extend(results),
                 other => {
                     return Err(ClientError::Protocol(format!("unexpected answer to results: {other:?}")));
@@ -468,7 +507,7 @@ impl Client {
     pub async fn commit(&mut self) -> Result<u32, ClientError> {
         let timeout_ms = self.put_timeout.as_millis() as u64;
         let limit = self.put_timeout + PUT_ANSWER_MARGIN;
-        let Ok(answer) = tokio::time::timeout(limit, self.call(&Request::Commit { timeout_ms })).await else {
+        let Ok(answer) = tokio::time::timeout(limit, self.call(Request::Commit { timeout_ms })).await else {
             self.broken = true;
             return Err(ClientError::OutcomeUnknown(limit));
         };
@@ -499,7 +538,7 @@ impl Client {
     pub async fn subscribe(&mut self, to: &str, kinds: &[&str]) -> Result<String, ClientError> {
         let request =
             Request::Subscribe { to: to.to_owned(), kinds: kinds.iter().map(|k| (*k).to_owned()).collect() };
-        self.text(&request, "subscribe").await
+        self.text(request, "subscribe").await
     }
 
     /// Ends the client subscription of queue `to`.
@@ -507,7 +546,7 @@ impl Client {
     /// # Errors
     /// [`ClientError::Refused`] when it has none (or the configuration declares it).
     pub async fn unsubscribe(&mut self, to: &str) -> Result<String, ClientError> {
-        self.text(&Request::Unsubscribe { to: to.to_owned() }, "unsubscribe").await
+        self.text(Request::Unsubscribe { to: to.to_owned() }, "unsubscribe").await
     }
 
     /// The subscriptions in force, one line each: queue, kinds, and whether the
@@ -516,10 +555,10 @@ impl Client {
     /// # Errors
     /// [`ClientError`] when the call fails.
     pub async fn subscriptions(&mut self) -> Result<String, ClientError> {
-        self.text(&Request::Subscriptions, "subscriptions").await
+        self.text(Request::Subscriptions, "subscriptions").await
     }
 
-    async fn text(&mut self, request: &Request, what: &str) -> Result<String, ClientError> {
+    async fn text(&mut self, request: Request, what: &str) -> Result<String, ClientError> {
         match self.call(request).await? {
             Response::Status(text) => Ok(text),
             other => Err(ClientError::Protocol(format!("unexpected answer to {what}: {other:?}"))),
@@ -531,7 +570,7 @@ impl Client {
     /// # Errors
     /// [`ClientError`] when the call fails.
     pub async fn status(&mut self) -> Result<String, ClientError> {
-        match self.call(&Request::Status).await? {
+        match self.call(Request::Status).await? {
             Response::Status(text) => Ok(text),
             other => Err(ClientError::Protocol(format!("unexpected answer to status: {other:?}"))),
         }

@@ -167,7 +167,7 @@ pub async fn run(messages: usize, size: usize) -> Result<DemoReport, DemoError> 
 /// Starts the chain `names` ([`crate::bench::start_chain`], under `scratch`), puts
 /// `messages` numbered payloads of `size` bytes on the first node for `orders` on the last,
 /// takes and checks them there, stops the nodes, and reports (timed from the first put to
-/// the last get).
+/// the last get). The producer and the consumer run on tasks of their own.
 ///
 /// # Errors
 /// [`DemoError`] when a node or client fails; a report with losses is not an error.
@@ -184,10 +184,13 @@ pub(crate) async fn deliver_through(
     let mut consumer = Client::connect(last.socket_path()).await?;
     let to: Address = format!("{}:orders", names[names.len() - 1]).parse().expect("valid address");
     let started = Instant::now();
-    let (produced, consumed) =
-        tokio::join!(produce(&mut producer, &to, messages, size), consume(&mut consumer, messages, size));
-    produced?;
-    let mut report = consumed?;
+    // Each on a task of its own, as separate programs would be (an in-process client
+    // answers its calls on the task that makes them).
+    let producing = tokio::spawn(async move { produce(&mut producer, &to, messages, size).await });
+    let consuming = tokio::spawn(async move { consume(&mut consumer, messages, size).await });
+    let (produced, consumed) = (producing.await, consuming.await);
+    produced.map_err(std::io::Error::other)??;
+    let mut report = consumed.map_err(std::io::Error::other)??;
     report.elapsed = started.elapsed();
     for node in nodes {
         node.shutdown().await;

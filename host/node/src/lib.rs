@@ -117,6 +117,12 @@ impl Node {
         &self.socket_path
     }
 
+    /// A client of this node in this process: the calls of [`client::Client`], answered
+    /// without the socket or any encoding (for applications that embed their node).
+    pub fn client(&self) -> client::Client {
+        client::Client::in_process(self.state().clone())
+    }
+
     /// The node's shared state.
     pub fn state(&self) -> &Arc<NodeState> {
         &self.state

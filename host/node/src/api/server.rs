@@ -400,6 +400,22 @@ async fn put(
 }
 
 /// Answers one request; for a get, also the queue the messages came from.
+/// What a client connection holds on the node (messages taken pending, an open
+/// transaction), for a client in the node's own process: no socket, no encoding. Dropped
+/// with the client, like a closed connection.
+#[derive(Default)]
+pub(crate) struct InProcess {
+    pending: PendingOnConnection,
+    transaction: Option<Transaction>,
+}
+
+impl InProcess {
+    /// Answers `request` as the socket server would.
+    pub(crate) async fn call(&mut self, node: &NodeState, request: Request) -> Response {
+        handle(node, request, &mut self.pending, &mut self.transaction).await.0
+    }
+}
+
 async fn handle(
     node: &NodeState,
     request: Request,
