@@ -484,7 +484,9 @@ fn spawn_bulk(
     tasks.push(tokio::spawn(async move {
         let mut client = Client::connect(&socket).await?;
         while !stop.load(Ordering::Relaxed) {
-            client.get("orders", 10_000, Duration::from_millis(100)).await?;
+            // A thousand at a time: a get of ten thousand 1 KiB messages is encoded in one
+            // go and holds a runtime worker for milliseconds (see BENCHMARKS.md).
+            client.get("orders", 1_000, Duration::from_millis(100)).await?;
         }
         Ok(())
     }));
@@ -494,8 +496,19 @@ fn spawn_bulk(
 /// Put-to-get latencies of `count` urgent messages from A to `B:urgent`, paced at
 /// [`URGENT_RATE`] a second.
 async fn urgent_latencies(a: &Path, b: &Path, count: usize) -> Result<Vec<Duration>, DemoError> {
-    let mut producer = Client::connect(a).await?;
-    let mut consumer = Client::connect(b).await?;
+    let (producer, consumer) = (Client::connect(a).await?, Client::connect(b).await?);
+    // On a task of its own, as the bulk's producers and consumer are.
+    let measured = tokio::spawn(urgent_rounds(producer, consumer, count));
+    measured.await.map_err(std::io::Error::other)?
+}
+
+/// Puts `count` urgent messages at [`URGENT_RATE`], each taken before the next: their
+/// put-to-get times.
+async fn urgent_rounds(
+    mut producer: Client,
+    mut consumer: Client,
+    count: usize,
+) -> Result<Vec<Duration>, DemoError> {
     let to: Address = "B:urgent".parse().expect("valid address");
     let mut times = Vec::with_capacity(count);
     let started = Instant::now();
@@ -538,22 +551,26 @@ async fn ping_pong(scratch: &Path, rounds: usize) -> Result<Row, DemoError> {
         Ok::<(), crate::client::ClientError>(())
     });
     let mut client = Client::connect(a.socket_path()).await?;
-    let to: Address = "B:orders".parse().expect("valid address");
-    let mut times = Vec::with_capacity(rounds);
-    let started = Instant::now();
-    for i in 0..rounds {
-        pace(started, i).await;
-        let sent = Instant::now();
-        client.put(Content::buf(to.clone(), payload(i, 64))).await?;
-        let back = client.get("orders", 1, Duration::from_secs(10)).await?;
-        if !back.first().is_some_and(|m| is_payload(i, 64, &m.content.payload)) {
-            return Err(DemoError::Io(std::io::Error::other(format!(
-                "ping-pong: round {i} came back wrong"
-            ))));
+    // On a task of its own, as the echo is (and as the raw baseline's ends are).
+    let pinged = tokio::spawn(async move {
+        let to: Address = "B:orders".parse().expect("valid address");
+        let mut times = Vec::with_capacity(rounds);
+        let started = Instant::now();
+        for i in 0..rounds {
+            pace(started, i).await;
+            let sent = Instant::now();
+            client.put(Content::buf(to.clone(), payload(i, 64))).await?;
+            let back = client.get("orders", 1, Duration::from_secs(10)).await?;
+            if !back.first().is_some_and(|m| is_payload(i, 64, &m.content.payload)) {
+                return Err(DemoError::Io(std::io::Error::other(format!(
+                    "ping-pong: round {i} came back wrong"
+                ))));
+            }
+            times.push(sent.elapsed());
         }
-        times.push(sent.elapsed());
-    }
-    let per_s = rounds as f64 / started.elapsed().as_secs_f64().max(1e-9);
+        Ok((times, rounds as f64 / started.elapsed().as_secs_f64().max(1e-9)))
+    });
+    let (mut times, per_s) = pinged.await.map_err(std::io::Error::other)??;
     echoed.await.map_err(std::io::Error::other)??;
     for node in nodes {
         node.shutdown().await;
@@ -600,6 +617,17 @@ async fn raw_ping_pong(rounds: usize) -> Result<(Vec<Duration>, f64), DemoError>
     });
     let mut stream = tokio::net::TcpStream::connect(address).await?;
     stream.set_nodelay(true)?;
+    let pinged = tokio::spawn(async move { raw_pings(&mut stream, rounds).await });
+    let (times, per_s) = pinged.await.map_err(std::io::Error::other)??;
+    echo.await.map_err(std::io::Error::other)??;
+    Ok((times, per_s))
+}
+
+/// The pinging end of [`raw_ping_pong`]: round-trip times and rounds per second.
+async fn raw_pings(
+    stream: &mut tokio::net::TcpStream,
+    rounds: usize,
+) -> Result<(Vec<Duration>, f64), DemoError> {
     let mut times = Vec::with_capacity(rounds);
     let mut buf = vec![0u8; 64];
     let started = Instant::now();
@@ -621,9 +649,7 @@ async fn raw_ping_pong(rounds: usize) -> Result<(Vec<Duration>, f64), DemoError>
         }
         times.push(sent.elapsed());
     }
-    let per_s = rounds as f64 / started.elapsed().as_secs_f64().max(1e-9);
-    echo.await.map_err(std::io::Error::other)??;
-    Ok((times, per_s))
+    Ok((times, rounds as f64 / started.elapsed().as_secs_f64().max(1e-9)))
 }
 
 /// p50, p99 and p99.9 of `times`, in microseconds.
