@@ -32,6 +32,9 @@ fn bench_runs_every_workload_against_its_baseline() {
     let rows: Vec<String> =
         stdout(&sized).lines().filter(|l| l.starts_with('w')).map(str::to_owned).collect();
     assert!(rows.len() == 1 && rows[0].contains("1 KiB"), "only the 1 KiB case of w1: {rows:?}");
+    let odd = s.run(&["bench", "w1", "--size", "100"]);
+    assert!(!odd.status.success());
+    assert!(stderr(&odd).contains("the sizes are 64, 1024, 65536, 1048576"), "{}", stderr(&odd));
     let bad = s.run(&["bench", "w9"]);
     assert!(!bad.status.success());
     assert!(stderr(&bad).contains("w9"), "{}", stderr(&bad));

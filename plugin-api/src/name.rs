@@ -105,7 +105,7 @@ fn shared(
     name: &str,
     check: impl FnOnce(&str) -> Result<(), NameError>,
 ) -> Result<Arc<str>, NameError> {
-    let known = RECENT.with_borrow(|r| r.names[kind].iter().find(|n| &***n == name).cloned());
+    let known = RECENT.with_borrow(|r| r.names[kind].iter().find(|n| n.as_ref() == name).cloned());
     if let Some(known) = known {
         return Ok(known);
     }
@@ -130,7 +130,7 @@ fn shared(
 /// assert!(NodeName::new("A.east_1").is_ok());
 /// assert!(NodeName::new("1a").is_err());
 /// ```
-#[derive(Debug, Clone, Eq, PartialOrd, Ord)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct NodeName(Arc<str>);
 
 impl NodeName {
@@ -150,7 +150,7 @@ impl NodeName {
 
 /// The name of a queue on a node: ASCII letters, digits, `.`, `_` and `-`, starting with a
 /// letter, at most [`QUEUE_NAME_CHARS_MAX`] characters.
-#[derive(Debug, Clone, Eq, PartialOrd, Ord)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct QueueName(Arc<str>);
 
 impl QueueName {
@@ -187,18 +187,6 @@ impl Address {
 
 macro_rules! text_impls {
     ($ty:ty) => {
-        impl PartialEq for $ty {
-            fn eq(&self, other: &Self) -> bool {
-                // Names read again are shared (see `shared`): mostly the same pointer.
-                Arc::ptr_eq(&self.0, &other.0) || self.0 == other.0
-            }
-        }
-        impl std::hash::Hash for $ty {
-            fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-                // As the text's, so lookups by `&str` (`Borrow<str>`) find it.
-                self.0.hash(state);
-            }
-        }
         impl FromStr for $ty {
             type Err = NameError;
             fn from_str(s: &str) -> Result<Self, Self::Err> {

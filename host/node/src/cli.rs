@@ -386,8 +386,20 @@ pub struct BenchArgs {
     pub quick: bool,
     /// Only the cases of this payload size in bytes, where a workload has several (w1: 64,
     /// 1024, 65536, 1048576; w5: 1024, 65536); for profiling one case.
-    #[arg(long)]
+    #[arg(long, value_parser = parse_bench_size)]
     pub size: Option<usize>,
+}
+
+/// Checks a `linkbus bench --size`: one of the sizes the workloads have cases of.
+///
+/// # Errors
+/// The sizes there are, when `text` is not one of them.
+fn parse_bench_size(text: &str) -> Result<usize, String> {
+    let sizes = crate::bench::W1_SIZES;
+    text.parse::<usize>().ok().filter(|size| sizes.contains(size)).ok_or_else(|| {
+        let list: Vec<String> = sizes.iter().map(ToString::to_string).collect();
+        format!("no workload has cases of {text} bytes; the sizes are {}", list.join(", "))
+    })
 }
 
 /// Checks a node name.

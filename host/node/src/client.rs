@@ -1,4 +1,5 @@
-//! The Rust client library: talks to a local node over its Unix socket.
+//! The Rust client library: talks to a local node over its Unix socket, or to a node in
+//! the same program directly ([`Client::in_process`], `Node::client`).
 //!
 //! ```no_run
 //! # async fn example() -> Result<(), linkbus_host::client::ClientError> {
@@ -68,8 +69,9 @@ pub enum ClientError {
     /// connection can no longer be used (a late answer would be taken for the next one).
     #[error("no answer within {0:?}: the outcome is unknown (the message may or may not have been accepted)")]
     OutcomeUnknown(Duration),
-    /// An earlier call ended without its answer; connect again.
-    #[error("this connection lost track of its answers after a timeout; connect again")]
+    /// An earlier call ended without its answer (abandoned, timed out or failed); connect
+    /// again.
+    #[error("this connection lost track of its answers (an earlier call ended without one); connect again")]
     Broken,
 }
 
@@ -81,8 +83,9 @@ pub const PUT_TIMEOUT_DEFAULT: Duration = Duration::from_secs(10);
 
 /// A connection to one local node. Requests are answered in order on the connection, so a
 /// call must not be cancelled halfway (for example by dropping it in a `select!` or a
-/// timeout): the next call would read the abandoned call's answer. Give the node a wait
-/// instead (`get`'s `wait`), or drop the whole `Client` after a cancelled call.
+/// timeout): a client whose call was abandoned refuses further calls
+/// ([`ClientError::Broken`]), and messages a `get` had taken may be lost. Give the node a
+/// wait instead (`get`'s `wait`). An in-process client follows the same rules.
 #[derive(Debug)]
 pub struct Client {
     /// How long a put waits for room in a full queue.
@@ -165,6 +168,9 @@ impl Client {
         if self.broken {
             return Err(ClientError::Broken);
         }
+        // Until the answer is in: a call abandoned half way (or failed) leaves the stream
+        // out of step, and the client refuses further calls rather than mix up answers.
+        self.broken = true;
         let response = match &mut self.to {
             To::Socket { stream, buf, out, parts } => {
                 // Large payloads are shared into a vectored write, not copied.
@@ -185,6 +191,7 @@ impl Client {
             }
             To::InProcess(node, connection) => connection.call(node, request).await,
         };
+        self.broken = false;
         if let Response::Error { code, accepted, message } = response {
             return Err(ClientError::Refused { code, accepted, message });
         }

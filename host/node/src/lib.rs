@@ -8,11 +8,13 @@
 //! - [`link`]: one task per peer pumping a `linkbus_proto::Session` over the transport.
 //! - [`listener`]: accepting links and routing each to its peer's task.
 //! - [`api`]: the client protocol and the Unix-socket server.
-//! - [`client`]: the Rust client library.
+//! - [`client`]: the Rust client library (over the socket, or in-process).
 //! - [`runtime_dir`]: where clients find a node's socket.
 //! - [`security`]: keys, the link security mode, and the handshake replay check.
 //! - [`storage`]: group commit (one store sync for many writers).
-//! - [`demo`]: `linkbus demo`, two nodes in one process.
+//! - `vectored`: writing many buffers with few system calls.
+//! - [`bench`]: `linkbus bench`, workloads against their baselines.
+//! - [`demo`]: `linkbus demo`, three nodes in one process.
 //! - [`cli`]: the `linkbus` command line.
 //! - [`clock`]: the single wall-clock read.
 #![forbid(unsafe_code)]
@@ -131,6 +133,7 @@ impl Node {
     /// Stops every task (links send a close frame) and waits for them, at most a few seconds;
     /// then makes every store write durable.
     pub async fn shutdown(mut self) {
+        self.state.stopped.store(true, std::sync::atomic::Ordering::Relaxed);
         let _ = self.shutdown.send(true);
         let drained = tokio::time::timeout(Duration::from_secs(5), async {
             while self.tasks.join_next().await.is_some() {}

@@ -329,6 +329,8 @@ pub struct NodeState {
     /// The durability tests' negative control (see [`ACK_BEFORE_SYNC_ENV`]).
     #[doc(hidden)]
     pub ack_before_sync: std::sync::atomic::AtomicBool,
+    /// Set by [`crate::Node::shutdown`]: in-process clients are refused from then on.
+    pub(crate) stopped: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for NodeState {
@@ -471,6 +473,7 @@ impl NodeState {
             reload_source: std::sync::OnceLock::new(),
             reloading: std::sync::Mutex::new(()),
             ack_before_sync: std::sync::atomic::AtomicBool::new(ack_before_sync()),
+            stopped: std::sync::atomic::AtomicBool::new(false),
         }))
     }
 
@@ -1189,7 +1192,7 @@ impl NodeState {
                     }
                 }
                 Ok(Target::Local(queue)) => {
-                    let Some(this) = this() else { break };
+                    let this = this().expect("the message is moved out at the last target only");
                     queue.push_bounded_with(this, now, u64::MAX, with_this)?;
                     if result_to.is_none() {
                         continue;
@@ -1205,7 +1208,7 @@ impl NodeState {
                     self.committer.write(with_this);
                 }
                 Err((code, reason, failed)) => {
-                    let Some(this) = this() else { break };
+                    let this = this().expect("the message is moved out at the last target only");
                     self.dead_letter_with(
                         this,
                         DeadLetter { code, reason: &reason, failed },

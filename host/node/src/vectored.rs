@@ -18,6 +18,8 @@ pub(crate) async fn write_all<W: AsyncWrite + Unpin + ?Sized>(
     writer: &mut W,
     chunks: &mut Vec<Bytes>,
 ) -> std::io::Result<()> {
+    // An empty chunk would make a write of nothing look like a closed writer.
+    chunks.retain(|chunk| !chunk.is_empty());
     let mut first = 0;
     let result = loop {
         let Some(rest) = chunks.get(first..).filter(|r| !r.is_empty()) else { break Ok(()) };

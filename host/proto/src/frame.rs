@@ -378,12 +378,13 @@ impl FrameDecoder {
         self.buf.extend_from_slice(bytes);
     }
 
-    /// Takes received bytes; frames wholly inside them are not copied.
+    /// Takes received bytes; frames wholly inside them are not copied (of a frame begun in
+    /// an earlier chunk, only the rest is copied to it).
     pub fn extend_bytes(&mut self, bytes: Bytes) {
-        self.gather_whole();
-        if self.buf.is_empty() {
+        if self.whole.is_empty() {
             self.whole = bytes;
         } else {
+            self.gather_whole();
             self.buf.extend_from_slice(&bytes);
         }
     }
@@ -472,7 +473,7 @@ impl FrameDecoder {
 
 /// Bytes of a `Data` frame before its packet: length, type, header CRC, channel,
 /// sequence, offset, message length, message CRC.
-pub const DATA_HEADER_BYTES: usize = LENGTH_BYTES + 1 + HEADER_CRC_BYTES + 1 + 8 + 8 + 8 + 4;
+const DATA_HEADER_BYTES: usize = LENGTH_BYTES + 1 + HEADER_CRC_BYTES + 1 + 8 + 8 + 8 + 4;
 
 /// The header CRC of a frame whose covered bytes are `covered` (length, type, a zeroed CRC
 /// slot, and the covered fields): the CRC slot itself is skipped.

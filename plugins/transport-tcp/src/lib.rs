@@ -84,6 +84,8 @@ fn connection(stream: TcpStream, peer: SocketAddr, unsent_bytes_max: u32) -> Con
     if unsent_bytes_max > 0 {
         let _ = socket2::SockRef::from(&stream).set_tcp_notsent_lowat(unsent_bytes_max);
     }
+    #[cfg(not(any(target_os = "linux", target_os = "android")))]
+    let _ = unsent_bytes_max;
     let (reader, writer) = stream.into_split();
     Connection { reader: Box::new(reader), writer: Box::new(writer), peer_address: peer.to_string() }
 }

@@ -399,7 +399,6 @@ async fn put(
     }
 }
 
-/// Answers one request; for a get, also the queue the messages came from.
 /// What a client connection holds on the node (messages taken pending, an open
 /// transaction), for a client in the node's own process: no socket, no encoding. Dropped
 /// with the client, like a closed connection.
@@ -410,12 +409,26 @@ pub(crate) struct InProcess {
 }
 
 impl InProcess {
-    /// Answers `request` as the socket server would.
-    pub(crate) async fn call(&mut self, node: &NodeState, request: Request) -> Response {
+    /// Answers `request` as the socket server would; refused once the node was shut down.
+    /// (Messages a non-pending get took are lost if the call is abandoned while it waits
+    /// for the store, as on a socket whose client leaves then: calls are not cancel-safe.)
+    pub(crate) async fn call(&mut self, node: &NodeState, mut request: Request) -> Response {
+        if node.stopped.load(Ordering::Relaxed) {
+            let message = format!("node {} is shut down", node.name());
+            return Response::Error { code: ErrorCode::Internal, accepted: 0, message };
+        }
+        if let Request::Put { contents, .. } = &mut request {
+            // As from a socket: a short payload that is a slice of a larger buffer of the
+            // caller's gets its own before it is queued.
+            for content in contents {
+                content.payload = linkbus_proto::wire::detached(std::mem::take(&mut content.payload));
+            }
+        }
         handle(node, request, &mut self.pending, &mut self.transaction).await.0
     }
 }
 
+/// Answers one request; for a get, also the queue the messages came from.
 async fn handle(
     node: &NodeState,
     request: Request,

@@ -184,28 +184,41 @@ fn frames_whole_in_a_chunk_are_cut_out_of_it_and_only_a_split_one_is_gathered() 
         bytes: Bytes::from_static(b"payload"),
     };
     let mut wire = BytesMut::new();
-    for sequence in 1..=3 {
+    for sequence in 1..=5 {
         data(sequence).encode(&mut wire);
     }
     let wire = wire.freeze();
-    let cut = wire.len() - 5;
-    let mut decoder = FrameDecoder::new(MAX);
-    decoder.extend_bytes(wire.slice(..cut));
-    let within = |bytes: &Bytes| {
-        let range = wire.as_ptr() as usize..wire.as_ptr() as usize + wire.len();
+    let frame_len = wire.len() / 5;
+    // The first chunk ends inside frame 3; the second holds its rest and frames 4 and 5.
+    let cut = 2 * frame_len + 5;
+    let within = |chunk: &Bytes, bytes: &Bytes| {
+        let range = chunk.as_ptr() as usize..chunk.as_ptr() as usize + chunk.len();
         range.contains(&(bytes.as_ptr() as usize))
     };
+    let (first, second) = (wire.slice(..cut), wire.slice(cut..));
+    let mut decoder = FrameDecoder::new(MAX);
+    decoder.extend_bytes(first.clone());
     for sequence in 1..=2 {
         let Some(Frame::Data { bytes, sequence: got, .. }) = decoder.decode().unwrap() else {
             panic!("a data frame")
         };
         assert_eq!(got, sequence);
-        assert!(within(&bytes), "frame {sequence} is a slice of the chunk, not a copy");
+        assert!(within(&first, &bytes), "frame {sequence} is a slice of the first chunk, not a copy");
     }
     assert_eq!(decoder.decode(), Ok(None), "the third is split");
-    decoder.extend_bytes(wire.slice(cut..));
+    decoder.extend_bytes(second.clone());
     let Some(Frame::Data { bytes, sequence: 3, .. }) = decoder.decode().unwrap() else { panic!("frame 3") };
-    assert!(!within(&bytes), "the split frame was gathered");
+    assert!(!within(&first, &bytes) && !within(&second, &bytes), "the split frame was gathered");
     assert_eq!(&bytes[..], b"payload");
+    for sequence in 4..=5 {
+        let Some(Frame::Data { bytes, sequence: got, .. }) = decoder.decode().unwrap() else {
+            panic!("a data frame")
+        };
+        assert_eq!(got, sequence);
+        assert!(
+            within(&second, &bytes),
+            "frame {sequence}, after the split one, is a slice of the second chunk"
+        );
+    }
     assert_eq!(decoder.buffered(), 0);
 }

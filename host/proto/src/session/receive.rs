@@ -96,6 +96,10 @@ pub(super) struct PacketIn {
     pub(super) bytes: Bytes,
 }
 
+/// Most room reserved for a message before its bytes arrive (beyond it, the buffer grows
+/// as they do).
+const ASSEMBLY_RESERVE_BYTES_MAX: usize = 4 << 20;
+
 /// The next message, assembled from its packets.
 #[derive(Debug)]
 struct Assembly {
@@ -192,13 +196,14 @@ impl Receiver {
                 return PacketOutcome::Dropped { last };
             }
             // A new message, or the sender's bytes changed (it started over): begin afresh,
-            // with room for all of it (`total` was checked against the message limit), so
-            // it is copied once, not again at each growth.
+            // with room for all of it up to a bound (the peer names `total` before sending
+            // the bytes), so most messages are copied once, not again at each growth.
+            let room = usize::try_from(p.total).unwrap_or(usize::MAX).min(ASSEMBLY_RESERVE_BYTES_MAX);
             self.assembly = Some(Assembly {
                 sequence: p.sequence,
                 total: p.total,
                 crc: p.crc,
-                bytes: BytesMut::with_capacity(usize::try_from(p.total).unwrap_or(0)),
+                bytes: BytesMut::with_capacity(room),
                 started: now,
             });
         }

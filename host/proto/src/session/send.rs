@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 
 use super::event::{DropReason, SessionEvent};
-use crate::frame::{DATA_HEADER_BYTES, Frame, Packet};
+use crate::frame::{DATA_OVERHEAD_BYTES, Frame, Packet};
 use crate::wire::{Chunks, with_lifetime};
 
 /// A message written this long after it was handed over carries its lifetime rewritten.
@@ -356,7 +356,7 @@ impl Sender {
         // The header is written; the bytes are shared (copied only when small).
         Frame::encode_data_header(&packet, out.buf());
         out.share(&pending.message.slice(start..end));
-        let written = DATA_HEADER_BYTES + (end - start);
+        let written = DATA_OVERHEAD_BYTES + (end - start);
         if end == total {
             pending.written_at = Some(now);
             self.next_write = sequence + 1;
