@@ -200,6 +200,28 @@ mod tests {
         assert_eq!(&buf, b"ping");
     }
 
+    /// What `read` makes of a `plugins.transport` section, or the errors it reports.
+    fn read_section(entries: Vec<(&str, ConfigValue)>) -> Result<TcpTransport, String> {
+        let value = ConfigValue::Map(entries.into_iter().map(|(k, v)| (k.to_owned(), v)).collect());
+        let diag = Diagnostics::new();
+        let transport =
+            Section::new(&diag, "plugins.transport", &value).map(|s| read(&s)).unwrap_or_default();
+        diag.finish().map(|()| transport).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn unsent_bytes_max_has_a_default_takes_zero_and_refuses_what_is_out_of_range() {
+        let kind = || ("kind", ConfigValue::Str("tcp".into()));
+        assert_eq!(read_section(vec![kind()]).unwrap().unsent_bytes_max, UNSENT_BYTES_DEFAULT);
+        let off = read_section(vec![kind(), ("unsent_bytes_max", ConfigValue::Uint(0))]).unwrap();
+        assert_eq!(off.unsent_bytes_max, 0, "0 leaves it to the kernel");
+        let too_big =
+            read_section(vec![kind(), ("unsent_bytes_max", ConfigValue::Uint(1 << 40))]).unwrap_err();
+        assert!(too_big.contains("plugins.transport.unsent_bytes_max"), "{too_big}");
+        let negative = read_section(vec![kind(), ("unsent_bytes_max", ConfigValue::Int(-1))]).unwrap_err();
+        assert!(negative.contains("unsent_bytes_max"), "{negative}");
+    }
+
     #[test]
     fn bad_addresses_are_explained() {
         let err = TcpTransport::default().check_address("localhost:x").unwrap_err();
