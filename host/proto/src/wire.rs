@@ -178,6 +178,8 @@ pub fn detached(bytes: Bytes) -> Bytes {
 #[derive(Debug, Default)]
 pub struct Chunks {
     done: Vec<Bytes>,
+    /// Bytes in `done`.
+    done_len: usize,
     current: BytesMut,
 }
 
@@ -197,14 +199,16 @@ impl Chunks {
             return;
         }
         if !self.current.is_empty() {
+            self.done_len += self.current.len();
             self.done.push(self.current.split().freeze());
         }
+        self.done_len += bytes.len();
         self.done.push(bytes.clone());
     }
 
     /// Bytes appended so far.
     pub fn len(&self) -> usize {
-        self.done.iter().map(Bytes::len).sum::<usize>() + self.current.len()
+        self.done_len + self.current.len()
     }
 
     /// Whether nothing was appended.
@@ -215,11 +219,13 @@ impl Chunks {
     /// Drops everything appended.
     pub fn clear(&mut self) {
         self.done.clear();
+        self.done_len = 0;
         self.current.clear();
     }
 
     /// The chunks, in order, leaving this empty (its buffer kept for reuse).
     pub fn take(&mut self, into: &mut Vec<Bytes>) {
+        self.done_len = 0;
         into.append(&mut self.done);
         if !self.current.is_empty() {
             into.push(self.current.split().freeze());
@@ -372,6 +378,24 @@ pub fn decode_message(bytes: Bytes) -> Result<Message, ReadError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn chunks_count_their_bytes_and_keep_their_order() {
+        let mut chunks = Chunks::default();
+        let big = Bytes::from(vec![2u8; Chunks::SHARE_BYTES_MIN]);
+        chunks.buf().put_slice(b"head");
+        chunks.share(&big);
+        chunks.share(&Bytes::from_static(b"small"));
+        chunks.buf().put_slice(b"tail");
+        assert_eq!(chunks.len(), 4 + big.len() + 5 + 4);
+        let mut parts = Vec::new();
+        chunks.take(&mut parts);
+        assert!(chunks.is_empty());
+        let joined: Vec<u8> = parts.iter().flat_map(|p| p.iter().copied()).collect();
+        let want: Vec<u8> = [&b"head"[..], &big, b"small", b"tail"].concat();
+        assert_eq!(joined, want);
+        assert_eq!(parts.len(), 3, "head, the shared payload, then the small one copied with the tail");
+    }
 
     #[test]
     fn short_bytes_are_detached_from_their_buffer_and_long_ones_shared() {
