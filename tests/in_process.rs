@@ -1,7 +1,7 @@
 //! In-process clients (`Node::client`): an application that embeds its nodes talks to them
 //! without the socket or any encoding, with the same rules — across a real TCP link between
-//! two nodes in this process, with taking pending, giving back on drop, transactions and
-//! refusals.
+//! two nodes in this process, with taking pending, giving back on drop, transactions,
+//! refusals, and the refusal after shutdown.
 
 use std::time::Duration;
 
@@ -70,6 +70,11 @@ async fn in_process_clients_put_and_take_across_a_link_with_the_sockets_rules() 
     assert!(late.is_empty(), "the rolled-back put never arrived: {late:?}");
 
     a.shutdown().await;
+    let late = producer.put(Content::buf(to, "late")).await;
+    assert!(
+        matches!(&late, Err(ClientError::Refused { message, .. }) if message.contains("shut down")),
+        "a node that was shut down refuses its in-process clients: {late:?}"
+    );
     b.shutdown().await;
     Ok(())
 }
