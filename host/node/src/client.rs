@@ -403,10 +403,7 @@ impl Client {
     /// # Errors
     /// [`ClientError::Refused`] when the named queue does not exist.
     pub async fn queues(&mut self, name: &str) -> Result<String, ClientError> {
-        match self.call(Request::Queues { name: name.to_owned() }).await? {
-            Response::Status(text) => Ok(text),
-            other => Err(ClientError::Protocol(format!("unexpected answer to queues: {other:?}"))),
-        }
+        self.text(Request::Queues { name: name.to_owned() }, "queues").await
     }
 
     /// Accepts the sequence numbers of `peer` as they are and restarts the link if it was
@@ -415,10 +412,7 @@ impl Client {
     /// # Errors
     /// [`ClientError::Refused`] when the node has no link to `peer`.
     pub async fn reset_link(&mut self, peer: &str) -> Result<String, ClientError> {
-        match self.call(Request::LinkReset { peer: peer.to_owned() }).await? {
-            Response::Status(text) => Ok(text),
-            other => Err(ClientError::Protocol(format!("unexpected answer to link reset: {other:?}"))),
-        }
+        self.text(Request::LinkReset { peer: peer.to_owned() }, "link reset").await
     }
 
     /// How a message to `destination` would leave the node, and why (lines for people).
@@ -426,10 +420,7 @@ impl Client {
     /// # Errors
     /// [`ClientError::Refused`] for a name that is not a node name.
     pub async fn explain_route(&mut self, destination: &str) -> Result<String, ClientError> {
-        match self.call(Request::RouteExplain { destination: destination.to_owned() }).await? {
-            Response::Status(text) => Ok(text),
-            other => Err(ClientError::Protocol(format!("unexpected answer to route explain: {other:?}"))),
-        }
+        self.text(Request::RouteExplain { destination: destination.to_owned() }, "route explain").await
     }
 
     /// Makes the node read its configuration file again and take up the routes in it;
@@ -439,10 +430,7 @@ impl Client {
     /// [`ClientError::Refused`] when the file is bad (every problem is named) or the node
     /// was not started from a file; the running configuration stays.
     pub async fn reload(&mut self) -> Result<String, ClientError> {
-        match self.call(Request::Reload).await? {
-            Response::Status(text) => Ok(text),
-            other => Err(ClientError::Protocol(format!("unexpected answer to reload: {other:?}"))),
-        }
+        self.text(Request::Reload, "reload").await
     }
 
     /// What became of messages this node accepted with results wanted
@@ -577,9 +565,6 @@ impl Client {
     /// # Errors
     /// [`ClientError`] when the call fails.
     pub async fn status(&mut self) -> Result<String, ClientError> {
-        match self.call(Request::Status).await? {
-            Response::Status(text) => Ok(text),
-            other => Err(ClientError::Protocol(format!("unexpected answer to status: {other:?}"))),
-        }
+        self.text(Request::Status, "status").await
     }
 }

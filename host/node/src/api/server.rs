@@ -412,17 +412,12 @@ impl InProcess {
     /// Answers `request` as the socket server would; refused once the node was shut down.
     /// (Messages a non-pending get took are lost if the call is abandoned while it waits
     /// for the store, as on a socket whose client leaves then: calls are not cancel-safe.)
-    pub(crate) async fn call(&mut self, node: &NodeState, mut request: Request) -> Response {
+    /// A put keeps the caller's payloads as given (no copy): a caller that slices a large
+    /// buffer of its own into small payloads keeps that buffer alive while they wait.
+    pub(crate) async fn call(&mut self, node: &NodeState, request: Request) -> Response {
         if node.stopped.load(Ordering::Relaxed) {
             let message = format!("node {} is shut down", node.name());
             return Response::Error { code: ErrorCode::Internal, accepted: 0, message };
-        }
-        if let Request::Put { contents, .. } = &mut request {
-            // As from a socket: a short payload that is a slice of a larger buffer of the
-            // caller's gets its own before it is queued.
-            for content in contents {
-                content.payload = linkbus_proto::wire::detached(std::mem::take(&mut content.payload));
-            }
         }
         handle(node, request, &mut self.pending, &mut self.transaction).await.0
     }

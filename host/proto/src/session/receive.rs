@@ -181,8 +181,7 @@ impl Receiver {
         let end = p.offset.saturating_add(p.bytes.len() as u64);
         let last = end == p.total;
         if p.offset == 0 && last {
-            // A slice of the read chunk: a short message gets its own buffer before it is kept.
-            return PacketOutcome::Complete { message: crate::wire::detached(p.bytes), first: now };
+            return PacketOutcome::Complete { message: p.bytes, first: now };
         }
         if p.sequence <= self.received_through || self.held.contains_key(&p.sequence) {
             return PacketOutcome::Duplicate { last };
@@ -302,7 +301,10 @@ impl Receiver {
             return Ok(Arrival::Duplicate);
         }
         let size = message.len();
-        let held = if message.is_empty() { None } else { Some(decode_message(message)?) };
+        // Kept from here on: a short message that is a slice of the read chunk gets its own
+        // buffer first (a duplicate above is not copied at all).
+        let held =
+            if message.is_empty() { None } else { Some(decode_message(crate::wire::detached(message))?) };
         if sequence != self.received_through + 1 {
             let ahead = sequence - self.received_through;
             let full = room.messages == 0 || size > room.bytes;
