@@ -14,13 +14,14 @@ fn bench_runs_every_workload_against_its_baseline() {
     let text = stdout(&out);
     let rows: Vec<&str> = text.lines().filter(|l| l.starts_with('w')).collect();
     let workloads: Vec<&str> = rows.iter().filter_map(|l| l.split_whitespace().next()).collect();
-    assert_eq!(workloads, ["w1", "w1", "w1", "w1", "w2", "w2", "w3", "w4", "w5", "w5", "w7"], "{text}");
+    assert_eq!(workloads, ["w1", "w1", "w1", "w1", "w2", "w2", "w3", "w3", "w4", "w5", "w5", "w7"], "{text}");
     assert!(rows[0].contains("64 B") && rows[3].contains("1 MiB"), "{text}");
     assert!(rows[4].contains("puts per sync") && rows[4].contains("fdatasync"), "{text}");
     assert!(rows[5].contains("256 persistent puts per request"), "{text}");
-    assert!(rows[6].contains("p50/p99/p99.9"), "{text}");
-    assert!(rows[10].contains("urgent put-to-get p50/p99/max"), "{text}");
-    assert_eq!(text.matches("\"workload\":").count(), 11, "{text}");
+    assert!(rows[6].contains("p50/p99/p99.9") && rows[6].contains("client socket"), "{text}");
+    assert!(rows[7].contains("p50/p99/p99.9") && rows[7].contains("Node::client"), "{text}");
+    assert!(rows[11].contains("urgent put-to-get p50/p99/max"), "{text}");
+    assert_eq!(text.matches("\"workload\":").count(), 12, "{text}");
     assert!(!stderr(&out).contains("WARN"), "plaintext warnings are not shown: {}", stderr(&out));
 
     let one = s.run(&["bench", "--quick", "w4"]);

@@ -12,7 +12,9 @@
 //! - `w3`: ping-pong of 64 B messages, one round trip at a time at most 1,000 a second
 //!   (below saturation): A puts to `B:orders`, a client on B takes it and puts it back to
 //!   `A:orders`, where A takes it — p50, p99 and p99.9 of the round trip, against the same
-//!   ping-pong over a raw TCP connection (the ratio is round trips per second);
+//!   ping-pong over a raw TCP connection (the ratio is round trips per second); once with
+//!   clients on the client socket, once with clients inside the nodes' process
+//!   (`Node::client`, as a program embedding its node has them);
 //! - `w4`: a relay, A → B → C, volatile 1 KiB, against `w1` at 1 KiB;
 //! - `w5`: `w1` at 1 KiB and 64 KiB over Noise links, against plaintext;
 //! - `w7`: the link from A to B saturated by 1 KiB messages of priorities 0..=8 (three
@@ -148,7 +150,11 @@ pub async fn run(names: &[String], scale: Scale, print: bool) -> Result<Vec<Row>
         }
     }
     if wanted("w3") {
-        show(ping_pong(&scratch.0, scale.messages(5_000)).await?, &mut rows);
+        // Clients over the client socket, then clients inside the nodes' process (as a
+        // program embedding its node has them: the link between the nodes only).
+        for in_process in [false, true] {
+            show(ping_pong(&scratch.0, scale.messages(5_000), in_process).await?, &mut rows);
+        }
     }
     if wanted("w4") && scale.has_size(1024) {
         let messages = scale.messages(200_000);
@@ -540,11 +546,12 @@ async fn urgent_rounds(
 const PING_PONG_RATE: u32 = 1_000;
 
 /// `w3`: `rounds` round trips of 64 B between A and B (a client on B sends each back), one
-/// at a time and at most [`PING_PONG_RATE`] a second, against the same over raw TCP.
-async fn ping_pong(scratch: &Path, rounds: usize) -> Result<Row, DemoError> {
+/// at a time and at most [`PING_PONG_RATE`] a second, against the same over raw TCP; with
+/// `in_process`, both clients are in-process clients of their nodes.
+async fn ping_pong(scratch: &Path, rounds: usize, in_process: bool) -> Result<Row, DemoError> {
     let nodes = start_chain(scratch, &["A", "B"], false).await?;
     let (a, b) = (&nodes[0], &nodes[1]);
-    let mut echo = Client::connect(b.socket_path()).await?;
+    let mut echo = if in_process { b.client() } else { Client::connect(b.socket_path()).await? };
     let echoed = tokio::spawn(async move {
         let back: Address = "A:orders".parse().expect("valid address");
         for _ in 0..rounds {
@@ -553,7 +560,7 @@ async fn ping_pong(scratch: &Path, rounds: usize) -> Result<Row, DemoError> {
         }
         Ok::<(), crate::client::ClientError>(())
     });
-    let mut client = Client::connect(a.socket_path()).await?;
+    let mut client = if in_process { a.client() } else { Client::connect(a.socket_path()).await? };
     // On a task of its own, as the echo is (and as the raw baseline's ends are).
     let pinged = tokio::spawn(async move {
         let to: Address = "B:orders".parse().expect("valid address");
@@ -583,7 +590,14 @@ async fn ping_pong(scratch: &Path, rounds: usize) -> Result<Row, DemoError> {
     let [r50, r99, r999] = percentiles(&mut raw_times.clone());
     Ok(row(
         "w3",
-        format!("A -> B -> A ping-pong, one at a time, at most {PING_PONG_RATE}/s, {rounds} rounds"),
+        format!(
+            "A -> B -> A ping-pong, {}, one at a time, at most {PING_PONG_RATE}/s, {rounds} rounds",
+            if in_process {
+                "clients in the nodes' process (Node::client)"
+            } else {
+                "clients on the client socket"
+            }
+        ),
         64,
         per_s,
         "raw TCP ping-pong",

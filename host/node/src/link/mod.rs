@@ -2,8 +2,9 @@
 //! transport, the node's transmission queue for that peer, and local delivery.
 //!
 //! The task owns the session and decides nothing about the protocol: the session says which
-//! connection wins when two exist, what to resend, and what to acknowledge. The task moves
-//! bytes from a reader task and to a writer task (so reading never waits on writing), and
+//! connection wins when two exist, what to resend, and what to acknowledge. The task reads
+//! its connection and writes to it while the socket takes the bytes at once; a writer task
+//! finishes what it does not (so reading never waits on writing). It moves
 //! messages from the transmission queue into the session's window. Links are permanent:
 //! when a connection fails, the task dials again with bounded exponential backoff (if the
 //! peer has an address), while messages keep waiting in the transmission queue.
@@ -22,7 +23,7 @@ pub(crate) mod state;
 mod transmit;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
@@ -43,7 +44,7 @@ use backoff::Backoff;
 pub use handle::LinkHandle;
 pub(crate) use handle::{Gate, Incoming};
 pub(crate) use io::refuse;
-use io::{ConnEvent, read_loop, secure_dial, write_loop};
+use io::{ConnEvent, Input, Output, secure_dial};
 pub use transmit::CLASSES;
 
 /// Bytes handed to the writer and not yet written, above which the link stops producing.
@@ -61,15 +62,17 @@ struct Active {
     dialed_by_us: bool,
     /// Encrypts what the session writes, decrypts what the reader reads.
     secure: SecureChannel,
-    writer: mpsc::UnboundedSender<Bytes>,
-    /// Bytes sent to `writer` and not yet written.
-    backlog: Arc<AtomicUsize>,
-    reader: tokio::task::JoinHandle<()>,
+    /// Writes to the connection.
+    output: Output,
+    /// Read by the link task whenever it waits.
+    input: Input,
 }
 
-impl Drop for Active {
-    fn drop(&mut self) {
-        self.reader.abort();
+/// What the active connection reads next (never, while there is none).
+async fn read_active(active: &mut Option<Active>) -> (u64, ConnEvent) {
+    match active {
+        Some(active) => (active.id, active.input.read().await),
+        None => std::future::pending().await,
     }
 }
 
@@ -168,18 +171,14 @@ fn skip_dedup_for_tests() -> bool {
     on
 }
 
-/// Chunks read from a connection and not yet handled, at most.
-const READ_AHEAD_CHUNKS: usize = 2;
-
 /// Runs the link for `handle.peer` until `shutdown` turns true.
 pub async fn run(node: Arc<NodeState>, handle: Arc<LinkHandle>, mut shutdown: watch::Receiver<bool>) {
     let Some(mut incoming_rx) = handle.incoming_rx.lock().ok().and_then(|mut rx| rx.take()) else {
         warn!(peer = %handle.peer.name, "Link task started twice.");
         return;
     };
-    // Read chunks waiting for this task: few, so that little received data queues ahead of
-    // an urgent message (the reader holds one more; TCP holds the rest back at the peer).
-    let (conn_tx, mut conn_rx) = mpsc::channel(READ_AHEAD_CHUNKS);
+    // Connection ends that writer tasks report.
+    let (conn_tx, mut conn_rx) = mpsc::channel(1);
     let (dial_tx, mut dial_rx) = mpsc::channel(1);
     let links = &node.config.links;
     let mut session = Session::new(session_config(&node, &handle), Instant::now());
@@ -220,7 +219,8 @@ pub async fn run(node: Arc<NodeState>, handle: Arc<LinkHandle>, mut shutdown: wa
             _ = shutdown.changed() => break,
             Some(incoming) = incoming_rx.recv() => link.adopt(incoming, false),
             Some(result) = dial_rx.recv() => link.dialed(result),
-            Some((id, event)) = conn_rx.recv(), if reading => link.connection_event(id, event),
+            Some((id, event)) = conn_rx.recv() => link.connection_event(id, event),
+            (id, event) = read_active(&mut link.active), if reading => link.connection_event(id, event),
             () = link.handle.wake.notified() => {}
             () = link.drained.notified() => {}
             () = sleep_until(timeout) => link.session.handle_timeout(Instant::now()),
@@ -302,7 +302,7 @@ impl Link {
     }
 
     fn backlog(&self) -> usize {
-        self.active.as_ref().map_or(0, |a| a.backlog.load(Ordering::Relaxed))
+        self.active.as_ref().map_or(0, |a| a.output.backlog())
     }
 
     fn dial_due(&self) -> Option<tokio::time::Instant> {
@@ -404,19 +404,9 @@ impl Link {
         let id = self.next_conn_id;
         self.next_conn_id += 1;
         debug!(peer = self.peer(), address = %connection.peer_address, dialed_by_us, "Connection open.");
-        let (writer_tx, writer_rx) = mpsc::unbounded_channel();
-        let backlog = Arc::new(AtomicUsize::new(0));
-        let events = self.conn_tx.clone();
-        tokio::spawn(write_loop(
-            connection.writer,
-            writer_rx,
-            backlog.clone(),
-            self.drained.clone(),
-            id,
-            events,
-        ));
-        let reader = tokio::spawn(read_loop(connection.reader, id, self.conn_tx.clone()));
-        self.active = Some(Active { id, dialed_by_us, secure, writer: writer_tx, backlog, reader });
+        let output = Output::start(connection.writer, self.drained.clone(), id, self.conn_tx.clone());
+        let input = Input::new(connection.reader);
+        self.active = Some(Active { id, dialed_by_us, secure, output, input });
         let now = Instant::now();
         self.session.handle_connected(now);
         if let Some(hello) = hello {
@@ -486,15 +476,11 @@ impl Link {
                 return self.drop_connection(&e.to_string());
             }
             active.secure.take_transmit(&mut out);
-            for bytes in out.drain(..) {
-                let len = bytes.len();
-                active.backlog.fetch_add(len, Ordering::Relaxed);
-                if active.writer.send(bytes).is_err() {
-                    // The writer is gone (its connection failed): nothing will drain these bytes.
-                    active.backlog.fetch_sub(len, Ordering::Relaxed);
-                }
-            }
+            let written = active.output.send(&mut out);
             self.out = out;
+            if let Err(e) = written {
+                self.drop_connection(&format!("write failed: {e}"));
+            }
         }
     }
 
@@ -512,6 +498,11 @@ impl Link {
             if !progressed {
                 break;
             }
+        }
+        // What the budget held back: when the socket took everything at once, no writer
+        // task reports draining, so the link task comes back for it by itself.
+        if self.backlog() == 0 && self.session.unwritten() > 0 && self.session.is_established() {
+            self.drained.notify_one();
         }
         if let Ok(mut stats) = self.handle.stats.lock() {
             *stats = *self.session.stats();
@@ -945,7 +936,7 @@ impl Link {
             if active.secure.send(&out).is_ok()
                 && let Some(bytes) = active.secure.poll_transmit()
             {
-                let _ = active.writer.send(bytes);
+                let _ = active.output.send(&mut vec![bytes]);
             }
             drop(active);
             // Give the writer a moment to send the close frame.
