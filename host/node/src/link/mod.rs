@@ -100,8 +100,6 @@ struct Link {
     /// synced before the message's bytes leave (or a crash of the process or the machine
     /// could send it twice, under a new number).
     unsynced: bool,
-    /// Messages were delivered since the last pump that held its output back for them.
-    received: bool,
     /// Room for the chunks of one write, reused.
     out: Vec<Bytes>,
 }
@@ -197,7 +195,6 @@ pub async fn run(node: Arc<NodeState>, handle: Arc<LinkHandle>, mut shutdown: wa
         sent,
         acked_recorded,
         unsynced: false,
-        received: false,
         out: Vec::new(),
         next_dial: handle.peer.address.as_ref().map(|_| tokio::time::Instant::now()),
         backoff: Backoff::new(links.reconnect_backoff_min_ms, links.reconnect_backoff_max_ms),
@@ -231,12 +228,7 @@ pub async fn run(node: Arc<NodeState>, handle: Arc<LinkHandle>, mut shutdown: wa
             _ = sweep.tick() => link.sweep_expired(),
         }
         let _still_stopped = link.apply_reset();
-        if link.pump(true) {
-            // Messages were delivered here: their consumers (woken) run first, so what they
-            // send back goes out with the acknowledgements, in one write.
-            tokio::task::yield_now().await;
-            link.pump(false);
-        }
+        link.pump();
     }
     link.shutdown().await;
 }
@@ -493,9 +485,8 @@ impl Link {
     }
 
     /// Moves messages into the session, handles its events and writes its output, until
-    /// nothing changes. With `hold`, it stops before writing once messages were delivered
-    /// and returns `true`: the caller yields and pumps again.
-    fn pump(&mut self, hold: bool) -> bool {
+    /// nothing changes.
+    fn pump(&mut self) {
         for _ in 0..4 {
             self.fill_window();
             // Bounded, so a large resend after a reconnect never stops the reading that
@@ -503,9 +494,6 @@ impl Link {
             let budget = DATA_BACKLOG_BYTES.saturating_sub(self.backlog() + self.session.transmit_len());
             self.session.write_pending(Instant::now(), budget);
             let progressed = self.handle_events();
-            if std::mem::take(&mut self.received) && hold {
-                return true;
-            }
             self.write_transmit();
             if !progressed {
                 break;
@@ -519,7 +507,6 @@ impl Link {
         if let Ok(mut stats) = self.handle.stats.lock() {
             *stats = *self.session.stats();
         }
-        false
     }
 
     fn fill_window(&mut self) {
@@ -742,7 +729,6 @@ impl Link {
                         break;
                     }
                     self.handle.received_total.fetch_add(1, Ordering::Relaxed);
-                    self.received = true;
                     if let Some(slot) = delivered.get_mut(channel as usize) {
                         *slot = Some(sequence);
                     }
