@@ -16,7 +16,8 @@
 //!    connection and call [`Session::handle_disconnected`].
 //!
 //! Multiplexing: every message travels on one of the link's [`crate::channel`]s, cut into
-//! packets of at most `packet_bytes_max` bytes; [`Session::write_pending`] picks, packet by
+//! packets of at most `packet_bytes_max` bytes (the last one of a message up to a sixteenth
+//! more, so a message just over the size goes whole); [`Session::write_pending`] picks, packet by
 //! packet, the system channel when it has anything, else the channel with the fewest bytes
 //! recently written for its weight, so channels share the connection and a large message
 //! never holds up a small one by more than about a packet. Acknowledgements, NAKs, pings and
@@ -136,6 +137,10 @@ struct Lane {
 
 /// How fast the scheduler forgets what a channel wrote.
 const RECENT_HALF_LIFE: Duration = Duration::from_millis(100);
+
+/// A packet that ends its message may carry `packet_bytes_max / LAST_PACKET_SLACK_DIVISOR`
+/// bytes more than the others.
+const LAST_PACKET_SLACK_DIVISOR: usize = 16;
 
 /// How one channel's numbers are off when an operator's reset takes the peer's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -293,9 +298,13 @@ impl Session {
     }
 
     /// Most message bytes in one packet: ours, and what fits in the peer's frames.
-    fn packet_bytes_max(&self) -> usize {
+    /// The most message bytes in one packet, and in a packet that ends its message (up to a
+    /// sixteenth more, within the frame limit).
+    fn packet_bytes_max(&self) -> (usize, usize) {
         let frame = self.peer_frame_bytes_max.unwrap_or(self.config.frame_bytes_max);
-        frame.saturating_sub(DATA_OVERHEAD_BYTES - LENGTH_BYTES).min(self.config.packet_bytes_max).max(1)
+        let room = frame.saturating_sub(DATA_OVERHEAD_BYTES - LENGTH_BYTES).max(1);
+        let packet = room.min(self.config.packet_bytes_max).max(1);
+        (packet, room.min(packet + packet / LAST_PACKET_SLACK_DIVISOR))
     }
 
     /// Whether a new connection should replace the current one. Both ends decide alike: the
@@ -678,9 +687,11 @@ impl Session {
             return 0;
         }
         self.decay_recent(now);
+        let (packet_bytes_max, last_packet_bytes_max) = self.packet_bytes_max();
         let limits = WriteLimits {
             message_bytes_max: self.message_bytes_max(),
-            packet_bytes_max: self.packet_bytes_max(),
+            packet_bytes_max,
+            last_packet_bytes_max,
         };
         let (mut written, mut packets) = (0, 0);
         while written < budget {

@@ -86,6 +86,10 @@ pub(super) struct WriteLimits {
     pub(super) message_bytes_max: usize,
     /// Largest packet (message bytes in one frame).
     pub(super) packet_bytes_max: usize,
+    /// Largest packet that ends its message: a little over `packet_bytes_max`, so a message
+    /// just over the packet size is not cut into a full packet and a small tail (which the
+    /// receiver would then have to gather into one buffer).
+    pub(super) last_packet_bytes_max: usize,
 }
 
 impl Sender {
@@ -349,7 +353,11 @@ impl Sender {
         }
         let total = pending.message.len();
         let start = usize::try_from(offset).unwrap_or(total).min(total);
-        let end = start.saturating_add(limits.packet_bytes_max.max(1)).min(total);
+        let end = if total - start <= limits.last_packet_bytes_max {
+            total
+        } else {
+            start.saturating_add(limits.packet_bytes_max.max(1)).min(total)
+        };
         let bytes = pending.message.get(start..end).unwrap_or_default();
         let crc = pending.crc.unwrap_or_default();
         let packet = Packet { channel, sequence, offset: start as u64, total: total as u64, crc, bytes };

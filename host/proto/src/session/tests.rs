@@ -761,6 +761,28 @@ fn packet_pair(packet_bytes_max: usize) -> Pair {
     }
 }
 
+/// A message up to a sixteenth over the packet size goes in one packet; one larger is cut
+/// into full packets and a tail, and both arrive whole.
+#[test]
+fn a_message_just_over_the_packet_size_goes_whole() {
+    let mut p = packet_pair(1024);
+    p.connect();
+    let just_over = big_message(1, 1024);
+    let too_far = big_message(2, 1024 + 1024 / 16 + 1);
+    assert!(just_over.len() > 1024 && just_over.len() <= 1024 + 64, "{}", just_over.len());
+    assert!(too_far.len() > 1024 + 64);
+    p.a.send(1, just_over.clone(), None, p.now).unwrap();
+    p.a.send(1, too_far.clone(), None, p.now).unwrap();
+    p.a.write_pending(p.now, usize::MAX);
+    let wire = p.a.poll_transmit().unwrap();
+    let sizes: Vec<(u64, usize)> =
+        packets(&wire).into_iter().map(|(_, seq, bytes)| (seq, bytes.len())).collect();
+    assert_eq!(sizes, [(1, just_over.len()), (2, 1024), (2, too_far.len() - 1024)]);
+    p.b.handle_bytes(&wire, p.now);
+    p.drain();
+    assert_eq!(p.received_by_b, [1, 2]);
+}
+
 #[test]
 fn an_urgent_message_overtakes_a_large_one_after_at_most_a_packet() {
     use crate::channel::{FILE_CHANNEL, SYSTEM_CHANNEL};
