@@ -264,6 +264,11 @@ impl Session {
         self.lanes.iter().map(|l| l.sender.unwritten()).sum()
     }
 
+    /// Whether a packet waits to be written on the current connection (constant time).
+    pub fn has_unwritten(&self) -> bool {
+        self.lanes.iter().any(|l| l.sender.has_unwritten())
+    }
+
     /// Messages held in the reorder buffers.
     pub fn held(&self) -> usize {
         self.lanes.iter().map(|l| l.receiver.held()).sum()
@@ -297,7 +302,6 @@ impl Session {
         self.peer_message_bytes_max.unwrap_or(usize::MAX).min(self.config.message_bytes_max)
     }
 
-    /// Most message bytes in one packet: ours, and what fits in the peer's frames.
     /// The most message bytes in one packet, and in a packet that ends its message (up to a
     /// sixteenth more, within the frame limit).
     fn packet_bytes_max(&self) -> (usize, usize) {

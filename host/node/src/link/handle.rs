@@ -47,7 +47,7 @@ pub struct LinkHandle {
     pub(crate) queue: Mutex<TransmissionQueue>,
     /// Notified when messages leave the queue, for puts waiting for room.
     pub(crate) room: Arc<Notify>,
-    /// Wakes the link task: the queue gained a message, or the writer drained.
+    /// Wakes the link task: the queue gained a message, or a reset was requested.
     pub(crate) wake: Notify,
     /// Connections for the link task; created here so none is lost before the task starts.
     incoming_tx: mpsc::Sender<Incoming>,

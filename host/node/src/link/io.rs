@@ -13,7 +13,8 @@ use linkbus_proto::secure::SecureChannel;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{Notify, mpsc};
 
-/// What a connection's tasks report to the link task.
+/// What reading a connection gives the link task (and how a writer task reports a failed
+/// write).
 pub(crate) enum ConnEvent {
     /// Bytes read.
     Bytes(Bytes),
@@ -64,6 +65,8 @@ struct Shared {
     state: std::sync::Mutex<OutputState>,
     /// Wakes the writer task: bytes wait, or the connection is done.
     work: Notify,
+    /// Wakes a writer task stuck in a write: the connection is done.
+    closed: Notify,
     /// Bytes waiting and not yet written (the link task stops producing above its limit).
     backlog: AtomicUsize,
 }
@@ -96,6 +99,7 @@ impl Output {
                 failed: false,
             }),
             work: Notify::new(),
+            closed: Notify::new(),
             backlog: AtomicUsize::new(0),
         });
         tokio::spawn(write_loop(shared.clone(), drained, id, events));
@@ -147,6 +151,7 @@ impl Drop for Output {
         let mut state = self.shared.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         state.closing = true;
         self.shared.work.notify_one();
+        self.shared.closed.notify_waiters();
     }
 }
 
@@ -181,8 +186,14 @@ fn write_now(writer: &mut (dyn AsyncWrite + Send + Unpin), chunks: &mut Vec<Byte
     result
 }
 
-/// The writer task: writes what waits whenever the link task leaves some, waking `drained`
-/// as it goes; at the connection's end, writes what still waits and shuts the writer down.
+/// How long a writer task still tries to write after the link let its connection go (a
+/// peer that reads nothing would otherwise keep the task and its socket forever).
+const CLOSE_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// The writer task: writes what waits whenever the link task leaves some, at most
+/// [`crate::vectored::WRITE_CHUNKS_MAX`] chunks a round (so the backlog falls and `drained`
+/// wakes the link task as it goes); at the connection's end, writes what still waits and
+/// shuts the writer down.
 async fn write_loop(
     shared: Arc<Shared>,
     drained: Arc<Notify>,
@@ -192,20 +203,27 @@ async fn write_loop(
     loop {
         shared.work.notified().await;
         loop {
-            let (mut writer, mut chunks, closing) = {
+            let (mut writer, mut chunks, last) = {
                 let mut state = shared.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
                 if state.failed {
                     return;
                 }
-                let closing = state.closing;
-                if state.waiting.is_empty() && !closing {
+                if state.waiting.is_empty() && !state.closing {
                     break;
                 }
                 let Some(writer) = state.writer.take() else { return };
-                (writer, std::mem::take(&mut state.waiting), closing)
+                let count = state.waiting.len().min(crate::vectored::WRITE_CHUNKS_MAX);
+                let chunks: Vec<Bytes> = state.waiting.drain(..count).collect();
+                (writer, chunks, state.closing && state.waiting.is_empty())
             };
             let len: usize = chunks.iter().map(Bytes::len).sum();
-            let result = crate::vectored::write_all(&mut writer, &mut chunks).await;
+            let result = tokio::select! {
+                result = crate::vectored::write_all(&mut writer, &mut chunks) => result,
+                () = abandoned(&shared) => Err(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "the peer read nothing for a while after the link let the connection go",
+                )),
+            };
             shared.backlog.fetch_sub(len, Ordering::Relaxed);
             if let Err(e) = result {
                 // Nothing waiting behind the failed write will be written: uncount it, so
@@ -221,13 +239,25 @@ async fn write_loop(
                 return;
             }
             drained.notify_one();
-            if closing {
+            if last {
                 // The link task is done with the connection: nothing comes after these.
-                let _ = writer.shutdown().await;
+                let _ = tokio::time::timeout(CLOSE_GRACE, writer.shutdown()).await;
                 return;
             }
             shared.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner).writer = Some(writer);
         }
+    }
+}
+
+/// Ends [`CLOSE_GRACE`] after the link let the connection go (never before).
+async fn abandoned(shared: &Shared) {
+    loop {
+        let closed = shared.closed.notified();
+        if shared.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner).closing {
+            tokio::time::sleep(CLOSE_GRACE).await;
+            return;
+        }
+        closed.await;
     }
 }
 

@@ -12,7 +12,7 @@
 //! Packets leave the session only while less than `DATA_BACKLOG_BYTES` wait for the writer,
 //! so the session's scheduler, not a deep queue in front of the socket, decides which
 //! channel goes next (an urgent message waits behind at most that much). Memory stays
-//! bounded when the peer stops reading: above `WRITE_BACKLOG_BYTES_MAX` bytes not yet
+//! bounded when the peer stops reading: above twice `WRITE_BACKLOG_BYTES_MAX` bytes not yet
 //! written (only control frames get there), the task stops reading (so the peer's own
 //! writes stall) until the writer drains.
 
@@ -47,7 +47,8 @@ pub(crate) use io::refuse;
 use io::{ConnEvent, Input, Output, secure_dial};
 pub use transmit::CLASSES;
 
-/// Bytes handed to the writer and not yet written, above which the link stops producing.
+/// Bytes handed to the writer and not yet written, twice which the link stops reading (so a
+/// peer that sends but never reads gets no more answers queued).
 pub const WRITE_BACKLOG_BYTES_MAX: usize = 16 << 20;
 
 /// Bytes of packets handed to the writer and not yet written, above which the session
@@ -85,7 +86,8 @@ struct Link {
     next_conn_id: u64,
     conn_tx: mpsc::Sender<(u64, ConnEvent)>,
     dial_tx: mpsc::Sender<Result<Incoming, String>>,
-    /// Woken by writers as they drain.
+    /// Woken by writer tasks as they drain, and by `pump` when the socket took everything
+    /// and the session has more to write.
     drained: Arc<Notify>,
     dialing: bool,
     next_dial: Option<tokio::time::Instant>,
@@ -501,7 +503,7 @@ impl Link {
         }
         // What the budget held back: when the socket took everything at once, no writer
         // task reports draining, so the link task comes back for it by itself.
-        if self.backlog() == 0 && self.session.unwritten() > 0 && self.session.is_established() {
+        if self.backlog() == 0 && self.session.is_established() && self.session.has_unwritten() {
             self.drained.notify_one();
         }
         if let Ok(mut stats) = self.handle.stats.lock() {
