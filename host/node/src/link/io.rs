@@ -1,7 +1,6 @@
-//! The byte movers of a connection: its reading side, which the link task reads itself,
-//! and its writing side, which the link task writes while the socket takes the bytes at
-//! once and a writer task finishes otherwise (so reading never waits on writing); and
-//! refusing a connection with a `Close` frame.
+//! The byte movers of a connection: a reader task, and a writing side that the link task
+//! writes to while the socket takes the bytes at once and a writer task finishes otherwise
+//! (so reading never waits on writing); and refusing a connection with a `Close` frame.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -13,8 +12,7 @@ use linkbus_proto::secure::SecureChannel;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{Notify, mpsc};
 
-/// What reading a connection gives the link task (and how a writer task reports a failed
-/// write).
+/// What a connection's tasks report to the link task.
 pub(crate) enum ConnEvent {
     /// Bytes read.
     Bytes(Bytes),
@@ -26,29 +24,26 @@ pub(crate) enum ConnEvent {
 /// as slices of it (a frame split between two reads is copied together).
 const READ_BYTES: usize = 256 * 1024;
 
-/// A connection's reading side, read by the link task itself whenever it waits (no
-/// hand-over between tasks; what the link task has not read yet stays in the socket, so
-/// TCP slows the peer down while the link task is busy).
-pub(crate) struct Input {
-    reader: Box<dyn AsyncRead + Send + Unpin>,
-    buf: BytesMut,
-}
-
-impl Input {
-    pub(crate) fn new(reader: Box<dyn AsyncRead + Send + Unpin>) -> Self {
-        Self { reader, buf: BytesMut::new() }
-    }
-
-    /// The next bytes read, or the connection's end. Cancel-safe: a read that did not
-    /// complete took nothing.
-    pub(crate) async fn read(&mut self) -> ConnEvent {
-        if self.buf.capacity() < READ_BYTES / 4 {
-            self.buf.reserve(READ_BYTES);
+/// Reads until the connection ends, handing chunks to the link task (bounded channel, so
+/// a slow link task slows the peer down through TCP).
+pub(crate) async fn read_loop(
+    mut reader: Box<dyn AsyncRead + Send + Unpin>,
+    id: u64,
+    events: mpsc::Sender<(u64, ConnEvent)>,
+) {
+    let mut buf = BytesMut::with_capacity(READ_BYTES);
+    loop {
+        if buf.capacity() < READ_BYTES / 4 {
+            buf.reserve(READ_BYTES);
         }
-        match self.reader.read_buf(&mut self.buf).await {
+        let event = match reader.read_buf(&mut buf).await {
             Ok(0) => ConnEvent::Closed("connection closed by peer".into()),
-            Ok(_) => ConnEvent::Bytes(self.buf.split().freeze()),
+            Ok(_) => ConnEvent::Bytes(buf.split().freeze()),
             Err(e) => ConnEvent::Closed(format!("read failed: {e}")),
+        };
+        let last = matches!(event, ConnEvent::Closed(_));
+        if events.send((id, event)).await.is_err() || last {
+            return;
         }
     }
 }

@@ -2,9 +2,10 @@
 //! transport, the node's transmission queue for that peer, and local delivery.
 //!
 //! The task owns the session and decides nothing about the protocol: the session says which
-//! connection wins when two exist, what to resend, and what to acknowledge. The task reads
-//! its connection and writes to it while the socket takes the bytes at once; a writer task
-//! finishes what it does not (so reading never waits on writing). It moves
+//! connection wins when two exist, what to resend, and what to acknowledge. The task takes
+//! bytes from a reader task, and writes to its connection while the socket takes the bytes
+//! at once; a writer task finishes what it does not (so reading never waits on writing). It
+//! moves
 //! messages from the transmission queue into the session's window. Links are permanent:
 //! when a connection fails, the task dials again with bounded exponential backoff (if the
 //! peer has an address), while messages keep waiting in the transmission queue.
@@ -44,7 +45,7 @@ use backoff::Backoff;
 pub use handle::LinkHandle;
 pub(crate) use handle::{Gate, Incoming};
 pub(crate) use io::refuse;
-use io::{ConnEvent, Input, Output, secure_dial};
+use io::{ConnEvent, Output, read_loop, secure_dial};
 pub use transmit::CLASSES;
 
 /// Bytes handed to the writer and not yet written, twice which the link stops reading (so a
@@ -65,15 +66,12 @@ struct Active {
     secure: SecureChannel,
     /// Writes to the connection.
     output: Output,
-    /// Read by the link task whenever it waits.
-    input: Input,
+    reader: tokio::task::JoinHandle<()>,
 }
 
-/// What the active connection reads next (never, while there is none).
-async fn read_active(active: &mut Option<Active>) -> (u64, ConnEvent) {
-    match active {
-        Some(active) => (active.id, active.input.read().await),
-        None => std::future::pending().await,
+impl Drop for Active {
+    fn drop(&mut self) {
+        self.reader.abort();
     }
 }
 
@@ -173,14 +171,18 @@ fn skip_dedup_for_tests() -> bool {
     on
 }
 
+/// Chunks read from a connection and not yet handled, at most.
+const READ_AHEAD_CHUNKS: usize = 2;
+
 /// Runs the link for `handle.peer` until `shutdown` turns true.
 pub async fn run(node: Arc<NodeState>, handle: Arc<LinkHandle>, mut shutdown: watch::Receiver<bool>) {
     let Some(mut incoming_rx) = handle.incoming_rx.lock().ok().and_then(|mut rx| rx.take()) else {
         warn!(peer = %handle.peer.name, "Link task started twice.");
         return;
     };
-    // Connection ends that writer tasks report.
-    let (conn_tx, mut conn_rx) = mpsc::channel(1);
+    // Read chunks waiting for this task: few, so that little received data queues ahead of
+    // an urgent message (the reader holds one more; TCP holds the rest back at the peer).
+    let (conn_tx, mut conn_rx) = mpsc::channel(READ_AHEAD_CHUNKS);
     let (dial_tx, mut dial_rx) = mpsc::channel(1);
     let links = &node.config.links;
     let mut session = Session::new(session_config(&node, &handle), Instant::now());
@@ -221,8 +223,7 @@ pub async fn run(node: Arc<NodeState>, handle: Arc<LinkHandle>, mut shutdown: wa
             _ = shutdown.changed() => break,
             Some(incoming) = incoming_rx.recv() => link.adopt(incoming, false),
             Some(result) = dial_rx.recv() => link.dialed(result),
-            Some((id, event)) = conn_rx.recv() => link.connection_event(id, event),
-            (id, event) = read_active(&mut link.active), if reading => link.connection_event(id, event),
+            Some((id, event)) = conn_rx.recv(), if reading => link.connection_event(id, event),
             () = link.handle.wake.notified() => {}
             () = link.drained.notified() => {}
             () = sleep_until(timeout) => link.session.handle_timeout(Instant::now()),
@@ -407,8 +408,8 @@ impl Link {
         self.next_conn_id += 1;
         debug!(peer = self.peer(), address = %connection.peer_address, dialed_by_us, "Connection open.");
         let output = Output::start(connection.writer, self.drained.clone(), id, self.conn_tx.clone());
-        let input = Input::new(connection.reader);
-        self.active = Some(Active { id, dialed_by_us, secure, output, input });
+        let reader = tokio::spawn(read_loop(connection.reader, id, self.conn_tx.clone()));
+        self.active = Some(Active { id, dialed_by_us, secure, output, reader });
         let now = Instant::now();
         self.session.handle_connected(now);
         if let Some(hello) = hello {
