@@ -264,11 +264,6 @@ impl Session {
         self.lanes.iter().map(|l| l.sender.unwritten()).sum()
     }
 
-    /// Whether a packet waits to be written on the current connection (constant time).
-    pub fn has_unwritten(&self) -> bool {
-        self.lanes.iter().any(|l| l.sender.has_unwritten())
-    }
-
     /// Messages held in the reorder buffers.
     pub fn held(&self) -> usize {
         self.lanes.iter().map(|l| l.receiver.held()).sum()

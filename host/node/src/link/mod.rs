@@ -2,10 +2,8 @@
 //! transport, the node's transmission queue for that peer, and local delivery.
 //!
 //! The task owns the session and decides nothing about the protocol: the session says which
-//! connection wins when two exist, what to resend, and what to acknowledge. The task takes
-//! bytes from a reader task, and writes to its connection while the socket takes the bytes
-//! at once; a writer task finishes what it does not (so reading never waits on writing). It
-//! moves
+//! connection wins when two exist, what to resend, and what to acknowledge. The task moves
+//! bytes from a reader task and to a writer task (so reading never waits on writing), and
 //! messages from the transmission queue into the session's window. Links are permanent:
 //! when a connection fails, the task dials again with bounded exponential backoff (if the
 //! peer has an address), while messages keep waiting in the transmission queue.
@@ -24,7 +22,7 @@ pub(crate) mod state;
 mod transmit;
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
@@ -45,7 +43,7 @@ use backoff::Backoff;
 pub use handle::LinkHandle;
 pub(crate) use handle::{Gate, Incoming};
 pub(crate) use io::refuse;
-use io::{ConnEvent, Output, read_loop, secure_dial};
+use io::{ConnEvent, read_loop, secure_dial, write_loop};
 pub use transmit::CLASSES;
 
 /// Bytes handed to the writer and not yet written, twice which the link stops reading (so a
@@ -64,8 +62,9 @@ struct Active {
     dialed_by_us: bool,
     /// Encrypts what the session writes, decrypts what the reader reads.
     secure: SecureChannel,
-    /// Writes to the connection.
-    output: Output,
+    writer: mpsc::UnboundedSender<Bytes>,
+    /// Bytes sent to `writer` and not yet written.
+    backlog: Arc<AtomicUsize>,
     reader: tokio::task::JoinHandle<()>,
 }
 
@@ -84,8 +83,7 @@ struct Link {
     next_conn_id: u64,
     conn_tx: mpsc::Sender<(u64, ConnEvent)>,
     dial_tx: mpsc::Sender<Result<Incoming, String>>,
-    /// Woken by writer tasks as they drain, and by `pump` when the socket took everything
-    /// and the session has more to write.
+    /// Woken by writers as they drain.
     drained: Arc<Notify>,
     dialing: bool,
     next_dial: Option<tokio::time::Instant>,
@@ -305,7 +303,7 @@ impl Link {
     }
 
     fn backlog(&self) -> usize {
-        self.active.as_ref().map_or(0, |a| a.output.backlog())
+        self.active.as_ref().map_or(0, |a| a.backlog.load(Ordering::Relaxed))
     }
 
     fn dial_due(&self) -> Option<tokio::time::Instant> {
@@ -407,9 +405,19 @@ impl Link {
         let id = self.next_conn_id;
         self.next_conn_id += 1;
         debug!(peer = self.peer(), address = %connection.peer_address, dialed_by_us, "Connection open.");
-        let output = Output::start(connection.writer, self.drained.clone(), id, self.conn_tx.clone());
+        let (writer_tx, writer_rx) = mpsc::unbounded_channel();
+        let backlog = Arc::new(AtomicUsize::new(0));
+        let events = self.conn_tx.clone();
+        tokio::spawn(write_loop(
+            connection.writer,
+            writer_rx,
+            backlog.clone(),
+            self.drained.clone(),
+            id,
+            events,
+        ));
         let reader = tokio::spawn(read_loop(connection.reader, id, self.conn_tx.clone()));
-        self.active = Some(Active { id, dialed_by_us, secure, output, reader });
+        self.active = Some(Active { id, dialed_by_us, secure, writer: writer_tx, backlog, reader });
         let now = Instant::now();
         self.session.handle_connected(now);
         if let Some(hello) = hello {
@@ -479,11 +487,15 @@ impl Link {
                 return self.drop_connection(&e.to_string());
             }
             active.secure.take_transmit(&mut out);
-            let written = active.output.send(&mut out);
-            self.out = out;
-            if let Err(e) = written {
-                self.drop_connection(&format!("write failed: {e}"));
+            for bytes in out.drain(..) {
+                let len = bytes.len();
+                active.backlog.fetch_add(len, Ordering::Relaxed);
+                if active.writer.send(bytes).is_err() {
+                    // The writer is gone (its connection failed): nothing will drain these bytes.
+                    active.backlog.fetch_sub(len, Ordering::Relaxed);
+                }
             }
+            self.out = out;
         }
     }
 
@@ -501,11 +513,6 @@ impl Link {
             if !progressed {
                 break;
             }
-        }
-        // What the budget held back: when the socket took everything at once, no writer
-        // task reports draining, so the link task comes back for it by itself.
-        if self.backlog() == 0 && self.session.is_established() && self.session.has_unwritten() {
-            self.drained.notify_one();
         }
         if let Ok(mut stats) = self.handle.stats.lock() {
             *stats = *self.session.stats();
@@ -939,7 +946,7 @@ impl Link {
             if active.secure.send(&out).is_ok()
                 && let Some(bytes) = active.secure.poll_transmit()
             {
-                let _ = active.output.send(&mut vec![bytes]);
+                let _ = active.writer.send(bytes);
             }
             drop(active);
             // Give the writer a moment to send the close frame.
