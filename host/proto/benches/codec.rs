@@ -78,16 +78,20 @@ fn packet(bytes: &[u8], sequence: u64) -> Packet<'_> {
     Packet { channel: 1, sequence, offset: 0, total: bytes.len() as u64, crc: crc32c::crc32c(bytes), bytes }
 }
 
-/// `Frame::encode_data`: one packet appended to a reused buffer (header CRC, one copy).
+/// A packet as the session writes it: `Frame::encode_data_header` (header CRC) and the
+/// packet's bytes shared into a vectored write's chunks (copied when small).
 #[divan::bench(args = SIZES)]
 fn frame_encode_data(bencher: Bencher, size: usize) {
-    let payload = vec![0x5a; size];
+    let payload = Bytes::from(vec![0x5a; size]);
     let packet = packet(&payload, 1);
-    let mut out = BytesMut::with_capacity(size + 64);
+    let mut chunks = wire::Chunks::default();
+    let mut out = Vec::new();
     bencher.counter(BytesCount::new(size)).bench_local(|| {
-        out.clear();
-        Frame::encode_data(divan::black_box(&packet), &mut out);
+        Frame::encode_data_header(divan::black_box(&packet), chunks.buf());
+        chunks.share(&payload);
+        chunks.take(&mut out);
         divan::black_box(out.len());
+        out.clear();
     });
 }
 

@@ -298,7 +298,7 @@ impl Frame {
     }
 }
 
-/// One packet to write with [`Frame::encode_data`].
+/// One packet to write with [`Frame::encode_data_header`] (or [`Frame::encode_data`]).
 #[derive(Debug, Clone, Copy)]
 pub struct Packet<'a> {
     /// The channel.

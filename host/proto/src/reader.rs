@@ -100,12 +100,7 @@ impl Reader {
     /// # Errors
     /// [`ReadError::Truncated`] or [`ReadError::Utf8`].
     pub fn string(&mut self, n: usize) -> Result<String, ReadError> {
-        self.need(n)?;
-        let text =
-            std::str::from_utf8(self.bytes.get(..n).unwrap_or_default()).map_err(|_| ReadError::Utf8)?;
-        let text = text.to_owned();
-        self.bytes.advance(n);
-        Ok(text)
+        self.str_at(n, str::to_owned)
     }
 
     /// Text with a u8 length prefix.
@@ -124,6 +119,11 @@ impl Reader {
     /// [`ReadError`].
     pub fn short_str<T>(&mut self, f: impl FnOnce(&str) -> T) -> Result<T, ReadError> {
         let n = self.u8()? as usize;
+        self.str_at(n, f)
+    }
+
+    /// Text of `n` bytes, handed to `f` where it lies.
+    fn str_at<T>(&mut self, n: usize, f: impl FnOnce(&str) -> T) -> Result<T, ReadError> {
         self.need(n)?;
         let text =
             std::str::from_utf8(self.bytes.get(..n).unwrap_or_default()).map_err(|_| ReadError::Utf8)?;

@@ -12,9 +12,12 @@
 //! length and at most 65,535 bytes of ciphertext; a message that fails to decrypt ends the
 //! connection.
 //!
-//! Sans-io like the rest of this crate: bytes in through [`SecureChannel::handle_bytes`],
-//! plaintext out through [`SecureChannel::take_plaintext`], plaintext in through
-//! [`SecureChannel::send`], bytes out through [`SecureChannel::poll_transmit`].
+//! Sans-io like the rest of this crate: bytes in through [`SecureChannel::handle_bytes`]
+//! (or [`SecureChannel::handle_received`], which passes a plaintext channel's chunks on
+//! without a copy), plaintext out through [`SecureChannel::take_plaintext`], plaintext in
+//! through [`SecureChannel::send`] (or `send_bytes` / `send_chunks`, likewise), bytes out
+//! through [`SecureChannel::poll_transmit`] (one piece) or [`SecureChannel::take_transmit`]
+//! (the pieces as they are).
 
 use std::collections::VecDeque;
 
@@ -192,8 +195,8 @@ pub struct SecureChannel {
     outbound: BytesMut,
     /// Plaintext-mode chunks passed through as given, before `outbound`.
     passed_out: VecDeque<Bytes>,
-    /// Room for one Noise message, reused for every message.
-    scratch: Vec<u8>,
+    /// Plaintext of several chunks gathered into one Noise message (reused).
+    gather: Vec<u8>,
     /// The dialer's static key and clock reading, once the listener read them.
     identity: Option<([u8; KEY_BYTES], u64)>,
 }
@@ -284,7 +287,7 @@ impl SecureChannel {
             passed_in: VecDeque::new(),
             outbound: BytesMut::new(),
             passed_out: VecDeque::new(),
-            scratch: Vec::new(),
+            gather: Vec::new(),
             identity: None,
         }
     }
@@ -429,11 +432,9 @@ impl SecureChannel {
                 }
             };
         }
-        let mut out = std::mem::take(&mut self.scratch);
-        out.resize(NOISE_MESSAGE_MAX, 0);
-        let result = self.read_message_into(message, &mut out);
-        self.scratch = out;
-        result
+        // The dialer's handshake reply: once per connection.
+        let mut out = vec![0u8; NOISE_MESSAGE_MAX];
+        self.read_message_into(message, &mut out)
     }
 
     fn read_message_into(&mut self, message: &[u8], out: &mut [u8]) -> Result<(), SecureError> {
@@ -505,8 +506,9 @@ impl SecureChannel {
     }
 
     /// Like [`SecureChannel::send_bytes`] for several chunks in order, leaving `chunks`
-    /// empty: passed through on a plaintext channel; under Noise encrypted as one run, so
-    /// small chunks (packet headers) do not each become a Noise message.
+    /// empty: passed through on a plaintext channel; under Noise gathered into full Noise
+    /// messages (through one reused buffer), so small chunks (packet headers) do not each
+    /// become a Noise message.
     ///
     /// # Errors
     /// As [`SecureChannel::send`].
@@ -514,16 +516,31 @@ impl SecureChannel {
         if matches!(self.state, State::Plain) {
             return chunks.drain(..).try_for_each(|chunk| self.send_bytes(chunk));
         }
-        let result = match chunks.as_slice() {
-            [] => Ok(()),
-            [one] => self.send(one),
-            all => {
-                let mut run = BytesMut::with_capacity(all.iter().map(Bytes::len).sum());
-                all.iter().for_each(|chunk| run.extend_from_slice(chunk));
-                self.send(&run)
+        if let [one] = chunks.as_slice() {
+            let result = self.send(one);
+            chunks.clear();
+            return result;
+        }
+        let mut gather = std::mem::take(&mut self.gather);
+        gather.clear();
+        let mut result = Ok(());
+        for chunk in chunks.drain(..) {
+            let mut rest: &[u8] = &chunk;
+            while !rest.is_empty() && result.is_ok() {
+                let (now, later) = rest.split_at(rest.len().min(PLAINTEXT_CHUNK_MAX - gather.len()));
+                gather.extend_from_slice(now);
+                rest = later;
+                if gather.len() == PLAINTEXT_CHUNK_MAX {
+                    result = self.send(&gather);
+                    gather.clear();
+                }
             }
-        };
-        chunks.clear();
+        }
+        if result.is_ok() && !gather.is_empty() {
+            result = self.send(&gather);
+        }
+        gather.clear();
+        self.gather = gather;
         result
     }
 
@@ -532,12 +549,9 @@ impl SecureChannel {
         if self.passed_out.is_empty() {
             return (!self.outbound.is_empty()).then(|| self.outbound.split().freeze());
         }
-        let mut all = BytesMut::new();
-        for chunk in self.passed_out.drain(..) {
-            all.extend_from_slice(&chunk);
-        }
-        all.extend_from_slice(&self.outbound.split());
-        Some(all.freeze())
+        let mut parts = Vec::new();
+        self.take_transmit(&mut parts);
+        Some(crate::wire::join(&parts))
     }
 
     /// Bytes for the wire, in order, as they are (no copy to join them).

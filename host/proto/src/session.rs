@@ -6,12 +6,14 @@
 //! events through it. Call order:
 //!
 //! 1. [`Session::handle_connected`] when a transport connection is up (it queues a `Hello`);
-//! 2. [`Session::handle_bytes`] with every received chunk, [`Session::handle_timeout`] when
+//! 2. [`Session::handle_received`] (or [`Session::handle_bytes`], which copies) with every
+//!    received chunk, [`Session::handle_timeout`] when
 //!    [`Session::poll_timeout`] says, and [`Session::send`] to hand over a message;
 //! 3. after any `handle_*`: drain [`Session::poll_event`] (for each `Received`, store the
 //!    message, then call [`Session::handle_delivered`]), call [`Session::write_pending`]
-//!    with the bytes the connection can take, and write what [`Session::poll_transmit`]
-//!    returns;
+//!    with the bytes the connection can take, and write what [`Session::take_transmit`]
+//!    gives (headers and shared payload slices, for a vectored write; or
+//!    [`Session::poll_transmit`], joined in one piece);
 //! 4. on [`SessionEvent::Closed`] (or a transport error) write the last transmit, drop the
 //!    connection and call [`Session::handle_disconnected`].
 //!
@@ -77,7 +79,8 @@ pub struct SessionConfig {
     pub frame_bytes_max: usize,
     /// Longest encoded message accepted (it arrives in packets and is assembled).
     pub message_bytes_max: usize,
-    /// Most message bytes in one packet (also bounded by the peer's frame limit).
+    /// Most message bytes in one packet (also bounded by the peer's frame limit); the
+    /// packet that ends a message may carry a sixteenth more.
     pub packet_bytes_max: usize,
     /// Share of the connection of each channel, relative to the others (the system channel
     /// always goes first whatever its weight).
@@ -758,9 +761,9 @@ impl Session {
         let Some(lane) = self.lanes.get_mut(channel as usize) else {
             return self.close(SessionError::UnknownChannel(channel));
         };
-        let (message, first) = match lane.receiver.packet(packet, now) {
+        let (message, first, assembled) = match lane.receiver.packet(packet, now) {
             PacketOutcome::Partial => return,
-            PacketOutcome::Complete { message, first } => (message, first),
+            PacketOutcome::Complete { message, first, assembled } => (message, first, assembled),
             PacketOutcome::Duplicate { last } => {
                 if last {
                     self.stats.duplicates += 1;
@@ -784,7 +787,7 @@ impl Session {
         }
         let room = self.held_room();
         let Some(lane) = self.lanes.get_mut(channel as usize) else { return };
-        match lane.receiver.arrive(sequence, message, first, now, room) {
+        match lane.receiver.arrive(sequence, message, assembled, first, now, room) {
             Err(e) => self.close(SessionError::BadMessage { channel, sequence, reason: e.to_string() }),
             Ok(Arrival::Duplicate) => {
                 self.stats.duplicates += 1;
@@ -948,15 +951,7 @@ impl Session {
         match chunks.len() {
             0 => None,
             1 => chunks.pop(),
-            _ => Some(
-                chunks
-                    .iter()
-                    .fold(BytesMut::new(), |mut all, c| {
-                        all.extend_from_slice(c);
-                        all
-                    })
-                    .freeze(),
-            ),
+            _ => Some(crate::wire::join(&chunks)),
         }
     }
 

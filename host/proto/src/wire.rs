@@ -168,6 +168,13 @@ fn encode_message_head(message: &Message, out: &mut BytesMut) {
 /// buffer would hold all of it in memory for as long as it waits in a queue.
 pub const DETACH_BYTES_MAX: usize = 32 * 1024;
 
+/// `parts` joined in one buffer, sized once.
+pub fn join(parts: &[Bytes]) -> Bytes {
+    let mut all = BytesMut::with_capacity(parts.iter().map(Bytes::len).sum());
+    parts.iter().for_each(|part| all.extend_from_slice(part));
+    all.freeze()
+}
+
 /// `bytes` in a buffer of their own when short (see [`DETACH_BYTES_MAX`]), else as they are.
 pub fn detached(bytes: Bytes) -> Bytes {
     if bytes.len() < DETACH_BYTES_MAX { Bytes::copy_from_slice(&bytes) } else { bytes }

@@ -356,14 +356,15 @@ impl Sender {
         let end = if total - start <= limits.last_packet_bytes_max {
             total
         } else {
-            start.saturating_add(limits.packet_bytes_max.max(1)).min(total)
+            start.saturating_add(limits.packet_bytes_max).min(total)
         };
-        let bytes = pending.message.get(start..end).unwrap_or_default();
+        let bytes = pending.message.slice(start..end);
         let crc = pending.crc.unwrap_or_default();
-        let packet = Packet { channel, sequence, offset: start as u64, total: total as u64, crc, bytes };
+        let packet =
+            Packet { channel, sequence, offset: start as u64, total: total as u64, crc, bytes: &bytes };
         // The header is written; the bytes are shared (copied only when small).
         Frame::encode_data_header(&packet, out.buf());
-        out.share(&pending.message.slice(start..end));
+        out.share(&bytes);
         let written = DATA_OVERHEAD_BYTES + (end - start);
         if end == total {
             pending.written_at = Some(now);
