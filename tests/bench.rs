@@ -36,6 +36,13 @@ fn bench_runs_every_workload_against_its_baseline() {
     let odd = s.run(&["bench", "w1", "--size", "100"]);
     assert!(!odd.status.success());
     assert!(stderr(&odd).contains("the sizes are 64, 1024, 65536, 1048576"), "{}", stderr(&odd));
+    let empty = s.run(&["bench", "--quick", "w4", "--size", "64"]);
+    assert!(!empty.status.success());
+    assert!(
+        stderr(&empty).contains("none of the named workloads has a case of 64 bytes"),
+        "{}",
+        stderr(&empty)
+    );
     let bad = s.run(&["bench", "w9"]);
     assert!(!bad.status.success());
     assert!(stderr(&bad).contains("w9"), "{}", stderr(&bad));

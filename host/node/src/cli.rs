@@ -363,7 +363,7 @@ pub enum ConfigCommand {
 /// `linkbus demo`.
 #[derive(Debug, Args)]
 pub struct DemoArgs {
-    /// How many messages A sends to B.
+    /// How many messages A sends to C (through B).
     #[arg(long, default_value_t = 10_000)]
     pub messages: usize,
     /// Payload bytes per message (at least 11).
@@ -384,8 +384,8 @@ pub struct BenchArgs {
     /// how fast.
     #[arg(long)]
     pub quick: bool,
-    /// Only the cases of this payload size in bytes, where a workload has several (w1: 64,
-    /// 1024, 65536, 1048576; w5: 1024, 65536); for profiling one case.
+    /// Only the cases of this payload size in bytes (w1: 64, 1024, 65536, 1048576; w4: 1024;
+    /// w5: 1024, 65536; the others have one size and ignore it); for profiling one case.
     #[arg(long, value_parser = parse_bench_size)]
     pub size: Option<usize>,
 }
@@ -944,6 +944,9 @@ pub async fn bench(args: BenchArgs) -> anyhow::Result<()> {
         std::thread::available_parallelism().map_or(1, std::num::NonZero::get)
     );
     let rows = crate::bench::run(&args.workloads, scale, true).await?;
+    if let (Some(size), true) = (args.size, rows.is_empty()) {
+        bail!("none of the named workloads has a case of {size} bytes (w4 has 1024; w5 1024 and 65536)");
+    }
     if args.json {
         println!("{}", crate::bench::to_json(&rows));
     }

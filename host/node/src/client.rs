@@ -281,8 +281,8 @@ impl Client {
             self.call(Request::Put { contents: batch, timeout_ms, no_wait: self.no_wait }),
         )
         .await;
+        // (An abandoned call leaves the client broken.)
         let Ok(answer) = answer else {
-            self.broken = true;
             return Err(ClientError::OutcomeUnknown(timeout + PUT_ANSWER_MARGIN));
         };
         match answer? {
@@ -360,7 +360,7 @@ impl Client {
     /// [`ClientError::Refused`] when a tag was not handed out pending on this connection
     /// (nothing is acknowledged then).
     pub async fn ack(&mut self, queue: &str, tags: &[u64]) -> Result<u32, ClientError> {
-        self.settle(Request::Ack { queue: queue.to_owned(), tags: tags.to_vec() }).await
+        self.settle(Request::Ack { queue: queue.to_owned(), tags: tags.to_vec() }, "ack").await
     }
 
     /// Gives messages handed out by [`Client::get_pending`] back to their queue: they return
@@ -369,16 +369,10 @@ impl Client {
     /// # Errors
     /// As [`Client::ack`].
     pub async fn backout(&mut self, queue: &str, tags: &[u64]) -> Result<u32, ClientError> {
-        self.settle(Request::Backout { queue: queue.to_owned(), tags: tags.to_vec() }).await
+        self.settle(Request::Backout { queue: queue.to_owned(), tags: tags.to_vec() }, "backout").await
     }
 
-    async fn settle(&mut self, request: Request) -> Result<u32, ClientError> {
-        let what = match request {
-            Request::Ack { .. } => "ack",
-            Request::Backout { .. } => "backout",
-            Request::Begin => "begin",
-            _ => "rollback",
-        };
+    async fn settle(&mut self, request: Request, what: &str) -> Result<u32, ClientError> {
         match self.call(request).await? {
             Response::Settled(count) => Ok(count),
             other => Err(ClientError::Protocol(format!("unexpected answer to {what}: {other:?}"))),
@@ -486,7 +480,7 @@ impl Client {
     /// # Errors
     /// [`ClientError::Refused`] when a transaction is already open.
     pub async fn begin(&mut self) -> Result<(), ClientError> {
-        self.settle(Request::Begin).await.map(|_| ())
+        self.settle(Request::Begin, "begin").await.map(|_| ())
     }
 
     /// Commits the open transaction: all its puts are queued (waiting up to the put timeout
@@ -503,7 +497,6 @@ impl Client {
         let timeout_ms = self.put_timeout.as_millis() as u64;
         let limit = self.put_timeout + PUT_ANSWER_MARGIN;
         let Ok(answer) = tokio::time::timeout(limit, self.call(Request::Commit { timeout_ms })).await else {
-            self.broken = true;
             return Err(ClientError::OutcomeUnknown(limit));
         };
         match answer? {
@@ -520,7 +513,7 @@ impl Client {
     /// # Errors
     /// [`ClientError`] when the call fails.
     pub async fn rollback(&mut self) -> Result<u32, ClientError> {
-        self.settle(Request::Rollback).await
+        self.settle(Request::Rollback, "rollback").await
     }
 
     /// Copies events of `kinds` (names such as `link_down`, `result`, or `all`) to queue

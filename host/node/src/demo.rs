@@ -88,7 +88,6 @@ impl std::fmt::Display for DemoReport {
     }
 }
 
-/// The bytes after the ASCII index of message `index`, eight at a time.
 /// Word `i` of message `index`'s filler: each word on its own (no chain from one to the
 /// next), so making and checking them vectorises — the harness must cost little next to
 /// what it measures.
@@ -118,11 +117,10 @@ pub fn payload(index: usize, size: usize) -> Bytes {
     let mut bytes = vec![0u8; size];
     let (head, rest) = bytes.split_at_mut(INDEX_BYTES);
     head.copy_from_slice(&index_text(index));
+    let words = rest.len() / 8;
     let mut whole = rest.chunks_exact_mut(8);
-    let mut words = 0;
     for (i, chunk) in whole.by_ref().enumerate() {
         chunk.copy_from_slice(&filler_word(index, i).to_le_bytes());
-        words = i + 1;
     }
     let tail = whole.into_remainder();
     tail.copy_from_slice(filler_word(index, words).to_le_bytes().get(..tail.len()).unwrap_or_default());

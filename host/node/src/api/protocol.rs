@@ -14,11 +14,11 @@
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use linkbus_plugin_api::{Address, Content, Message, MessageId, NodeName, QueueName};
-use linkbus_proto::frame::put_length_prefixed;
+use linkbus_proto::frame::{LENGTH_BYTES, put_length_prefixed};
 use linkbus_proto::reader::{ReadError, Reader};
 use linkbus_proto::wire::{
-    Chunks, content_encoded_len, decode_message, encode_content, encode_content_chunks, encode_message,
-    encode_message_chunks, message_encoded_len, read_content,
+    Chunks, content_encoded_len, decode_message, encode_content_chunks, encode_message_chunks,
+    message_encoded_len, read_content,
 };
 
 use crate::results::{MessageResults, Outcome};
@@ -237,8 +237,14 @@ pub enum Response {
     },
 }
 
-/// Bytes in a length-prefixed frame.
-const LENGTH_BYTES: usize = 4;
+/// What `encode` writes into `chunks`, appended to `out` in one piece.
+fn join_chunks(out: &mut BytesMut, encode: impl FnOnce(&mut Chunks)) {
+    let (mut chunks, mut parts) = (Chunks::default(), Vec::new());
+    encode(&mut chunks);
+    chunks.take(&mut parts);
+    out.reserve(parts.iter().map(Bytes::len).sum());
+    parts.iter().for_each(|part| out.extend_from_slice(part));
+}
 
 /// A frame or message length as written.
 fn frame_len(len: usize) -> u32 {
@@ -273,15 +279,8 @@ impl Request {
     /// Appends the encoded request.
     pub fn encode(&self, out: &mut BytesMut) {
         match self {
-            Self::Put { contents, timeout_ms, no_wait } => frame(PUT, out, |out| {
-                out.reserve(16 + contents.iter().map(|c| 4 + content_encoded_len(c)).sum::<usize>());
-                out.put_u64(*timeout_ms);
-                out.put_u8(u8::from(*no_wait));
-                out.put_u32(contents.len() as u32);
-                for c in contents {
-                    put_length_prefixed(out, |out| encode_content(c, out));
-                }
-            }),
+            // One layout, `encode_chunks`'s, joined.
+            Self::Put { .. } => join_chunks(out, |chunks| self.encode_chunks(chunks)),
             Self::Get { queue, count_max, wait_ms, bytes_max, pending } => frame(GET, out, |out| {
                 put_name(out, queue);
                 out.put_u32(*count_max);
@@ -415,19 +414,7 @@ impl Response {
                 out.put_u32(sequences.len() as u32);
                 sequences.iter().for_each(|s| out.put_u64(*s));
             }),
-            Self::Messages { messages, tags } => frame(MESSAGES, out, |out| {
-                let bytes: usize = messages
-                    .iter()
-                    .map(|m| 4 + message_encoded_len(m.id.source.as_str().len(), &m.content))
-                    .sum();
-                out.reserve(8 + bytes + 8 * tags.len());
-                out.put_u32(messages.len() as u32);
-                for m in messages {
-                    put_length_prefixed(out, |out| encode_message(m, out));
-                }
-                out.put_u32(tags.len() as u32);
-                tags.iter().for_each(|t| out.put_u64(*t));
-            }),
+            Self::Messages { .. } => join_chunks(out, |chunks| self.encode_chunks(chunks)),
             Self::Settled(count) => frame(SETTLED, out, |out| out.put_u32(*count)),
             Self::Results(results) => frame(RESULTS_ANSWER, out, |out| {
                 out.put_u32(results.len() as u32);
@@ -534,7 +521,7 @@ fn read_results(r: &mut Reader) -> Result<Option<MessageResults>, ReadError> {
     let mut recipients = Vec::with_capacity(usize::from(count));
     for _ in 0..count {
         let node = r.short_str(NodeName::new)?.map_err(|e| invalid("node", e.to_string()))?;
-        let queue = QueueName::new(&r.short_string()?).map_err(|e| invalid("queue", e.to_string()))?;
+        let queue = r.short_str(QueueName::new)?.map_err(|e| invalid("queue", e.to_string()))?;
         let outcome = match r.u8()? {
             0 => None,
             1 => Some(Outcome::Delivered),
@@ -611,10 +598,7 @@ mod tests {
         let (mut chunks, mut parts) = (Chunks::default(), Vec::new());
         encode(&mut chunks);
         chunks.take(&mut parts);
-        parts.iter().fold(BytesMut::new(), |mut all, p| {
-            all.extend_from_slice(p);
-            all
-        })
+        BytesMut::from(linkbus_proto::wire::join(&parts))
     }
 
     #[test]

@@ -223,8 +223,9 @@ pub struct MessageSettings {
 pub struct LinkSettings {
     /// Longest frame accepted, in bytes.
     pub frame_bytes_max: u64,
-    /// Most message bytes in one packet: messages are cut into packets of this size, which
-    /// interleave with other channels' packets.
+    /// Most message bytes in one packet: messages are cut into packets of this size (the
+    /// last one of a message up to a sixteenth more), which interleave with other channels'
+    /// packets.
     pub packet_bytes_max: u64,
     /// Share of a busy link each priority level 0..=9 gets, relative to the others (its
     /// quota of packets per round); the system class always goes first.

@@ -52,18 +52,18 @@ pub(crate) async fn read_loop(
 /// chunks waiting at a time go out together, in vectored writes.
 pub(crate) async fn write_loop(
     mut writer: Box<dyn AsyncWrite + Send + Unpin>,
-    mut rx: mpsc::UnboundedReceiver<Bytes>,
+    mut rx: mpsc::UnboundedReceiver<Vec<Bytes>>,
     backlog: Arc<AtomicUsize>,
     wake: Arc<Notify>,
     id: u64,
     events: mpsc::Sender<(u64, ConnEvent)>,
 ) {
     let mut chunks: Vec<Bytes> = Vec::new();
-    while let Some(first) = rx.recv().await {
-        chunks.push(first);
+    while let Some(mut first) = rx.recv().await {
+        chunks.append(&mut first);
         while chunks.len() < crate::vectored::WRITE_CHUNKS_MAX {
-            let Ok(more) = rx.try_recv() else { break };
-            chunks.push(more);
+            let Ok(mut more) = rx.try_recv() else { break };
+            chunks.append(&mut more);
         }
         let len: usize = chunks.iter().map(Bytes::len).sum();
         let result = crate::vectored::write_all(&mut writer, &mut chunks).await;
@@ -73,7 +73,7 @@ pub(crate) async fn write_loop(
             // link task reads again and sees this connection's end.
             rx.close();
             while let Ok(rest) = rx.try_recv() {
-                backlog.fetch_sub(rest.len(), Ordering::Relaxed);
+                backlog.fetch_sub(rest.iter().map(Bytes::len).sum(), Ordering::Relaxed);
             }
             wake.notify_one();
             let _ = events.send((id, ConnEvent::Closed(format!("write failed: {e}")))).await;

@@ -62,7 +62,7 @@ struct Active {
     dialed_by_us: bool,
     /// Encrypts what the session writes, decrypts what the reader reads.
     secure: SecureChannel,
-    writer: mpsc::UnboundedSender<Bytes>,
+    writer: mpsc::UnboundedSender<Vec<Bytes>>,
     /// Bytes sent to `writer` and not yet written.
     backlog: Arc<AtomicUsize>,
     reader: tokio::task::JoinHandle<()>,
@@ -98,8 +98,6 @@ struct Link {
     /// synced before the message's bytes leave (or a crash of the process or the machine
     /// could send it twice, under a new number).
     unsynced: bool,
-    /// Room for the chunks of one write, reused.
-    out: Vec<Bytes>,
 }
 
 fn session_config(node: &NodeState, handle: &LinkHandle) -> SessionConfig {
@@ -197,7 +195,6 @@ pub async fn run(node: Arc<NodeState>, handle: Arc<LinkHandle>, mut shutdown: wa
         sent,
         acked_recorded,
         unsynced: false,
-        out: Vec::new(),
         next_dial: handle.peer.address.as_ref().map(|_| tokio::time::Instant::now()),
         backoff: Backoff::new(links.reconnect_backoff_min_ms, links.reconnect_backoff_max_ms),
         node,
@@ -478,24 +475,24 @@ impl Link {
             self.node.fail(format!("store failed while recording messages for {}: {e}", self.peer()));
             return self.drop_connection("store failed");
         }
-        let mut out = std::mem::take(&mut self.out);
+        let mut out = Vec::new();
         self.session.take_transmit(&mut out);
         if let Some(active) = &mut self.active {
             if let Err(e) = active.secure.send_chunks(&mut out) {
                 warn!(peer = self.handle.peer.name.as_str(), error = %e, "Secure channel failed.");
-                self.out = out;
                 return self.drop_connection(&e.to_string());
             }
             active.secure.take_transmit(&mut out);
-            for bytes in out.drain(..) {
-                let len = bytes.len();
-                active.backlog.fetch_add(len, Ordering::Relaxed);
-                if active.writer.send(bytes).is_err() {
-                    // The writer is gone (its connection failed): nothing will drain these bytes.
-                    active.backlog.fetch_sub(len, Ordering::Relaxed);
-                }
+            if out.is_empty() {
+                return;
             }
-            self.out = out;
+            // All of it in one hand-over (one count, at most one wake-up of the writer).
+            let len: usize = out.iter().map(Bytes::len).sum();
+            active.backlog.fetch_add(len, Ordering::Relaxed);
+            if active.writer.send(out).is_err() {
+                // The writer is gone (its connection failed): nothing will drain these bytes.
+                active.backlog.fetch_sub(len, Ordering::Relaxed);
+            }
         }
     }
 
@@ -946,7 +943,7 @@ impl Link {
             if active.secure.send(&out).is_ok()
                 && let Some(bytes) = active.secure.poll_transmit()
             {
-                let _ = active.writer.send(bytes);
+                let _ = active.writer.send(vec![bytes]);
             }
             drop(active);
             // Give the writer a moment to send the close frame.
