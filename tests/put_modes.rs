@@ -91,6 +91,52 @@ fn full_classes_refuse_or_wait_and_others_flow() {
     assert_eq!(stdout(&rest), "local 1\nlocal 2\n");
 }
 
+/// A class of a transmission queue also holds at most `links.queue_bytes_max` bytes: a put
+/// past it is refused naming the class and its fill, an empty class takes a message larger
+/// than the bound, and everything accepted arrives once the peer comes.
+#[test]
+fn classes_are_bounded_in_bytes_too() {
+    let s = Scratch::new();
+    let (a_key, b_key) = (s.keys("A"), s.keys("B"));
+    let port = free_port();
+    let a_yaml = format!(
+        "node: {{ name: A, listen: none }}\npeers: [ {{ name: B, address: '127.0.0.1:{port}', public_key: '{b_key}' }} ]\n\
+         links: {{ queue_bytes_max: 3000, reconnect_backoff_max_ms: 200 }}\n{}\n",
+        s.security_yaml("A")
+    );
+    let _a = s.start_node("A", &["-c", s.write("a.yaml", &a_yaml).to_str().unwrap()]);
+    let put = |priority: &str, payload: &str| {
+        s.run(&["put", "--node", "A", "--to", "B:q", "--priority", priority, "--timeout", "0s", payload])
+    };
+    let (one, two, big, third) = ("1".repeat(1400), "2".repeat(1400), "3".repeat(5000), "4".repeat(200));
+    assert!(put("1", &one).status.success() && put("1", &two).status.success());
+    let full = put("1", &third);
+    let text = stderr(&full);
+    assert!(!full.status.success(), "{text}");
+    assert!(
+        text.contains("transmission queue to node B is full (priority 1: 2 of 1000000 messages, ")
+            && text.contains(" of 3000 bytes waiting)"),
+        "{text}"
+    );
+    let alone = put("6", &big);
+    assert!(alone.status.success(), "an empty class takes a message above the bound: {}", stderr(&alone));
+    assert!(!put("6", "small").status.success(), "and then holds nothing more");
+
+    let b_yaml = format!(
+        "node: {{ name: B, listen: '127.0.0.1:{port}' }}\npeers: [ {{ name: A, public_key: '{a_key}' }} ]\nqueues: [ {{ name: q, order: fifo }} ]\n{}\n",
+        s.security_yaml("B")
+    );
+    let _b = s.start_node("B", &["-c", s.write("b.yaml", &b_yaml).to_str().unwrap()]);
+    let got = s.run(&["get", "--node", "B", "q", "--count", "3", "--wait", "10s"]);
+    let text = stdout(&got);
+    let mut lines: Vec<&str> = text.lines().collect();
+    lines.sort_unstable();
+    assert_eq!(lines, [one.as_str(), two.as_str(), big.as_str()], "{}", stderr(&got));
+    // Drained, the class takes puts again.
+    let again = put("1", "small");
+    assert!(again.status.success(), "{}", stderr(&again));
+}
+
 /// Send modes: a no-wait put fails at once on a full queue and refuses persistent messages;
 /// a waiting put never waits longer than the message's lifetime; `--ttl` sets the lifetime.
 #[test]

@@ -77,7 +77,8 @@ fn transmission_queue_enqueue(bencher: Bencher) {
     bencher
         .counter(ItemsCount::new(BATCH))
         .with_inputs(|| {
-            let handle = LinkHandle::new(peer.clone(), BATCH as u64, 50, Arc::new(Notify::new()), None);
+            let handle =
+                LinkHandle::new(peer.clone(), (BATCH as u64, u64::MAX), 50, Arc::new(Notify::new()), None);
             (handle, batch(64, spread, Reliability::Volatile))
         })
         .bench_local_values(|(handle, messages)| {

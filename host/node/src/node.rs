@@ -426,7 +426,7 @@ impl NodeState {
                     p.name.clone(),
                     Arc::new(LinkHandle::new(
                         p.clone(),
-                        config.links.queue_messages_max,
+                        (config.links.queue_messages_max, config.links.queue_bytes_max),
                         u8::try_from(config.links.forward_share).unwrap_or(50),
                         room.clone(),
                         store.durable().then(|| committer.clone()),
@@ -937,8 +937,8 @@ impl NodeState {
         credit: &[(&Arc<LocalQueue>, usize)],
     ) -> Result<(), (ErrorCode, String)> {
         let mut local: Vec<(&Arc<LocalQueue>, usize)> = Vec::new();
-        // Per link and transmission class: a message of the class, and how many.
-        let mut remote: Vec<(&Arc<LinkHandle>, &Message, usize)> = Vec::new();
+        // Per link and transmission class: a message of the class, how many, and their bytes.
+        let mut remote: Vec<(&Arc<LinkHandle>, &Message, usize, u64)> = Vec::new();
         for (message, targets) in planned {
             for queue in &targets.local {
                 match local.iter_mut().find(|(q, _)| Arc::ptr_eq(q, queue)) {
@@ -954,12 +954,15 @@ impl NodeState {
                         format!("message of {encoded} bytes is larger than node {} accepts", link.peer.name);
                     return Err((ErrorCode::TooLarge, msg));
                 }
-                let same = |(l, m, _): &&mut (&Arc<LinkHandle>, &Message, usize)| {
+                let same = |(l, m, _, _): &&mut (&Arc<LinkHandle>, &Message, usize, u64)| {
                     Arc::ptr_eq(l, link) && LinkHandle::same_class(m, message)
                 };
                 match remote.iter_mut().find(same) {
-                    Some((_, _, n)) => *n += 1,
-                    None => remote.push((link, message, 1)),
+                    Some((_, _, n, bytes)) => {
+                        *n += 1;
+                        *bytes += encoded as u64;
+                    }
+                    None => remote.push((link, message, 1, encoded as u64)),
                 }
             }
         }
@@ -971,7 +974,7 @@ impl NodeState {
                 format!("{n} messages for queue '{name}', which holds at most {max}"),
             ));
         }
-        if let Some((l, _, n)) = remote.iter().find(|(l, _, n)| *n as u64 > l.class_messages_max()) {
+        if let Some((l, _, n, _)) = remote.iter().find(|(l, _, n, _)| *n as u64 > l.class_messages_max()) {
             let (name, max) = (&l.peer.name, l.class_messages_max());
             return Err((
                 ErrorCode::TooLarge,
@@ -999,8 +1002,11 @@ impl NodeState {
             let (name, max) = (&full.config().name, full.config().queue_messages_max);
             return Err((ErrorCode::Full, format!("queue '{name}' is full ({max} messages)")));
         }
-        if let Some((full, _, _)) = remote.iter().find(|(l, m, n)| !l.has_room_for_many(m, *n)) {
-            return Err((ErrorCode::Full, format!("transmission queue to node {} is full", full.peer.name)));
+        if let Some((full, m, _, _)) =
+            remote.iter().find(|(l, m, n, bytes)| !l.has_room_for_many(m, *n, *bytes))
+        {
+            let (name, fill) = (&full.peer.name, full.fill(m));
+            return Err((ErrorCode::Full, format!("transmission queue to node {name} is full ({fill})")));
         }
         Ok(())
     }
@@ -1283,8 +1289,12 @@ impl NodeState {
                 let (link, recipients) = group?;
                 let mut copy = copy_for(message, &recipients);
                 copy.hop_count = message.hop_count.saturating_add(1);
-                if !link.has_room_for_many(&copy, 1) {
-                    let reason = format!("the transmission queue to {} is full", link.peer.name);
+                if !link.has_room_for(&copy) {
+                    let reason = format!(
+                        "the transmission queue to {} is full ({})",
+                        link.peer.name,
+                        link.fill(&copy)
+                    );
                     return Err((DeadLetterCode::QueueFull, reason, recipients));
                 }
                 Ok((link, copy))

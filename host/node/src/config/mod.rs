@@ -239,8 +239,12 @@ pub struct LinkSettings {
     pub in_flight_messages_max: u64,
     /// Bytes of messages sent to a neighbour and not yet acknowledged.
     pub in_flight_bytes_max: u64,
-    /// Messages waiting for a neighbour (its transmission queue); a put beyond it is refused.
+    /// Messages waiting for a neighbour per priority class (its transmission queue); a put
+    /// beyond it waits for room or is refused.
     pub queue_messages_max: u64,
+    /// Bytes (encoded messages) waiting for a neighbour per priority class; a put beyond it
+    /// waits for room or is refused, except into an empty class.
+    pub queue_bytes_max: u64,
     /// Messages from a neighbour held ahead of a gap until it fills.
     pub reorder_messages_max: u64,
     /// Bytes of messages from a neighbour held ahead of a gap.
@@ -325,6 +329,7 @@ impl Default for LinkSettings {
             in_flight_messages_max: 4096,
             in_flight_bytes_max: 64 << 20,
             queue_messages_max: 1_000_000,
+            queue_bytes_max: 256 << 20,
             reorder_messages_max: 1024,
             reorder_bytes_max: 16 << 20,
             retransmit_timeout_ms: 10_000,

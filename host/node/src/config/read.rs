@@ -363,6 +363,7 @@ fn read_links(root: &Section<'_>) -> LinkSettings {
         in_flight_messages_max: s.number("in_flight_messages_max", d.in_flight_messages_max, 1, 1 << 20),
         in_flight_bytes_max: s.number("in_flight_bytes_max", d.in_flight_bytes_max, 1, BYTES_MAX),
         queue_messages_max: s.number("queue_messages_max", d.queue_messages_max, 1, 1 << 40),
+        queue_bytes_max: s.number("queue_bytes_max", d.queue_bytes_max, 1, BYTES_MAX),
         reorder_messages_max: s.number("reorder_messages_max", d.reorder_messages_max, 1, 1 << 20),
         reorder_bytes_max: s.number("reorder_bytes_max", d.reorder_bytes_max, 0, BYTES_MAX),
         retransmit_timeout_ms: s.number("retransmit_timeout_ms", d.retransmit_timeout_ms, 1, MS_MAX),

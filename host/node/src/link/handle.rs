@@ -99,7 +99,7 @@ impl LinkHandle {
     /// A handle with an empty transmission queue.
     pub fn new(
         peer: PeerConfig,
-        queue_messages_max: u64,
+        (queue_messages_max, queue_bytes_max): (u64, u64),
         forward_share: u8,
         room: Arc<Notify>,
         committer: Option<Arc<crate::storage::Committer>>,
@@ -109,7 +109,7 @@ impl LinkHandle {
             record: committer.map(|c| super::state::SendRecord::new(&peer.name, c)),
             restored_sent: Mutex::new(super::state::Recovered::default()),
             peer,
-            queue: Mutex::new(TransmissionQueue::new(queue_messages_max, forward_share)),
+            queue: Mutex::new(TransmissionQueue::new(queue_messages_max, queue_bytes_max, forward_share)),
             room,
             wake: Notify::new(),
             incoming_tx,
@@ -171,9 +171,20 @@ impl LinkHandle {
         self.queue.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Whether `message`'s priority class has room for `count` messages now.
-    pub fn has_room_for_many(&self, message: &Message, count: usize) -> bool {
-        self.lock().has_room_for_many(message, count)
+    /// Whether `message`'s priority class has room for `count` messages of `bytes` bytes
+    /// (encoded) in all now.
+    pub fn has_room_for_many(&self, message: &Message, count: usize, bytes: u64) -> bool {
+        self.lock().has_room_for_many(message, count, bytes)
+    }
+
+    /// Whether `message`'s priority class has room for it now.
+    pub fn has_room_for(&self, message: &Message) -> bool {
+        self.lock().has_room_for(message)
+    }
+
+    /// How full `message`'s priority class is: messages and bytes waiting, and the bounds.
+    pub fn fill(&self, message: &Message) -> String {
+        self.lock().fill(message).to_string()
     }
 
     /// Most messages one class of the transmission queue holds.

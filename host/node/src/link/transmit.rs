@@ -1,7 +1,9 @@
 //! The transmission queue of a link: one bounded FIFO per priority class (the system class,
 //! levels 0..=9, and files, which travel on their own channel), so a full class never stalls
 //! another, drained into the session system class first, then the levels and files in
-//! turn.
+//! turn. A class holds at most `links.queue_messages_max` messages and
+//! `links.queue_bytes_max` bytes of them (encoded); an empty class takes any one put, so a
+//! message larger than the byte bound still goes, alone.
 //!
 //! Within a class, messages this node relays for other nodes wait apart from its own
 //! (`hop_count > 0` marks a relayed copy), and when both wait they take turns so that the
@@ -14,6 +16,7 @@ use std::time::Instant;
 
 use linkbus_plugin_api::Message;
 use linkbus_plugin_api::message::{Kind, PRIORITY_LEVEL_MAX};
+use linkbus_proto::wire::message_encoded_len;
 
 /// Classes: levels 0..=9, the system class (10) and files (11).
 pub const CLASSES: usize = PRIORITY_LEVEL_MAX as usize + 3;
@@ -39,6 +42,10 @@ pub(crate) struct TransmissionQueue {
     classes: Vec<Class>,
     /// Most messages one class holds.
     class_messages_max: u64,
+    /// Most bytes (encoded messages) one class holds, unless it holds a single put.
+    class_bytes_max: u64,
+    /// Bytes waiting per class.
+    bytes: [u64; CLASSES],
     /// The index in [`TURNS`] served next, so classes take turns.
     turn: usize,
     len: usize,
@@ -55,13 +62,45 @@ fn side(message: &Message) -> usize {
     if message.hop_count > 0 { RELAYED } else { OWN }
 }
 
+/// What `message` counts against its class's byte bound: its encoded size.
+pub(crate) fn size_of(message: &Message) -> u64 {
+    message_encoded_len(message.id.source.as_str().len(), &message.content) as u64
+}
+
+/// How full one class is, for a put that found no room.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Fill {
+    /// The class.
+    pub(crate) class: usize,
+    /// Messages waiting in it, and its bound.
+    pub(crate) messages: (u64, u64),
+    /// Bytes waiting in it, and its bound.
+    pub(crate) bytes: (u64, u64),
+}
+
+impl std::fmt::Display for Fill {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (n, n_max) = self.messages;
+        let (b, b_max) = self.bytes;
+        match self.class {
+            SYSTEM => f.write_str("system class")?,
+            FILES => f.write_str("files")?,
+            level => write!(f, "priority {level}")?,
+        }
+        write!(f, ": {n} of {n_max} messages, {b} of {b_max} bytes waiting")
+    }
+}
+
 impl TransmissionQueue {
-    /// A queue whose classes hold `class_messages_max` messages each, giving relayed
-    /// messages `forward_share` percent of the turns while both kinds wait.
-    pub(crate) fn new(class_messages_max: u64, forward_share: u8) -> Self {
+    /// A queue whose classes hold `class_messages_max` messages and `class_bytes_max` bytes
+    /// each, giving relayed messages `forward_share` percent of the turns while both kinds
+    /// wait.
+    pub(crate) fn new(class_messages_max: u64, class_bytes_max: u64, forward_share: u8) -> Self {
         Self {
             classes: (0..CLASSES).map(|_| [VecDeque::new(), VecDeque::new()]).collect(),
             class_messages_max,
+            class_bytes_max,
+            bytes: [0; CLASSES],
             turn: 0,
             len: 0,
             next_expiry: None,
@@ -99,17 +138,47 @@ impl TransmissionQueue {
         self.len
     }
 
-    /// Whether one more message of `message`'s class fits.
-    #[cfg(test)]
+    /// Whether one more message like `message` fits in its class.
     pub(crate) fn has_room_for(&self, message: &Message) -> bool {
-        self.has_room_for_many(message, 1)
+        self.has_room_for_many(message, 1, size_of(message))
     }
 
-    /// Whether `count` more messages of `message`'s class fit.
-    pub(crate) fn has_room_for_many(&self, message: &Message, count: usize) -> bool {
-        self.classes.get(Self::class_of(message)).is_some_and(|[own, relayed]| {
-            (own.len() + relayed.len() + count) as u64 <= self.class_messages_max
-        })
+    /// Whether `count` more messages of `message`'s class, `bytes` in all, fit: within both
+    /// bounds, or any number the count bound allows when the class is empty.
+    pub(crate) fn has_room_for_many(&self, message: &Message, count: usize, bytes: u64) -> bool {
+        let class = Self::class_of(message);
+        let (Some([own, relayed]), Some(waiting)) = (self.classes.get(class), self.bytes.get(class)) else {
+            return false;
+        };
+        let len = own.len() + relayed.len();
+        (len + count) as u64 <= self.class_messages_max
+            && (len == 0 || waiting.saturating_add(bytes) <= self.class_bytes_max)
+    }
+
+    /// How full `message`'s class is.
+    pub(crate) fn fill(&self, message: &Message) -> Fill {
+        let class = Self::class_of(message);
+        let len = self.classes.get(class).map_or(0, |[own, relayed]| own.len() + relayed.len());
+        Fill {
+            class,
+            messages: (len as u64, self.class_messages_max),
+            bytes: (self.bytes.get(class).copied().unwrap_or(0), self.class_bytes_max),
+        }
+    }
+
+    /// Queues `item` in `class` at the back (or at the front, for one put back).
+    fn insert(&mut self, class: usize, item: Queued, front: bool) {
+        let (Some(c), Some(bytes)) = (self.classes.get_mut(class), self.bytes.get_mut(class)) else {
+            return;
+        };
+        *bytes += size_of(&item.0);
+        let fifo = &mut c[side(&item.0)];
+        if front {
+            fifo.push_front(item)
+        } else {
+            fifo.push_back(item)
+        }
+        self.len += 1;
     }
 
     /// Queues a message at the back of its class; `false` when the class is full.
@@ -127,21 +196,13 @@ impl TransmissionQueue {
     /// queued in one place and refused in another).
     pub(crate) fn push_checked(&mut self, message: Message, now: Instant, key: Option<u64>) {
         self.note_expiry(&message, now);
-        let (class, side) = (Self::class_of(&message), side(&message));
-        if let Some(c) = self.classes.get_mut(class) {
-            c[side].push_back((message, now, key));
-            self.len += 1;
-        }
+        self.insert(Self::class_of(&message), (message, now, key), false);
     }
 
     /// Puts back a message taken by [`TransmissionQueue::pop`] (the window was full).
     pub(crate) fn unpop(&mut self, message: Message, queued_at: Instant, key: Option<u64>) {
         self.note_expiry(&message, queued_at);
-        let (class, side) = (Self::class_of(&message), side(&message));
-        if let Some(c) = self.classes.get_mut(class) {
-            c[side].push_front((message, queued_at, key));
-            self.len += 1;
-        }
+        self.insert(Self::class_of(&message), (message, queued_at, key), true);
     }
 
     /// Takes out every message whose lifetime ran out since it was queued (by `now`).
@@ -151,22 +212,28 @@ impl TransmissionQueue {
             return expired;
         }
         let mut next: Option<Instant> = None;
-        for queue in self.classes.iter_mut().flatten() {
-            let before = queue.len();
-            queue.retain_mut(|(message, queued_at, key)| {
-                let elapsed = now.saturating_duration_since(*queued_at).as_millis() as u64;
-                let lifetime = message.content.lifetime.unwrap_or(linkbus_plugin_api::Lifetime::UNLIMITED);
-                if lifetime.after(elapsed).is_some() {
-                    if let Some(at) = Self::expiry(message, *queued_at) {
-                        next = Some(next.map_or(at, |n| n.min(at)));
+        let mut gone = 0;
+        for (class, bytes) in self.classes.iter_mut().zip(self.bytes.iter_mut()) {
+            for queue in class {
+                let before = queue.len();
+                queue.retain_mut(|(message, queued_at, key)| {
+                    let elapsed = now.saturating_duration_since(*queued_at).as_millis() as u64;
+                    let lifetime =
+                        message.content.lifetime.unwrap_or(linkbus_plugin_api::Lifetime::UNLIMITED);
+                    if lifetime.after(elapsed).is_some() {
+                        if let Some(at) = Self::expiry(message, *queued_at) {
+                            next = Some(next.map_or(at, |n| n.min(at)));
+                        }
+                        return true;
                     }
-                    return true;
-                }
-                expired.push((message.clone(), *key));
-                false
-            });
-            self.len -= before - queue.len();
+                    *bytes = bytes.saturating_sub(size_of(message));
+                    expired.push((message.clone(), *key));
+                    false
+                });
+                gone += before - queue.len();
+            }
         }
+        self.len -= gone;
         self.next_expiry = next;
         expired
     }
@@ -174,7 +241,8 @@ impl TransmissionQueue {
     /// Takes the next message of class `class` if `ready` takes it: its own or a relayed
     /// one, by the forward share when both wait.
     fn take(&mut self, class: usize, ready: &impl Fn(&Message) -> bool) -> Option<Queued> {
-        let (c, balance) = (self.classes.get_mut(class)?, self.balance.get_mut(class)?);
+        let c = self.classes.get_mut(class)?;
+        let (balance, bytes) = (self.balance.get_mut(class)?, self.bytes.get_mut(class)?);
         let waiting = |q: &VecDeque<Queued>| q.front().is_some_and(|(m, _, _)| ready(m));
         let side = match (waiting(&c[OWN]), waiting(&c[RELAYED])) {
             (false, false) => return None,
@@ -187,6 +255,7 @@ impl TransmissionQueue {
             }
         };
         let item = c[side].pop_front()?;
+        *bytes = bytes.saturating_sub(size_of(&item.0));
         self.len -= 1;
         Some(item)
     }
@@ -228,7 +297,7 @@ mod tests {
     #[test]
     fn a_full_class_does_not_stall_another_and_classes_take_turns() {
         let now = Instant::now();
-        let mut q = TransmissionQueue::new(2, 50);
+        let mut q = TransmissionQueue::new(2, u64::MAX, 50);
         let low = Priority::level(1).unwrap();
         let high = Priority::level(8).unwrap();
         assert!(q.push(message(1, low), now) && q.push(message(2, low), now));
@@ -242,9 +311,42 @@ mod tests {
     }
 
     #[test]
+    fn a_class_holds_its_bytes_and_an_empty_one_takes_any_put() {
+        let now = Instant::now();
+        let level = Priority::level(3).unwrap();
+        let sized = |n: u64, len: usize| {
+            let mut m = message(n, level);
+            m.content.payload = vec![7u8; len].into();
+            m
+        };
+        let unit = size_of(&sized(0, 1000));
+        let mut q = TransmissionQueue::new(100, 2 * unit, 50);
+        assert!(q.push(sized(1, 1000), now) && q.push(sized(2, 1000), now));
+        assert!(!q.has_room_for(&sized(3, 1)), "the class holds its bytes");
+        assert!(!q.has_room_for_many(&sized(3, 1), 1, 1));
+        assert!(q.has_room_for(&message(4, Priority::level(4).unwrap())), "another class has room");
+        assert_eq!(q.fill(&sized(3, 1)), Fill { class: 3, messages: (2, 100), bytes: (2 * unit, 2 * unit) });
+        let (first, at, key) = q.pop(|_| true).unwrap();
+        assert_eq!(q.fill(&first).bytes.0, unit, "what leaves frees its bytes");
+        assert!(q.has_room_for(&sized(3, 1000)));
+        q.unpop(first, at, key);
+        assert!(!q.has_room_for(&sized(3, 1)), "what is put back counts again");
+        assert_eq!(std::iter::from_fn(|| q.pop(|_| true)).count(), 2);
+        assert_eq!(q.fill(&sized(3, 1)).bytes.0, 0);
+        assert!(q.has_room_for_many(&sized(5, 10_000), 3, 3 * 10_000), "an empty class takes any one put");
+        assert!(q.push(sized(5, 10_000), now));
+        assert!(!q.has_room_for(&sized(6, 1)));
+        let mut brief = sized(6, 1000);
+        brief.content.lifetime = Some(linkbus_plugin_api::Lifetime::from_ms(10));
+        q.push_checked(brief, now, None);
+        assert_eq!(q.take_expired(now + std::time::Duration::from_millis(10)).len(), 1);
+        assert_eq!(q.fill(&sized(3, 1)).bytes.0, size_of(&sized(5, 10_000)), "expired ones free theirs");
+    }
+
+    #[test]
     fn expired_messages_are_taken_out_of_every_class() {
         let now = Instant::now();
-        let mut q = TransmissionQueue::new(10, 50);
+        let mut q = TransmissionQueue::new(10, u64::MAX, 50);
         let brief = |n, p| {
             let mut m = message(n, p);
             m.content.lifetime = Some(linkbus_plugin_api::Lifetime::from_ms(100));
@@ -267,7 +369,7 @@ mod tests {
     #[test]
     fn files_have_their_own_class_and_a_blocked_one_does_not_stall_the_others() {
         let now = Instant::now();
-        let mut q = TransmissionQueue::new(10, 50);
+        let mut q = TransmissionQueue::new(10, u64::MAX, 50);
         let level = Priority::level(4).unwrap();
         let mut file = message(1, level);
         file.content.kind = Kind::File;
@@ -283,7 +385,7 @@ mod tests {
         let now = Instant::now();
         let level = Priority::level(4).unwrap();
         for share in [25u8, 50, 80] {
-            let mut q = TransmissionQueue::new(1000, share);
+            let mut q = TransmissionQueue::new(1000, u64::MAX, share);
             for n in 0..200 {
                 let mut relayed = message(1000 + n, level);
                 relayed.hop_count = 1;
@@ -297,7 +399,7 @@ mod tests {
             assert!(own.windows(2).all(|w| w[0] < w[1]), "each side keeps its order");
         }
         // Each class keeps its own balance: two busy classes both get the share.
-        let mut q = TransmissionQueue::new(1000, 50);
+        let mut q = TransmissionQueue::new(1000, u64::MAX, 50);
         for level in [Priority::level(9).unwrap(), level] {
             for n in 0..10 {
                 let mut relayed = message(1000 + n, level);
@@ -314,7 +416,7 @@ mod tests {
             [(9, true), (4, true), (9, false), (4, false), (9, true), (4, true), (9, false), (4, false)]
         );
         // Alone, either kind takes every turn (and no debt is run up meanwhile).
-        let mut q = TransmissionQueue::new(1000, 10);
+        let mut q = TransmissionQueue::new(1000, u64::MAX, 10);
         for n in 0..50 {
             assert!(q.push(message(n, level), now));
         }
