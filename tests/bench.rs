@@ -14,14 +14,21 @@ fn bench_runs_every_workload_against_its_baseline() {
     let text = stdout(&out);
     let rows: Vec<&str> = text.lines().filter(|l| l.starts_with('w')).collect();
     let workloads: Vec<&str> = rows.iter().filter_map(|l| l.split_whitespace().next()).collect();
-    assert_eq!(workloads, ["w1", "w1", "w1", "w1", "w2", "w2", "w3", "w3", "w4", "w5", "w5", "w7"], "{text}");
-    assert!(rows[0].contains("64 B") && rows[3].contains("1 MiB"), "{text}");
-    assert!(rows[4].contains("puts per sync") && rows[4].contains("fdatasync"), "{text}");
-    assert!(rows[5].contains("256 persistent puts per request"), "{text}");
-    assert!(rows[6].contains("p50/p99/p99.9") && rows[6].contains("client socket"), "{text}");
-    assert!(rows[7].contains("p50/p99/p99.9") && rows[7].contains("Node::client"), "{text}");
-    assert!(rows[11].contains("urgent put-to-get p50/p99/max"), "{text}");
-    assert_eq!(text.matches("\"workload\":").count(), 12, "{text}");
+    let expected =
+        ["w1", "w1", "w1", "w1", "w1", "w1", "w1", "w1", "w2", "w2", "w3", "w3", "w4", "w5", "w5", "w7"];
+    assert_eq!(workloads, expected, "{text}");
+    assert!(rows[0].contains("64 B") && rows[6].contains("1 MiB"), "{text}");
+    assert!(
+        !rows[0].contains("in-process") && rows[1].contains("64 B") && rows[1].contains("in-process clients"),
+        "{text}"
+    );
+    assert!(rows[7].contains("1 MiB") && rows[7].contains("in-process clients"), "{text}");
+    assert!(rows[8].contains("puts per sync") && rows[8].contains("fdatasync"), "{text}");
+    assert!(rows[9].contains("256 persistent puts per request"), "{text}");
+    assert!(rows[10].contains("p50/p99/p99.9") && rows[10].contains("client socket"), "{text}");
+    assert!(rows[11].contains("p50/p99/p99.9") && rows[11].contains("Node::client"), "{text}");
+    assert!(rows[15].contains("urgent put-to-get p50/p99/max"), "{text}");
+    assert_eq!(text.matches("\"workload\":").count(), 16, "{text}");
     assert!(!stderr(&out).contains("WARN"), "plaintext warnings are not shown: {}", stderr(&out));
 
     let one = s.run(&["bench", "--quick", "w4"]);
@@ -32,7 +39,10 @@ fn bench_runs_every_workload_against_its_baseline() {
     assert!(sized.status.success(), "{}", stderr(&sized));
     let rows: Vec<String> =
         stdout(&sized).lines().filter(|l| l.starts_with('w')).map(str::to_owned).collect();
-    assert!(rows.len() == 1 && rows[0].contains("1 KiB"), "only the 1 KiB case of w1: {rows:?}");
+    assert!(
+        rows.len() == 2 && rows.iter().all(|r| r.contains("1 KiB")),
+        "only the 1 KiB cases of w1: {rows:?}"
+    );
     let odd = s.run(&["bench", "w1", "--size", "100"]);
     assert!(!odd.status.success());
     assert!(stderr(&odd).contains("the sizes are 64, 1024, 65536, 1048576"), "{}", stderr(&odd));

@@ -5,7 +5,8 @@
 //! real Unix sockets, with `fjall` stores in a temporary directory, exactly as the demo's:
 //! - `w1`: two nodes, volatile messages of 64 B, 1 KiB, 64 KiB and 1 MiB put on A and taken
 //!   on B (plaintext links), against a raw length-prefixed TCP stream of the same payloads
-//!   with buffered writes — the ceiling;
+//!   with buffered writes — the ceiling; once with the producer and the consumer on the
+//!   client sockets, once inside the nodes' process (`Node::client`);
 //! - `w2`: persistent 1 KiB puts, each answered after the sync that covers it, from 16
 //!   clients at once (group commit), one per request and 256 per request, against the same
 //!   store syncing every record on its own, and the disk's raw write-and-`fdatasync` rate;
@@ -132,15 +133,17 @@ pub async fn run(names: &[String], scale: Scale, print: bool) -> Result<Vec<Row>
             continue;
         }
         let messages = scale.messages(full);
-        let through = through_nodes(&scratch.0, 2, false, messages, size).await?;
+        let through = through_nodes(&scratch.0, 2, false, false, messages, size).await?;
         plain.push((size, through));
         if wanted("w1") {
             let raw = raw_tcp(messages, size).await?;
+            let baseline = "raw TCP stream, buffered writes";
             let case = format!("A -> B, volatile, {messages} messages");
-            show(
-                row("w1", case, size, through, "raw TCP stream, buffered writes", raw, String::new()),
-                &mut rows,
-            );
+            show(row("w1", case, size, through, baseline, raw, String::new()), &mut rows);
+            // The same with the clients in the nodes' process: only the link between them.
+            let inside = through_nodes(&scratch.0, 2, false, true, messages, size).await?;
+            let case = format!("A -> B, volatile, {messages} messages, in-process clients");
+            show(row("w1", case, size, inside, baseline, raw, String::new()), &mut rows);
         }
     }
     let plain_at = |size: usize| plain.iter().find(|(s, _)| *s == size).map_or(0.0, |(_, r)| *r);
@@ -158,7 +161,7 @@ pub async fn run(names: &[String], scale: Scale, print: bool) -> Result<Vec<Row>
     }
     if wanted("w4") && scale.has_size(1024) {
         let messages = scale.messages(200_000);
-        let through = through_nodes(&scratch.0, 3, false, messages, 1024).await?;
+        let through = through_nodes(&scratch.0, 3, false, false, messages, 1024).await?;
         let case = format!("A -> B -> C, volatile, {messages} messages");
         show(row("w4", case, 1024, through, "w1: A -> B", plain_at(1024), String::new()), &mut rows);
     }
@@ -167,7 +170,7 @@ pub async fn run(names: &[String], scale: Scale, print: bool) -> Result<Vec<Row>
             [(1024, 200_000), (65_536, 10_000)].into_iter().filter(|(size, _)| scale.has_size(*size))
         {
             let messages = scale.messages(full);
-            let through = through_nodes(&scratch.0, 2, true, messages, size).await?;
+            let through = through_nodes(&scratch.0, 2, true, false, messages, size).await?;
             let case = format!("A -> B over Noise, volatile, {messages} messages");
             show(row("w5", case, size, through, "w1: plaintext", plain_at(size), String::new()), &mut rows);
         }
@@ -348,16 +351,18 @@ pub(crate) async fn start_chain(
 
 /// Puts `messages` numbered payloads of `size` bytes on the first node of a chain of
 /// `count` for `orders` on the last, takes them there, checks each, and returns messages
-/// per second from the first put to the last get.
+/// per second from the first put to the last get (clients on the client sockets, or in
+/// the nodes' process with `in_process`).
 async fn through_nodes(
     scratch: &Path,
     count: usize,
     secure: bool,
+    in_process: bool,
     messages: usize,
     size: usize,
 ) -> Result<f64, DemoError> {
     let names: Vec<&str> = ["A", "B", "C", "D", "E"].into_iter().take(count).collect();
-    let report = crate::demo::deliver_through(scratch, &names, secure, messages, size).await?;
+    let report = crate::demo::deliver_through(scratch, &names, secure, in_process, messages, size).await?;
     if !report.is_perfect() {
         return Err(DemoError::Io(std::io::Error::other(format!(
             "bench delivery was not perfect: {report}"

@@ -159,13 +159,14 @@ fn index_of(payload: &[u8]) -> Option<usize> {
 /// [`DemoError`] when a node or client fails; a report with losses is not an error.
 pub async fn run(messages: usize, size: usize) -> Result<DemoReport, DemoError> {
     let scratch = crate::bench::Scratch::new("demo")?;
-    deliver_through(&scratch.0, &["A", "B", "C"], true, messages, size).await
+    deliver_through(&scratch.0, &["A", "B", "C"], true, false, messages, size).await
 }
 
 /// Starts the chain `names` ([`crate::bench::start_chain`], under `scratch`), puts
 /// `messages` numbered payloads of `size` bytes on the first node for `orders` on the last,
 /// takes and checks them there, stops the nodes, and reports (timed from the first put to
-/// the last get). The producer and the consumer run on tasks of their own.
+/// the last get). The producer and the consumer run on tasks of their own, as clients on
+/// the nodes' client sockets or, with `in_process`, as in-process clients (`Node::client`).
 ///
 /// # Errors
 /// [`DemoError`] when a node or client fails; a report with losses is not an error.
@@ -173,13 +174,17 @@ pub(crate) async fn deliver_through(
     scratch: &std::path::Path,
     names: &[&str],
     secure: bool,
+    in_process: bool,
     messages: usize,
     size: usize,
 ) -> Result<DemoReport, DemoError> {
     let nodes = crate::bench::start_chain(scratch, names, secure).await?;
     let (first, last) = (&nodes[0], &nodes[nodes.len() - 1]);
-    let mut producer = Client::connect(first.socket_path()).await?;
-    let mut consumer = Client::connect(last.socket_path()).await?;
+    let (mut producer, mut consumer) = if in_process {
+        (first.client(), last.client())
+    } else {
+        (Client::connect(first.socket_path()).await?, Client::connect(last.socket_path()).await?)
+    };
     let to: Address = format!("{}:orders", names[names.len() - 1]).parse().expect("valid address");
     let started = Instant::now();
     // Each on a task of its own, as separate programs would be (an in-process client
