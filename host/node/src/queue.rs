@@ -18,7 +18,7 @@ use std::time::Instant;
 use bytes::Bytes;
 use linkbus_plugin_api::message::PRIORITY_LEVEL_MAX;
 use linkbus_plugin_api::{Batch, Lifetime, Message, QueueName, Reliability, Store, StoreError};
-use linkbus_proto::wire::{decode_message, message_bytes};
+use linkbus_proto::wire::{Encoded, decode_message};
 use tokio::sync::Notify;
 
 use crate::config::{QueueConfig, QueueOrder};
@@ -659,16 +659,16 @@ const RECORD_HEADER_BYTES: usize = 1 + 4 + 8;
 /// A queue record: format u8, CRC32C (u32, of everything after it), the wall-clock time it
 /// was (re)queued in milliseconds (u64), then the message (its remaining lifetime as of then).
 pub(crate) fn encode_record(message: &Message) -> Bytes {
-    encode_record_of(&message_bytes(message))
+    encode_record_of(&Encoded::of(message))
 }
 
 /// [`encode_record`] of a message already encoded (`message`, its wire form).
-pub(crate) fn encode_record_of(message: &[u8]) -> Bytes {
+pub(crate) fn encode_record_of(message: &Encoded) -> Bytes {
     let mut record = Vec::with_capacity(RECORD_HEADER_BYTES + message.len());
     record.push(RECORD_FORMAT);
     record.extend_from_slice(&[0; 4]);
     record.extend_from_slice(&crate::clock::unix_ms().to_be_bytes());
-    record.extend_from_slice(message);
+    message.parts().iter().for_each(|part| record.extend_from_slice(part));
     let crc = crc32c::crc32c(&record[5..]);
     record[1..5].copy_from_slice(&crc.to_be_bytes());
     Bytes::from(record)

@@ -87,7 +87,7 @@ fn frame_encode_data(bencher: Bencher, size: usize) {
     let mut chunks = wire::Chunks::default();
     let mut out = Vec::new();
     bencher.counter(BytesCount::new(size)).bench_local(|| {
-        Frame::encode_data_header(divan::black_box(&packet), chunks.buf());
+        Frame::encode_data_header(&divan::black_box(&packet).header(), chunks.buf());
         chunks.share(&payload);
         chunks.take(&mut out);
         divan::black_box(out.len());

@@ -262,14 +262,17 @@ impl Frame {
     /// When the packet is 4 GiB or more (packets are bounded by the frame limit).
     pub fn encode_data(packet: &Packet<'_>, out: &mut BytesMut) {
         out.reserve(DATA_HEADER_BYTES + packet.bytes.len());
-        Self::encode_data_header(packet, out);
+        Self::encode_data_header(&packet.header(), out);
         out.put_slice(packet.bytes);
     }
 
-    /// The header of [`Frame::encode_data`]'s frame, without the packet's bytes (which the
-    /// caller appends, or shares into a vectored write).
-    pub fn encode_data_header(packet: &Packet<'_>, out: &mut BytesMut) {
-        let len = u32::try_from(DATA_HEADER_BYTES - LENGTH_BYTES + packet.bytes.len())
+    /// The header of a `Data` frame, without the packet's bytes (which the caller appends,
+    /// or shares into a vectored write, in as many parts as it has them).
+    ///
+    /// # Panics
+    /// As [`Frame::encode_data`].
+    pub fn encode_data_header(packet: &DataHeader, out: &mut BytesMut) {
+        let len = u32::try_from(DATA_HEADER_BYTES - LENGTH_BYTES + packet.len)
             .expect("packets are bounded by the frame limit");
         let mut header = [0u8; DATA_HEADER_BYTES];
         header[..4].copy_from_slice(&len.to_be_bytes());
@@ -298,7 +301,24 @@ impl Frame {
     }
 }
 
-/// One packet to write with [`Frame::encode_data_header`] (or [`Frame::encode_data`]).
+/// The header of one `Data` frame, for [`Frame::encode_data_header`].
+#[derive(Debug, Clone, Copy)]
+pub struct DataHeader {
+    /// The channel.
+    pub channel: u8,
+    /// The message's sequence number on the channel.
+    pub sequence: u64,
+    /// Where the packet's bytes start in the message.
+    pub offset: u64,
+    /// The message's length.
+    pub total: u64,
+    /// CRC32C of the whole message.
+    pub crc: u32,
+    /// The packet's length in bytes.
+    pub len: usize,
+}
+
+/// One packet to write with [`Frame::encode_data`].
 #[derive(Debug, Clone, Copy)]
 pub struct Packet<'a> {
     /// The channel.
@@ -313,6 +333,14 @@ pub struct Packet<'a> {
     pub crc: u32,
     /// The packet's bytes.
     pub bytes: &'a [u8],
+}
+
+impl Packet<'_> {
+    /// Its header.
+    pub fn header(&self) -> DataHeader {
+        let Self { channel, sequence, offset, total, crc, bytes } = *self;
+        DataHeader { channel, sequence, offset, total, crc, len: bytes.len() }
+    }
 }
 
 /// Appends what `body` writes, preceded by its length as a big-endian `u32` (the framing of

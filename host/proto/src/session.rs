@@ -59,7 +59,7 @@ use crate::frame::{
     ChannelPosition, DATA_OVERHEAD_BYTES, FRAME_BYTES_MIN, Frame, FrameDecoder, HELLO_FLAG_DURABLE, Hello,
     LENGTH_BYTES, PROTOCOL_VERSION,
 };
-use crate::wire::Chunks;
+use crate::wire::{Chunks, Encoded};
 
 /// Settings of one session, from the node's configuration.
 #[derive(Debug, Clone)]
@@ -612,7 +612,7 @@ impl Session {
 
     /// The messages of `channel` waiting for an acknowledgement: their numbers, bytes
     /// (empty for a skip) and expiry, for a host that records them.
-    pub fn awaiting(&self, channel: u8) -> Vec<(u64, Bytes, Option<Instant>)> {
+    pub fn awaiting(&self, channel: u8) -> Vec<(u64, Encoded, Option<Instant>)> {
         self.lanes
             .get(channel as usize)
             .map_or_else(Vec::new, |l| l.sender.awaiting().map(|(s, b, e)| (s, b.clone(), e)).collect())
@@ -853,7 +853,8 @@ impl Session {
         }
     }
 
-    /// Hands over one encoded message (see [`crate::wire`]) for `channel` whose lifetime
+    /// Hands over one encoded message (see [`crate::wire`]; one buffer or an
+    /// [`Encoded`] whose payload is shared) for `channel` whose lifetime
     /// ends at `expires_at` (`None`: never); [`Session::write_pending`] writes it once the
     /// link is up and the messages before it on its channel are written. Returns its
     /// sequence number on the channel.
@@ -865,10 +866,11 @@ impl Session {
     pub fn send(
         &mut self,
         channel: u8,
-        message: Bytes,
+        message: impl Into<Encoded>,
         expires_at: Option<Instant>,
         now: Instant,
     ) -> Result<u64, SendError> {
+        let message = message.into();
         if channel as usize >= CHANNELS {
             return Err(SendError::UnknownChannel(channel));
         }

@@ -262,6 +262,92 @@ pub fn is_volatile(message: &[u8]) -> bool {
     message.first() == Some(&MESSAGE_FORMAT) && message.get(at) == Some(&0)
 }
 
+/// An encoded message as a link keeps it until acknowledged: everything before the
+/// payload's bytes, then the payload shared with the message rather than copied behind
+/// them (a payload under [`Chunks::SHARE_BYTES_MIN`] is copied into the head; a message
+/// made from one buffer has it all in the head).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Encoded {
+    head: Bytes,
+    payload: Bytes,
+}
+
+impl Encoded {
+    /// The wire form of `message`, its large payload shared.
+    ///
+    /// # Panics
+    /// As [`encode_message`].
+    pub fn of(message: &Message) -> Self {
+        let payload = &message.content.payload;
+        let share = payload.len() >= Chunks::SHARE_BYTES_MIN;
+        let len = message_encoded_len(message.id.source.as_str().len(), &message.content);
+        let mut head = BytesMut::with_capacity(if share { len - payload.len() } else { len });
+        encode_message_head(message, &mut head);
+        encode_content_head(&message.content, &mut head);
+        if !share {
+            head.put_slice(payload);
+        }
+        Self { head: head.freeze(), payload: if share { payload.clone() } else { Bytes::new() } }
+    }
+
+    /// Its length in bytes.
+    pub fn len(&self) -> usize {
+        self.head.len() + self.payload.len()
+    }
+
+    /// Whether it has no bytes (a message dropped in transit).
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Its bytes in order, in one or two parts (the second may be empty).
+    pub fn parts(&self) -> [&[u8]; 2] {
+        [&self.head, &self.payload]
+    }
+
+    /// Bytes `start..end` of it, in one or two parts (the second may be empty), shared.
+    ///
+    /// # Panics
+    /// When the range is out of bounds.
+    pub fn slice(&self, start: usize, end: usize) -> [Bytes; 2] {
+        let cut = self.head.len();
+        let in_head = self.head.slice(start.min(cut)..end.min(cut));
+        let in_payload = self.payload.slice(start.max(cut) - cut..end.max(cut) - cut);
+        [in_head, in_payload]
+    }
+
+    /// CRC32C of all its bytes.
+    pub fn crc(&self) -> u32 {
+        crc32c::crc32c_append(crc32c::crc32c(&self.head), &self.payload)
+    }
+
+    /// All of it in one buffer (copied only when it is in two parts).
+    pub fn to_bytes(&self) -> Bytes {
+        if self.payload.is_empty() {
+            self.head.clone()
+        } else {
+            join(&[self.head.clone(), self.payload.clone()])
+        }
+    }
+
+    /// Whether the message is volatile (see [`is_volatile`]).
+    pub fn is_volatile(&self) -> bool {
+        is_volatile(&self.head)
+    }
+
+    /// The same message with its lifetime field set to `lifetime_ms` (the payload still
+    /// shared); `None` when the bytes are not an encoded message.
+    pub fn with_lifetime(&self, lifetime_ms: u64) -> Option<Self> {
+        Some(Self { head: with_lifetime(&self.head, lifetime_ms)?, payload: self.payload.clone() })
+    }
+}
+
+impl From<Bytes> for Encoded {
+    fn from(bytes: Bytes) -> Self {
+        Self { head: bytes, payload: Bytes::new() }
+    }
+}
+
 /// The wire form of `message` as one buffer.
 pub fn message_bytes(message: &Message) -> Bytes {
     let mut out =
@@ -451,6 +537,38 @@ mod tests {
         assert_eq!(decoded.content.lifetime, Some(Lifetime::from_ms(1234)));
         assert_eq!(decoded.content.payload, m.content.payload);
         assert_eq!(with_lifetime(&Bytes::from_static(b"\x01"), 5), None);
+    }
+
+    #[test]
+    fn an_encoded_message_shares_a_large_payload_and_reads_as_one_buffer() {
+        for len in [0, 5, Chunks::SHARE_BYTES_MIN - 1, Chunks::SHARE_BYTES_MIN, 70_000] {
+            let mut m = sample();
+            m.content.payload = Bytes::from((0..len).map(|i| i as u8).collect::<Vec<u8>>());
+            let whole = message_bytes(&m);
+            let encoded = Encoded::of(&m);
+            assert_eq!(encoded.len(), whole.len(), "{len}");
+            assert_eq!(encoded.to_bytes(), whole, "{len}");
+            assert_eq!(encoded.crc(), crc32c::crc32c(&whole), "{len}");
+            let [head, payload] = encoded.parts();
+            if len >= Chunks::SHARE_BYTES_MIN {
+                assert_eq!(payload.as_ptr(), m.content.payload.as_ptr(), "{len}: the payload is shared");
+            } else {
+                assert!(payload.is_empty() && head.len() == whole.len(), "{len}: one buffer");
+            }
+            // Every cut, also across the head's end, gives the same bytes as the one buffer.
+            let cuts = [0, 1, head.len() - 1, head.len(), head.len() + 1, whole.len() - 1, whole.len()];
+            for start in cuts {
+                for end in cuts.into_iter().filter(|end| *end >= start && *end <= whole.len()) {
+                    let joined: Vec<u8> = encoded.slice(start, end).concat();
+                    assert_eq!(joined, &whole[start..end], "{len}: {start}..{end}");
+                }
+            }
+            let patched = encoded.with_lifetime(1234).unwrap();
+            assert_eq!(patched.to_bytes(), with_lifetime(&whole, 1234).unwrap(), "{len}");
+            assert_eq!(patched.parts()[1].as_ptr(), payload.as_ptr(), "{len}: still shared");
+            assert_eq!(encoded.is_volatile(), is_volatile(&whole));
+            assert_eq!(Encoded::from(whole.clone()).to_bytes(), whole);
+        }
     }
 
     #[test]

@@ -31,7 +31,7 @@ use linkbus_plugin_api::{Batch, Lifetime, Message};
 use linkbus_proto::channel::{CHANNELS, channel_for};
 use linkbus_proto::frame::{CloseCode, Frame};
 use linkbus_proto::secure::SecureChannel;
-use linkbus_proto::wire::message_bytes;
+use linkbus_proto::wire::Encoded;
 use linkbus_proto::{DropReason, SendError, Session, SessionConfig, SessionError, SessionEvent};
 use tokio::sync::{Notify, mpsc, watch};
 use tracing::{debug, error, info, warn};
@@ -543,7 +543,8 @@ impl Link {
                 message.content.lifetime = Some(left);
                 let expires_at = (!left.is_unlimited()).then(|| now + Duration::from_millis(left.as_ms()));
                 let channel = channel_of(&message);
-                let bytes = message_bytes(&message);
+                // The payload of a large message is shared, not copied behind its head.
+                let bytes = Encoded::of(&message);
                 match self.session.send(channel, bytes.clone(), expires_at, now) {
                     Ok(sequence) => {
                         // Recorded as sent under its number, in the queue's order.
@@ -852,7 +853,7 @@ impl Link {
                 .into_iter()
                 .filter(|(_, bytes, _)| !bytes.is_empty())
                 .filter_map(|(sequence, bytes, expires_at)| {
-                    let mut message = linkbus_proto::wire::decode_message(bytes).ok()?;
+                    let mut message = linkbus_proto::wire::decode_message(bytes.to_bytes()).ok()?;
                     // Recorded with the lifetime it has left now.
                     if let Some(at) = expires_at {
                         let left = at.saturating_duration_since(now).as_millis().max(1) as u64;

@@ -201,7 +201,7 @@ impl SendRecord {
 
     /// A queued message went to the session as `sequence` on `channel` (`bytes`: its wire
     /// form as sent).
-    pub(crate) fn sent(&self, key: u64, channel: u8, sequence: u64, bytes: &[u8]) {
+    pub(crate) fn sent(&self, key: u64, channel: u8, sequence: u64, bytes: &linkbus_proto::wire::Encoded) {
         let mut batch = Batch::new();
         batch.delete(&self.space, queue_key(key));
         batch.put(&self.space, sent_key(channel, sequence), crate::queue::encode_record_of(bytes));

@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 
 use super::event::{DropReason, SessionEvent};
-use crate::frame::{DATA_OVERHEAD_BYTES, Frame, Packet};
-use crate::wire::{Chunks, with_lifetime};
+use crate::frame::{DATA_OVERHEAD_BYTES, DataHeader, Frame};
+use crate::wire::{Chunks, Encoded};
 
 /// A message written this long after it was handed over carries its lifetime rewritten.
 const LIFETIME_PATCH_AFTER: Duration = Duration::from_millis(100);
@@ -21,7 +21,7 @@ struct Pending {
     /// The encoded message (empty once dropped in transit: it is then sent as a skip). Its
     /// bytes change only when a write starts from its first byte, so a resume inside it
     /// continues the same bytes.
-    message: Bytes,
+    message: Encoded,
     /// CRC32C of `message`, once a write of it started.
     crc: Option<u32>,
     /// When its lifetime runs out, so a resend carries the time left, or a skip.
@@ -143,7 +143,7 @@ impl Sender {
     }
 
     /// Assigns the next sequence number to `message`.
-    pub(super) fn push(&mut self, message: Bytes, expires_at: Option<Instant>, now: Instant) -> u64 {
+    pub(super) fn push(&mut self, message: Encoded, expires_at: Option<Instant>, now: Instant) -> u64 {
         let sequence = self.next_send;
         self.next_send += 1;
         let counted = message.len();
@@ -181,7 +181,7 @@ impl Sender {
         while self.unacked.front().is_some_and(|p| p.sequence <= through) {
             if let Some(done) = self.unacked.pop_front() {
                 self.unacked_bytes -= done.counted;
-                if !done.message.is_empty() && !crate::wire::is_volatile(&done.message) {
+                if !done.message.is_empty() && !done.message.is_volatile() {
                     self.durable_acked = done.sequence;
                 }
             }
@@ -209,9 +209,9 @@ impl Sender {
         self.write_offset = 0;
         for (sequence, message, expires_at) in entries {
             while self.next_send < sequence {
-                self.push(Bytes::new(), None, now);
+                self.push(Encoded::default(), None, now);
             }
-            self.push(message, expires_at, now);
+            self.push(message.into(), expires_at, now);
         }
     }
 
@@ -230,7 +230,7 @@ impl Sender {
             self.unacked.push_front(Pending {
                 sequence,
                 counted: 0,
-                message: Bytes::new(),
+                message: Encoded::default(),
                 crc: None,
                 expires_at: None,
                 handed_at: now,
@@ -259,7 +259,7 @@ impl Sender {
     }
 
     /// What waits for an acknowledgement: numbers, bytes (empty for a skip) and expiry.
-    pub(super) fn awaiting(&self) -> impl Iterator<Item = (u64, &Bytes, Option<Instant>)> {
+    pub(super) fn awaiting(&self) -> impl Iterator<Item = (u64, &Encoded, Option<Instant>)> {
         self.unacked.iter().map(|p| (p.sequence, &p.message, p.expires_at))
     }
 
@@ -295,7 +295,7 @@ impl Sender {
         // Only what we still hold is known to have been kept; the numbers beyond were
         // volatile messages sent after the last record.
         if let Some(last) =
-            self.unacked.iter().rev().find(|p| !p.message.is_empty() && !crate::wire::is_volatile(&p.message))
+            self.unacked.iter().rev().find(|p| !p.message.is_empty() && !p.message.is_volatile())
         {
             self.durable_acked = self.durable_acked.max(last.sequence);
         }
@@ -358,13 +358,16 @@ impl Sender {
         } else {
             start.saturating_add(limits.packet_bytes_max).min(total)
         };
-        let bytes = pending.message.slice(start..end);
         let crc = pending.crc.unwrap_or_default();
-        let packet =
-            Packet { channel, sequence, offset: start as u64, total: total as u64, crc, bytes: &bytes };
+        let (offset, total_u64, len) = (start as u64, total as u64, end - start);
+        let header = DataHeader { channel, sequence, offset, total: total_u64, crc, len };
         // The header is written; the bytes are shared (copied only when small).
-        Frame::encode_data_header(&packet, out.buf());
-        out.share(&bytes);
+        Frame::encode_data_header(&header, out.buf());
+        for part in pending.message.slice(start, end) {
+            if !part.is_empty() {
+                out.share(&part);
+            }
+        }
         let written = DATA_OVERHEAD_BYTES + (end - start);
         if end == total {
             pending.written_at = Some(now);
@@ -428,17 +431,19 @@ fn start_message(
         _ => None,
     };
     if let Some(reason) = reason {
-        let message = std::mem::take(&mut pending.message);
+        let message = std::mem::take(&mut pending.message).to_bytes();
         events.push_back(SessionEvent::Dropped { message, reason });
         pending.expires_at = None;
     } else if let Some(ms) = left
         && now.saturating_duration_since(pending.handed_at) >= LIFETIME_PATCH_AFTER
     {
         // Only a message that waited is copied to carry its new lifetime.
-        pending.message = with_lifetime(&pending.message, ms).unwrap_or_else(|| pending.message.clone());
+        if let Some(patched) = pending.message.with_lifetime(ms) {
+            pending.message = patched;
+        }
         pending.crc = None;
     }
     if pending.crc.is_none() || pending.message.is_empty() {
-        pending.crc = Some(crc32c::crc32c(&pending.message));
+        pending.crc = Some(pending.message.crc());
     }
 }

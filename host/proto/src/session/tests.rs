@@ -831,12 +831,78 @@ fn busy_channels_share_the_connection_by_weight() {
     assert!((29..=31).contains(&on_2), "about 3:1 for weights 3:1, got {on_2} of 40: {channels:?}");
 }
 
+/// A message handed over as its head and its shared payload goes out as the same bytes as
+/// one buffer would, cut anywhere, also across the head's end, and arrives whole; after a
+/// wait its lifetime is patched in the head while the payload stays shared.
+#[test]
+fn a_message_in_two_parts_goes_as_the_same_bytes() {
+    let mut p = packet_pair(1024);
+    p.connect();
+    let sized = |n: u64, size: usize| Message {
+        id: MessageId { source: NodeName::new("A").unwrap(), sequence: n, created_unix_ms: 0 },
+        hop_count: 0,
+        redelivered: false,
+        backout_count: 0,
+        content: Content::buf("B:q".parse().unwrap(), vec![(n % 251) as u8; size])
+            .with_lifetime(linkbus_plugin_api::Lifetime::from_secs(60)),
+    };
+    let (big, small) = (sized(1, 10_000), sized(2, 100));
+    let encoded = crate::wire::Encoded::of(&big);
+    assert!(!encoded.parts()[1].is_empty(), "the payload is a part of its own");
+    p.a.send(C, encoded, None, p.now).unwrap();
+    p.a.send(C, crate::wire::Encoded::of(&small), None, p.now).unwrap();
+    p.a.write_pending(p.now, usize::MAX);
+    let wire = p.a.poll_transmit().unwrap();
+    let mut first: Vec<u8> = Vec::new();
+    for (_, sequence, bytes) in packets(&wire) {
+        if sequence == 1 {
+            first.extend_from_slice(&bytes);
+        }
+    }
+    assert_eq!(first, message_bytes(&big), "the packets carry the one-buffer form");
+    p.b.handle_bytes(&wire, p.now);
+    p.drain();
+    assert_eq!(p.received_by_b, [1, 2]);
+
+    // Written again after a wait (a reconnect): the lifetime left is patched in.
+    let mut p = packet_pair(1024);
+    let expires_at = p.now + Duration::from_secs(60);
+    p.a.send(C, crate::wire::Encoded::of(&big), Some(expires_at), p.now).unwrap();
+    p.now += Duration::from_secs(10);
+    p.a.handle_connected(p.now);
+    p.b.handle_connected(p.now);
+    p.a.handle_bytes(&p.b.poll_transmit().unwrap(), p.now);
+    p.b.handle_bytes(&p.a.poll_transmit().unwrap(), p.now);
+    p.a.write_pending(p.now, usize::MAX);
+    p.b.handle_bytes(&p.a.poll_transmit().unwrap(), p.now);
+    let got = std::iter::from_fn(|| p.b.poll_event()).find_map(|e| match e {
+        SessionEvent::Received { message, .. } => Some(message),
+        _ => None,
+    });
+    let got = got.expect("delivered");
+    assert_eq!(got.content.payload, big.content.payload);
+    assert_eq!(got.content.lifetime, Some(linkbus_plugin_api::Lifetime::from_secs(50)), "10 s of 60 went");
+}
+
 #[test]
 fn a_broken_large_message_resumes_from_the_byte_the_receiver_holds() {
+    for two_parts in [false, true] {
+        resume_a_broken_message(two_parts);
+    }
+}
+
+fn resume_a_broken_message(two_parts: bool) {
     let mut p = packet_pair(1024);
     p.connect();
     let big = big_message(1, 10_000);
-    p.a.send(C, big.clone(), None, p.now).unwrap();
+    let handed = if two_parts {
+        let encoded = crate::wire::Encoded::of(&crate::wire::decode_message(big.clone()).unwrap());
+        assert!(!encoded.parts()[1].is_empty());
+        encoded
+    } else {
+        big.clone().into()
+    };
+    p.a.send(C, handed, None, p.now).unwrap();
     for _ in 0..4 {
         p.a.write_pending(p.now, 1);
     }
