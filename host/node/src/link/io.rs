@@ -19,6 +19,12 @@ pub(crate) enum ConnEvent {
     Closed(String),
 }
 
+/// How long a write may still take once the link let go of its connection (dropped its
+/// sending side): a peer that reads nothing does not keep the task and its socket.
+const LET_GO_WRITE_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
+/// How often a write that is taking long checks whether the link let go.
+const LET_GO_CHECK: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// Room for one read: large, so that most frames arrive whole in one chunk and pass on
 /// as slices of it (a frame split between two reads is copied together).
 const READ_BYTES: usize = 256 * 1024;
@@ -49,7 +55,9 @@ pub(crate) async fn read_loop(
 
 /// Writes what the link task sends, counting the bytes not yet written in `backlog` (the
 /// link task stops producing above its limit) and waking the link task as it drains. The
-/// chunks waiting at a time go out together, in vectored writes.
+/// chunks waiting at a time go out together, in vectored writes. A write still unfinished
+/// [`LET_GO_WRITE_GRACE`] after the link let go of the connection is given up, and the
+/// socket closed.
 pub(crate) async fn write_loop(
     mut writer: Box<dyn AsyncWrite + Send + Unpin>,
     mut rx: mpsc::UnboundedReceiver<Vec<Bytes>>,
@@ -66,7 +74,22 @@ pub(crate) async fn write_loop(
             chunks.append(&mut more);
         }
         let len: usize = chunks.iter().map(Bytes::len).sum();
-        let result = crate::vectored::write_all(&mut writer, &mut chunks).await;
+        let write = crate::vectored::write_all(&mut writer, &mut chunks);
+        let let_go = async {
+            while !rx.is_closed() {
+                tokio::time::sleep(LET_GO_CHECK).await;
+            }
+            tokio::time::sleep(LET_GO_WRITE_GRACE).await;
+        };
+        // The write first: one that finishes at once never arms a timer.
+        let result = tokio::select! {
+            biased;
+            result = write => result,
+            () = let_go => Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("the peer read nothing for {LET_GO_WRITE_GRACE:?} after the link let go"),
+            )),
+        };
         backlog.fetch_sub(len, Ordering::Relaxed);
         if let Err(e) = result {
             // Nothing queued behind the failed write will be written: uncount it, so the
@@ -129,4 +152,42 @@ pub(crate) async fn secure_dial(
         Ok((channel, leftover))
     };
     tokio::time::timeout(timeout, handshake).await.map_err(|_| "the handshake timed out".to_owned())?
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A writer whose peer reads nothing is given up once the link lets go of it (and only
+    /// then), so its task and socket do not stay.
+    #[tokio::test(start_paused = true)]
+    async fn a_write_the_peer_never_reads_is_given_up_after_the_link_lets_go() {
+        let (ours, mut theirs) = tokio::io::duplex(64);
+        let (tx, rx) = mpsc::unbounded_channel();
+        let (events_tx, mut events) = mpsc::channel(4);
+        let backlog = Arc::new(AtomicUsize::new(1000));
+        let task =
+            tokio::spawn(write_loop(Box::new(ours), rx, backlog.clone(), Arc::default(), 7, events_tx));
+        tx.send(vec![Bytes::from(vec![1u8; 1000])]).unwrap();
+        tokio::time::sleep(std::time::Duration::from_secs(60)).await;
+        assert!(!task.is_finished(), "a slow peer is waited for while the link holds the connection");
+        // The peer reads a little: the write goes on.
+        let mut some = [0u8; 64];
+        theirs.read_exact(&mut some).await.unwrap();
+        drop(tx);
+        let started = tokio::time::Instant::now();
+        task.await.unwrap();
+        let waited = started.elapsed();
+        assert!(
+            waited >= LET_GO_WRITE_GRACE && waited <= LET_GO_WRITE_GRACE + 2 * LET_GO_CHECK,
+            "{waited:?}"
+        );
+        let (id, event) = events.recv().await.unwrap();
+        assert!(id == 7 && matches!(&event, ConnEvent::Closed(r) if r.contains("after the link let go")));
+        assert_eq!(backlog.load(Ordering::Relaxed), 0, "what was not written is uncounted");
+        // The socket is closed: the peer reads what was written, then the end.
+        let mut rest = Vec::new();
+        theirs.read_to_end(&mut rest).await.unwrap();
+        assert!(rest.len() < 1000 - 64);
+    }
 }
