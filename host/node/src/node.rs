@@ -936,36 +936,7 @@ impl NodeState {
         planned: &[(&Message, &Targets<'_>)],
         credit: &[(&Arc<LocalQueue>, usize)],
     ) -> Result<(), (ErrorCode, String)> {
-        let mut local: Vec<(&Arc<LocalQueue>, usize)> = Vec::new();
-        // Per link and transmission class: a message of the class, how many, and their bytes.
-        let mut remote: Vec<(&Arc<LinkHandle>, &Message, usize, u64)> = Vec::new();
-        for (message, targets) in planned {
-            for queue in &targets.local {
-                match local.iter_mut().find(|(q, _)| Arc::ptr_eq(q, queue)) {
-                    Some((_, n)) => *n += 1,
-                    None => local.push((queue, 1)),
-                }
-            }
-            let encoded = message_bytes_len(message);
-            for (link, _) in &targets.remote {
-                let max = link.peer_message_bytes_max.load(std::sync::atomic::Ordering::Relaxed);
-                if max != 0 && encoded > max {
-                    let msg =
-                        format!("message of {encoded} bytes is larger than node {} accepts", link.peer.name);
-                    return Err((ErrorCode::TooLarge, msg));
-                }
-                let same = |(l, m, _, _): &&mut (&Arc<LinkHandle>, &Message, usize, u64)| {
-                    Arc::ptr_eq(l, link) && LinkHandle::same_class(m, message)
-                };
-                match remote.iter_mut().find(same) {
-                    Some((_, _, n, bytes)) => {
-                        *n += 1;
-                        *bytes += encoded as u64;
-                    }
-                    None => remote.push((link, message, 1, encoded as u64)),
-                }
-            }
-        }
+        let (local, remote) = tally(planned)?;
         // More than a queue ever holds can never fit: refused at once, not waited for.
         if let Some((q, n)) = local.iter().find(|(q, n)| *n as u64 > q.config().queue_messages_max) {
             let (name, max) = (&q.config().name, q.config().queue_messages_max);
@@ -1491,8 +1462,58 @@ fn put_error(index: usize, (code, message): (ErrorCode, String)) -> PutError {
     PutError { code, accepted: index as u32, message: format!("message {}: {message}", index + 1) }
 }
 
+/// What `planned` puts in each place: per local queue how many messages; per link and
+/// transmission class a message of the class, how many and their bytes (each link's copy
+/// names only the recipients routed through it). Refuses a message larger than a peer
+/// takes.
+fn tally<'a>(
+    planned: &[(&'a Message, &'a Targets<'a>)],
+) -> Result<(LocalTally<'a>, RemoteTally<'a>), (ErrorCode, String)> {
+    let (mut local, mut remote): (LocalTally<'a>, RemoteTally<'a>) = (Vec::new(), Vec::new());
+    for (message, targets) in planned {
+        for queue in &targets.local {
+            match local.iter_mut().find(|(q, _)| Arc::ptr_eq(q, queue)) {
+                Some((_, n)) => *n += 1,
+                None => local.push((queue, 1)),
+            }
+        }
+        let whole = message_bytes_len(message);
+        for (link, recipients) in &targets.remote {
+            // The copy for this link names only the recipients routed through it.
+            let encoded = whole - recipients_len(&message.content.recipients) + recipients_len(recipients);
+            let max = link.peer_message_bytes_max.load(std::sync::atomic::Ordering::Relaxed);
+            if max != 0 && encoded > max {
+                let msg =
+                    format!("message of {encoded} bytes is larger than node {} accepts", link.peer.name);
+                return Err((ErrorCode::TooLarge, msg));
+            }
+            match remote
+                .iter_mut()
+                .find(|(l, m, _, _)| Arc::ptr_eq(l, link) && LinkHandle::same_class(m, message))
+            {
+                Some((_, _, n, bytes)) => {
+                    *n += 1;
+                    *bytes += encoded as u64;
+                }
+                None => remote.push((link, message, 1, encoded as u64)),
+            }
+        }
+    }
+    Ok((local, remote))
+}
+
+/// Per local queue: how many messages.
+type LocalTally<'a> = Vec<(&'a Arc<LocalQueue>, usize)>;
+/// Per link and transmission class: a message of the class, how many, and their bytes.
+type RemoteTally<'a> = Vec<(&'a Arc<LinkHandle>, &'a Message, usize, u64)>;
+
 fn message_bytes_len(message: &Message) -> usize {
     linkbus_proto::wire::message_encoded_len(message.id.source.as_str().len(), &message.content)
+}
+
+/// Bytes `recipients` take in an encoded message.
+fn recipients_len(recipients: &[linkbus_plugin_api::Address]) -> usize {
+    recipients.iter().map(|a| 2 + a.node.as_str().len() + a.queue.as_str().len()).sum()
 }
 
 fn queue_error(e: &QueueError) -> (ErrorCode, String) {

@@ -255,11 +255,22 @@ pub fn with_lifetime(message: &Bytes, lifetime_ms: u64) -> Option<Bytes> {
 /// Whether the encoded `message` is volatile (`false` for persistent, for "as the queue's
 /// default", and for bytes that are not an encoded message).
 pub fn is_volatile(message: &[u8]) -> bool {
-    let Some(&source_len) = message.get(1) else { return false };
+    reliability_code(message) == Some(0)
+}
+
+/// Whether the encoded `message` is persistent (`false` for bytes that are not an encoded
+/// message).
+pub fn is_persistent(message: &[u8]) -> bool {
+    reliability_code(message) == Some(1)
+}
+
+/// The reliability byte of an encoded message.
+fn reliability_code(message: &[u8]) -> Option<u8> {
+    let &source_len = message.get(1)?;
     // format, name length, name, sequence, created, hop count, flags, backout count, kind,
     // priority
     let at = 2 + source_len as usize + 8 + 8 + 1 + 1 + 2 + 2;
-    message.first() == Some(&MESSAGE_FORMAT) && message.get(at) == Some(&0)
+    (message.first() == Some(&MESSAGE_FORMAT)).then(|| message.get(at).copied()).flatten()
 }
 
 /// An encoded message as a link keeps it until acknowledged: everything before the
@@ -333,6 +344,11 @@ impl Encoded {
     /// Whether the message is volatile (see [`is_volatile`]).
     pub fn is_volatile(&self) -> bool {
         is_volatile(&self.head)
+    }
+
+    /// Whether the message is persistent (see [`is_persistent`]).
+    pub fn is_persistent(&self) -> bool {
+        is_persistent(&self.head)
     }
 
     /// The same message with its lifetime field set to `lifetime_ms` (the payload still
@@ -567,6 +583,7 @@ mod tests {
             assert_eq!(patched.to_bytes(), with_lifetime(&whole, 1234).unwrap(), "{len}");
             assert_eq!(patched.parts()[1].as_ptr(), payload.as_ptr(), "{len}: still shared");
             assert_eq!(encoded.is_volatile(), is_volatile(&whole));
+            assert!(encoded.is_persistent() && !encoded.is_volatile(), "the sample is persistent");
             assert_eq!(Encoded::from(whole.clone()).to_bytes(), whole);
         }
     }

@@ -412,6 +412,7 @@ impl Link {
             self.drained.clone(),
             id,
             events,
+            io::LET_GO_WRITE_GRACE,
         ));
         let reader = tokio::spawn(read_loop(connection.reader, id, self.conn_tx.clone()));
         self.active = Some(Active { id, dialed_by_us, secure, writer: writer_tx, backlog, reader });
@@ -847,11 +848,17 @@ impl Link {
         let Some(record) = &self.handle.record else { return };
         let now = Instant::now();
         for channel in 0..CHANNELS as u8 {
-            let current: Vec<(u64, linkbus_plugin_api::Message)> = self
-                .session
-                .awaiting(channel)
+            let Some(sent) = self.sent.get_mut(channel as usize) else { continue };
+            // The persistent messages waiting, read from their heads: only a renumbering
+            // (their numbers are not the recorded ones) decodes them to record them again.
+            let mut awaiting = self.session.awaiting(channel);
+            awaiting.retain(|(_, bytes, _)| bytes.is_persistent());
+            let numbers: std::collections::BTreeSet<u64> = awaiting.iter().map(|(s, _, _)| *s).collect();
+            if &numbers == sent {
+                continue;
+            }
+            let current: Vec<(u64, linkbus_plugin_api::Message)> = awaiting
                 .into_iter()
-                .filter(|(_, bytes, _)| !bytes.is_empty())
                 .filter_map(|(sequence, bytes, expires_at)| {
                     let mut message = linkbus_proto::wire::decode_message(bytes.to_bytes()).ok()?;
                     // Recorded with the lifetime it has left now.
@@ -861,15 +868,9 @@ impl Link {
                     }
                     Some((sequence, message))
                 })
-                .filter(|(_, m)| m.content.reliability == linkbus_plugin_api::Reliability::Persistent)
                 .collect();
-            let Some(sent) = self.sent.get_mut(channel as usize) else { continue };
-            let numbers: std::collections::BTreeSet<u64> = current.iter().map(|(s, _)| *s).collect();
-            if &numbers == sent {
-                continue;
-            }
             record.rerecord(channel, std::mem::take(sent), &current);
-            *sent = numbers;
+            *sent = current.iter().map(|(s, _)| *s).collect();
             self.unsynced = true;
         }
     }

@@ -2,8 +2,9 @@
 //! levels 0..=9, and files, which travel on their own channel), so a full class never stalls
 //! another, drained into the session system class first, then the levels and files in
 //! turn. A class holds at most `links.queue_messages_max` messages and
-//! `links.queue_bytes_max` bytes of them (encoded); an empty class takes any one put, so a
-//! message larger than the byte bound still goes, alone.
+//! `links.queue_bytes_max` bytes of them (encoded); an empty class takes any one put (a
+//! message, or one transaction's messages), so a put larger than the byte bound still
+//! goes, alone.
 //!
 //! Within a class, messages this node relays for other nodes wait apart from its own
 //! (`hop_count > 0` marks a relayed copy), and when both wait they take turns so that the
