@@ -43,6 +43,14 @@ fn bench_runs_every_workload_against_its_baseline() {
         rows.len() == 2 && rows.iter().all(|r| r.contains("1 KiB")),
         "only the 1 KiB cases of w1: {rows:?}"
     );
+    let rounds = s.run(&["bench", "--quick", "w1", "--size", "64", "--rounds", "3"]);
+    assert!(rounds.status.success(), "{}", stderr(&rounds));
+    let text = stdout(&rounds);
+    let rows: Vec<&str> = text.lines().filter(|l| l.starts_with('w')).collect();
+    assert!(
+        rows.len() == 2 && rows.iter().all(|r| r.contains("median of 3 rounds; ratio per round")),
+        "{text}"
+    );
     let odd = s.run(&["bench", "w1", "--size", "100"]);
     assert!(!odd.status.success());
     assert!(stderr(&odd).contains("the sizes are 64, 1024, 65536, 1048576"), "{}", stderr(&odd));

@@ -81,13 +81,17 @@ pub struct Scale {
     pub duration: Duration,
     /// Only the cases of this payload size, where a workload has several.
     pub only_size: Option<usize>,
+    /// Rounds of each throughput case (`w1`, `w4`, `w5`), its baseline measured in each
+    /// round too; the rows give the medians.
+    pub rounds: usize,
 }
 
 impl Scale {
     /// The full run.
-    pub const FULL: Self = Self { divisor: 1, duration: Duration::from_secs(3), only_size: None };
+    pub const FULL: Self = Self { divisor: 1, duration: Duration::from_secs(3), only_size: None, rounds: 1 };
     /// A run that only shows everything works (seconds in all).
-    pub const QUICK: Self = Self { divisor: 100, duration: Duration::from_millis(200), only_size: None };
+    pub const QUICK: Self =
+        Self { divisor: 100, duration: Duration::from_millis(200), only_size: None, rounds: 1 };
 
     fn messages(self, full: usize) -> usize {
         (full / self.divisor).max(10)
@@ -132,19 +136,9 @@ pub async fn run(names: &[String], scale: Scale, print: bool) -> Result<Vec<Row>
         if !needed || !scale.has_size(size) {
             continue;
         }
-        let messages = scale.messages(full);
-        let through = through_nodes(&scratch.0, 2, false, false, messages, size).await?;
+        let (through, w1_rows) = two_nodes(&scratch.0, scale, size, full, wanted("w1")).await?;
         plain.push((size, through));
-        if wanted("w1") {
-            let raw = raw_tcp(messages, size).await?;
-            let baseline = "raw TCP stream, buffered writes";
-            let case = format!("A -> B, volatile, {messages} messages");
-            show(row("w1", case, size, through, baseline, raw, String::new()), &mut rows);
-            // The same with the clients in the nodes' process: only the link between them.
-            let inside = through_nodes(&scratch.0, 2, false, true, messages, size).await?;
-            let case = format!("A -> B, volatile, {messages} messages, in-process clients");
-            show(row("w1", case, size, inside, baseline, raw, String::new()), &mut rows);
-        }
+        w1_rows.into_iter().for_each(|row| show(row, &mut rows));
     }
     let plain_at = |size: usize| plain.iter().find(|(s, _)| *s == size).map_or(0.0, |(_, r)| *r);
     if wanted("w2") {
@@ -161,24 +155,92 @@ pub async fn run(names: &[String], scale: Scale, print: bool) -> Result<Vec<Row>
     }
     if wanted("w4") && scale.has_size(1024) {
         let messages = scale.messages(200_000);
-        let through = through_nodes(&scratch.0, 3, false, false, messages, 1024).await?;
+        let mut through = Vec::new();
+        for _ in 0..scale.rounds {
+            through.push(through_nodes(&scratch.0, 3, false, false, messages, 1024).await?);
+        }
         let case = format!("A -> B -> C, volatile, {messages} messages");
-        show(row("w4", case, 1024, through, "w1: A -> B", plain_at(1024), String::new()), &mut rows);
+        let note = rounds_note(&through, &[]);
+        show(row("w4", case, 1024, median(&through), "w1: A -> B", plain_at(1024), note), &mut rows);
     }
     if wanted("w5") {
         for (size, full) in
             [(1024, 200_000), (65_536, 10_000)].into_iter().filter(|(size, _)| scale.has_size(*size))
         {
             let messages = scale.messages(full);
-            let through = through_nodes(&scratch.0, 2, true, false, messages, size).await?;
+            let mut through = Vec::new();
+            for _ in 0..scale.rounds {
+                through.push(through_nodes(&scratch.0, 2, true, false, messages, size).await?);
+            }
             let case = format!("A -> B over Noise, volatile, {messages} messages");
-            show(row("w5", case, size, through, "w1: plaintext", plain_at(size), String::new()), &mut rows);
+            let (per_s, note) = (median(&through), rounds_note(&through, &[]));
+            show(row("w5", case, size, per_s, "w1: plaintext", plain_at(size), note), &mut rows);
         }
     }
     if wanted("w7") {
         show(urgent_under_load(&scratch.0, scale).await?, &mut rows);
     }
     Ok(rows)
+}
+
+/// `w1` at one size: per round, over the client sockets, raw TCP (when `with_w1`) and with
+/// the clients in the nodes' process (only the link between them), side by side. Returns
+/// the median over the sockets (the baseline of `w4` and `w5`) and `w1`'s rows.
+async fn two_nodes(
+    scratch: &Path,
+    scale: Scale,
+    size: usize,
+    full: usize,
+    with_w1: bool,
+) -> Result<(f64, Vec<Row>), DemoError> {
+    let messages = scale.messages(full);
+    let (mut through, mut raw, mut inside) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..scale.rounds {
+        through.push(through_nodes(scratch, 2, false, false, messages, size).await?);
+        if with_w1 {
+            raw.push(raw_tcp(messages, size).await?);
+            inside.push(through_nodes(scratch, 2, false, true, messages, size).await?);
+        }
+    }
+    let mut rows = Vec::new();
+    if with_w1 {
+        let baseline = "raw TCP stream, buffered writes";
+        let base = median(&raw);
+        let case = format!("A -> B, volatile, {messages} messages");
+        rows.push(row("w1", case, size, median(&through), baseline, base, rounds_note(&through, &raw)));
+        let case = format!("A -> B, volatile, {messages} messages, in-process clients");
+        rows.push(row("w1", case, size, median(&inside), baseline, base, rounds_note(&inside, &raw)));
+    }
+    Ok((median(&through), rows))
+}
+
+/// The median of `values` (the upper one of an even count; 0 for none).
+fn median(values: &[f64]) -> f64 {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    sorted.get(sorted.len() / 2).copied().unwrap_or(0.0)
+}
+
+/// With several rounds, says so and how far they spread: the ratio of each round to its
+/// own baseline (`base`, measured in the same round), or the rates when the baseline was
+/// measured elsewhere (`base` empty).
+fn rounds_note(values: &[f64], base: &[f64]) -> String {
+    if values.len() < 2 {
+        return String::new();
+    }
+    let spread = |list: &[f64]| {
+        let min = list.iter().copied().fold(f64::INFINITY, f64::min);
+        let max = list.iter().copied().fold(0.0, f64::max);
+        (min, max)
+    };
+    if base.len() == values.len() {
+        let ratios: Vec<f64> = values.iter().zip(base).map(|(v, b)| v / b.max(f64::MIN_POSITIVE)).collect();
+        let (min, max) = spread(&ratios);
+        format!("median of {} rounds; ratio per round {min:.2}x-{max:.2}x", values.len())
+    } else {
+        let (min, max) = spread(values);
+        format!("median of {} rounds; {min:.0}-{max:.0} messages/s", values.len())
+    }
 }
 
 fn row(
@@ -814,5 +876,18 @@ mod tests {
         let mut times: Vec<Duration> = (1..=1000).map(Duration::from_micros).collect();
         assert_eq!(percentiles(&mut times).map(f64::round), [500.0, 990.0, 999.0]);
         assert_eq!(size_text(1 << 20), "1 MiB");
+    }
+
+    #[test]
+    fn rounds_give_the_median_and_their_spread() {
+        assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(&[4.0, 1.0, 3.0, 2.0]), 3.0);
+        assert_eq!(median(&[]), 0.0);
+        assert_eq!(rounds_note(&[5.0], &[10.0]), "", "one round says nothing more");
+        assert_eq!(
+            rounds_note(&[5.0, 9.0, 6.0], &[10.0, 10.0, 12.0]),
+            "median of 3 rounds; ratio per round 0.50x-0.90x"
+        );
+        assert_eq!(rounds_note(&[5.0, 9.0], &[]), "median of 2 rounds; 5-9 messages/s");
     }
 }

@@ -388,6 +388,10 @@ pub struct BenchArgs {
     /// w5: 1024, 65536; the others have one size and ignore it); for profiling one case.
     #[arg(long, value_parser = parse_bench_size)]
     pub size: Option<usize>,
+    /// Runs each throughput case (w1, w4, w5) this many times, its baseline in every round
+    /// too, and reports the medians with the spread (this machine may be noisy).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=50))]
+    pub rounds: u16,
 }
 
 /// Checks a `linkbus bench --size`: one of the sizes the workloads have cases of.
@@ -939,6 +943,7 @@ pub fn config_check(files: &[PathBuf]) -> ExitCode {
 pub async fn bench(args: BenchArgs) -> anyhow::Result<()> {
     let mut scale = if args.quick { crate::bench::Scale::QUICK } else { crate::bench::Scale::FULL };
     scale.only_size = args.size;
+    scale.rounds = usize::from(args.rounds);
     println!(
         "linkbus bench: nodes in this process on 127.0.0.1, fjall stores in a temporary directory; {} cores",
         std::thread::available_parallelism().map_or(1, std::num::NonZero::get)
