@@ -124,6 +124,15 @@ impl Pair {
         }
     }
 
+    /// Both ends connect and take each other's `Hello` (and whatever A wrote with its own),
+    /// moving nothing more.
+    fn exchange_hellos(&mut self) {
+        self.a.handle_connected(self.now);
+        self.b.handle_connected(self.now);
+        self.a.handle_bytes(&self.b.poll_transmit().unwrap(), self.now);
+        self.b.handle_bytes(&self.a.poll_transmit().unwrap(), self.now);
+    }
+
     fn disconnect(&mut self) {
         self.a.handle_disconnected();
         self.b.handle_disconnected();
@@ -869,10 +878,7 @@ fn a_message_in_two_parts_goes_as_the_same_bytes() {
     let expires_at = p.now + Duration::from_secs(60);
     p.a.send(C, crate::wire::Encoded::of(&big), Some(expires_at), p.now).unwrap();
     p.now += Duration::from_secs(10);
-    p.a.handle_connected(p.now);
-    p.b.handle_connected(p.now);
-    p.a.handle_bytes(&p.b.poll_transmit().unwrap(), p.now);
-    p.b.handle_bytes(&p.a.poll_transmit().unwrap(), p.now);
+    p.exchange_hellos();
     p.a.write_pending(p.now, usize::MAX);
     p.b.handle_bytes(&p.a.poll_transmit().unwrap(), p.now);
     let got = std::iter::from_fn(|| p.b.poll_event()).find_map(|e| match e {
@@ -1116,10 +1122,7 @@ fn a_message_that_expired_during_an_outage_is_not_resumed() {
     p.b.handle_bytes(&p.a.poll_transmit().unwrap(), p.now);
     p.disconnect();
     p.now += Duration::from_secs(30);
-    p.a.handle_connected(p.now);
-    p.b.handle_connected(p.now);
-    p.a.handle_bytes(&p.b.poll_transmit().unwrap(), p.now);
-    p.b.handle_bytes(&p.a.poll_transmit().unwrap(), p.now);
+    p.exchange_hellos();
     p.a.write_pending(p.now, usize::MAX);
     let events: Vec<SessionEvent> = std::iter::from_fn(|| p.a.poll_event()).collect();
     assert!(
