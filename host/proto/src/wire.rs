@@ -316,15 +316,25 @@ impl Encoded {
         [&self.head, &self.payload]
     }
 
-    /// Bytes `start..end` of it, in one or two parts (the second may be empty), shared.
+    /// Appends bytes `start..end` of it to `out`: copied where short, shared where long (a
+    /// short piece is never cut out as a shared slice of its own, which would cost an
+    /// allocation for nothing).
     ///
     /// # Panics
     /// When the range is out of bounds.
-    pub fn slice(&self, start: usize, end: usize) -> [Bytes; 2] {
+    pub fn append_to(&self, start: usize, end: usize, out: &mut Chunks) {
         let cut = self.head.len();
-        let in_head = self.head.slice(start.min(cut)..end.min(cut));
-        let in_payload = self.payload.slice(start.max(cut) - cut..end.max(cut) - cut);
-        [in_head, in_payload]
+        for (part, from, to) in [
+            (&self.head, start.min(cut), end.min(cut)),
+            (&self.payload, start.max(cut) - cut, end.max(cut) - cut),
+        ] {
+            let piece = part.get(from..to).expect("a range within the message");
+            if piece.len() < Chunks::SHARE_BYTES_MIN {
+                out.buf().put_slice(piece);
+            } else {
+                out.share(&part.slice(from..to));
+            }
+        }
     }
 
     /// CRC32C of all its bytes.
@@ -575,8 +585,15 @@ mod tests {
             let cuts = [0, 1, head.len() - 1, head.len(), head.len() + 1, whole.len() - 1, whole.len()];
             for start in cuts {
                 for end in cuts.into_iter().filter(|end| *end >= start && *end <= whole.len()) {
-                    let joined: Vec<u8> = encoded.slice(start, end).concat();
-                    assert_eq!(joined, &whole[start..end], "{len}: {start}..{end}");
+                    let mut out = Chunks::default();
+                    encoded.append_to(start, end, &mut out);
+                    let mut parts = Vec::new();
+                    out.take(&mut parts);
+                    assert_eq!(join(&parts), &whole[start..end], "{len}: {start}..{end}");
+                    let shared = parts.iter().any(|p| p.as_ptr() == payload.as_ptr());
+                    let long_payload_piece =
+                        end.saturating_sub(start.max(head.len())) >= Chunks::SHARE_BYTES_MIN;
+                    assert_eq!(shared, long_payload_piece && start <= head.len(), "{len}: {start}..{end}");
                 }
             }
             let patched = encoded.with_lifetime(1234).unwrap();

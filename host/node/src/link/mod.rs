@@ -546,11 +546,15 @@ impl Link {
                 let channel = channel_of(&message);
                 // The payload of a large message is shared, not copied behind its head.
                 let bytes = Encoded::of(&message);
-                match self.session.send(channel, bytes.clone(), expires_at, now) {
+                // A copy of the handle only for a message to record (one shared, rather than
+                // owned, costs an allocation).
+                let recorded = key.and(self.handle.record.as_ref()).map(|_| bytes.clone());
+                match self.session.send(channel, bytes, expires_at, now) {
                     Ok(sequence) => {
                         // Recorded as sent under its number, in the queue's order.
-                        if let (Some(record), Some(key)) = (&self.handle.record, key) {
-                            record.sent(key, channel, sequence, &bytes);
+                        if let (Some(record), Some(key), Some(bytes)) = (&self.handle.record, key, &recorded)
+                        {
+                            record.sent(key, channel, sequence, bytes);
                             self.unsynced = true;
                             if let Some(sent) = self.sent.get_mut(channel as usize) {
                                 sent.insert(sequence);

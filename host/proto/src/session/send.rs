@@ -363,11 +363,7 @@ impl Sender {
         let header = DataHeader { channel, sequence, offset, total: total_u64, crc, len };
         // The header is written; the bytes are shared (copied only when small).
         Frame::encode_data_header(&header, out.buf());
-        for part in pending.message.slice(start, end) {
-            if !part.is_empty() {
-                out.share(&part);
-            }
-        }
+        pending.message.append_to(start, end, out);
         let written = DATA_OVERHEAD_BYTES + (end - start);
         if end == total {
             pending.written_at = Some(now);
