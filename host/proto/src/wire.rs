@@ -105,10 +105,14 @@ fn put_short(out: &mut BytesMut, bytes: &[u8]) {
     out.put_slice(bytes);
 }
 
+/// Bytes `recipients` take in an encoded content (after their count).
+pub fn recipients_encoded_len(recipients: &[Address]) -> usize {
+    recipients.iter().map(|a| 2 + a.node.as_str().len() + a.queue.as_str().len()).sum()
+}
+
 /// Bytes [`encode_content`] writes for `content`.
 pub fn content_encoded_len(content: &Content) -> usize {
-    let recipients: usize =
-        content.recipients.iter().map(|a| 2 + a.node.as_str().len() + a.queue.as_str().len()).sum();
+    let recipients = recipients_encoded_len(&content.recipients);
     let headers: usize = content.headers.iter().map(|(k, v)| 4 + k.len() + v.len()).sum();
     let group = content.group.as_ref().map_or(0, |g| 2 + g.id.len() + 4 + 1);
     let correlation = content.correlation_id.as_ref().map_or(0, |c| 2 + c.len());
@@ -201,16 +205,26 @@ impl Chunks {
 
     /// Appends `bytes`: shared when large, else copied.
     pub fn share(&mut self, bytes: &Bytes) {
-        if bytes.len() < Self::SHARE_BYTES_MIN {
-            self.current.put_slice(bytes);
+        self.share_range(bytes, 0, bytes.len());
+    }
+
+    /// Appends `bytes[from..to]`: shared when large, else copied (a short piece is never
+    /// cut out as a shared slice of its own, which would cost an allocation for nothing).
+    ///
+    /// # Panics
+    /// When the range is out of bounds.
+    pub fn share_range(&mut self, bytes: &Bytes, from: usize, to: usize) {
+        let piece = bytes.get(from..to).expect("a range within the bytes");
+        if piece.len() < Self::SHARE_BYTES_MIN {
+            self.current.put_slice(piece);
             return;
         }
         if !self.current.is_empty() {
             self.done_len += self.current.len();
             self.done.push(self.current.split().freeze());
         }
-        self.done_len += bytes.len();
-        self.done.push(bytes.clone());
+        self.done_len += piece.len();
+        self.done.push(bytes.slice(from..to));
     }
 
     /// Bytes appended so far.
@@ -316,25 +330,14 @@ impl Encoded {
         [&self.head, &self.payload]
     }
 
-    /// Appends bytes `start..end` of it to `out`: copied where short, shared where long (a
-    /// short piece is never cut out as a shared slice of its own, which would cost an
-    /// allocation for nothing).
+    /// Appends bytes `start..end` of it to `out` (see [`Chunks::share_range`]).
     ///
     /// # Panics
     /// When the range is out of bounds.
     pub fn append_to(&self, start: usize, end: usize, out: &mut Chunks) {
         let cut = self.head.len();
-        for (part, from, to) in [
-            (&self.head, start.min(cut), end.min(cut)),
-            (&self.payload, start.max(cut) - cut, end.max(cut) - cut),
-        ] {
-            let piece = part.get(from..to).expect("a range within the message");
-            if piece.len() < Chunks::SHARE_BYTES_MIN {
-                out.buf().put_slice(piece);
-            } else {
-                out.share(&part.slice(from..to));
-            }
-        }
+        out.share_range(&self.head, start.min(cut), end.min(cut));
+        out.share_range(&self.payload, start.max(cut) - cut, end.max(cut) - cut);
     }
 
     /// CRC32C of all its bytes.

@@ -359,8 +359,8 @@ impl Sender {
             start.saturating_add(limits.packet_bytes_max).min(total)
         };
         let crc = pending.crc.unwrap_or_default();
-        let (offset, total_u64, len) = (start as u64, total as u64, end - start);
-        let header = DataHeader { channel, sequence, offset, total: total_u64, crc, len };
+        let (offset, len) = (start as u64, end - start);
+        let header = DataHeader { channel, sequence, offset, total: total as u64, crc, len };
         // The header is written; the bytes are shared (copied only when small).
         Frame::encode_data_header(&header, out.buf());
         pending.message.append_to(start, end, out);
