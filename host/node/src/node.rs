@@ -12,6 +12,7 @@ use linkbus_plugin_api::{
     Address, Batch, Content, Lifetime, Message, MessageId, NodeName, PluginError, QueueName, Reliability,
     Store, StoreError, Transport,
 };
+use linkbus_proto::wire::recipients_encoded_len;
 use tracing::{debug, warn};
 
 use crate::api::protocol::ErrorCode;
@@ -1480,7 +1481,8 @@ fn tally<'a>(
         let whole = message_bytes_len(message);
         for (link, recipients) in &targets.remote {
             // The copy for this link names only the recipients routed through it.
-            let encoded = whole - recipients_len(&message.content.recipients) + recipients_len(recipients);
+            let encoded = whole - recipients_encoded_len(&message.content.recipients)
+                + recipients_encoded_len(recipients);
             let max = link.peer_message_bytes_max.load(std::sync::atomic::Ordering::Relaxed);
             if max != 0 && encoded > max {
                 let msg =
@@ -1509,11 +1511,6 @@ type RemoteTally<'a> = Vec<(&'a Arc<LinkHandle>, &'a Message, usize, u64)>;
 
 fn message_bytes_len(message: &Message) -> usize {
     linkbus_proto::wire::message_encoded_len(message.id.source.as_str().len(), &message.content)
-}
-
-/// Bytes `recipients` take in an encoded message.
-fn recipients_len(recipients: &[linkbus_plugin_api::Address]) -> usize {
-    recipients.iter().map(|a| 2 + a.node.as_str().len() + a.queue.as_str().len()).sum()
 }
 
 fn queue_error(e: &QueueError) -> (ErrorCode, String) {

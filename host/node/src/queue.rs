@@ -15,10 +15,10 @@ use std::ops::Bound;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
 
-use bytes::Bytes;
+use bytes::{BufMut, Bytes, BytesMut};
 use linkbus_plugin_api::message::PRIORITY_LEVEL_MAX;
 use linkbus_plugin_api::{Batch, Lifetime, Message, QueueName, Reliability, Store, StoreError};
-use linkbus_proto::wire::{Encoded, decode_message};
+use linkbus_proto::wire::{Encoded, decode_message, encode_message, message_encoded_len};
 use tokio::sync::Notify;
 
 use crate::config::{QueueConfig, QueueOrder};
@@ -659,19 +659,25 @@ const RECORD_HEADER_BYTES: usize = 1 + 4 + 8;
 /// A queue record: format u8, CRC32C (u32, of everything after it), the wall-clock time it
 /// was (re)queued in milliseconds (u64), then the message (its remaining lifetime as of then).
 pub(crate) fn encode_record(message: &Message) -> Bytes {
-    encode_record_of(&Encoded::of(message))
+    let len = message_encoded_len(message.id.source.as_str().len(), &message.content);
+    record_with(len, |out| encode_message(message, out))
 }
 
 /// [`encode_record`] of a message already encoded (`message`, its wire form).
 pub(crate) fn encode_record_of(message: &Encoded) -> Bytes {
-    let mut record = Vec::with_capacity(RECORD_HEADER_BYTES + message.len());
-    record.push(RECORD_FORMAT);
-    record.extend_from_slice(&[0; 4]);
-    record.extend_from_slice(&crate::clock::unix_ms().to_be_bytes());
-    message.parts().iter().for_each(|part| record.extend_from_slice(part));
+    record_with(message.len(), |out| message.parts().iter().for_each(|part| out.put_slice(part)))
+}
+
+/// A record whose message (`len` bytes) `write` appends, straight into the record.
+fn record_with(len: usize, write: impl FnOnce(&mut BytesMut)) -> Bytes {
+    let mut record = BytesMut::with_capacity(RECORD_HEADER_BYTES + len);
+    record.put_u8(RECORD_FORMAT);
+    record.put_u32(0);
+    record.put_u64(crate::clock::unix_ms());
+    write(&mut record);
     let crc = crc32c::crc32c(&record[5..]);
     record[1..5].copy_from_slice(&crc.to_be_bytes());
-    Bytes::from(record)
+    record.freeze()
 }
 
 /// The message and its enqueue time from a record written by [`encode_record`].

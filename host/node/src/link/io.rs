@@ -58,8 +58,7 @@ pub(crate) async fn read_loop(
 /// link task stops producing above its limit) and waking the link task as it drains. The
 /// chunks waiting at a time go out together, in vectored writes. A write still unfinished
 /// `let_go_grace` ([`LET_GO_WRITE_GRACE`]) after the link let go of the connection is
-/// given up, and the
-/// socket closed.
+/// given up, and the socket closed.
 pub(crate) async fn write_loop(
     mut writer: Box<dyn AsyncWrite + Send + Unpin>,
     mut rx: mpsc::UnboundedReceiver<Vec<Bytes>>,

@@ -546,15 +546,14 @@ impl Link {
                 let channel = channel_of(&message);
                 // The payload of a large message is shared, not copied behind its head.
                 let bytes = Encoded::of(&message);
-                // A copy of the handle only for a message to record (one shared, rather than
-                // owned, costs an allocation).
-                let recorded = key.and(self.handle.record.as_ref()).map(|_| bytes.clone());
+                // A second handle on the bytes only for a message to record (a shared clone
+                // costs an allocation).
+                let recorded = self.handle.record.as_ref().zip(key).map(|(r, k)| (r, k, bytes.clone()));
                 match self.session.send(channel, bytes, expires_at, now) {
                     Ok(sequence) => {
                         // Recorded as sent under its number, in the queue's order.
-                        if let (Some(record), Some(key), Some(bytes)) = (&self.handle.record, key, &recorded)
-                        {
-                            record.sent(key, channel, sequence, bytes);
+                        if let Some((record, key, bytes)) = &recorded {
+                            record.sent(*key, channel, sequence, bytes);
                             self.unsynced = true;
                             if let Some(sent) = self.sent.get_mut(channel as usize) {
                                 sent.insert(sequence);

@@ -34,7 +34,10 @@ const RELAYED: usize = 1;
 pub(crate) type Queued = (Message, Instant, Option<u64>);
 
 /// One class: this node's own messages and relayed ones, each in order.
-type Class = [VecDeque<Queued>; 2];
+type Class = [VecDeque<Waiting>; 2];
+
+/// A queued message with its encoded size, counted once when it enters.
+type Waiting = (Queued, u64);
 
 /// See the module doc.
 #[derive(Debug)]
@@ -172,12 +175,13 @@ impl TransmissionQueue {
         let (Some(c), Some(bytes)) = (self.classes.get_mut(class), self.bytes.get_mut(class)) else {
             return;
         };
-        *bytes += size_of(&item.0);
+        let size = size_of(&item.0);
+        *bytes += size;
         let fifo = &mut c[side(&item.0)];
         if front {
-            fifo.push_front(item)
+            fifo.push_front((item, size))
         } else {
-            fifo.push_back(item)
+            fifo.push_back((item, size))
         }
         self.len += 1;
     }
@@ -217,7 +221,7 @@ impl TransmissionQueue {
         for (class, bytes) in self.classes.iter_mut().zip(self.bytes.iter_mut()) {
             for queue in class {
                 let before = queue.len();
-                queue.retain_mut(|(message, queued_at, key)| {
+                queue.retain_mut(|((message, queued_at, key), size)| {
                     let elapsed = now.saturating_duration_since(*queued_at).as_millis() as u64;
                     let lifetime =
                         message.content.lifetime.unwrap_or(linkbus_plugin_api::Lifetime::UNLIMITED);
@@ -227,7 +231,7 @@ impl TransmissionQueue {
                         }
                         return true;
                     }
-                    *bytes = bytes.saturating_sub(size_of(message));
+                    *bytes -= *size;
                     expired.push((message.clone(), *key));
                     false
                 });
@@ -244,7 +248,7 @@ impl TransmissionQueue {
     fn take(&mut self, class: usize, ready: &impl Fn(&Message) -> bool) -> Option<Queued> {
         let c = self.classes.get_mut(class)?;
         let (balance, bytes) = (self.balance.get_mut(class)?, self.bytes.get_mut(class)?);
-        let waiting = |q: &VecDeque<Queued>| q.front().is_some_and(|(m, _, _)| ready(m));
+        let waiting = |q: &VecDeque<Waiting>| q.front().is_some_and(|((m, _, _), _)| ready(m));
         let side = match (waiting(&c[OWN]), waiting(&c[RELAYED])) {
             (false, false) => return None,
             (true, false) => OWN,
@@ -255,8 +259,8 @@ impl TransmissionQueue {
                 side
             }
         };
-        let item = c[side].pop_front()?;
-        *bytes = bytes.saturating_sub(size_of(&item.0));
+        let (item, size) = c[side].pop_front()?;
+        *bytes -= size;
         self.len -= 1;
         Some(item)
     }
