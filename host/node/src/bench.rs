@@ -155,10 +155,7 @@ pub async fn run(names: &[String], scale: Scale, print: bool) -> Result<Vec<Row>
     }
     if wanted("w4") && scale.has_size(1024) {
         let messages = scale.messages(200_000);
-        let mut through = Vec::new();
-        for _ in 0..scale.rounds {
-            through.push(through_nodes(&scratch.0, 3, false, false, messages, 1024).await?);
-        }
+        let through = rounds_through(&scratch.0, scale, 3, false, messages, 1024).await?;
         let case = format!("A -> B -> C, volatile, {messages} messages");
         let note = rounds_note(&through, &[]);
         show(row("w4", case, 1024, median(&through), "w1: A -> B", plain_at(1024), note), &mut rows);
@@ -168,10 +165,7 @@ pub async fn run(names: &[String], scale: Scale, print: bool) -> Result<Vec<Row>
             [(1024, 200_000), (65_536, 10_000)].into_iter().filter(|(size, _)| scale.has_size(*size))
         {
             let messages = scale.messages(full);
-            let mut through = Vec::new();
-            for _ in 0..scale.rounds {
-                through.push(through_nodes(&scratch.0, 2, true, false, messages, size).await?);
-            }
+            let through = rounds_through(&scratch.0, scale, 2, true, messages, size).await?;
             let case = format!("A -> B over Noise, volatile, {messages} messages");
             let (per_s, note) = (median(&through), rounds_note(&through, &[]));
             show(row("w5", case, size, per_s, "w1: plaintext", plain_at(size), note), &mut rows);
@@ -212,6 +206,23 @@ async fn two_nodes(
         rows.push(row("w1", case, size, median(&inside), baseline, base, rounds_note(&inside, &raw)));
     }
     Ok((median(&through), rows))
+}
+
+/// [`through_nodes`] once per round, clients on the client sockets (Noise links when
+/// `secure`).
+async fn rounds_through(
+    scratch: &Path,
+    scale: Scale,
+    count: usize,
+    secure: bool,
+    messages: usize,
+    size: usize,
+) -> Result<Vec<f64>, DemoError> {
+    let mut rates = Vec::with_capacity(scale.rounds);
+    for _ in 0..scale.rounds {
+        rates.push(through_nodes(scratch, count, secure, false, messages, size).await?);
+    }
+    Ok(rates)
 }
 
 /// The median of `values` (the upper one of an even count; 0 for none).
