@@ -8,25 +8,56 @@ mod support;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use support::{Scratch, stderr, stdout};
+use support::{NodeProcess, Scratch, stderr, stdout};
 
 /// A free port on 127.0.0.1 (nothing listens on it until B starts).
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
+/// A dialing B on a port where B starts only when a test wants it, so A's transmission
+/// queue fills meanwhile.
+struct LatePeer {
+    port: u16,
+    a_key: String,
+    b_key: String,
+}
+
+impl LatePeer {
+    fn new(s: &Scratch) -> Self {
+        Self { port: free_port(), a_key: s.keys("A"), b_key: s.keys("B") }
+    }
+
+    /// A, with `extra` (its queues and links sections).
+    fn start_a(&self, s: &Scratch, extra: &str) -> NodeProcess {
+        let (port, b_key) = (self.port, &self.b_key);
+        let yaml = format!(
+            "node: {{ name: A, listen: none }}\npeers: [ {{ name: B, address: '127.0.0.1:{port}', public_key: '{b_key}' }} ]\n{extra}\n{}\n",
+            s.security_yaml("A")
+        );
+        s.start_node("A", &["-c", s.write("a.yaml", &yaml).to_str().unwrap()])
+    }
+
+    /// B, with queue `q`.
+    fn start_b(&self, s: &Scratch) -> NodeProcess {
+        let (port, a_key) = (self.port, &self.a_key);
+        let yaml = format!(
+            "node: {{ name: B, listen: '127.0.0.1:{port}' }}\npeers: [ {{ name: A, public_key: '{a_key}' }} ]\nqueues: [ {{ name: q, order: fifo }} ]\n{}\n",
+            s.security_yaml("B")
+        );
+        s.start_node("B", &["-c", s.write("b.yaml", &yaml).to_str().unwrap()])
+    }
+}
+
 #[test]
 fn full_classes_refuse_or_wait_and_others_flow() {
     let s = Scratch::new();
-    let (a_key, b_key) = (s.keys("A"), s.keys("B"));
-    let port = free_port();
-    let a_yaml = format!(
-        "node: {{ name: A, listen: none }}\npeers: [ {{ name: B, address: '127.0.0.1:{port}', public_key: '{b_key}' }} ]\n\
-         queues: [ {{ name: small, queue_messages_max: 2 }} ]\n\
-         links: {{ queue_messages_max: 3, reconnect_backoff_max_ms: 200 }}\n{}\n",
-        s.security_yaml("A")
+    let peer = LatePeer::new(&s);
+    let _a = peer.start_a(
+        &s,
+        "queues: [ { name: small, queue_messages_max: 2 } ]\n\
+         links: { queue_messages_max: 3, reconnect_backoff_max_ms: 200 }",
     );
-    let _a = s.start_node("A", &["-c", s.write("a.yaml", &a_yaml).to_str().unwrap()]);
     let put = |args: &[&str]| {
         let mut full = vec!["put", "--node", "A"];
         full.extend_from_slice(args);
@@ -61,11 +92,7 @@ fn full_classes_refuse_or_wait_and_others_flow() {
         .spawn()
         .unwrap();
     std::thread::sleep(Duration::from_millis(300));
-    let b_yaml = format!(
-        "node: {{ name: B, listen: '127.0.0.1:{port}' }}\npeers: [ {{ name: A, public_key: '{a_key}' }} ]\nqueues: [ {{ name: q, order: fifo }} ]\n{}\n",
-        s.security_yaml("B")
-    );
-    let _b = s.start_node("B", &["-c", s.write("b.yaml", &b_yaml).to_str().unwrap()]);
+    let _b = peer.start_b(&s);
     let out = blocked.wait_with_output().unwrap();
     assert!(out.status.success(), "the waiting put went through: {}", stderr(&out));
     let got = s.run(&["get", "--node", "B", "q", "--count", "5", "--wait", "10s"]);
@@ -97,14 +124,8 @@ fn full_classes_refuse_or_wait_and_others_flow() {
 #[test]
 fn classes_are_bounded_in_bytes_too() {
     let s = Scratch::new();
-    let (a_key, b_key) = (s.keys("A"), s.keys("B"));
-    let port = free_port();
-    let a_yaml = format!(
-        "node: {{ name: A, listen: none }}\npeers: [ {{ name: B, address: '127.0.0.1:{port}', public_key: '{b_key}' }} ]\n\
-         links: {{ queue_bytes_max: 3000, reconnect_backoff_max_ms: 200 }}\n{}\n",
-        s.security_yaml("A")
-    );
-    let _a = s.start_node("A", &["-c", s.write("a.yaml", &a_yaml).to_str().unwrap()]);
+    let peer = LatePeer::new(&s);
+    let _a = peer.start_a(&s, "links: { queue_bytes_max: 3000, reconnect_backoff_max_ms: 200 }");
     let put = |priority: &str, payload: &str| {
         s.run(&["put", "--node", "A", "--to", "B:q", "--priority", priority, "--timeout", "0s", payload])
     };
@@ -122,11 +143,7 @@ fn classes_are_bounded_in_bytes_too() {
     assert!(alone.status.success(), "an empty class takes a message above the bound: {}", stderr(&alone));
     assert!(!put("6", "small").status.success(), "and then holds nothing more");
 
-    let b_yaml = format!(
-        "node: {{ name: B, listen: '127.0.0.1:{port}' }}\npeers: [ {{ name: A, public_key: '{a_key}' }} ]\nqueues: [ {{ name: q, order: fifo }} ]\n{}\n",
-        s.security_yaml("B")
-    );
-    let _b = s.start_node("B", &["-c", s.write("b.yaml", &b_yaml).to_str().unwrap()]);
+    let _b = peer.start_b(&s);
     let got = s.run(&["get", "--node", "B", "q", "--count", "3", "--wait", "10s"]);
     let text = stdout(&got);
     let mut lines: Vec<&str> = text.lines().collect();
