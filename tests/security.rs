@@ -1,6 +1,7 @@
-//! Link security with real processes: a node without the cluster key, with a key its peer
-//! does not list, a replayed handshake, and a downgrade to plaintext never get a message
-//! through; key files must be private; plaintext links are announced loudly.
+//! Link security with real processes: the dialer chooses the cipher and the listener
+//! answers in it; a node without the cluster key, with a key its peer does not list, a
+//! replayed handshake, and a downgrade to plaintext never get a message through; key files
+//! must be private; plaintext links are announced loudly.
 
 mod support;
 
@@ -9,7 +10,7 @@ use std::net::TcpStream;
 use std::time::Duration;
 
 use linkbus::proto::frame::{Frame, FrameDecoder, PROTOCOL_VERSION};
-use linkbus::proto::secure::{Keypair, SecureChannel, parse_key};
+use linkbus::proto::secure::{Cipher, Keypair, SecureChannel, parse_key};
 use support::{NodeProcess, Scratch, hello_frame, stderr, stdout};
 
 /// B listens with Noise and lists A's key; returns B and A's public key.
@@ -31,9 +32,14 @@ fn public_key_of(s: &Scratch, name: &str) -> String {
 
 /// Starts a node calling itself A that dials B with `key_file` and `psk_file`.
 fn start_a(s: &Scratch, b: &NodeProcess, key_file: &str, psk_file: &str) -> NodeProcess {
+    start_a_with(s, b, key_file, psk_file, "auto")
+}
+
+/// [`start_a`] with the links' `cipher`.
+fn start_a_with(s: &Scratch, b: &NodeProcess, key_file: &str, psk_file: &str, cipher: &str) -> NodeProcess {
     let yaml = format!(
         "node: {{ name: A, listen: none }}\npeers: [ {{ name: B, address: '{}', public_key: '{}' }} ]\n\
-         security: {{ key_file: '{key_file}', psk_file: '{psk_file}' }}\n",
+         security: {{ key_file: '{key_file}', psk_file: '{psk_file}', cipher: {cipher} }}\n",
         b.listen_address(),
         public_key_of(s, "B")
     );
@@ -56,6 +62,23 @@ fn the_right_keys_link_up() {
     a.wait_for_log("Link up.", 1, Duration::from_secs(10));
     assert!(s.run(&["put", "--node", "A", "--to", "B:orders", "sealed"]).status.success());
     assert_eq!(stdout(&s.run(&["get", "--node", "B", "orders", "--wait", "5s"])), "sealed\n");
+}
+
+#[test]
+fn the_dialer_chooses_the_cipher_and_both_logs_name_it() {
+    for cipher in [Cipher::AesGcm, Cipher::ChaChaPoly] {
+        let s = Scratch::new();
+        let (b, _) = start_b(&s);
+        let dir = s.path().display().to_string();
+        let a = start_a_with(&s, &b, &format!("{dir}/A.key"), &format!("{dir}/cluster.psk"), cipher.name());
+        a.wait_for_log("Link up.", 1, Duration::from_secs(10));
+        b.wait_for_log("Link up.", 1, Duration::from_secs(10));
+        let named = format!("Noise ({})", cipher.name());
+        assert!(a.log_text().contains(&named), "{}", a.log_text());
+        assert!(b.log_text().contains(&named), "B answers in A's choice: {}", b.log_text());
+        assert!(s.run(&["put", "--node", "A", "--to", "B:orders", "sealed"]).status.success());
+        assert_eq!(stdout(&s.run(&["get", "--node", "B", "orders", "--wait", "5s"])), "sealed\n");
+    }
 }
 
 #[test]
@@ -92,7 +115,8 @@ fn a_replayed_handshake_is_refused() {
     let a = Keypair::from_private(read("A.key")).unwrap();
     let b_public = parse_key(&public_key_of(&s, "B")).unwrap();
     // A real handshake as A, recorded on the way out, completed with a hello.
-    let mut dialer = SecureChannel::noise_dialer(&a, &b_public, &read("cluster.psk"), 42).unwrap();
+    let mut dialer =
+        SecureChannel::noise_dialer(Cipher::AesGcm, &a, &b_public, &read("cluster.psk"), 42).unwrap();
     let captured = dialer.poll_transmit().unwrap();
     let mut first = TcpStream::connect(b.listen_address()).unwrap();
     first.set_read_timeout(Some(Duration::from_secs(5))).unwrap();

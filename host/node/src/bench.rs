@@ -16,8 +16,10 @@
 //!   ping-pong over a raw TCP connection (the ratio is round trips per second); once with
 //!   clients on the client socket, once with clients inside the nodes' process
 //!   (`Node::client`, as a program embedding its node has them);
-//! - `w4`: a relay, A → B → C, volatile 1 KiB, against `w1` at 1 KiB;
-//! - `w5`: `w1` at 1 KiB and 64 KiB over Noise links, against plaintext;
+//! - `w4`: a relay, A → B → C, volatile 1 KiB, against `w1` at 1 KiB (its socket case,
+//!   measured in the same rounds);
+//! - `w5`: `w1` at 1 KiB and 64 KiB over Noise links, with AES-256-GCM and with
+//!   ChaCha20-Poly1305, against plaintext (measured in the same rounds);
 //! - `w7`: the link from A to B saturated by 1 KiB messages of priorities 0..=8 (three
 //!   producers, a consumer draining them on B), and 20 urgent messages a second (priority
 //!   9, 64 B, to their own queue): each urgent message's put-to-get latency (p50, p99,
@@ -31,6 +33,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use linkbus_plugin_api::{Address, Batch, Content, Reliability, Store};
+use linkbus_proto::secure::Cipher;
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader, BufWriter};
 
 use crate::Node;
@@ -127,20 +130,13 @@ pub async fn run(names: &[String], scale: Scale, print: bool) -> Result<Vec<Row>
     if print {
         println!("{}", table_header());
     }
-    // `w4` and `w5` compare against `w1` at their sizes, measured now.
-    let mut plain: Vec<(usize, f64)> = Vec::new();
-    for (size, full) in W1_CASES {
-        let needed = wanted("w1")
-            || (size == 1024 && wanted("w4"))
-            || ((size == 1024 || size == 65_536) && wanted("w5"));
-        if !needed || !scale.has_size(size) {
-            continue;
+    if wanted("w1") {
+        for (size, full) in W1_CASES.into_iter().filter(|(size, _)| scale.has_size(*size)) {
+            for row in two_nodes(&scratch.0, scale, size, full).await? {
+                show(row, &mut rows);
+            }
         }
-        let (through, w1_rows) = two_nodes(&scratch.0, scale, size, full, wanted("w1")).await?;
-        plain.push((size, through));
-        w1_rows.into_iter().for_each(|row| show(row, &mut rows));
     }
-    let plain_at = |size: usize| plain.iter().find(|(s, _)| *s == size).map_or(0.0, |(_, r)| *r);
     if wanted("w2") {
         for row in persistent_puts(&scratch.0, scale).await? {
             show(row, &mut rows);
@@ -155,20 +151,27 @@ pub async fn run(names: &[String], scale: Scale, print: bool) -> Result<Vec<Row>
     }
     if wanted("w4") && scale.has_size(1024) {
         let messages = scale.messages(200_000);
-        let through = rounds_through(&scratch.0, scale, 3, false, messages, 1024).await?;
+        let (plain, [relayed]) = beside_w1(&scratch.0, scale, messages, 1024, [(3, None)]).await?;
         let case = format!("A -> B -> C, volatile, {messages} messages");
-        let note = rounds_note(&through, &[]);
-        show(row("w4", case, 1024, median(&through), "w1: A -> B", plain_at(1024), note), &mut rows);
+        let note = rounds_note(&relayed, &plain);
+        show(row("w4", case, 1024, median(&relayed), "w1: A -> B", median(&plain), note), &mut rows);
     }
     if wanted("w5") {
+        let ciphers = [Cipher::AesGcm, Cipher::ChaChaPoly];
         for (size, full) in
             [(1024, 200_000), (65_536, 10_000)].into_iter().filter(|(size, _)| scale.has_size(*size))
         {
             let messages = scale.messages(full);
-            let through = rounds_through(&scratch.0, scale, 2, true, messages, size).await?;
-            let case = format!("A -> B over Noise, volatile, {messages} messages");
-            let (per_s, note) = (median(&through), rounds_note(&through, &[]));
-            show(row("w5", case, size, per_s, "w1: plaintext", plain_at(size), note), &mut rows);
+            let cases = ciphers.map(|cipher| (2, Some(cipher)));
+            let (plain, sealed) = beside_w1(&scratch.0, scale, messages, size, cases).await?;
+            for (cipher, sealed) in ciphers.iter().zip(sealed) {
+                let case = format!("A -> B over Noise ({}), volatile, {messages} messages", cipher.name());
+                let note = rounds_note(&sealed, &plain);
+                show(
+                    row("w5", case, size, median(&sealed), "w1: plaintext", median(&plain), note),
+                    &mut rows,
+                );
+            }
         }
     }
     if wanted("w7") {
@@ -177,52 +180,44 @@ pub async fn run(names: &[String], scale: Scale, print: bool) -> Result<Vec<Row>
     Ok(rows)
 }
 
-/// `w1` at one size: per round, over the client sockets, raw TCP (when `with_w1`) and with
-/// the clients in the nodes' process (only the link between them), side by side. Returns
-/// the median over the sockets (the baseline of `w4` and `w5`) and `w1`'s rows.
-async fn two_nodes(
-    scratch: &Path,
-    scale: Scale,
-    size: usize,
-    full: usize,
-    with_w1: bool,
-) -> Result<(f64, Vec<Row>), DemoError> {
+/// `w1` at one size: per round, over the client sockets, raw TCP and with the clients in
+/// the nodes' process (only the link between them), side by side; `w1`'s two rows.
+async fn two_nodes(scratch: &Path, scale: Scale, size: usize, full: usize) -> Result<[Row; 2], DemoError> {
     let messages = scale.messages(full);
     let (mut through, mut raw, mut inside) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..scale.rounds {
-        through.push(through_nodes(scratch, 2, false, false, messages, size).await?);
-        if with_w1 {
-            raw.push(raw_tcp(messages, size).await?);
-            inside.push(through_nodes(scratch, 2, false, true, messages, size).await?);
-        }
+        through.push(through_nodes(scratch, 2, None, false, messages, size).await?);
+        raw.push(raw_tcp(messages, size).await?);
+        inside.push(through_nodes(scratch, 2, None, true, messages, size).await?);
     }
-    let mut rows = Vec::new();
-    if with_w1 {
-        let baseline = "raw TCP stream, buffered writes";
-        let base = median(&raw);
-        let case = format!("A -> B, volatile, {messages} messages");
-        rows.push(row("w1", case, size, median(&through), baseline, base, rounds_note(&through, &raw)));
-        let case = format!("A -> B, volatile, {messages} messages, in-process clients");
-        rows.push(row("w1", case, size, median(&inside), baseline, base, rounds_note(&inside, &raw)));
-    }
-    Ok((median(&through), rows))
+    let baseline = "raw TCP stream, buffered writes";
+    let base = median(&raw);
+    let case = format!("A -> B, volatile, {messages} messages");
+    let sockets = row("w1", case, size, median(&through), baseline, base, rounds_note(&through, &raw));
+    let case = format!("A -> B, volatile, {messages} messages, in-process clients");
+    let inside = row("w1", case, size, median(&inside), baseline, base, rounds_note(&inside, &raw));
+    Ok([sockets, inside])
 }
 
-/// [`through_nodes`] once per round, clients on the client sockets (Noise links when
-/// `secure`).
-async fn rounds_through(
+/// Per round: `w1`'s case over the client sockets (two nodes, plaintext), then each of
+/// `cases` (a chain of that many nodes, its links plaintext or Noise with that cipher),
+/// clients on the client sockets; the rates of `w1` and of each case, round by round.
+async fn beside_w1<const N: usize>(
     scratch: &Path,
     scale: Scale,
-    count: usize,
-    secure: bool,
     messages: usize,
     size: usize,
-) -> Result<Vec<f64>, DemoError> {
-    let mut rates = Vec::with_capacity(scale.rounds);
+    cases: [(usize, Option<Cipher>); N],
+) -> Result<(Vec<f64>, [Vec<f64>; N]), DemoError> {
+    let mut plain = Vec::with_capacity(scale.rounds);
+    let mut rates = std::array::from_fn(|_| Vec::with_capacity(scale.rounds));
     for _ in 0..scale.rounds {
-        rates.push(through_nodes(scratch, count, secure, false, messages, size).await?);
+        plain.push(through_nodes(scratch, 2, None, false, messages, size).await?);
+        for ((count, cipher), rates) in cases.iter().zip(rates.iter_mut()) {
+            rates.push(through_nodes(scratch, *count, *cipher, false, messages, size).await?);
+        }
     }
-    Ok(rates)
+    Ok((plain, rates))
 }
 
 /// The median of `values` (the upper one of an even count; 0 for none).
@@ -355,15 +350,16 @@ impl Drop for Scratch {
 
 /// Starts a chain of `count` nodes (`N0` ... in a line, each dialing the next; the first
 /// routes to the last through the second, the last back through the one before it; the
-/// last has queue `orders`), over Noise links with fresh keys when `secure`, else plaintext,
-/// each keeping its data and socket in its own directory under `scratch`.
+/// last has queue `orders`), over Noise links with fresh keys and `cipher` when there is
+/// one, else plaintext, each keeping its data and socket in its own directory under
+/// `scratch`.
 ///
 /// # Errors
 /// [`DemoError`] when a key, a configuration or a node fails.
 pub(crate) async fn start_chain(
     scratch: &Path,
     names: &[&str],
-    secure: bool,
+    cipher: Option<Cipher>,
 ) -> Result<Vec<Node>, DemoError> {
     use crate::security::write_key_file;
     use linkbus_proto::secure::{Keypair, hex};
@@ -400,6 +396,9 @@ pub(crate) async fn start_chain(
         if i == names.len() - 1 && names.len() > 2 {
             yaml.push_str(&format!("routes: [ {{ to: {first}, via: {} }} ]\n", names[i - 1]));
         }
+        if let Some(cipher) = cipher {
+            yaml.push_str(&format!("security: {{ cipher: {} }}\n", cipher.name()));
+        }
         // Every node has `orders` (the last is where messages go; the first takes replies).
         yaml.push_str(
             "queues: [ { name: orders, order: fifo, queue_messages_max: 10000000 }, { name: urgent, order: fifo } ]\n",
@@ -409,7 +408,7 @@ pub(crate) async fn start_chain(
             client_socket: Some(dir.join(format!("{name}.sock"))),
             key_file: Some(dir.join(format!("{name}.key"))),
             psk_file: Some(dir.join("cluster.psk")),
-            insecure_plaintext: !secure,
+            insecure_plaintext: cipher.is_none(),
             ..Overrides::default()
         };
         let mut tree = config::parse_yaml(&yaml)?;
@@ -425,17 +424,17 @@ pub(crate) async fn start_chain(
 /// Puts `messages` numbered payloads of `size` bytes on the first node of a chain of
 /// `count` for `orders` on the last, takes them there, checks each, and returns messages
 /// per second from the first put to the last get (clients on the client sockets, or in
-/// the nodes' process with `in_process`).
+/// the nodes' process with `in_process`; links plaintext, or Noise with `cipher`).
 async fn through_nodes(
     scratch: &Path,
     count: usize,
-    secure: bool,
+    cipher: Option<Cipher>,
     in_process: bool,
     messages: usize,
     size: usize,
 ) -> Result<f64, DemoError> {
     let names: Vec<&str> = ["A", "B", "C", "D", "E"].into_iter().take(count).collect();
-    let report = crate::demo::deliver_through(scratch, &names, secure, in_process, messages, size).await?;
+    let report = crate::demo::deliver_through(scratch, &names, cipher, in_process, messages, size).await?;
     if !report.is_perfect() {
         return Err(DemoError::Io(std::io::Error::other(format!(
             "bench delivery was not perfect: {report}"
@@ -490,7 +489,7 @@ const URGENT_RATE: u32 = 20;
 /// `w7`: urgent messages' put-to-get latency while bulk traffic of every other level
 /// saturates the link, against the same on the idle link.
 async fn urgent_under_load(scratch: &Path, scale: Scale) -> Result<Row, DemoError> {
-    let nodes = start_chain(scratch, &["A", "B"], false).await?;
+    let nodes = start_chain(scratch, &["A", "B"], None).await?;
     let (a, b) = (nodes[0].socket_path().to_owned(), nodes[1].socket_path().to_owned());
     let seconds = scale.duration.as_secs_f64().max(0.5) * 2.0;
     let count = ((f64::from(URGENT_RATE) * seconds) as usize).max(10);
@@ -627,7 +626,7 @@ const PING_PONG_RATE: u32 = 1_000;
 /// at a time and at most [`PING_PONG_RATE`] a second, against the same over raw TCP; with
 /// `in_process`, both clients are in-process clients of their nodes.
 async fn ping_pong(scratch: &Path, rounds: usize, in_process: bool) -> Result<Row, DemoError> {
-    let nodes = start_chain(scratch, &["A", "B"], false).await?;
+    let nodes = start_chain(scratch, &["A", "B"], None).await?;
     let (a, b) = (&nodes[0], &nodes[1]);
     let mut echo = if in_process { b.client() } else { Client::connect(b.socket_path()).await? };
     let echoed = tokio::spawn(async move {

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use linkbus_plugin_api::{Address, Content};
+use linkbus_proto::secure::Cipher;
 
 use crate::client::{Client, ClientError};
 use crate::node::StartError;
@@ -159,10 +160,11 @@ fn index_of(payload: &[u8]) -> Option<usize> {
 /// [`DemoError`] when a node or client fails; a report with losses is not an error.
 pub async fn run(messages: usize, size: usize) -> Result<DemoReport, DemoError> {
     let scratch = crate::bench::Scratch::new("demo")?;
-    deliver_through(&scratch.0, &["A", "B", "C"], true, false, messages, size).await
+    deliver_through(&scratch.0, &["A", "B", "C"], Some(Cipher::fastest()), false, messages, size).await
 }
 
-/// Starts the chain `names` ([`crate::bench::start_chain`], under `scratch`), puts
+/// Starts the chain `names` ([`crate::bench::start_chain`], under `scratch`, its links
+/// plaintext or Noise with `cipher`), puts
 /// `messages` numbered payloads of `size` bytes on the first node for `orders` on the last,
 /// takes and checks them there, stops the nodes, and reports (timed from the first put to
 /// the last get). The producer and the consumer run on tasks of their own, as clients on
@@ -173,12 +175,12 @@ pub async fn run(messages: usize, size: usize) -> Result<DemoReport, DemoError> 
 pub(crate) async fn deliver_through(
     scratch: &std::path::Path,
     names: &[&str],
-    secure: bool,
+    cipher: Option<Cipher>,
     in_process: bool,
     messages: usize,
     size: usize,
 ) -> Result<DemoReport, DemoError> {
-    let nodes = crate::bench::start_chain(scratch, names, secure).await?;
+    let nodes = crate::bench::start_chain(scratch, names, cipher).await?;
     let (first, last) = (&nodes[0], &nodes[nodes.len() - 1]);
     let (mut producer, mut consumer) = if in_process {
         (first.client(), last.client())

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use linkbus_plugin_api::{ConfigErrors, ConfigIssue, NodeName};
-use linkbus_proto::secure::{KEY_BYTES, Keypair, Mode, SecureChannel, SecureError, hex, parse_key};
+use linkbus_proto::secure::{Cipher, KEY_BYTES, Keypair, Mode, SecureChannel, SecureError, hex, parse_key};
 
 use crate::config::Config;
 
@@ -17,6 +17,8 @@ use crate::config::Config;
 pub struct Security {
     /// Plaintext (only when configured) or Noise.
     pub mode: Mode,
+    /// The cipher of the Noise links this node dials.
+    pub cipher: Cipher,
     keys: Option<Keypair>,
     psk: Option<[u8; KEY_BYTES]>,
     peer_keys: Vec<(NodeName, [u8; KEY_BYTES])>,
@@ -28,7 +30,10 @@ pub struct Security {
 
 impl std::fmt::Debug for Security {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Security").field("mode", &self.mode).finish_non_exhaustive()
+        f.debug_struct("Security")
+            .field("mode", &self.mode)
+            .field("cipher", &self.cipher)
+            .finish_non_exhaustive()
     }
 }
 
@@ -91,10 +96,19 @@ impl Security {
     pub fn load(config: &Config) -> Result<Self, ConfigErrors> {
         let stamps = Mutex::new(HashMap::new());
         let skew_ms_max = config.security.clock_skew_max_s.saturating_mul(1000);
+        let cipher = config.security.cipher.unwrap_or_else(Cipher::fastest);
         // A node without peers has no links to protect (and needs no keys).
         if config.security.insecure_plaintext || config.peers.is_empty() {
             let mode = if config.security.insecure_plaintext { Mode::Plaintext } else { Mode::Noise };
-            return Ok(Self { mode, keys: None, psk: None, peer_keys: Vec::new(), stamps, skew_ms_max });
+            return Ok(Self {
+                mode,
+                cipher,
+                keys: None,
+                psk: None,
+                peer_keys: Vec::new(),
+                stamps,
+                skew_ms_max,
+            });
         }
         let mut issues = Vec::new();
         let mut issue = |path: &str, message: String| issues.push(ConfigIssue { path: path.into(), message });
@@ -121,7 +135,7 @@ impl Security {
             return Err(ConfigErrors(issues));
         }
         let peer_keys = config.peers.iter().filter_map(|p| Some((p.name.clone(), p.public_key?))).collect();
-        Ok(Self { mode: Mode::Noise, keys, psk, peer_keys, stamps, skew_ms_max })
+        Ok(Self { mode: Mode::Noise, cipher, keys, psk, peer_keys, stamps, skew_ms_max })
     }
 
     /// This node's public key, when it has one.
@@ -140,7 +154,7 @@ impl Security {
                 let remote = self
                     .key_of(peer)
                     .ok_or_else(|| SecureError::Key(format!("no public key for peer {peer}")))?;
-                SecureChannel::noise_dialer(keys, &remote, psk, unix_ms)
+                SecureChannel::noise_dialer(self.cipher, keys, &remote, psk, unix_ms)
             }
             (Mode::Noise, _, _) => Err(SecureError::Key("this node has no keys (it has no peers)".into())),
         }
@@ -152,8 +166,8 @@ impl Security {
     /// [`SecureError`] when a key cannot be used.
     pub fn listener(&self) -> Result<SecureChannel, SecureError> {
         match (self.mode, &self.keys, &self.psk) {
-            (Mode::Plaintext, _, _) => SecureChannel::listener(None),
-            (Mode::Noise, Some(keys), Some(psk)) => SecureChannel::listener(Some((keys, psk))),
+            (Mode::Plaintext, _, _) => Ok(SecureChannel::listener(None)),
+            (Mode::Noise, Some(keys), Some(psk)) => Ok(SecureChannel::listener(Some((keys, psk)))),
             (Mode::Noise, _, _) => Err(SecureError::Key("this node has no keys (it has no peers)".into())),
         }
     }

@@ -10,7 +10,7 @@ use divan::Bencher;
 use divan::counter::{BytesCount, ItemsCount};
 use linkbus_plugin_api::{Content, Message, MessageId, NodeName};
 use linkbus_proto::frame::{Frame, FrameDecoder, Packet};
-use linkbus_proto::secure::{KEY_BYTES, Keypair, SecureChannel};
+use linkbus_proto::secure::{Cipher, KEY_BYTES, Keypair, SecureChannel};
 use linkbus_proto::wire;
 
 /// Payload sizes every codec is measured at.
@@ -146,14 +146,15 @@ fn frame_decode_zero_copy(bencher: Bencher, size: usize) {
         .bench_local(|| decode_stream(&stream, frames, FrameDecoder::extend_bytes));
 }
 
-/// A dialer and a listener whose Noise handshake completed, as a link's two ends.
-fn noise_pair() -> (SecureChannel, SecureChannel) {
+/// A dialer and a listener whose Noise handshake with `cipher` completed, as a link's two
+/// ends.
+fn noise_pair(cipher: Cipher) -> (SecureChannel, SecureChannel) {
     let dialer_keys = Keypair::generate().expect("randomness");
     let listener_keys = Keypair::generate().expect("randomness");
     let psk = [7u8; KEY_BYTES];
-    let mut dialer =
-        SecureChannel::noise_dialer(&dialer_keys, &listener_keys.public, &psk, 1).expect("usable keys");
-    let mut listener = SecureChannel::listener(Some((&listener_keys, &psk))).expect("usable keys");
+    let mut dialer = SecureChannel::noise_dialer(cipher, &dialer_keys, &listener_keys.public, &psk, 1)
+        .expect("usable keys");
+    let mut listener = SecureChannel::listener(Some((&listener_keys, &psk)));
     let first = dialer.poll_transmit().expect("preamble and first handshake message");
     listener.handle_bytes(&first).expect("a valid first message");
     assert!(listener.identity().is_some(), "the listener identified the dialer");
@@ -165,10 +166,20 @@ fn noise_pair() -> (SecureChannel, SecureChannel) {
 }
 
 /// `SecureChannel::send` on one end, then `handle_received` and `take_plaintext` on the
-/// other: one buffer encrypted (in 16 KiB Noise messages) and decrypted.
+/// other: one buffer encrypted (in 16 KiB Noise messages) and decrypted, with AES-256-GCM.
 #[divan::bench(args = SIZES)]
 fn noise_encrypt_decrypt(bencher: Bencher, size: usize) {
-    let (mut dialer, mut listener) = noise_pair();
+    encrypt_decrypt(bencher, Cipher::AesGcm, size);
+}
+
+/// [`noise_encrypt_decrypt`] with ChaCha20-Poly1305.
+#[divan::bench(args = SIZES)]
+fn noise_encrypt_decrypt_chacha(bencher: Bencher, size: usize) {
+    encrypt_decrypt(bencher, Cipher::ChaChaPoly, size);
+}
+
+fn encrypt_decrypt(bencher: Bencher, cipher: Cipher, size: usize) {
+    let (mut dialer, mut listener) = noise_pair(cipher);
     let plaintext = vec![0x5a; size];
     bencher.counter(BytesCount::new(size)).bench_local(|| {
         dialer.send(divan::black_box(&plaintext)).expect("established");

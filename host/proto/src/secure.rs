@@ -1,9 +1,13 @@
 //! Link security: the preamble every connection opens with, and the Noise channel
-//! (`Noise_IKpsk2_25519_ChaChaPoly_BLAKE2s`) that carries the link frames.
+//! (`Noise_IKpsk2_25519_AESGCM_BLAKE2s` or `Noise_IKpsk2_25519_ChaChaPoly_BLAKE2s`) that
+//! carries the link frames.
 //!
 //! A connection starts with the dialer's 6-byte preamble: magic `LBUS`, preamble version,
-//! and the security mode (0 = plaintext, 1 = Noise). A node refuses a mode other than its
-//! own, so neither side can be talked down to plaintext. In Noise mode the dialer knows the
+//! and the security mode (0 = plaintext, 1 = Noise with ChaCha20-Poly1305, 2 = Noise with
+//! AES-256-GCM). A node refuses a mode other than its own, so neither side can be talked
+//! down to plaintext; a Noise listener takes either cipher (the dialer chooses, see
+//! [`Cipher`]), and both ends bind the preamble into the handshake, so a changed mode byte
+//! fails it. In Noise mode the dialer knows the
 //! listener's static key from its configuration (the IK pattern); the listener learns the
 //! dialer's static key from the first handshake message and must find it among its peers;
 //! both mix in the cluster's pre-shared key. The first message carries the dialer's clock
@@ -23,8 +27,6 @@ use std::collections::VecDeque;
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 
-/// The Noise protocol name.
-pub const NOISE_PARAMS: &str = "Noise_IKpsk2_25519_ChaChaPoly_BLAKE2s";
 /// First bytes of every connection.
 pub const PREAMBLE_MAGIC: [u8; 4] = *b"LBUS";
 /// Version of the preamble and handshake layout.
@@ -53,12 +55,65 @@ pub enum Mode {
     Noise,
 }
 
-impl Mode {
+/// The cipher of a Noise link. The dialer chooses; a listener takes either. Both are
+/// AEADs with 256-bit keys under the same handshake, so the choice is about speed only.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cipher {
+    /// ChaCha20-Poly1305: fast on any CPU, and constant-time without special instructions.
+    ChaChaPoly,
+    /// AES-256-GCM: about three times ChaCha20-Poly1305's speed on a CPU with AES and
+    /// carry-less multiplication instructions, much slower on one without.
+    AesGcm,
+}
+
+impl Cipher {
+    /// The names [`Cipher::from_name`] takes.
+    pub const NAMES: &str = "aes-256-gcm, chacha20-poly1305";
+
+    /// The cipher's name in configuration and logs.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::ChaChaPoly => "chacha20-poly1305",
+            Self::AesGcm => "aes-256-gcm",
+        }
+    }
+
+    /// The cipher called `name` (see [`Cipher::NAMES`]).
+    pub fn from_name(name: &str) -> Option<Self> {
+        [Self::AesGcm, Self::ChaChaPoly].into_iter().find(|c| c.name() == name)
+    }
+
+    /// The faster cipher on this CPU: AES-256-GCM where it has instructions for it, else
+    /// ChaCha20-Poly1305.
+    pub fn fastest() -> Self {
+        #[cfg(target_arch = "x86_64")]
+        let hardware =
+            std::arch::is_x86_feature_detected!("aes") && std::arch::is_x86_feature_detected!("pclmulqdq");
+        #[cfg(target_arch = "aarch64")]
+        let hardware = std::arch::is_aarch64_feature_detected!("aes");
+        #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+        let hardware = false;
+        if hardware { Self::AesGcm } else { Self::ChaChaPoly }
+    }
+
+    /// The Noise protocol name.
+    pub fn protocol(self) -> &'static str {
+        match self {
+            Self::ChaChaPoly => "Noise_IKpsk2_25519_ChaChaPoly_BLAKE2s",
+            Self::AesGcm => "Noise_IKpsk2_25519_AESGCM_BLAKE2s",
+        }
+    }
+
+    /// The preamble's mode byte.
     fn code(self) -> u8 {
         match self {
-            Self::Plaintext => 0,
-            Self::Noise => 1,
+            Self::ChaChaPoly => 1,
+            Self::AesGcm => 2,
         }
+    }
+
+    fn from_code(code: u8) -> Option<Self> {
+        [Self::ChaChaPoly, Self::AesGcm].into_iter().find(|c| c.code() == code)
     }
 }
 
@@ -90,11 +145,14 @@ pub enum SecureError {
 
 fn mode_name(code: u8) -> &'static str {
     match code {
-        0 => "plaintext",
-        1 => "Noise",
+        PLAINTEXT_CODE => "plaintext",
+        code if Cipher::from_code(code).is_some() => "Noise",
         _ => "unknown",
     }
 }
+
+/// The preamble's mode byte of a plaintext link.
+const PLAINTEXT_CODE: u8 = 0;
 
 /// A static key pair.
 #[derive(Clone, PartialEq, Eq)]
@@ -111,8 +169,8 @@ impl std::fmt::Debug for Keypair {
     }
 }
 
-fn params() -> snow::params::NoiseParams {
-    NOISE_PARAMS.parse().expect("the protocol name is valid")
+fn params(cipher: Cipher) -> snow::params::NoiseParams {
+    cipher.protocol().parse().expect("the protocol name is valid")
 }
 
 impl Keypair {
@@ -121,8 +179,9 @@ impl Keypair {
     /// # Errors
     /// [`SecureError::Key`] when the system has no randomness.
     pub fn generate() -> Result<Self, SecureError> {
-        let keys =
-            snow::Builder::new(params()).generate_keypair().map_err(|e| SecureError::Key(e.to_string()))?;
+        let keys = snow::Builder::new(params(Cipher::ChaChaPoly))
+            .generate_keypair()
+            .map_err(|e| SecureError::Key(e.to_string()))?;
         Ok(Self { private: to_key(&keys.private)?, public: to_key(&keys.public)? })
     }
 
@@ -166,9 +225,17 @@ pub fn parse_key(text: &str) -> Result<[u8; KEY_BYTES], SecureError> {
     Ok(key)
 }
 
+/// What a Noise listener answers with, once the preamble named the cipher.
+struct ListenerKeys {
+    keys: Keypair,
+    psk: [u8; KEY_BYTES],
+}
+
 enum State {
-    /// Listener: waiting for the preamble and, in Noise mode, the first handshake message.
-    Listening(Option<Box<snow::HandshakeState>>),
+    /// Listener: waiting for the preamble (in Noise mode with the keys to answer with).
+    Listening(Option<Box<ListenerKeys>>),
+    /// Listener, Noise: read the preamble, waiting for the first handshake message.
+    Greeted(Box<snow::HandshakeState>),
     /// Listener: read the first message; the host checks who it is, then accepts.
     Identified(Box<snow::HandshakeState>),
     /// Dialer: sent the first message, waiting for the second.
@@ -184,6 +251,8 @@ enum State {
 /// One connection's security layer; see the module doc.
 pub struct SecureChannel {
     mode: Mode,
+    /// A Noise link's cipher: the dialer's choice, known to the listener from the preamble.
+    cipher: Option<Cipher>,
     state: State,
     /// Bytes from the wire not yet processed.
     inbound: BytesMut,
@@ -203,19 +272,38 @@ pub struct SecureChannel {
 
 impl std::fmt::Debug for SecureChannel {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SecureChannel").field("mode", &self.mode).finish_non_exhaustive()
+        f.debug_struct("SecureChannel")
+            .field("mode", &self.mode)
+            .field("cipher", &self.cipher)
+            .finish_non_exhaustive()
     }
 }
 
-/// The prologue both ends bind into the handshake: the protocol label and the Noise
-/// preamble (`LBUS`, version 1, mode 1), so a handshake for another protocol, version or mode
-/// never completes.
-const NOISE_PROLOGUE: &[u8] = b"linkbus link v1LBUS\x01\x01";
+/// The protocol label both ends bind into the handshake, followed by the preamble (`LBUS`,
+/// version, mode), so a handshake for another protocol, version, mode or cipher never
+/// completes.
+const PROLOGUE_LABEL: &[u8; 15] = b"linkbus link v1";
 
-fn builder<'a>(keys: &'a Keypair, psk: &'a [u8; KEY_BYTES]) -> Result<snow::Builder<'a>, SecureError> {
+/// The prologue of a Noise link with `cipher`.
+fn prologue(cipher: Cipher) -> [u8; PROLOGUE_LABEL.len() + PREAMBLE_BYTES] {
+    let mut prologue = [0u8; PROLOGUE_LABEL.len() + PREAMBLE_BYTES];
+    let mut out = &mut prologue[..];
+    out.put_slice(PROLOGUE_LABEL);
+    out.put_slice(&PREAMBLE_MAGIC);
+    out.put_u8(PREAMBLE_VERSION);
+    out.put_u8(cipher.code());
+    prologue
+}
+
+fn builder<'a>(
+    cipher: Cipher,
+    prologue: &'a [u8],
+    keys: &'a Keypair,
+    psk: &'a [u8; KEY_BYTES],
+) -> Result<snow::Builder<'a>, SecureError> {
     let handshake = |e: snow::Error| SecureError::Handshake(e.to_string());
-    snow::Builder::new(params())
-        .prologue(NOISE_PROLOGUE)
+    snow::Builder::new(params(cipher))
+        .prologue(prologue)
         .map_err(handshake)?
         .local_private_key(&keys.private)
         .map_err(handshake)?
@@ -223,33 +311,35 @@ fn builder<'a>(keys: &'a Keypair, psk: &'a [u8; KEY_BYTES]) -> Result<snow::Buil
         .map_err(handshake)
 }
 
-fn preamble(mode: Mode, out: &mut BytesMut) {
+fn preamble(code: u8, out: &mut BytesMut) {
     out.put_slice(&PREAMBLE_MAGIC);
     out.put_u8(PREAMBLE_VERSION);
-    out.put_u8(mode.code());
+    out.put_u8(code);
 }
 
 impl SecureChannel {
     /// The dialer's side of a plaintext link: sends the preamble, then passes bytes through.
     pub fn plaintext_dialer() -> Self {
         let mut channel = Self::new(Mode::Plaintext, State::Plain);
-        preamble(Mode::Plaintext, &mut channel.outbound);
+        preamble(PLAINTEXT_CODE, &mut channel.outbound);
         channel
     }
 
-    /// The dialer's side of a Noise link to the node whose static key is `remote`: sends the
-    /// preamble and the first handshake message (carrying `unix_ms`).
+    /// The dialer's side of a Noise link with `cipher` to the node whose static key is
+    /// `remote`: sends the preamble and the first handshake message (carrying `unix_ms`).
     ///
     /// # Errors
     /// [`SecureError::Handshake`] when a key cannot be used.
     pub fn noise_dialer(
+        cipher: Cipher,
         keys: &Keypair,
         remote: &[u8; KEY_BYTES],
         psk: &[u8; KEY_BYTES],
         unix_ms: u64,
     ) -> Result<Self, SecureError> {
         let handshake = |e: snow::Error| SecureError::Handshake(e.to_string());
-        let mut hs = builder(keys, psk)?
+        let prologue = prologue(cipher);
+        let mut hs = builder(cipher, &prologue, keys, psk)?
             .remote_public_key(remote)
             .map_err(handshake)?
             .build_initiator()
@@ -257,23 +347,20 @@ impl SecureChannel {
         let mut message = vec![0u8; NOISE_MESSAGE_MAX];
         let len = hs.write_message(&unix_ms.to_be_bytes(), &mut message).map_err(handshake)?;
         let mut channel = Self::new(Mode::Noise, State::Dialing(Box::new(hs)));
-        preamble(Mode::Noise, &mut channel.outbound);
+        channel.cipher = Some(cipher);
+        preamble(cipher.code(), &mut channel.outbound);
         put_message(&mut channel.outbound, message.get(..len).unwrap_or_default());
         Ok(channel)
     }
 
-    /// The listener's side: `keys` and `psk` for Noise, `None` for plaintext.
-    ///
-    /// # Errors
-    /// [`SecureError::Handshake`] when a key cannot be used.
-    pub fn listener(noise: Option<(&Keypair, &[u8; KEY_BYTES])>) -> Result<Self, SecureError> {
+    /// The listener's side: `keys` and `psk` for Noise (with the cipher the dialer names),
+    /// `None` for plaintext.
+    pub fn listener(noise: Option<(&Keypair, &[u8; KEY_BYTES])>) -> Self {
         match noise {
-            None => Ok(Self::new(Mode::Plaintext, State::Listening(None))),
+            None => Self::new(Mode::Plaintext, State::Listening(None)),
             Some((keys, psk)) => {
-                let hs = builder(keys, psk)?
-                    .build_responder()
-                    .map_err(|e| SecureError::Handshake(e.to_string()))?;
-                Ok(Self::new(Mode::Noise, State::Listening(Some(Box::new(hs)))))
+                let keys = ListenerKeys { keys: keys.clone(), psk: *psk };
+                Self::new(Mode::Noise, State::Listening(Some(Box::new(keys))))
             }
         }
     }
@@ -281,6 +368,7 @@ impl SecureChannel {
     fn new(mode: Mode, state: State) -> Self {
         Self {
             mode,
+            cipher: None,
             state,
             inbound: BytesMut::new(),
             plaintext: BytesMut::new(),
@@ -295,6 +383,20 @@ impl SecureChannel {
     /// The security mode.
     pub fn mode(&self) -> Mode {
         self.mode
+    }
+
+    /// A Noise link's cipher (a listener's once it read the preamble).
+    pub fn cipher(&self) -> Option<Cipher> {
+        self.cipher
+    }
+
+    /// How the link is protected, for logs: `plaintext` or `Noise (CIPHER)`.
+    pub fn protection(&self) -> String {
+        match (self.mode, self.cipher) {
+            (Mode::Plaintext, _) => "plaintext".to_owned(),
+            (Mode::Noise, Some(cipher)) => format!("Noise ({})", cipher.name()),
+            (Mode::Noise, None) => "Noise".to_owned(),
+        }
     }
 
     /// Whether link frames can flow.
@@ -368,6 +470,11 @@ impl SecureChannel {
                         return Ok(());
                     }
                 }
+                State::Greeted(_) => {
+                    if !self.read_first_message()? {
+                        return Ok(());
+                    }
+                }
                 State::Identified(_) => return Ok(()),
                 State::Dialing(_) | State::Secure(_) => {
                     let Some(message) = take_message(&mut self.inbound) else { return Ok(()) };
@@ -377,31 +484,45 @@ impl SecureChannel {
         }
     }
 
-    /// Listener: reads the preamble and, in Noise mode, the first message; returns whether
-    /// the state moved on.
+    /// Listener: reads the preamble; returns whether the state moved on.
     fn read_preamble(&mut self) -> Result<bool, SecureError> {
-        let State::Listening(hs) = &mut self.state else { return Ok(false) };
+        let State::Listening(keys) = &self.state else { return Ok(false) };
         let Some(head) = self.inbound.get(..PREAMBLE_BYTES) else { return Ok(false) };
         if head.get(..4) != Some(&PREAMBLE_MAGIC[..]) || head.get(4) != Some(&PREAMBLE_VERSION) {
             return Err(SecureError::Preamble);
         }
         let theirs = head.get(5).copied().unwrap_or(u8::MAX);
-        if theirs != self.mode.code() {
-            return Err(SecureError::Mode { ours: mode_name(self.mode.code()), theirs: mode_name(theirs) });
-        }
-        let Some(hs) = hs.take() else {
-            self.inbound.advance(PREAMBLE_BYTES);
-            self.state = State::Plain;
-            return Ok(true);
+        let cipher = Cipher::from_code(theirs);
+        let state = match (keys, cipher) {
+            (None, None) if theirs == PLAINTEXT_CODE => State::Plain,
+            (Some(keys), Some(cipher)) => {
+                let prologue = prologue(cipher);
+                let hs = builder(cipher, &prologue, &keys.keys, &keys.psk)?
+                    .build_responder()
+                    .map_err(|e| SecureError::Handshake(e.to_string()))?;
+                self.cipher = Some(cipher);
+                State::Greeted(Box::new(hs))
+            }
+            (keys, _) => {
+                let ours = if keys.is_some() { "Noise" } else { "plaintext" };
+                return Err(SecureError::Mode { ours, theirs: mode_name(theirs) });
+            }
         };
-        let mut rest = self.inbound.clone();
-        rest.advance(PREAMBLE_BYTES);
-        let Some(message) = take_message(&mut rest) else {
-            self.state = State::Listening(Some(hs));
+        self.inbound.advance(PREAMBLE_BYTES);
+        self.state = state;
+        Ok(true)
+    }
+
+    /// Listener, Noise: reads the first handshake message; returns whether the state moved
+    /// on.
+    fn read_first_message(&mut self) -> Result<bool, SecureError> {
+        if !matches!(self.state, State::Greeted(_)) {
+            return Ok(false);
+        }
+        let Some(message) = take_message(&mut self.inbound) else { return Ok(false) };
+        let State::Greeted(mut hs) = std::mem::replace(&mut self.state, State::Failed) else {
             return Ok(false);
         };
-        self.inbound = rest;
-        let mut hs = hs;
         let mut payload = vec![0u8; NOISE_MESSAGE_MAX];
         let len =
             hs.read_message(&message, &mut payload).map_err(|e| SecureError::Handshake(e.to_string()))?;

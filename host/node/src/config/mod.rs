@@ -9,6 +9,7 @@ mod read;
 use std::path::PathBuf;
 
 use linkbus_plugin_api::{ConfigValue, NodeName, QueueName, Reliability};
+use linkbus_proto::secure::Cipher;
 
 pub use read::{Overrides, apply_overrides, from_value, load_file, parse_yaml};
 
@@ -126,11 +127,21 @@ pub struct SecuritySettings {
     /// (a stamp further ahead is refused, so a handshake recorded from a node with a wrong
     /// clock cannot be replayed later). Message lifetimes never compare clocks.
     pub clock_skew_max_s: u64,
+    /// The cipher of the Noise links this node dials (`security.cipher`); `None` (`auto`)
+    /// takes the faster on this CPU. A node answers a link in whichever cipher its dialer
+    /// chose.
+    pub cipher: Option<Cipher>,
 }
 
 impl Default for SecuritySettings {
     fn default() -> Self {
-        Self { insecure_plaintext: false, key_file: None, psk_file: None, clock_skew_max_s: 600 }
+        Self {
+            insecure_plaintext: false,
+            key_file: None,
+            psk_file: None,
+            clock_skew_max_s: 600,
+            cipher: None,
+        }
     }
 }
 

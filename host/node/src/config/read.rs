@@ -9,6 +9,7 @@ use linkbus_plugin_api::registry::{self, BuildContext, Factory};
 use linkbus_plugin_api::{
     ConfigErrors, ConfigIssue, ConfigValue, Diagnostics, NodeName, QueueName, Reliability, Section,
 };
+use linkbus_proto::secure::Cipher;
 
 use super::{
     Config, EventSettings, LinkSettings, MessageSettings, NodeSettings, PACKET_OVERHEAD_BYTES, PeerConfig,
@@ -457,6 +458,13 @@ fn read_security(root: &Section<'_>) -> SecuritySettings {
         key_file: s.string("key_file").map(PathBuf::from),
         psk_file: s.string("psk_file").map(PathBuf::from),
         clock_skew_max_s: s.number("clock_skew_max_s", d.clock_skew_max_s, 1, 7 * 86_400),
+        cipher: s.string("cipher").and_then(|name| match name.as_str() {
+            "auto" => None,
+            name => Cipher::from_name(name).or_else(|| {
+                s.error("cipher", format!("unknown cipher '{name}'; expected auto, {}", Cipher::NAMES));
+                None
+            }),
+        }),
     };
     s.finish();
     settings

@@ -620,7 +620,8 @@ impl Link {
         self.rerecord_sent();
         self.record_acked();
         drop(hold);
-        info!(peer = self.peer(), peer_restarted, resent, resumed_bytes, "Link up.");
+        let security = self.active.as_ref().map(|a| a.secure.protection()).unwrap_or_default();
+        info!(peer = self.peer(), security, peer_restarted, resent, resumed_bytes, "Link up.");
         if lost_by_peer > 0 {
             warn!(
                 peer = self.peer(),

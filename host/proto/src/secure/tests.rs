@@ -34,47 +34,84 @@ fn pump(e: &mut Ends) -> Result<(), SecureError> {
 }
 
 #[test]
-fn noise_handshake_and_transport_both_ways() {
-    let (a, b, psk) = keys();
-    let dialer = SecureChannel::noise_dialer(&a, &b.public, &psk, 1_000).unwrap();
-    let listener = SecureChannel::listener(Some((&b, &psk))).unwrap();
-    let mut e = Ends { dialer, listener };
-    e.dialer.handle_bytes(&[]).unwrap();
-    let first = e.dialer.poll_transmit().unwrap();
-    e.listener.handle_bytes(&first).unwrap();
-    assert_eq!(e.listener.identity(), Some((a.public, 1_000)), "the listener learns who dials, and when");
-    e.listener.accept().unwrap();
-    e.dialer.handle_bytes(&e.listener.poll_transmit().unwrap()).unwrap();
-    assert!(e.dialer.is_established() && e.listener.is_established());
+fn noise_handshake_and_transport_both_ways_with_either_cipher() {
+    for cipher in [Cipher::AesGcm, Cipher::ChaChaPoly] {
+        let (a, b, psk) = keys();
+        let dialer = SecureChannel::noise_dialer(cipher, &a, &b.public, &psk, 1_000).unwrap();
+        let listener = SecureChannel::listener(Some((&b, &psk)));
+        let mut e = Ends { dialer, listener };
+        e.dialer.handle_bytes(&[]).unwrap();
+        let first = e.dialer.poll_transmit().unwrap();
+        assert_eq!(first[5], cipher.code(), "the preamble names the cipher");
+        // The preamble alone, then the rest: the listener waits for the whole first message.
+        e.listener.handle_bytes(&first[..PREAMBLE_BYTES + 1]).unwrap();
+        assert_eq!(e.listener.identity(), None);
+        e.listener.handle_bytes(&first[PREAMBLE_BYTES + 1..]).unwrap();
+        assert_eq!(e.listener.identity(), Some((a.public, 1_000)), "the listener learns who dials, and when");
+        assert_eq!(e.listener.cipher(), Some(cipher), "and with which cipher");
+        e.listener.accept().unwrap();
+        e.dialer.handle_bytes(&e.listener.poll_transmit().unwrap()).unwrap();
+        assert!(e.dialer.is_established() && e.listener.is_established());
+        assert_eq!(e.dialer.protection(), format!("Noise ({})", cipher.name()));
 
-    let big: Vec<u8> = (0..200_000u32).map(|i| i as u8).collect();
-    e.dialer.send(&big).unwrap();
-    let wire = e.dialer.poll_transmit().unwrap();
-    assert!(!wire.windows(64).any(|w| w == &big[1000..1064]), "the wire carries no plaintext");
-    // Any split of the wire decrypts the same.
-    for piece in wire.chunks(777) {
-        e.listener.handle_bytes(piece).unwrap();
+        let big: Vec<u8> = (0..200_000u32).map(|i| i as u8).collect();
+        e.dialer.send(&big).unwrap();
+        let wire = e.dialer.poll_transmit().unwrap();
+        assert!(!wire.windows(64).any(|w| w == &big[1000..1064]), "the wire carries no plaintext");
+        // Any split of the wire decrypts the same.
+        for piece in wire.chunks(777) {
+            e.listener.handle_bytes(piece).unwrap();
+        }
+        assert_eq!(e.listener.take_plaintext().unwrap(), big);
+        e.listener.send(b"back").unwrap();
+        e.dialer.handle_bytes(&e.listener.poll_transmit().unwrap()).unwrap();
+        assert_eq!(&e.dialer.take_plaintext().unwrap()[..], b"back");
     }
-    assert_eq!(e.listener.take_plaintext().unwrap(), big);
-    e.listener.send(b"back").unwrap();
-    e.dialer.handle_bytes(&e.listener.poll_transmit().unwrap()).unwrap();
-    assert_eq!(&e.dialer.take_plaintext().unwrap()[..], b"back");
+}
+
+#[test]
+fn a_cipher_changed_on_the_way_fails_the_handshake() {
+    let (a, b, psk) = keys();
+    for (cipher, other) in [(Cipher::AesGcm, Cipher::ChaChaPoly), (Cipher::ChaChaPoly, Cipher::AesGcm)] {
+        let mut dialer = SecureChannel::noise_dialer(cipher, &a, &b.public, &psk, 1).unwrap();
+        let mut first = BytesMut::from(&dialer.poll_transmit().unwrap()[..]);
+        first[5] = other.code();
+        let mut listener = SecureChannel::listener(Some((&b, &psk)));
+        assert!(matches!(listener.handle_bytes(&first), Err(SecureError::Handshake(_))), "{cipher:?}");
+        assert_eq!(listener.identity(), None);
+    }
+    let mut listener = SecureChannel::listener(Some((&b, &psk)));
+    assert_eq!(
+        listener.handle_bytes(b"LBUS\x01\x07"),
+        Err(SecureError::Mode { ours: "Noise", theirs: "unknown" })
+    );
+}
+
+#[test]
+fn cipher_names_read_back_and_the_fastest_is_one_of_them() {
+    for cipher in [Cipher::AesGcm, Cipher::ChaChaPoly] {
+        assert_eq!(Cipher::from_name(cipher.name()), Some(cipher));
+        assert!(Cipher::NAMES.contains(cipher.name()));
+        assert!(cipher.protocol().parse::<snow::params::NoiseParams>().is_ok());
+    }
+    assert_eq!(Cipher::from_name("aes"), None);
+    assert!(Cipher::from_name(Cipher::fastest().name()).is_some());
 }
 
 #[test]
 fn a_wrong_cluster_key_or_an_unexpected_static_key_never_gets_through() {
     let (a, b, psk) = keys();
     let mut e = Ends {
-        dialer: SecureChannel::noise_dialer(&a, &b.public, &[8u8; KEY_BYTES], 1).unwrap(),
-        listener: SecureChannel::listener(Some((&b, &psk))).unwrap(),
+        dialer: SecureChannel::noise_dialer(Cipher::AesGcm, &a, &b.public, &[8u8; KEY_BYTES], 1).unwrap(),
+        listener: SecureChannel::listener(Some((&b, &psk))),
     };
     assert!(matches!(pump(&mut e), Err(SecureError::Handshake(_))), "wrong PSK");
     assert!(e.listener.take_plaintext().is_none());
 
     let c = Keypair::generate().unwrap();
     let mut e = Ends {
-        dialer: SecureChannel::noise_dialer(&a, &c.public, &psk, 1).unwrap(),
-        listener: SecureChannel::listener(Some((&b, &psk))).unwrap(),
+        dialer: SecureChannel::noise_dialer(Cipher::AesGcm, &a, &c.public, &psk, 1).unwrap(),
+        listener: SecureChannel::listener(Some((&b, &psk))),
     };
     assert!(pump(&mut e).is_err(), "the dialer expected another listener");
 }
@@ -83,8 +120,8 @@ fn a_wrong_cluster_key_or_an_unexpected_static_key_never_gets_through() {
 fn tampering_after_the_handshake_ends_the_connection() {
     let (a, b, psk) = keys();
     let mut e = Ends {
-        dialer: SecureChannel::noise_dialer(&a, &b.public, &psk, 1).unwrap(),
-        listener: SecureChannel::listener(Some((&b, &psk))).unwrap(),
+        dialer: SecureChannel::noise_dialer(Cipher::AesGcm, &a, &b.public, &psk, 1).unwrap(),
+        listener: SecureChannel::listener(Some((&b, &psk))),
     };
     pump(&mut e).unwrap();
     e.dialer.send(b"hello").unwrap();
@@ -105,19 +142,19 @@ fn modes_must_match_and_strangers_are_refused() {
     let (a, b, psk) = keys();
     let mut downgrade = Ends {
         dialer: SecureChannel::plaintext_dialer(),
-        listener: SecureChannel::listener(Some((&b, &psk))).unwrap(),
+        listener: SecureChannel::listener(Some((&b, &psk))),
     };
     assert_eq!(pump(&mut downgrade), Err(SecureError::Mode { ours: "Noise", theirs: "plaintext" }));
     let mut upgrade = Ends {
-        dialer: SecureChannel::noise_dialer(&a, &b.public, &psk, 1).unwrap(),
-        listener: SecureChannel::listener(None).unwrap(),
+        dialer: SecureChannel::noise_dialer(Cipher::AesGcm, &a, &b.public, &psk, 1).unwrap(),
+        listener: SecureChannel::listener(None),
     };
     assert_eq!(pump(&mut upgrade), Err(SecureError::Mode { ours: "plaintext", theirs: "Noise" }));
-    let mut stranger = SecureChannel::listener(None).unwrap();
+    let mut stranger = SecureChannel::listener(None);
     assert_eq!(stranger.handle_bytes(b"GET / HTTP/1.1\r\n"), Err(SecureError::Preamble));
 
     let mut plain =
-        Ends { dialer: SecureChannel::plaintext_dialer(), listener: SecureChannel::listener(None).unwrap() };
+        Ends { dialer: SecureChannel::plaintext_dialer(), listener: SecureChannel::listener(None) };
     pump(&mut plain).unwrap();
     plain.dialer.send(b"clear").unwrap();
     plain.listener.handle_bytes(&plain.dialer.poll_transmit().unwrap()).unwrap();
@@ -163,7 +200,7 @@ fn passing_through_and_copying_keep_the_order_in_both_modes() {
     let want: Vec<u8> = parts.iter().flat_map(|p| p.iter().copied()).collect();
 
     let mut plain =
-        Ends { dialer: SecureChannel::plaintext_dialer(), listener: SecureChannel::listener(None).unwrap() };
+        Ends { dialer: SecureChannel::plaintext_dialer(), listener: SecureChannel::listener(None) };
     // The preamble still waits in the dialer: it must go out first, before passed-through bytes.
     assert_eq!(carry_mixed(&mut plain.dialer, &mut plain.listener, &parts), want);
     assert_eq!(carry_mixed(&mut plain.listener, &mut plain.dialer, &parts), want);
@@ -175,8 +212,8 @@ fn passing_through_and_copying_keep_the_order_in_both_modes() {
 
     let (a, b, psk) = keys();
     let mut noise = Ends {
-        dialer: SecureChannel::noise_dialer(&a, &b.public, &psk, 1).unwrap(),
-        listener: SecureChannel::listener(Some((&b, &psk))).unwrap(),
+        dialer: SecureChannel::noise_dialer(Cipher::AesGcm, &a, &b.public, &psk, 1).unwrap(),
+        listener: SecureChannel::listener(Some((&b, &psk))),
     };
     noise.dialer.handle_bytes(&[]).unwrap();
     pump(&mut noise).unwrap();

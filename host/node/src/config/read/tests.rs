@@ -37,6 +37,7 @@ queues:
   - { name: b, order: lifo }
   - { name: a, colour: red }
 links: { ping_interval_ms: 0 }
+security: { cipher: rot13 }
 typo: 1
 ",
     );
@@ -47,6 +48,7 @@ typo: 1
         "queues[2].colour: unknown key",
         "queues[2].name: queue 'a' is declared twice",
         "links.ping_interval_ms: 0 is out of range",
+        "security.cipher: unknown cipher 'rot13'; expected auto, aes-256-gcm, chacha20-poly1305",
         "typo: unknown key",
     ];
     for e in expected {
