@@ -8,6 +8,7 @@
 //! - [`session`]: the per-neighbour session state machine (handshake, sequence numbers,
 //!   cumulative ACK, resend after reconnect, keepalive).
 //! - [`reader`]: the bounds-checked byte reader every decoder uses.
+//! - [`recycle`]: large buffers used again instead of freed.
 //! - [`secure`]: the connection preamble and the Noise IKpsk2 channel under the frames.
 #![forbid(unsafe_code)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::indexing_slicing))]
@@ -15,6 +16,7 @@
 pub mod channel;
 pub mod frame;
 pub mod reader;
+pub mod recycle;
 pub mod secure;
 pub mod session;
 pub mod wire;

@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::time::Instant;
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use linkbus_plugin_api::Message;
 
 use crate::frame::ChannelPosition;
@@ -109,7 +109,8 @@ struct Assembly {
     sequence: u64,
     total: u64,
     crc: u32,
-    bytes: BytesMut,
+    /// Its bytes so far, in a buffer with room for all of them (up to a bound).
+    bytes: Vec<u8>,
     /// When its first packet arrived (the lifetime it carries was counted from then).
     started: Instant,
 }
@@ -205,7 +206,7 @@ impl Receiver {
                 sequence: p.sequence,
                 total: p.total,
                 crc: p.crc,
-                bytes: BytesMut::with_capacity(room),
+                bytes: crate::recycle::buffer(room),
                 started: now,
             });
         }
@@ -223,7 +224,7 @@ impl Receiver {
         }
         self.assembly.take().map_or(PacketOutcome::Partial, |a| PacketOutcome::Complete {
             first: a.started,
-            message: a.bytes.freeze(),
+            message: crate::recycle::freeze(a.bytes),
             assembled: true,
         })
     }
