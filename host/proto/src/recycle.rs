@@ -25,8 +25,7 @@ struct Kept {
 }
 
 /// An empty buffer with room for `capacity` bytes: a kept one when there is one large
-/// enough (and not more than twice as large), else a new one (a large one with room to
-/// spare).
+/// enough (and not more than twice as large), else a new one.
 pub fn buffer(capacity: usize) -> Vec<u8> {
     if capacity >= RECYCLE_BYTES_MIN {
         let mut kept = KEPT.lock().unwrap_or_else(PoisonError::into_inner);
@@ -36,10 +35,6 @@ pub fn buffer(capacity: usize) -> Vec<u8> {
             kept.bytes -= buffer.capacity();
             return buffer;
         }
-        // An eighth more, so the buffer also serves a slightly larger request later (a
-        // message's payload, then the message with its head); pages never written cost
-        // nothing.
-        return Vec::with_capacity(capacity.saturating_add(capacity / 8));
     }
     Vec::with_capacity(capacity)
 }
