@@ -235,8 +235,8 @@ struct Targets<'a> {
 enum Target<'a> {
     /// A local queue.
     Local(&'a Arc<LocalQueue>),
-    /// On through a link: the copy for the recipients routed there.
-    Forward(&'a Arc<LinkHandle>, Box<Message>),
+    /// On through a link, for the recipients routed there.
+    Forward(&'a Arc<LinkHandle>, Vec<Address>),
 }
 
 /// The recipients routed through one link, or why some cannot be reached.
@@ -250,13 +250,12 @@ fn push_failed<T>(groups: &mut Vec<Result<T, Failed>>, code: DeadLetterCode, rea
     }
 }
 
-/// The copy of `message` that goes to `recipients` (all of its own when they are all).
-fn copy_for(message: &Message, recipients: &[linkbus_plugin_api::Address]) -> Message {
-    let mut copy = message.clone();
-    if recipients.len() != copy.content.recipients.len() {
-        copy.content.recipients = recipients.to_vec();
+/// `message` as it goes to `recipients` (all of its own when they are all).
+fn addressed_to(mut message: Message, recipients: Vec<linkbus_plugin_api::Address>) -> Message {
+    if recipients.len() != message.content.recipients.len() {
+        message.content.recipients = recipients;
     }
-    copy
+    message
 }
 
 /// Why a message goes to the dead-letter queue: the code, a reason for people, and the
@@ -583,10 +582,11 @@ impl NodeState {
         for (index, content) in contents.into_iter().enumerate() {
             let message = self.prepare(index, content, created_unix_ms)?;
             let tracking = self.track([&message]).map_err(|e| put_error(index, e))?;
-            self.dispatch(&message, Instant::now()).map_err(|e| put_error(index, e))?;
+            let (sequence, here) = (message.id.sequence, self.results_here(&message));
+            self.dispatch(message, Instant::now()).map_err(|e| put_error(index, e))?;
             tracking.keep();
-            self.delivered_here(&message);
-            sequences.push(message.id.sequence);
+            self.delivered_here(here);
+            sequences.push(sequence);
         }
         // Blocking: this form is for callers outside the runtime (tests, tools).
         self.committer.sync_blocking().map_err(|e| PutError {
@@ -650,13 +650,21 @@ impl NodeState {
                 }
                 _ => (deadline, timeout),
             };
+            let (sequence, here) = (message.id.sequence, self.results_here(&message));
+            let is_persistent = message.content.reliability == Reliability::Persistent;
             loop {
                 let room = self.room.notified();
                 tokio::pin!(room);
                 room.as_mut().enable();
-                match self.dispatch(&message, now) {
-                    Ok(()) => break,
+                let admission = self.admission.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                match self.admit(&message) {
+                    Ok(targets) => {
+                        self.push(message, targets, now).map_err(|e| put_error(index, e))?;
+                        drop(admission);
+                        break;
+                    }
                     Err((ErrorCode::Full, reason)) => {
+                        drop(admission);
                         let waited = tokio::time::Instant::now() < deadline
                             && tokio::time::timeout_at(deadline, room).await.is_ok();
                         now = Instant::now();
@@ -669,9 +677,9 @@ impl NodeState {
                 }
             }
             tracking.keep();
-            self.delivered_here(&message);
-            *persistent |= message.content.reliability == Reliability::Persistent;
-            sequences.push(message.id.sequence);
+            self.delivered_here(here);
+            *persistent |= is_persistent;
+            sequences.push(sequence);
         }
         Ok((sequences, created_unix_ms))
     }
@@ -698,13 +706,20 @@ impl NodeState {
 
     /// Records an accepted message that wants results as delivered to its recipients on
     /// this node.
-    fn delivered_here(&self, message: &Message) {
-        if !message.content.results {
-            return;
+    fn delivered_here(&self, here: Option<(MessageId, Vec<Address>)>) {
+        let Some((id, recipients)) = here else { return };
+        for to in &recipients {
+            self.record_result(&id, to, Outcome::Delivered);
         }
-        for to in message.content.recipients.iter().filter(|to| &to.node == self.name()) {
-            self.record_result(&message.id, to, Outcome::Delivered);
-        }
+    }
+
+    /// What [`NodeState::delivered_here`] records for `message` once it is queued: its
+    /// recipients on this node, when it wants results.
+    fn results_here(&self, message: &Message) -> Option<(MessageId, Vec<Address>)> {
+        message.content.results.then(|| {
+            let here = message.content.recipients.iter().filter(|to| &to.node == self.name());
+            (message.id.clone(), here.cloned().collect())
+        })
     }
 
     /// Reports what became of a message at some of its recipients to its origin: recorded
@@ -735,7 +750,7 @@ impl NodeState {
             return warn!(id = %to.id, error = %e, "Result message not valid; dropped.");
         }
         let message = self.stamp(content, crate::clock::unix_ms());
-        if let Err((_, reason)) = self.dispatch_own(&message, Instant::now()) {
+        if let Err((_, reason)) = self.dispatch_own(message, Instant::now()) {
             self.results_dropped.fetch_add(1, Ordering::Relaxed);
             debug!(id = %to.id, reason, "Result message dropped.");
         }
@@ -823,17 +838,23 @@ impl NodeState {
     /// Queues one accepted message: into local queues for recipients on this node, and once
     /// onto each link whose node has recipients. Room is checked everywhere first, so a
     /// refusal leaves nothing queued (unless a concurrent put takes the room in between).
-    fn dispatch(&self, message: &Message, now: Instant) -> Result<(), (ErrorCode, String)> {
+    fn dispatch(&self, message: Message, now: Instant) -> Result<(), (ErrorCode, String)> {
         let _admission = self.admission.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         self.dispatch_own(message, now)
     }
 
     /// Like [`NodeState::dispatch`] for the node's own messages (events, results), without
     /// the admission lock: they never wait behind client puts.
-    fn dispatch_own(&self, message: &Message, now: Instant) -> Result<(), (ErrorCode, String)> {
+    fn dispatch_own(&self, message: Message, now: Instant) -> Result<(), (ErrorCode, String)> {
+        let targets = self.admit(&message)?;
+        self.push(message, targets, now)
+    }
+
+    /// Where `message` goes, once room for it was found everywhere.
+    fn admit(&self, message: &Message) -> Result<Targets<'_>, (ErrorCode, String)> {
         let targets = self.targets(message)?;
         self.check_room(&[(message, &targets)], &[])?;
-        self.push(message, targets, now)
+        Ok(targets)
     }
 
     /// Reads the configuration again (file and overrides) and takes up its routes and
@@ -987,12 +1008,21 @@ impl NodeState {
     /// client puts and commits; deliveries from links, events and result messages do not
     /// take it and may overfill a queue a little). A message is never queued in some places
     /// and refused in others.
-    fn push(&self, message: &Message, targets: Targets<'_>, now: Instant) -> Result<(), (ErrorCode, String)> {
+    fn push(&self, message: Message, targets: Targets<'_>, now: Instant) -> Result<(), (ErrorCode, String)> {
+        // The last target gets the message itself; those before, copies.
+        let mut left = targets.local.len() + targets.remote.len();
+        let mut message = Some(message);
+        let mut take = || {
+            left -= 1;
+            if left == 0 { message.take() } else { message.clone() }
+        };
         for queue in targets.local {
-            queue.push_bounded(message.clone(), now, u64::MAX).map_err(|e| queue_error(&e))?;
+            let Some(this) = take() else { break };
+            queue.push_bounded(this, now, u64::MAX).map_err(|e| queue_error(&e))?;
         }
         for (link, recipients) in targets.remote {
-            link.enqueue_checked(copy_for(message, &recipients), now);
+            let Some(this) = take() else { break };
+            link.enqueue_checked(addressed_to(this, recipients), now);
         }
         Ok(())
     }
@@ -1051,12 +1081,12 @@ impl NodeState {
                     // a crash keeps all of the commit or none of it.
                     let hold = self.committer.hold();
                     for (done, (message, targets)) in planned.into_iter().enumerate() {
-                        if let Err((_, e)) = self.push(message, targets, now) {
+                        if let Err((_, e)) = self.push(message.clone(), targets, now) {
                             drop(admission);
                             // Those queued stay tracked (the one that failed may be in some
                             // of its queues: its results are not followed).
                             tracking.keep_these(&messages[..done]);
-                            messages[..done].iter().for_each(|m| self.delivered_here(m));
+                            messages[..done].iter().for_each(|m| self.delivered_here(self.results_here(m)));
                             return Err(CommitError::Partly(format!(
                                 "{done} of {} puts were queued, then: {e}",
                                 messages.len()
@@ -1075,7 +1105,7 @@ impl NodeState {
                     tracking.keep();
                     drop(hold);
                     drop(admission);
-                    messages.iter().for_each(|m| self.delivered_here(m));
+                    messages.iter().for_each(|m| self.delivered_here(self.results_here(m)));
                     // Stored puts, and the acknowledged gets' deletes, are durable first.
                     let persistent =
                         messages.iter().any(|m| m.content.reliability == Reliability::Persistent)
@@ -1154,8 +1184,7 @@ impl NodeState {
         let persistent = message.content.reliability == Reliability::Persistent;
         let hold = (persistent && self.store.durable()).then(|| self.committer.hold());
         let last = (targets.len() + forwards.len()).saturating_sub(1);
-        let forwards =
-            forwards.into_iter().map(|f| f.map(|(link, copy)| Target::Forward(link, Box::new(copy))));
+        let forwards = forwards.into_iter().map(|f| f.map(|(link, to)| Target::Forward(link, to)));
         let all = targets.into_iter().map(|t| t.map(Target::Local)).chain(forwards);
         let id = message.id.clone();
         // The last target that needs the message itself gets it; those before, copies.
@@ -1164,8 +1193,11 @@ impl NodeState {
             let with_this = if index == last { std::mem::take(&mut with) } else { Batch::new() };
             let mut this = || if index == last { message.take() } else { message.clone() };
             match target {
-                Ok(Target::Forward(link, copy)) => {
-                    if let Some(unused) = link.enqueue_with(*copy, now, with_this) {
+                Ok(Target::Forward(link, recipients)) => {
+                    let this = this().expect("the message is moved out at the last target only");
+                    let mut copy = addressed_to(this, recipients);
+                    copy.hop_count = copy.hop_count.saturating_add(1);
+                    if let Some(unused) = link.enqueue_with(copy, now, with_this) {
                         self.committer.write(unused);
                     }
                 }
@@ -1231,10 +1263,11 @@ impl NodeState {
         targets
     }
 
-    /// Where an arriving message goes on from this node (a relay): one copy per next hop,
-    /// naming the recipients routed through it, its hop count raised — or why those
-    /// recipients cannot be reached (no route, the hop limit, a full transmission queue).
-    fn forward_targets(&self, message: &Message) -> Vec<Result<(&Arc<LinkHandle>, Message), Failed>> {
+    /// Where an arriving message goes on from this node (a relay): each next hop with the
+    /// recipients routed through it (it gets a copy naming them, its hop count raised) — or
+    /// why those recipients cannot be reached (no route, the hop limit, a full transmission
+    /// queue).
+    fn forward_targets(&self, message: &Message) -> Vec<Group<'_>> {
         let mut groups: Vec<Group<'_>> = Vec::new();
         for to in message.content.recipients.iter().filter(|to| &to.node != self.name()) {
             if u64::from(message.hop_count) >= self.config.messages.hop_count_max {
@@ -1255,21 +1288,22 @@ impl NodeState {
                 Err(reason) => push_failed(&mut groups, DeadLetterCode::NoRoute, reason, to),
             }
         }
+        let others = message_bytes_len(message) - recipients_encoded_len(&message.content.recipients);
         groups
             .into_iter()
             .map(|group| {
                 let (link, recipients) = group?;
-                let mut copy = copy_for(message, &recipients);
-                copy.hop_count = message.hop_count.saturating_add(1);
-                if !link.has_room_for(&copy) {
+                // The copy for this link names only the recipients routed through it.
+                let bytes = others + recipients_encoded_len(&recipients);
+                if !link.has_room_for_many(message, 1, bytes as u64) {
                     let reason = format!(
                         "the transmission queue to {} is full ({})",
                         link.peer.name,
-                        link.fill(&copy)
+                        link.fill(message)
                     );
                     return Err((DeadLetterCode::QueueFull, reason, recipients));
                 }
-                Ok((link, copy))
+                Ok((link, recipients))
             })
             .collect()
     }
@@ -1306,7 +1340,7 @@ impl NodeState {
                 continue;
             }
             let message = self.stamp(copy, crate::clock::unix_ms());
-            if let Err((_, reason)) = self.dispatch_own(&message, now) {
+            if let Err((_, reason)) = self.dispatch_own(message, now) {
                 self.events_dropped.fetch_add(1, Ordering::Relaxed);
                 tracing::debug!(kind = %event.kind, reason, "Event copy dropped.");
             }
