@@ -317,6 +317,13 @@ fn a_receiver_restarted_behind_volatile_numbers_gets_them_as_skips() {
     let volatile: String = (1..=50).map(|n| format!("v{n}\n")).collect();
     put_lines(&s, "B:q", &volatile, "--volatile");
     assert_eq!(take_from_b(&s, 51), format!("p1\n{volatile}"));
+    // B's acknowledgement of all 51 must reach A before B dies (else A still holds the
+    // volatile ones and sends them again as they are, not as skips).
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !stdout(&s.run(&["status", "--node", "A"])).contains("acked 51,") {
+        assert!(std::time::Instant::now() < deadline, "A never heard B acknowledge all 51");
+        std::thread::sleep(Duration::from_millis(20));
+    }
     b.kill();
 
     let mut b = pair.start_b(&s);

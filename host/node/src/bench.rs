@@ -199,9 +199,10 @@ async fn two_nodes(scratch: &Path, scale: Scale, size: usize, full: usize) -> Re
     Ok([sockets, inside])
 }
 
-/// Per round: `w1`'s case over the client sockets (two nodes, plaintext), then each of
+/// Per round: `w1`'s case over the client sockets (two nodes, plaintext) and each of
 /// `cases` (a chain of that many nodes, its links plaintext or Noise with that cipher),
-/// clients on the client sockets; the rates of `w1` and of each case, round by round.
+/// clients on the client sockets, in an order that turns from round to round; the rates of
+/// `w1` and of each case, round by round.
 async fn beside_w1<const N: usize>(
     scratch: &Path,
     scale: Scale,
@@ -211,10 +212,16 @@ async fn beside_w1<const N: usize>(
 ) -> Result<(Vec<f64>, [Vec<f64>; N]), DemoError> {
     let mut plain = Vec::with_capacity(scale.rounds);
     let mut rates = std::array::from_fn(|_| Vec::with_capacity(scale.rounds));
-    for _ in 0..scale.rounds {
-        plain.push(through_nodes(scratch, 2, None, false, messages, size).await?);
-        for ((count, cipher), rates) in cases.iter().zip(rates.iter_mut()) {
-            rates.push(through_nodes(scratch, *count, *cipher, false, messages, size).await?);
+    for round in 0..scale.rounds {
+        // Each round starts with another of them (job 0 is `w1`), so none always goes first.
+        for job in (0..=N).map(|j| (j + round) % (N + 1)) {
+            let case = job.checked_sub(1);
+            let (count, cipher) = case.and_then(|i| cases.get(i)).copied().unwrap_or((2, None));
+            let rate = through_nodes(scratch, count, cipher, false, messages, size).await?;
+            match case.and_then(|i| rates.get_mut(i)) {
+                Some(rates) => rates.push(rate),
+                None => plain.push(rate),
+            }
         }
     }
     Ok((plain, rates))

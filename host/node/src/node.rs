@@ -320,6 +320,9 @@ pub struct NodeState {
     admission: std::sync::Mutex<()>,
     /// The store thread: queues' writes in order, group commit.
     pub committer: Arc<crate::storage::Committer>,
+    /// Large message buffers kept for use again (`links.recycled_bytes_max`), for every
+    /// link's session.
+    pub recycler: Option<Arc<linkbus_proto::recycle::Recycler>>,
     /// Why the node must stop (a store failure), once it must.
     failure: Arc<crate::storage::Failure>,
     /// Where the configuration came from, for reloads (set by `linkbus node run`).
@@ -450,7 +453,11 @@ impl NodeState {
         // and above any kept in the store (the clock may have gone back).
         let next_sequence =
             AtomicU64::new(crate::clock::unix_ms().saturating_mul(1000).max(sequence_kept.saturating_add(1)));
+        let recycled_bytes_max = usize::try_from(config.links.recycled_bytes_max).unwrap_or(usize::MAX);
+        let recycler = (recycled_bytes_max > 0)
+            .then(|| Arc::new(linkbus_proto::recycle::Recycler::new(recycled_bytes_max)));
         Ok(Arc::new(Self {
+            recycler,
             config,
             incarnation,
             incarnation_kept,
@@ -1016,13 +1023,12 @@ impl NodeState {
             left -= 1;
             if left == 0 { message.take() } else { message.clone() }
         };
+        let moved = "the message is moved out at the last target only";
         for queue in targets.local {
-            let Some(this) = take() else { break };
-            queue.push_bounded(this, now, u64::MAX).map_err(|e| queue_error(&e))?;
+            queue.push_bounded(take().expect(moved), now, u64::MAX).map_err(|e| queue_error(&e))?;
         }
         for (link, recipients) in targets.remote {
-            let Some(this) = take() else { break };
-            link.enqueue_checked(addressed_to(this, recipients), now);
+            link.enqueue_checked(addressed_to(take().expect(moved), recipients), now);
         }
         Ok(())
     }

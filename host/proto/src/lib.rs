@@ -8,7 +8,8 @@
 //! - [`session`]: the per-neighbour session state machine (handshake, sequence numbers,
 //!   cumulative ACK, resend after reconnect, keepalive).
 //! - [`reader`]: the bounds-checked byte reader every decoder uses.
-//! - [`recycle`]: large buffers used again instead of freed.
+//! - [`recycle`]: large buffers used again instead of freed (the host makes one
+//!   [`recycle::Recycler`] and hands it to its sessions).
 //! - [`secure`]: the connection preamble and the Noise IKpsk2 channel under the frames.
 #![forbid(unsafe_code)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::indexing_slicing))]

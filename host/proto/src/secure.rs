@@ -7,10 +7,10 @@
 //! AES-256-GCM). A node refuses a mode other than its own, so neither side can be talked
 //! down to plaintext; a Noise listener takes either cipher (the dialer chooses, see
 //! [`Cipher`]), and both ends bind the preamble into the handshake, so a changed mode byte
-//! fails it. In Noise mode the dialer knows the
-//! listener's static key from its configuration (the IK pattern); the listener learns the
-//! dialer's static key from the first handshake message and must find it among its peers;
-//! both mix in the cluster's pre-shared key. The first message carries the dialer's clock
+//! fails it. In Noise mode the dialer knows the listener's static key from its
+//! configuration (the IK pattern); the listener learns the dialer's static key from the
+//! first handshake message and must find it among its peers; both mix in the cluster's
+//! pre-shared key. The first message carries the dialer's clock
 //! reading, which the listener requires to grow per peer, so a recorded handshake cannot
 //! be replayed. After the handshake, every Noise message on the wire is a 2-byte big-endian
 //! length and at most 65,535 bytes of ciphertext; a message that fails to decrypt ends the
@@ -67,8 +67,13 @@ pub enum Cipher {
 }
 
 impl Cipher {
-    /// The names [`Cipher::from_name`] takes.
-    pub const NAMES: &str = "aes-256-gcm, chacha20-poly1305";
+    /// Every cipher.
+    pub const ALL: [Self; 2] = [Self::AesGcm, Self::ChaChaPoly];
+
+    /// The names [`Cipher::from_name`] takes, for messages: `aes-256-gcm, chacha20-poly1305`.
+    pub fn names() -> String {
+        Self::ALL.map(Self::name).join(", ")
+    }
 
     /// The cipher's name in configuration and logs.
     pub fn name(self) -> &'static str {
@@ -78,9 +83,9 @@ impl Cipher {
         }
     }
 
-    /// The cipher called `name` (see [`Cipher::NAMES`]).
+    /// The cipher called `name` (see [`Cipher::names`]).
     pub fn from_name(name: &str) -> Option<Self> {
-        [Self::AesGcm, Self::ChaChaPoly].into_iter().find(|c| c.name() == name)
+        Self::ALL.into_iter().find(|c| c.name() == name)
     }
 
     /// The faster cipher on this CPU: AES-256-GCM where it has instructions for it, else
@@ -113,7 +118,7 @@ impl Cipher {
     }
 
     fn from_code(code: u8) -> Option<Self> {
-        [Self::ChaChaPoly, Self::AesGcm].into_iter().find(|c| c.code() == code)
+        Self::ALL.into_iter().find(|c| c.code() == code)
     }
 }
 

@@ -45,6 +45,7 @@ mod receive;
 mod send;
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
@@ -59,6 +60,7 @@ use crate::frame::{
     ChannelPosition, DATA_OVERHEAD_BYTES, FRAME_BYTES_MIN, Frame, FrameDecoder, HELLO_FLAG_DURABLE, Hello,
     LENGTH_BYTES, PROTOCOL_VERSION,
 };
+use crate::recycle::Recycler;
 use crate::wire::{Chunks, Encoded};
 
 /// Settings of one session, from the node's configuration.
@@ -104,6 +106,9 @@ pub struct SessionConfig {
     pub pong_timeout: Duration,
     /// Time the peer's `Hello` may take after the connection opened.
     pub handshake_timeout: Duration,
+    /// Where a message of several packets is gathered when it is large (see
+    /// [`crate::recycle`]); `None`: always in a new buffer.
+    pub recycler: Option<Arc<Recycler>>,
     /// Test-only negative control: deliver duplicates instead of dropping them, so fault
     /// tests can prove their checker catches duplicates. Never set it in production.
     pub skip_dedup_for_tests: bool,
@@ -210,7 +215,7 @@ impl Session {
         let decoder = FrameDecoder::new(config.frame_bytes_max);
         let lanes = (0..CHANNELS as u8)
             .map(|channel| {
-                let mut receiver = Receiver::new(config.reorder_messages_max);
+                let mut receiver = Receiver::new(config.reorder_messages_max, config.recycler.clone());
                 receiver.set_skip_dedup(config.skip_dedup_for_tests);
                 Lane { sender: Sender::new(channel), receiver, recent: 0 }
             })

@@ -260,6 +260,10 @@ pub struct LinkSettings {
     pub reorder_messages_max: u64,
     /// Bytes of messages from a neighbour held ahead of a gap.
     pub reorder_bytes_max: u64,
+    /// Bytes of large message buffers (256 KiB and more; a message of several packets is
+    /// gathered in one) kept after use for the next large messages, all links together;
+    /// 0 keeps none.
+    pub recycled_bytes_max: u64,
     /// Time a message may go unacknowledged before it is written again.
     pub retransmit_timeout_ms: u64,
     /// First reconnect delay, doubled after each failure.
@@ -343,6 +347,7 @@ impl Default for LinkSettings {
             queue_bytes_max: 256 << 20,
             reorder_messages_max: 1024,
             reorder_bytes_max: 16 << 20,
+            recycled_bytes_max: 16 << 20,
             retransmit_timeout_ms: 10_000,
             reconnect_backoff_min_ms: 100,
             reconnect_backoff_max_ms: 5_000,

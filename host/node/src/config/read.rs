@@ -367,6 +367,7 @@ fn read_links(root: &Section<'_>) -> LinkSettings {
         queue_bytes_max: s.number("queue_bytes_max", d.queue_bytes_max, 1, BYTES_MAX),
         reorder_messages_max: s.number("reorder_messages_max", d.reorder_messages_max, 1, 1 << 20),
         reorder_bytes_max: s.number("reorder_bytes_max", d.reorder_bytes_max, 0, BYTES_MAX),
+        recycled_bytes_max: s.number("recycled_bytes_max", d.recycled_bytes_max, 0, BYTES_MAX),
         retransmit_timeout_ms: s.number("retransmit_timeout_ms", d.retransmit_timeout_ms, 1, MS_MAX),
         reconnect_backoff_min_ms: s.number("reconnect_backoff_min_ms", d.reconnect_backoff_min_ms, 1, MS_MAX),
         reconnect_backoff_max_ms: s.number("reconnect_backoff_max_ms", d.reconnect_backoff_max_ms, 1, MS_MAX),
@@ -461,7 +462,7 @@ fn read_security(root: &Section<'_>) -> SecuritySettings {
         cipher: s.string("cipher").and_then(|name| match name.as_str() {
             "auto" => None,
             name => Cipher::from_name(name).or_else(|| {
-                s.error("cipher", format!("unknown cipher '{name}'; expected auto, {}", Cipher::NAMES));
+                s.error("cipher", format!("unknown cipher '{name}'; expected auto, {}", Cipher::names()));
                 None
             }),
         }),

@@ -120,6 +120,7 @@ fn session_config(node: &NodeState, handle: &LinkHandle) -> SessionConfig {
         ping_interval: Duration::from_millis(links.ping_interval_ms),
         pong_timeout: Duration::from_millis(links.pong_timeout_ms),
         handshake_timeout: Duration::from_millis(links.handshake_timeout_ms),
+        recycler: node.recycler.clone(),
         skip_dedup_for_tests: skip_dedup_for_tests(),
     }
 }

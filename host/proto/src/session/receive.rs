@@ -4,6 +4,7 @@
 //! messages that arrive ahead of a gap.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::Bytes;
@@ -11,6 +12,7 @@ use linkbus_plugin_api::Message;
 
 use crate::frame::ChannelPosition;
 use crate::reader::ReadError;
+use crate::recycle::Recycler;
 use crate::wire::decode_message;
 
 /// What became of an arriving packet.
@@ -147,11 +149,14 @@ pub(super) struct Receiver {
     skip_dedup: bool,
     /// The message after `received_through`, while its packets arrive.
     assembly: Option<Assembly>,
+    /// Where a large message is gathered.
+    recycler: Option<Arc<Recycler>>,
 }
 
 impl Receiver {
-    pub(super) fn new(held_max: usize) -> Self {
+    pub(super) fn new(held_max: usize, recycler: Option<Arc<Recycler>>) -> Self {
         Self {
+            recycler,
             expected: 1,
             received_through: 0,
             held: BTreeMap::new(),
@@ -206,7 +211,7 @@ impl Receiver {
                 sequence: p.sequence,
                 total: p.total,
                 crc: p.crc,
-                bytes: crate::recycle::buffer(room),
+                bytes: self.recycler.as_ref().map_or_else(|| Vec::with_capacity(room), |r| r.buffer(room)),
                 started: now,
             });
         }
@@ -222,9 +227,13 @@ impl Receiver {
         if (assembly.bytes.len() as u64) < assembly.total {
             return PacketOutcome::Partial;
         }
+        let recycler = self.recycler.as_ref();
         self.assembly.take().map_or(PacketOutcome::Partial, |a| PacketOutcome::Complete {
             first: a.started,
-            message: crate::recycle::freeze(a.bytes),
+            message: match recycler {
+                Some(r) => r.freeze(a.bytes),
+                None => Bytes::from(a.bytes),
+            },
             assembled: true,
         })
     }

@@ -145,6 +145,7 @@ fn config(local: &str, peer: &str, incarnation: u64) -> SessionConfig {
         ping_interval: Duration::from_millis(40),
         pong_timeout: Duration::from_millis(80),
         handshake_timeout: Duration::from_millis(100),
+        recycler: None,
         skip_dedup_for_tests: false,
     }
 }

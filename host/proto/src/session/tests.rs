@@ -29,6 +29,7 @@ fn config(local: &str, peer: &str, incarnation: u64) -> SessionConfig {
         ping_interval: Duration::from_secs(1),
         pong_timeout: Duration::from_secs(2),
         handshake_timeout: Duration::from_secs(5),
+        recycler: None,
         skip_dedup_for_tests: false,
     }
 }
@@ -843,6 +844,50 @@ fn busy_channels_share_the_connection_by_weight() {
 /// A message handed over as its head and its shared payload goes out as the same bytes as
 /// one buffer would, cut anywhere, also across the head's end, and arrives whole; after a
 /// wait its lifetime is patched in the head while the payload stays shared.
+/// A large message of several packets is gathered in a buffer of the session's recycler,
+/// which takes it back when the delivered message is dropped and gives it to the next one.
+#[test]
+fn a_large_message_is_gathered_in_a_buffer_used_again() {
+    let now = Instant::now();
+    let recycler = Arc::new(crate::recycle::Recycler::new(16 << 20));
+    let mut a = config("A", "B", 11);
+    a.packet_bytes_max = 64 * 1024;
+    let mut b = config("B", "A", 22);
+    b.recycler = Some(recycler.clone());
+    let mut p = Pair {
+        a: Session::new(a, now),
+        b: Session::new(b, now),
+        now,
+        received_by_b: Vec::new(),
+        closed: Vec::new(),
+    };
+    p.connect();
+    let sized = |n: u64| Message {
+        id: MessageId { source: NodeName::new("A").unwrap(), sequence: n, created_unix_ms: 0 },
+        hop_count: 0,
+        redelivered: false,
+        backout_count: 0,
+        content: Content::buf("B:q".parse().unwrap(), vec![n as u8; 600_000]),
+    };
+    let mut gathered_at = Vec::new();
+    for n in 1..=2 {
+        p.a.send(C, crate::wire::Encoded::of(&sized(n)), None, p.now).unwrap();
+        p.a.write_pending(p.now, usize::MAX);
+        p.b.handle_bytes(&p.a.poll_transmit().unwrap(), p.now);
+        let got = std::iter::from_fn(|| p.b.poll_event()).find_map(|e| match e {
+            SessionEvent::Received { message, .. } => Some(message),
+            _ => None,
+        });
+        let got = got.expect("delivered whole");
+        assert_eq!(got.content.payload, sized(n).content.payload);
+        assert_eq!(recycler.kept_bytes(), 0, "{n}: the buffer is in use while the message lives");
+        gathered_at.push(got.content.payload.as_ptr());
+        drop(got);
+        assert!(recycler.kept_bytes() >= 600_000, "{n}: back once the message is dropped");
+    }
+    assert_eq!(gathered_at[0], gathered_at[1], "the second message was gathered in the first one's buffer");
+}
+
 #[test]
 fn a_message_in_two_parts_goes_as_the_same_bytes() {
     let mut p = packet_pair(1024);
