@@ -71,6 +71,23 @@ impl Pair {
         }
     }
 
+    /// Sends `message` from A on channel `C`, then [`Pair::deliver_written`].
+    fn carry(&mut self, message: &Message) -> Message {
+        self.a.send(C, crate::wire::Encoded::of(message), None, self.now).unwrap();
+        self.deliver_written()
+    }
+
+    /// Hands what A writes now to B, and returns the message B delivers.
+    fn deliver_written(&mut self) -> Message {
+        self.a.write_pending(self.now, usize::MAX);
+        self.b.handle_bytes(&self.a.poll_transmit().unwrap(), self.now);
+        let got = std::iter::from_fn(|| self.b.poll_event()).find_map(|e| match e {
+            SessionEvent::Received { message, .. } => Some(message),
+            _ => None,
+        });
+        got.expect("delivered whole")
+    }
+
     fn connect(&mut self) {
         self.a.handle_connected(self.now);
         self.b.handle_connected(self.now);
@@ -871,14 +888,7 @@ fn a_large_message_is_gathered_in_a_buffer_used_again() {
     };
     let mut gathered_at = Vec::new();
     for n in 1..=2 {
-        p.a.send(C, crate::wire::Encoded::of(&sized(n)), None, p.now).unwrap();
-        p.a.write_pending(p.now, usize::MAX);
-        p.b.handle_bytes(&p.a.poll_transmit().unwrap(), p.now);
-        let got = std::iter::from_fn(|| p.b.poll_event()).find_map(|e| match e {
-            SessionEvent::Received { message, .. } => Some(message),
-            _ => None,
-        });
-        let got = got.expect("delivered whole");
+        let got = p.carry(&sized(n));
         assert_eq!(got.content.payload, sized(n).content.payload);
         assert_eq!(recycler.kept_bytes(), 0, "{n}: the buffer is in use while the message lives");
         gathered_at.push(got.content.payload.as_ptr());
@@ -924,13 +934,7 @@ fn a_message_in_two_parts_goes_as_the_same_bytes() {
     p.a.send(C, crate::wire::Encoded::of(&big), Some(expires_at), p.now).unwrap();
     p.now += Duration::from_secs(10);
     p.exchange_hellos();
-    p.a.write_pending(p.now, usize::MAX);
-    p.b.handle_bytes(&p.a.poll_transmit().unwrap(), p.now);
-    let got = std::iter::from_fn(|| p.b.poll_event()).find_map(|e| match e {
-        SessionEvent::Received { message, .. } => Some(message),
-        _ => None,
-    });
-    let got = got.expect("delivered");
+    let got = p.deliver_written();
     assert_eq!(got.content.payload, big.content.payload);
     assert_eq!(got.content.lifetime, Some(linkbus_plugin_api::Lifetime::from_secs(50)), "10 s of 60 went");
 }
