@@ -322,7 +322,7 @@ pub struct NodeState {
     pub committer: Arc<crate::storage::Committer>,
     /// Large message buffers kept for use again (`links.recycled_bytes_max`), for every
     /// link's session.
-    pub recycler: Option<Arc<linkbus_proto::recycle::Recycler>>,
+    pub recycler: Arc<linkbus_proto::recycle::Recycler>,
     /// Why the node must stop (a store failure), once it must.
     failure: Arc<crate::storage::Failure>,
     /// Where the configuration came from, for reloads (set by `linkbus node run`).
@@ -454,8 +454,7 @@ impl NodeState {
         let next_sequence =
             AtomicU64::new(crate::clock::unix_ms().saturating_mul(1000).max(sequence_kept.saturating_add(1)));
         let recycled_bytes_max = usize::try_from(config.links.recycled_bytes_max).unwrap_or(usize::MAX);
-        let recycler = (recycled_bytes_max > 0)
-            .then(|| Arc::new(linkbus_proto::recycle::Recycler::new(recycled_bytes_max)));
+        let recycler = Arc::new(linkbus_proto::recycle::Recycler::new(recycled_bytes_max));
         Ok(Arc::new(Self {
             recycler,
             config,

@@ -57,7 +57,7 @@ fn config(local: &str, peer: &str, incarnation: u64) -> SessionConfig {
         ping_interval: Duration::from_secs(5),
         pong_timeout: Duration::from_secs(10),
         handshake_timeout: Duration::from_secs(5),
-        recycler: None,
+        recycler: std::sync::Arc::new(linkbus_proto::recycle::Recycler::new(0)),
         skip_dedup_for_tests: false,
     }
 }

@@ -40,7 +40,7 @@ impl Recycler {
     /// An empty buffer with room for `capacity` bytes: the smallest kept one that holds
     /// them and is at most an eighth larger, else a new one.
     pub fn buffer(&self, capacity: usize) -> Vec<u8> {
-        if capacity >= RECYCLE_BYTES_MIN {
+        if capacity >= RECYCLE_BYTES_MIN && self.bytes_max > 0 {
             let mut kept = self.lock();
             let fits = |b: &Vec<u8>| (capacity..=capacity + capacity / 8).contains(&b.capacity());
             let best =

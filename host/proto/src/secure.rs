@@ -184,6 +184,7 @@ impl Keypair {
     /// # Errors
     /// [`SecureError::Key`] when the system has no randomness.
     pub fn generate() -> Result<Self, SecureError> {
+        // An X25519 pair: the same whichever cipher the links will use.
         let keys = snow::Builder::new(params(Cipher::ChaChaPoly))
             .generate_keypair()
             .map_err(|e| SecureError::Key(e.to_string()))?;
@@ -294,9 +295,7 @@ fn prologue(cipher: Cipher) -> [u8; PROLOGUE_LABEL.len() + PREAMBLE_BYTES] {
     let mut prologue = [0u8; PROLOGUE_LABEL.len() + PREAMBLE_BYTES];
     let mut out = &mut prologue[..];
     out.put_slice(PROLOGUE_LABEL);
-    out.put_slice(&PREAMBLE_MAGIC);
-    out.put_u8(PREAMBLE_VERSION);
-    out.put_u8(cipher.code());
+    preamble(cipher.code(), &mut out);
     prologue
 }
 
@@ -316,7 +315,7 @@ fn builder<'a>(
         .map_err(handshake)
 }
 
-fn preamble(code: u8, out: &mut BytesMut) {
+fn preamble(code: u8, out: &mut impl BufMut) {
     out.put_slice(&PREAMBLE_MAGIC);
     out.put_u8(PREAMBLE_VERSION);
     out.put_u8(code);
@@ -632,9 +631,10 @@ impl SecureChannel {
     }
 
     /// Like [`SecureChannel::send_bytes`] for several chunks in order, leaving `chunks`
-    /// empty: passed through on a plaintext channel; under Noise gathered into full Noise
-    /// messages (through one reused buffer), so small chunks (packet headers) do not each
-    /// become a Noise message.
+    /// empty: passed through on a plaintext channel; under Noise cut into full Noise
+    /// messages, small chunks (packet headers) gathered through one reused buffer so they do
+    /// not each become a Noise message, whole messages' worth of a large chunk encrypted
+    /// straight from it.
     ///
     /// # Errors
     /// As [`SecureChannel::send`].
@@ -648,11 +648,17 @@ impl SecureChannel {
             return result;
         }
         let mut gather = std::mem::take(&mut self.gather);
-        gather.clear();
         let mut result = Ok(());
         for chunk in chunks.drain(..) {
             let mut rest: &[u8] = &chunk;
             while !rest.is_empty() && result.is_ok() {
+                let whole = rest.len() / PLAINTEXT_CHUNK_MAX * PLAINTEXT_CHUNK_MAX;
+                if gather.is_empty() && whole > 0 {
+                    let (now, later) = rest.split_at(whole);
+                    result = self.send(now);
+                    rest = later;
+                    continue;
+                }
                 let (now, later) = rest.split_at(rest.len().min(PLAINTEXT_CHUNK_MAX - gather.len()));
                 gather.extend_from_slice(now);
                 rest = later;

@@ -107,8 +107,8 @@ pub struct SessionConfig {
     /// Time the peer's `Hello` may take after the connection opened.
     pub handshake_timeout: Duration,
     /// Where a message of several packets is gathered when it is large (see
-    /// [`crate::recycle`]); `None`: always in a new buffer.
-    pub recycler: Option<Arc<Recycler>>,
+    /// [`crate::recycle`]; one with a bound of 0 always gives a new buffer).
+    pub recycler: Arc<Recycler>,
     /// Test-only negative control: deliver duplicates instead of dropping them, so fault
     /// tests can prove their checker catches duplicates. Never set it in production.
     pub skip_dedup_for_tests: bool,

@@ -268,13 +268,13 @@ pub fn with_lifetime(message: &Bytes, lifetime_ms: u64) -> Option<Bytes> {
 
 /// Whether the encoded `message` is volatile (`false` for persistent, for "as the queue's
 /// default", and for bytes that are not an encoded message).
-pub fn is_volatile(message: &[u8]) -> bool {
+fn is_volatile(message: &[u8]) -> bool {
     reliability_code(message) == Some(0)
 }
 
 /// Whether the encoded `message` is persistent (`false` for bytes that are not an encoded
 /// message).
-pub fn is_persistent(message: &[u8]) -> bool {
+fn is_persistent(message: &[u8]) -> bool {
     reliability_code(message) == Some(1)
 }
 

@@ -150,11 +150,11 @@ pub(super) struct Receiver {
     /// The message after `received_through`, while its packets arrive.
     assembly: Option<Assembly>,
     /// Where a large message is gathered.
-    recycler: Option<Arc<Recycler>>,
+    recycler: Arc<Recycler>,
 }
 
 impl Receiver {
-    pub(super) fn new(held_max: usize, recycler: Option<Arc<Recycler>>) -> Self {
+    pub(super) fn new(held_max: usize, recycler: Arc<Recycler>) -> Self {
         Self {
             recycler,
             expected: 1,
@@ -211,7 +211,7 @@ impl Receiver {
                 sequence: p.sequence,
                 total: p.total,
                 crc: p.crc,
-                bytes: self.recycler.as_ref().map_or_else(|| Vec::with_capacity(room), |r| r.buffer(room)),
+                bytes: self.recycler.buffer(room),
                 started: now,
             });
         }
@@ -227,13 +227,10 @@ impl Receiver {
         if (assembly.bytes.len() as u64) < assembly.total {
             return PacketOutcome::Partial;
         }
-        let recycler = self.recycler.as_ref();
+        let recycler = &self.recycler;
         self.assembly.take().map_or(PacketOutcome::Partial, |a| PacketOutcome::Complete {
             first: a.started,
-            message: match recycler {
-                Some(r) => r.freeze(a.bytes),
-                None => Bytes::from(a.bytes),
-            },
+            message: recycler.freeze(a.bytes),
             assembled: true,
         })
     }

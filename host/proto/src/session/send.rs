@@ -433,7 +433,7 @@ fn start_message(
     } else if let Some(ms) = left
         && now.saturating_duration_since(pending.handed_at) >= LIFETIME_PATCH_AFTER
     {
-        // Only a message that waited is copied to carry its new lifetime.
+        // Only a message that waited gets its lifetime rewritten (its head copied).
         if let Some(patched) = pending.message.with_lifetime(ms) {
             pending.message = patched;
         }

@@ -145,7 +145,7 @@ fn config(local: &str, peer: &str, incarnation: u64) -> SessionConfig {
         ping_interval: Duration::from_millis(40),
         pong_timeout: Duration::from_millis(80),
         handshake_timeout: Duration::from_millis(100),
-        recycler: None,
+        recycler: std::sync::Arc::new(crate::recycle::Recycler::new(0)),
         skip_dedup_for_tests: false,
     }
 }

@@ -29,7 +29,7 @@ fn config(local: &str, peer: &str, incarnation: u64) -> SessionConfig {
         ping_interval: Duration::from_secs(1),
         pong_timeout: Duration::from_secs(2),
         handshake_timeout: Duration::from_secs(5),
-        recycler: None,
+        recycler: Arc::new(crate::recycle::Recycler::new(0)),
         skip_dedup_for_tests: false,
     }
 }
@@ -858,9 +858,6 @@ fn busy_channels_share_the_connection_by_weight() {
     assert!((29..=31).contains(&on_2), "about 3:1 for weights 3:1, got {on_2} of 40: {channels:?}");
 }
 
-/// A message handed over as its head and its shared payload goes out as the same bytes as
-/// one buffer would, cut anywhere, also across the head's end, and arrives whole; after a
-/// wait its lifetime is patched in the head while the payload stays shared.
 /// A large message of several packets is gathered in a buffer of the session's recycler,
 /// which takes it back when the delivered message is dropped and gives it to the next one.
 #[test]
@@ -870,7 +867,7 @@ fn a_large_message_is_gathered_in_a_buffer_used_again() {
     let mut a = config("A", "B", 11);
     a.packet_bytes_max = 64 * 1024;
     let mut b = config("B", "A", 22);
-    b.recycler = Some(recycler.clone());
+    b.recycler = recycler.clone();
     let mut p = Pair {
         a: Session::new(a, now),
         b: Session::new(b, now),
@@ -898,6 +895,9 @@ fn a_large_message_is_gathered_in_a_buffer_used_again() {
     assert_eq!(gathered_at[0], gathered_at[1], "the second message was gathered in the first one's buffer");
 }
 
+/// A message handed over as its head and its shared payload goes out as the same bytes as
+/// one buffer would, cut anywhere, also across the head's end, and arrives whole; after a
+/// wait its lifetime is patched in the head while the payload stays shared.
 #[test]
 fn a_message_in_two_parts_goes_as_the_same_bytes() {
     let mut p = packet_pair(1024);
