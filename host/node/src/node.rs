@@ -12,7 +12,7 @@ use linkbus_plugin_api::{
     Address, Batch, Content, Lifetime, Message, MessageId, NodeName, PluginError, QueueName, Reliability,
     Store, StoreError, Transport,
 };
-use linkbus_proto::wire::recipients_encoded_len;
+use linkbus_proto::wire::{encoded_len_without_recipients, recipients_encoded_len};
 use tracing::{debug, warn};
 
 use crate::api::protocol::ErrorCode;
@@ -1293,7 +1293,7 @@ impl NodeState {
                 Err(reason) => push_failed(&mut groups, DeadLetterCode::NoRoute, reason, to),
             }
         }
-        let others = message_bytes_len(message) - recipients_encoded_len(&message.content.recipients);
+        let others = encoded_len_without_recipients(message);
         groups
             .into_iter()
             .map(|group| {
@@ -1517,11 +1517,10 @@ fn tally<'a>(
                 None => local.push((queue, 1)),
             }
         }
-        let whole = message_bytes_len(message);
+        let others = encoded_len_without_recipients(message);
         for (link, recipients) in &targets.remote {
             // The copy for this link names only the recipients routed through it.
-            let encoded = whole - recipients_encoded_len(&message.content.recipients)
-                + recipients_encoded_len(recipients);
+            let encoded = others + recipients_encoded_len(recipients);
             let max = link.peer_message_bytes_max.load(std::sync::atomic::Ordering::Relaxed);
             if max != 0 && encoded > max {
                 let msg =
@@ -1547,10 +1546,6 @@ fn tally<'a>(
 type LocalTally<'a> = Vec<(&'a Arc<LocalQueue>, usize)>;
 /// Per link and transmission class: a message of the class, how many, and their bytes.
 type RemoteTally<'a> = Vec<(&'a Arc<LinkHandle>, &'a Message, usize, u64)>;
-
-fn message_bytes_len(message: &Message) -> usize {
-    linkbus_proto::wire::message_encoded_len(message.id.source.as_str().len(), &message.content)
-}
 
 fn queue_error(e: &QueueError) -> (ErrorCode, String) {
     match e {

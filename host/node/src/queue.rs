@@ -18,7 +18,7 @@ use std::time::Instant;
 use bytes::{BufMut, Bytes, BytesMut};
 use linkbus_plugin_api::message::PRIORITY_LEVEL_MAX;
 use linkbus_plugin_api::{Batch, Lifetime, Message, QueueName, Reliability, Store, StoreError};
-use linkbus_proto::wire::{Encoded, decode_message, encode_message, message_encoded_len};
+use linkbus_proto::wire::{Encoded, decode_message, encode_message};
 use tokio::sync::Notify;
 
 use crate::config::{QueueConfig, QueueOrder};
@@ -299,10 +299,7 @@ impl LocalQueue {
             let Some(left) = e.message.content.lifetime.unwrap_or(Lifetime::UNLIMITED).after(elapsed) else {
                 continue;
             };
-            let size = linkbus_proto::wire::message_encoded_len(
-                e.message.id.source.as_str().len(),
-                &e.message.content,
-            );
+            let size = linkbus_proto::wire::encoded_len(&e.message);
             if out.len() >= count_max || (!out.is_empty() && bytes + size > bytes_max) {
                 break;
             }
@@ -511,10 +508,7 @@ impl LocalQueue {
             let Some(front) = level.front() else { break };
             let elapsed = now.saturating_duration_since(front.enqueued_at).as_millis() as u64;
             let left = front.message.content.lifetime.unwrap_or(Lifetime::UNLIMITED).after(elapsed);
-            let size = linkbus_proto::wire::message_encoded_len(
-                front.message.id.source.as_str().len(),
-                &front.message.content,
-            );
+            let size = linkbus_proto::wire::encoded_len(&front.message);
             if left.is_some() && size > limits.message_bytes_max {
                 // The first fails the get; a later one just ends it.
                 if popped.messages.is_empty() {
@@ -659,8 +653,7 @@ const RECORD_HEADER_BYTES: usize = 1 + 4 + 8;
 /// A queue record: format u8, CRC32C (u32, of everything after it), the wall-clock time it
 /// was (re)queued in milliseconds (u64), then the message (its remaining lifetime as of then).
 pub(crate) fn encode_record(message: &Message) -> Bytes {
-    let len = message_encoded_len(message.id.source.as_str().len(), &message.content);
-    record_with(len, |out| encode_message(message, out))
+    record_with(linkbus_proto::wire::encoded_len(message), |out| encode_message(message, out))
 }
 
 /// [`encode_record`] of a message already encoded (`message`, its wire form).

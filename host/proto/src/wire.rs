@@ -138,6 +138,17 @@ pub fn message_encoded_len(source_name_len: usize, content: &Content) -> usize {
     1 + 1 + source_name_len + 8 + 8 + 1 + 1 + 2 + content_encoded_len(content)
 }
 
+/// Bytes [`encode_message`] writes for `message`.
+pub fn encoded_len(message: &Message) -> usize {
+    message_encoded_len(message.id.source.as_str().len(), &message.content)
+}
+
+/// Bytes [`encode_message`] writes for `message` without its recipients: what a copy of it
+/// for some of them takes is this plus [`recipients_encoded_len`] of those.
+pub fn encoded_len_without_recipients(message: &Message) -> usize {
+    encoded_len(message) - recipients_encoded_len(&message.content.recipients)
+}
+
 /// Appends the wire form of `message`.
 ///
 /// # Panics

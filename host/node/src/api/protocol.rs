@@ -17,8 +17,7 @@ use linkbus_plugin_api::{Address, Content, Message, MessageId, NodeName, QueueNa
 use linkbus_proto::frame::{LENGTH_BYTES, put_length_prefixed};
 use linkbus_proto::reader::{ReadError, Reader};
 use linkbus_proto::wire::{
-    Chunks, content_encoded_len, decode_message, encode_content_chunks, encode_message_chunks,
-    message_encoded_len, read_content,
+    Chunks, content_encoded_len, decode_message, encode_content_chunks, encode_message_chunks, read_content,
 };
 
 use crate::results::{MessageResults, Outcome};
@@ -389,7 +388,7 @@ impl Response {
     /// rather than copied (for a vectored write).
     pub fn encode_chunks(&self, out: &mut Chunks) {
         let Self::Messages { messages, tags } = self else { return self.encode(out.buf()) };
-        let len = |m: &Message| message_encoded_len(m.id.source.as_str().len(), &m.content);
+        let len = linkbus_proto::wire::encoded_len;
         let lens: usize = messages.iter().map(|m| LENGTH_BYTES + len(m)).sum();
         let head = out.buf();
         head.put_u32(frame_len(1 + 4 + lens + 4 + 8 * tags.len()));

@@ -177,11 +177,6 @@ impl LinkHandle {
         self.lock().has_room_for_many(message, count, bytes)
     }
 
-    /// Whether `message`'s priority class has room for it now.
-    pub fn has_room_for(&self, message: &Message) -> bool {
-        self.lock().has_room_for(message)
-    }
-
     /// How full `message`'s priority class is: messages and bytes waiting, and the bounds.
     pub fn fill(&self, message: &Message) -> String {
         self.lock().fill(message).to_string()
@@ -205,7 +200,7 @@ impl LinkHandle {
             .then(|| record.queued(message))
     }
 
-    /// Queues a message whose room [`LinkHandle::has_room_for`] confirmed (see
+    /// Queues a message whose room [`LinkHandle::has_room_for_many`] confirmed (see
     /// `TransmissionQueue::push_checked`).
     pub fn enqueue_checked(&self, message: Message, now: Instant) {
         let mut queue = self.lock();

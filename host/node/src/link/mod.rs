@@ -68,6 +68,19 @@ struct Active {
     reader: tokio::task::JoinHandle<()>,
 }
 
+impl Active {
+    /// Hands `chunks` to the writer in one go (one count, at most one wake-up), counted in
+    /// the backlog until written.
+    fn write(&self, chunks: Vec<Bytes>) {
+        let len: usize = chunks.iter().map(Bytes::len).sum();
+        self.backlog.fetch_add(len, Ordering::Relaxed);
+        if self.writer.send(chunks).is_err() {
+            // The writer is gone (its connection failed): nothing will drain these bytes.
+            self.backlog.fetch_sub(len, Ordering::Relaxed);
+        }
+    }
+}
+
 impl Drop for Active {
     fn drop(&mut self) {
         self.reader.abort();
@@ -485,15 +498,8 @@ impl Link {
                 return self.drop_connection(&e.to_string());
             }
             active.secure.take_transmit(&mut out);
-            if out.is_empty() {
-                return;
-            }
-            // All of it in one hand-over (one count, at most one wake-up of the writer).
-            let len: usize = out.iter().map(Bytes::len).sum();
-            active.backlog.fetch_add(len, Ordering::Relaxed);
-            if active.writer.send(out).is_err() {
-                // The writer is gone (its connection failed): nothing will drain these bytes.
-                active.backlog.fetch_sub(len, Ordering::Relaxed);
+            if !out.is_empty() {
+                active.write(out);
             }
         }
     }
@@ -950,7 +956,7 @@ impl Link {
             if active.secure.send(&out).is_ok()
                 && let Some(bytes) = active.secure.poll_transmit()
             {
-                let _ = active.writer.send(vec![bytes]);
+                active.write(vec![bytes]);
             }
             drop(active);
             // Give the writer a moment to send the close frame.

@@ -17,7 +17,6 @@ use std::time::Instant;
 
 use linkbus_plugin_api::Message;
 use linkbus_plugin_api::message::{Kind, PRIORITY_LEVEL_MAX};
-use linkbus_proto::wire::message_encoded_len;
 
 /// Classes: levels 0..=9, the system class (10) and files (11).
 pub const CLASSES: usize = PRIORITY_LEVEL_MAX as usize + 3;
@@ -68,7 +67,7 @@ fn side(message: &Message) -> usize {
 
 /// What `message` counts against its class's byte bound: its encoded size.
 pub(crate) fn size_of(message: &Message) -> u64 {
-    message_encoded_len(message.id.source.as_str().len(), &message.content) as u64
+    linkbus_proto::wire::encoded_len(message) as u64
 }
 
 /// How full one class is, for a put that found no room.
@@ -143,6 +142,7 @@ impl TransmissionQueue {
     }
 
     /// Whether one more message like `message` fits in its class.
+    #[cfg(test)]
     pub(crate) fn has_room_for(&self, message: &Message) -> bool {
         self.has_room_for_many(message, 1, size_of(message))
     }
