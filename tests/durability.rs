@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use support::history::History;
 use support::soak::Soak;
-use support::{NodeProcess, Scratch, stderr, stdout};
+use support::{NodeProcess, Scratch, free_port, stderr, stdout};
 
 #[test]
 fn persistent_messages_survive_kill_9_and_volatile_ones_do_not() {
@@ -45,10 +45,6 @@ fn persistent_messages_survive_kill_9_and_volatile_ones_do_not() {
         "{}",
         stderr(&refused)
     );
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
 /// Configuration files of a pair over Noise, so each node can be killed and started again

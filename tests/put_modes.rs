@@ -8,13 +8,9 @@ mod support;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use support::{NodeProcess, Scratch, stderr, stdout};
+use support::{NodeProcess, Scratch, free_port, stderr, stdout};
 
 /// A free port on 127.0.0.1 (nothing listens on it until B starts).
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
 /// A dialing B on a port where B starts only when a test wants it, so A's transmission
 /// queue fills meanwhile.
 struct LatePeer {

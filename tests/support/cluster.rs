@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use super::{NodeProcess, Scratch};
+use super::{NodeProcess, Scratch, free_port};
 
 /// The configuration files of a cluster, by node name.
 pub struct Cluster {
@@ -13,10 +13,6 @@ pub struct Cluster {
     pub configs: BTreeMap<String, String>,
     /// Each node's link address.
     pub addresses: BTreeMap<String, String>,
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("address").port()
 }
 
 impl Cluster {

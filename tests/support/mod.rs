@@ -442,3 +442,9 @@ pub fn stdout(output: &Output) -> String {
 pub fn stderr(output: &Output) -> String {
     String::from_utf8_lossy(&output.stderr).into_owned()
 }
+
+/// A TCP port on 127.0.0.1 that was free a moment ago (for a node that must listen on the
+/// same port across restarts).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("address").port()
+}
