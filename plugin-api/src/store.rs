@@ -45,14 +45,23 @@ impl Batch {
 
     /// Adds a put.
     pub fn put(&mut self, space: &str, key: impl Into<Bytes>, value: impl Into<Bytes>) -> &mut Self {
+        self.reserve_first();
         self.ops.push(WriteOp::Put { space: space.to_owned(), key: key.into(), value: value.into() });
         self
     }
 
     /// Adds a delete.
     pub fn delete(&mut self, space: &str, key: impl Into<Bytes>) -> &mut Self {
+        self.reserve_first();
         self.ops.push(WriteOp::Delete { space: space.to_owned(), key: key.into() });
         self
+    }
+
+    /// The first change gets room for itself alone: most batches hold one.
+    fn reserve_first(&mut self) {
+        if self.ops.capacity() == 0 {
+            self.ops.reserve_exact(1);
+        }
     }
 
     /// Whether the batch holds no change.

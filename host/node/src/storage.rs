@@ -12,7 +12,7 @@
 //! may have lost.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError, mpsc};
+use std::sync::{Arc, Condvar, Mutex, PoisonError, mpsc};
 
 use linkbus_plugin_api::{Batch, Store, StoreError};
 use tokio::sync::oneshot;
@@ -119,10 +119,10 @@ impl Waiter {
     }
 }
 
-/// The store thread's handle; see the module doc. The thread ends when every handle drops.
+/// The store thread's handle; see the module doc. The thread ends when the handle drops.
 pub struct Committer {
     /// The store thread's queue, or (`None`) writes go straight to `direct`.
-    tx: Option<mpsc::Sender<Job>>,
+    jobs: Option<Arc<Jobs>>,
     direct: Option<Arc<dyn Store>>,
     /// Counts, for `linkbus status` and benchmarks.
     pub stats: Arc<CommitStats>,
@@ -131,7 +131,82 @@ pub struct Committer {
 
 impl std::fmt::Debug for Committer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Committer").field("threaded", &self.tx.is_some()).finish_non_exhaustive()
+        f.debug_struct("Committer").field("threaded", &self.jobs.is_some()).finish_non_exhaustive()
+    }
+}
+
+/// The jobs handed to the store thread, in order. The thread swaps the whole list for its
+/// empty spare, so both lists keep their room and handing a job over allocates nothing
+/// (a channel allocates blocks in the writers' threads that the store thread frees, and
+/// under load that free waits for the writers' allocator lock).
+struct Jobs {
+    queue: Mutex<JobQueue>,
+    arrived: Condvar,
+}
+
+struct JobQueue {
+    jobs: Vec<Job>,
+    /// Whether the store thread takes jobs: cleared when the handle drops (the thread
+    /// finishes what is queued and ends) or the thread ended.
+    open: bool,
+    /// Whether the store thread sleeps until a job arrives.
+    waiting: bool,
+}
+
+impl Jobs {
+    fn lock(&self) -> std::sync::MutexGuard<'_, JobQueue> {
+        self.queue.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn push(&self, job: Job) -> Result<(), Job> {
+        let mut queue = self.lock();
+        if !queue.open {
+            return Err(job);
+        }
+        queue.jobs.push(job);
+        let wake = std::mem::take(&mut queue.waiting);
+        drop(queue);
+        if wake {
+            self.arrived.notify_one();
+        }
+        Ok(())
+    }
+
+    /// Swaps the queued jobs into `into` (empty), waiting for at least one; `false` once
+    /// the queue is closed and empty.
+    fn take_into(&self, into: &mut Vec<Job>) -> bool {
+        let mut queue = self.lock();
+        while queue.jobs.is_empty() {
+            if !queue.open {
+                return false;
+            }
+            queue.waiting = true;
+            queue = self.arrived.wait(queue).unwrap_or_else(PoisonError::into_inner);
+        }
+        std::mem::swap(&mut queue.jobs, into);
+        true
+    }
+
+    fn close(&self) {
+        self.lock().open = false;
+        self.arrived.notify_one();
+    }
+}
+
+/// Closes the queue when the store thread ends, however it ends.
+struct ClosedOnExit(Arc<Jobs>);
+
+impl Drop for ClosedOnExit {
+    fn drop(&mut self) {
+        self.0.close();
+    }
+}
+
+impl Drop for Committer {
+    fn drop(&mut self) {
+        if let Some(jobs) = &self.jobs {
+            jobs.close();
+        }
     }
 }
 
@@ -141,29 +216,30 @@ impl Committer {
     /// # Errors
     /// When the thread cannot be started.
     pub fn start(store: Arc<dyn Store>, failure: Arc<Failure>) -> std::io::Result<Self> {
-        let (tx, rx) = mpsc::channel::<Job>();
+        let jobs = Arc::new(Jobs {
+            queue: Mutex::new(JobQueue { jobs: Vec::new(), open: true, waiting: false }),
+            arrived: Condvar::new(),
+        });
         let stats = Arc::new(CommitStats::default());
         let counts = stats.clone();
         let failed = failure.clone();
+        let closed = ClosedOnExit(jobs.clone());
         std::thread::Builder::new().name("linkbus-store".into()).spawn(move || {
+            let jobs = &closed.0;
             // After a failure nothing more is written, and every waiter hears of it (a store
             // that does not poison itself is treated as if it did).
             let mut poisoned: Option<StoreError> = None;
-            while let Ok(first) = rx.recv() {
-                let mut gathered = Gathered::default();
-                gathered.take(first, &counts);
-                loop {
-                    rx.try_iter().for_each(|job| gathered.take(job, &counts));
-                    if gathered.holds == 0 {
-                        break;
-                    }
+            let mut arrived = Vec::new();
+            let mut gathered = Gathered::default();
+            while jobs.take_into(&mut arrived) {
+                // Most jobs are writes of one change: room for them in one allocation.
+                gathered.merged.ops.reserve(arrived.len());
+                arrived.drain(..).for_each(|job| gathered.take(job, &counts));
+                if gathered.holds > 0 {
                     // A holder is still writing: its writes go into this batch.
-                    match rx.recv() {
-                        Ok(job) => gathered.take(job, &counts),
-                        Err(_) => break,
-                    }
+                    continue;
                 }
-                let Gathered { merged, waiters, sync, .. } = gathered;
+                let Gathered { merged, waiters, sync, .. } = std::mem::take(&mut gathered);
                 let result = match (&poisoned, merged.is_empty(), sync) {
                     (Some(e), _, _) => Err(e.clone()),
                     (None, true, true) => store.sync(),
@@ -184,17 +260,17 @@ impl Committer {
                 }
             }
         })?;
-        Ok(Self { tx: Some(tx), direct: None, stats, failure })
+        Ok(Self { jobs: Some(jobs), direct: None, stats, failure })
     }
 
     /// A committer without a thread: each write is applied at once in the caller's thread,
     /// each sync syncs the store (for tests and tools).
     pub fn direct(store: Arc<dyn Store>) -> Self {
-        Self { tx: None, direct: Some(store), stats: Arc::default(), failure: Arc::default() }
+        Self { jobs: None, direct: Some(store), stats: Arc::default(), failure: Arc::default() }
     }
 
     fn send(&self, job: Job) -> Result<(), StoreError> {
-        let Some(tx) = &self.tx else {
+        let Some(jobs) = &self.jobs else {
             let store = self.direct.as_ref().expect("a committer has a thread or a store");
             return match job {
                 Job::Write(batch) => store.write(batch, false),
@@ -209,7 +285,7 @@ impl Committer {
                 Job::Hold | Job::Release => Ok(()),
             };
         };
-        tx.send(job)
+        jobs.push(job)
             .map_err(|_| StoreError::Backend { op: "write", reason: "the store thread has stopped".into() })
     }
 
@@ -317,6 +393,24 @@ mod tests {
         assert_eq!(seen(), 2);
         // a and b in one batch (the sync in it, or after it).
         assert!(committer.stats.batches.load(Ordering::Relaxed) <= 2);
+    }
+
+    #[test]
+    fn what_was_handed_over_is_written_after_the_handle_drops() {
+        let store: Arc<dyn Store> = Arc::new(linkbus_store_memory::MemoryStore::new());
+        let committer = Committer::start(store.clone(), Arc::default()).unwrap();
+        for n in 0..1000u32 {
+            let mut batch = Batch::new();
+            batch.put("s", n.to_be_bytes().to_vec(), "v");
+            committer.write(batch);
+        }
+        drop(committer);
+        let seen = || store.scan("s", Bound::Unbounded, Bound::Unbounded, usize::MAX).unwrap().len();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while seen() < 1000 && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert_eq!(seen(), 1000, "the thread finishes the queue before it ends");
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

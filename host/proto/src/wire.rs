@@ -40,7 +40,7 @@ fn len_u32(n: usize) -> u32 {
 /// # Panics
 /// When a field is over its limit: call [`Content::validate`] first.
 pub fn encode_content(content: &Content, out: &mut BytesMut) {
-    out.reserve(32 + content.name.len() + content.payload.len());
+    out.reserve(content_encoded_len(content));
     encode_content_head(content, out);
     out.put_slice(&content.payload);
 }
