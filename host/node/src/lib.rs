@@ -35,6 +35,7 @@ pub mod results;
 pub mod routing;
 pub mod runtime_dir;
 pub mod security;
+mod segmented;
 pub mod storage;
 mod vectored;
 

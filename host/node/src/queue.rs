@@ -10,7 +10,6 @@
 //! leave only when acknowledged by their tag; backed out (or when the consumer goes away)
 //! they return to the head of their level, marked redelivered, their backout count raised.
 
-use std::collections::VecDeque;
 use std::ops::Bound;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
@@ -22,6 +21,7 @@ use linkbus_proto::wire::{Encoded, decode_message, encode_message};
 use tokio::sync::Notify;
 
 use crate::config::{QueueConfig, QueueOrder};
+use crate::segmented::Segmented;
 use crate::storage::Committer;
 
 /// The dead-letter queue every node has: messages that could not be delivered, with the
@@ -105,7 +105,7 @@ const KEY_MIDDLE: u64 = 1 << 63;
 
 struct Levels {
     /// One FIFO per level; a `fifo` queue has a single level.
-    levels: Vec<VecDeque<Entry>>,
+    levels: Vec<Segmented<Entry>>,
     len: usize,
     /// Messages handed out and not yet acknowledged, by tag (their store key).
     pending: std::collections::BTreeMap<u64, Entry>,
@@ -216,7 +216,7 @@ impl LocalQueue {
         };
         let space = format!("q.{}", config.name);
         let mut levels = Levels {
-            levels: (0..level_count).map(|_| VecDeque::new()).collect(),
+            levels: (0..level_count).map(|_| Segmented::default()).collect(),
             len: 0,
             pending: std::collections::BTreeMap::new(),
             next_key: KEY_MIDDLE,
@@ -314,7 +314,7 @@ impl LocalQueue {
     /// Depth per level, pending count and the age of the oldest waiting message.
     pub fn stats(&self, now: Instant) -> QueueStats {
         let levels = self.lock();
-        let by_level: Vec<usize> = levels.levels.iter().map(VecDeque::len).collect();
+        let by_level: Vec<usize> = levels.levels.iter().map(Segmented::len).collect();
         let oldest =
             levels.levels.iter().flatten().map(|e| now.saturating_duration_since(e.enqueued_at)).max();
         QueueStats { by_level, pending: levels.pending.len(), oldest }

@@ -12,11 +12,12 @@
 //! own traffic and the traffic it carries for others never starve each other. Order holds
 //! per origin, since one origin's messages all wait on the same side.
 
-use std::collections::VecDeque;
 use std::time::Instant;
 
 use linkbus_plugin_api::Message;
 use linkbus_plugin_api::message::{Kind, PRIORITY_LEVEL_MAX};
+
+use crate::segmented::Segmented;
 
 /// Classes: levels 0..=9, the system class (10) and files (11).
 pub const CLASSES: usize = PRIORITY_LEVEL_MAX as usize + 3;
@@ -33,7 +34,7 @@ const RELAYED: usize = 1;
 pub(crate) type Queued = (Message, Instant, Option<u64>);
 
 /// One class: this node's own messages and relayed ones, each in order.
-type Class = [VecDeque<Waiting>; 2];
+type Class = [Segmented<Waiting>; 2];
 
 /// A queued message with its encoded size, counted once when it enters.
 type Waiting = (Queued, u64);
@@ -100,7 +101,7 @@ impl TransmissionQueue {
     /// wait.
     pub(crate) fn new(class_messages_max: u64, class_bytes_max: u64, forward_share: u8) -> Self {
         Self {
-            classes: (0..CLASSES).map(|_| [VecDeque::new(), VecDeque::new()]).collect(),
+            classes: (0..CLASSES).map(|_| [Segmented::default(), Segmented::default()]).collect(),
             class_messages_max,
             class_bytes_max,
             bytes: [0; CLASSES],
@@ -248,7 +249,7 @@ impl TransmissionQueue {
     fn take(&mut self, class: usize, ready: &impl Fn(&Message) -> bool) -> Option<Queued> {
         let c = self.classes.get_mut(class)?;
         let (balance, bytes) = (self.balance.get_mut(class)?, self.bytes.get_mut(class)?);
-        let waiting = |q: &VecDeque<Waiting>| q.front().is_some_and(|((m, _, _), _)| ready(m));
+        let waiting = |q: &Segmented<Waiting>| q.front().is_some_and(|((m, _, _), _)| ready(m));
         let side = match (waiting(&c[OWN]), waiting(&c[RELAYED])) {
             (false, false) => return None,
             (true, false) => OWN,

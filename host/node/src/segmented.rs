@@ -1,0 +1,180 @@
+//! A double-ended queue kept in segments of fixed room, for queues that can grow deep.
+//!
+//! A `VecDeque` grows by moving everything it holds into a buffer twice as large. Under a
+//! queue's lock, with a million messages waiting, that is a copy of hundreds of megabytes
+//! and the page faults of the new buffer: every user of the queue (a put, the link bringing
+//! an urgent message in, a get) waits many milliseconds, at each doubling. Here growing
+//! adds a segment and never moves what is already queued, so no operation costs more than
+//! one segment's allocation. The last segment emptied is kept for the next one needed, so a
+//! queue whose length goes up and down by less than a segment allocates nothing.
+
+use std::collections::VecDeque;
+
+/// Items in one segment (a queue entry is about 256 bytes: 32 KiB, below the size at
+/// which freeing a block makes the allocator sort its small free blocks).
+const SEGMENT_LEN: usize = 128;
+
+/// See the module doc. Never holds an empty segment.
+#[derive(Debug)]
+pub(crate) struct Segmented<T> {
+    segments: VecDeque<VecDeque<T>>,
+    len: usize,
+    /// An emptied segment, for the next one needed.
+    spare: Option<VecDeque<T>>,
+}
+
+impl<T> Default for Segmented<T> {
+    fn default() -> Self {
+        Self { segments: VecDeque::new(), len: 0, spare: None }
+    }
+}
+
+impl<T> Segmented<T> {
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub(crate) fn front(&self) -> Option<&T> {
+        self.segments.front().and_then(VecDeque::front)
+    }
+
+    pub(crate) fn push_back(&mut self, item: T) {
+        match self.segments.back_mut() {
+            Some(last) if last.len() < SEGMENT_LEN => last.push_back(item),
+            _ => {
+                let mut segment = self.new_segment();
+                segment.push_back(item);
+                self.segments.push_back(segment);
+            }
+        }
+        self.len += 1;
+    }
+
+    pub(crate) fn push_front(&mut self, item: T) {
+        match self.segments.front_mut() {
+            Some(first) if first.len() < SEGMENT_LEN => first.push_front(item),
+            _ => {
+                let mut segment = self.new_segment();
+                segment.push_front(item);
+                self.segments.push_front(segment);
+            }
+        }
+        self.len += 1;
+    }
+
+    pub(crate) fn pop_front(&mut self) -> Option<T> {
+        let first = self.segments.front_mut()?;
+        let item = first.pop_front();
+        if first.is_empty() {
+            self.spare = self.segments.pop_front();
+        }
+        self.len -= usize::from(item.is_some());
+        item
+    }
+
+    fn new_segment(&mut self) -> VecDeque<T> {
+        self.spare.take().unwrap_or_else(|| VecDeque::with_capacity(SEGMENT_LEN))
+    }
+
+    /// Keeps the items for which `keep` returns `true`, in their order.
+    pub(crate) fn retain_mut(&mut self, mut keep: impl FnMut(&mut T) -> bool) {
+        for segment in &mut self.segments {
+            segment.retain_mut(&mut keep);
+        }
+        self.segments.retain(|s| !s.is_empty());
+        self.len = self.segments.iter().map(VecDeque::len).sum();
+    }
+
+    /// The items, front to back.
+    pub(crate) fn iter(&self) -> std::iter::Flatten<std::collections::vec_deque::Iter<'_, VecDeque<T>>> {
+        self.segments.iter().flatten()
+    }
+}
+
+impl<'a, T> IntoIterator for &'a Segmented<T> {
+    type Item = &'a T;
+    type IntoIter = std::iter::Flatten<std::collections::vec_deque::Iter<'a, VecDeque<T>>>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.iter()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn it_behaves_as_a_deque_across_segment_ends() {
+        let (mut segmented, mut model) = (Segmented::default(), VecDeque::new());
+        // A fixed pseudo-random walk of pushes and pops at both ends, deep enough for many
+        // segments, emptied on the way several times.
+        let mut state = 0x2545_f491_4f6c_dd1d_u64;
+        for step in 0..200_000u32 {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            let bias = if (step / 20_000) % 2 == 0 { 6 } else { 3 };
+            match state % 10 {
+                r if r < bias => {
+                    if r % 3 == 0 {
+                        segmented.push_front(step);
+                        model.push_front(step);
+                    } else {
+                        segmented.push_back(step);
+                        model.push_back(step);
+                    }
+                }
+                _ => assert_eq!(segmented.pop_front(), model.pop_front()),
+            }
+            assert_eq!(segmented.len(), model.len());
+            assert_eq!(segmented.front(), model.front());
+            if step % 10_007 == 0 {
+                assert!(segmented.iter().eq(model.iter()));
+                assert!(segmented.iter().rev().eq(model.iter().rev()));
+            }
+        }
+        assert!(segmented.segments.iter().all(|s| !s.is_empty() && s.capacity() >= SEGMENT_LEN));
+        while let Some(item) = model.pop_front() {
+            assert_eq!(segmented.pop_front(), Some(item));
+        }
+        assert!(segmented.is_empty() && segmented.segments.is_empty() && segmented.pop_front().is_none());
+    }
+
+    #[test]
+    fn retain_keeps_the_order_and_drops_emptied_segments() {
+        let mut segmented = Segmented::default();
+        (0..2_000u32).for_each(|n| segmented.push_back(n));
+        segmented.retain_mut(|n| *n % 3 == 0 || (600..1_100).contains(n));
+        let kept: Vec<u32> = (0..2_000).filter(|n| n % 3 == 0 || (600..1_100).contains(n)).collect();
+        assert!(segmented.iter().copied().eq(kept.iter().copied()));
+        assert_eq!(segmented.len(), kept.len());
+        segmented.retain_mut(|n| *n >= 1_990);
+        assert_eq!(segmented.segments.len(), 1, "emptied segments are gone");
+        assert_eq!((&segmented).into_iter().count(), segmented.len());
+    }
+
+    #[test]
+    fn an_emptied_segment_serves_the_next() {
+        let mut segmented = Segmented::default();
+        (0..SEGMENT_LEN as u32 + 1).for_each(|n| segmented.push_back(n));
+        (0..SEGMENT_LEN).for_each(|_| drop(segmented.pop_front()));
+        assert!(segmented.spare.is_some(), "the emptied segment is kept");
+        (0..SEGMENT_LEN as u32).for_each(|n| segmented.push_back(n));
+        assert!(segmented.spare.is_none(), "and taken for the next one");
+        assert_eq!(segmented.segments.len(), 2);
+    }
+
+    #[test]
+    fn growing_never_moves_what_is_queued() {
+        let mut segmented = Segmented::default();
+        segmented.push_back(0u64);
+        let first: *const u64 = segmented.front().expect("one item");
+        (1..100_000).for_each(|n| segmented.push_back(n));
+        assert!(std::ptr::eq(first, segmented.front().expect("items")), "the first item stayed where it was");
+    }
+}
