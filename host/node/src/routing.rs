@@ -6,6 +6,7 @@
 //! naming only the recipients routed through that hop, so no node downstream reaches a
 //! recipient twice.
 
+use std::collections::HashMap;
 use std::sync::{Arc, PoisonError, RwLock};
 
 use linkbus_plugin_api::registry::{self, BuildContext, Factory, PluginError};
@@ -18,7 +19,15 @@ pub struct Routing {
     local: NodeName,
     neighbours: Vec<NodeName>,
     router: RwLock<Arc<dyn Router>>,
+    /// The router's answers so far, by destination (at most [`DECIDED_MAX`]). A router is
+    /// a pure function of the destination and the topology, so an answer holds until the
+    /// router is replaced; asking it again for every message cost a lock, a list of
+    /// candidate routes and a sort.
+    decided: RwLock<HashMap<NodeName, Result<NodeName, String>>>,
 }
+
+/// Most destinations whose next hop is remembered; past it the answers start afresh.
+const DECIDED_MAX: usize = 4096;
 
 impl std::fmt::Debug for Routing {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -73,12 +82,17 @@ impl Routing {
             local: config.node.name.clone(),
             neighbours: config.peers.iter().map(|p| p.name.clone()).collect(),
             router: RwLock::new(build_router(config)?),
+            decided: RwLock::default(),
         })
     }
 
     /// Replaces the router (a reload).
     pub fn replace(&self, router: Arc<dyn Router>) {
-        *self.router.write().unwrap_or_else(PoisonError::into_inner) = router;
+        let mut current = self.router.write().unwrap_or_else(PoisonError::into_inner);
+        *current = router;
+        // Under the router's lock: an answer of the old router is written, if at all,
+        // before this (see `next_hop`).
+        self.decided.write().unwrap_or_else(PoisonError::into_inner).clear();
     }
 
     /// The destination patterns of the router's routes.
@@ -106,13 +120,26 @@ impl Routing {
         if self.neighbours.contains(destination) {
             return Ok(Hop::Via(destination.clone()));
         }
-        let via = self.router().next_hop(destination, &self.topology()).map_err(|e| e.to_string())?;
-        if via == self.local || !self.neighbours.contains(&via) {
-            return Err(format!(
-                "the route to node '{destination}' goes through '{via}', which is not a neighbour"
-            ));
+        if let Some(decided) = self.decided.read().unwrap_or_else(PoisonError::into_inner).get(destination) {
+            return decided.clone().map(Hop::Via);
         }
-        Ok(Hop::Via(via))
+        // The router stays while its answer is written down (`replace` waits for it).
+        let router = self.router.read().unwrap_or_else(PoisonError::into_inner);
+        let decided = match router.next_hop(destination, &self.topology()) {
+            Ok(via) if via == self.local || !self.neighbours.contains(&via) => Err(format!(
+                "the route to node '{destination}' goes through '{via}', which is not a neighbour"
+            )),
+            Ok(via) => Ok(via),
+            Err(e) => Err(e.to_string()),
+        };
+        let mut known = self.decided.write().unwrap_or_else(PoisonError::into_inner);
+        if known.len() >= DECIDED_MAX {
+            known.clear();
+        }
+        known.insert(destination.clone(), decided.clone());
+        drop(known);
+        drop(router);
+        decided.map(Hop::Via)
     }
 
     /// The decision for `destination` with its reasons, as lines for people.
@@ -318,5 +345,30 @@ mod tests {
         assert_eq!(r.explain(&name("C1"))[1], "  route 1 'C*' via B lost: direct neighbours win over routes");
         assert_eq!(r.explain(&name("C2")), ["C2: next hop B, by route 1 'C*' via B"]);
         assert_eq!(r.explain(&name("E")), ["E: no route: no route matches 'E' (2 routes)"]);
+    }
+
+    #[test]
+    fn answers_are_kept_until_the_router_is_replaced_and_stay_bounded() {
+        let yaml = |routes: &str| {
+            format!(
+                "node: {{ name: A }}\nsecurity: {{ insecure_plaintext: true }}\n\
+                 peers: [ {{ name: B, address: 127.0.0.1:1 }}, {{ name: C, address: 127.0.0.1:2 }} ]\n\
+                 routes: [ {routes} ]"
+            )
+        };
+        let r = routing(&yaml("{ to: 'X*', via: B }"));
+        // Asked twice: the second answer is the one kept, and says the same.
+        for _ in 0..2 {
+            assert_eq!(r.next_hop(&name("X1")), Ok(Hop::Via(name("B"))));
+            assert_eq!(r.next_hop(&name("Y")), Err("no route to node 'Y'".into()));
+        }
+        r.replace(build_router(&config(&yaml("{ to: 'X*', via: C }, { to: 'Y', via: B }"))).unwrap());
+        assert_eq!(r.next_hop(&name("X1")), Ok(Hop::Via(name("C"))), "the new router decides");
+        assert_eq!(r.next_hop(&name("Y")), Ok(Hop::Via(name("B"))));
+        for n in 0..DECIDED_MAX + 10 {
+            assert_eq!(r.next_hop(&name(&format!("X{n}"))), Ok(Hop::Via(name("C"))));
+        }
+        let kept = r.decided.read().unwrap().len();
+        assert!((1..=DECIDED_MAX).contains(&kept), "{kept} answers kept");
     }
 }
