@@ -14,7 +14,8 @@ use std::collections::VecDeque;
 /// which freeing a block makes the allocator sort its small free blocks).
 const SEGMENT_LEN: usize = 128;
 
-/// See the module doc. Never holds an empty segment.
+/// See the module doc. Holds no empty segment (but for one left by a `retain_mut` whose
+/// closure panicked, which `front` and `pop_front` step over).
 #[derive(Debug)]
 pub(crate) struct Segmented<T> {
     segments: VecDeque<VecDeque<T>>,
@@ -39,7 +40,7 @@ impl<T> Segmented<T> {
     }
 
     pub(crate) fn front(&self) -> Option<&T> {
-        self.segments.front().and_then(VecDeque::front)
+        self.segments.iter().find_map(VecDeque::front)
     }
 
     pub(crate) fn push_back(&mut self, item: T) {
@@ -67,13 +68,17 @@ impl<T> Segmented<T> {
     }
 
     pub(crate) fn pop_front(&mut self) -> Option<T> {
-        let first = self.segments.front_mut()?;
-        let item = first.pop_front();
-        if first.is_empty() {
-            self.spare = self.segments.pop_front();
+        loop {
+            let first = self.segments.front_mut()?;
+            let item = first.pop_front();
+            if first.is_empty() {
+                self.spare = self.segments.pop_front();
+            }
+            if item.is_some() {
+                self.len -= 1;
+                return item;
+            }
         }
-        self.len -= usize::from(item.is_some());
-        item
     }
 
     fn new_segment(&mut self) -> VecDeque<T> {
@@ -83,10 +88,11 @@ impl<T> Segmented<T> {
     /// Keeps the items for which `keep` returns `true`, in their order.
     pub(crate) fn retain_mut(&mut self, mut keep: impl FnMut(&mut T) -> bool) {
         for segment in &mut self.segments {
+            let before = segment.len();
             segment.retain_mut(&mut keep);
+            self.len -= before - segment.len();
         }
         self.segments.retain(|s| !s.is_empty());
-        self.len = self.segments.iter().map(VecDeque::len).sum();
     }
 
     /// The items, front to back.
@@ -156,6 +162,27 @@ mod tests {
         segmented.retain_mut(|n| *n >= 1_990);
         assert_eq!(segmented.segments.len(), 1, "emptied segments are gone");
         assert_eq!((&segmented).into_iter().count(), segmented.len());
+    }
+
+    #[test]
+    fn a_retain_whose_closure_panics_leaves_a_consistent_queue() {
+        let mut segmented = Segmented::default();
+        (0..1_000u32).for_each(|n| segmented.push_back(n));
+        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            segmented.retain_mut(|n| {
+                assert!(*n != 700, "a bug in the closure");
+                *n >= 300
+            });
+        }));
+        assert!(outcome.is_err());
+        let len = segmented.len();
+        let mut left = Vec::new();
+        while let Some(n) = segmented.pop_front() {
+            left.push(n);
+        }
+        assert_eq!(left.len(), len, "len counts what is there");
+        assert!(left.iter().all(|n| *n >= 300), "what was dropped before the panic is gone");
+        assert!(segmented.is_empty() && segmented.front().is_none());
     }
 
     #[test]

@@ -88,6 +88,10 @@ struct Gathered {
 }
 
 impl Gathered {
+    fn is_empty(&self) -> bool {
+        self.merged.is_empty() && self.waiters.is_empty() && !self.sync
+    }
+
     fn take(&mut self, job: Job, counts: &CommitStats) {
         match job {
             Job::Write(batch) => {
@@ -187,26 +191,95 @@ impl Jobs {
         true
     }
 
+    /// Takes no more jobs; the store thread finishes those queued.
     fn close(&self) {
         self.lock().open = false;
         self.arrived.notify_one();
     }
+
+    /// Takes no more jobs and returns those queued (the store thread ended).
+    fn abandon(&self) -> Vec<Job> {
+        let mut queue = self.lock();
+        queue.open = false;
+        std::mem::take(&mut queue.jobs)
+    }
 }
 
-/// Closes the queue when the store thread ends, however it ends.
+/// Closes the queue when the store thread ends, however it ends: jobs left behind (it
+/// panicked) are dropped, so their waiters hear that it stopped instead of waiting forever.
 struct ClosedOnExit(Arc<Jobs>);
 
 impl Drop for ClosedOnExit {
     fn drop(&mut self) {
-        self.0.close();
+        let left = self.0.abandon();
+        drop(left);
     }
 }
+
+/// Room for this many jobs is kept in the store thread's lists after a burst.
+const JOBS_ROOM_KEPT: usize = 4096;
 
 impl Drop for Committer {
     fn drop(&mut self) {
         if let Some(jobs) = &self.jobs {
             jobs.close();
         }
+    }
+}
+
+/// The store thread: takes what has arrived, applies it as one store batch (synced when
+/// somebody waits for that), answers the waiters; until the handle drops and the jobs
+/// queued before are done.
+fn run(store: &dyn Store, jobs: &Jobs, counts: &CommitStats, failed: &Failure) {
+    // After a failure nothing more is written, and every waiter hears of it (a store that
+    // does not poison itself is treated as if it did).
+    let mut poisoned: Option<StoreError> = None;
+    let mut arrived = Vec::new();
+    let mut gathered = Gathered::default();
+    loop {
+        let open = jobs.take_into(&mut arrived);
+        let any = !arrived.is_empty();
+        // Most jobs are writes of one change: room for them in one allocation.
+        gathered.merged.ops.reserve(arrived.len());
+        arrived.drain(..).for_each(|job| gathered.take(job, counts));
+        arrived.shrink_to(JOBS_ROOM_KEPT);
+        if open && gathered.holds > 0 {
+            // A holder is still writing: its writes go into this batch.
+            continue;
+        }
+        if any || !gathered.is_empty() {
+            commit(store, std::mem::take(&mut gathered), &mut poisoned, counts, failed);
+        }
+        if !open {
+            return;
+        }
+    }
+}
+
+/// Applies `gathered` and answers its waiters.
+fn commit(
+    store: &dyn Store,
+    gathered: Gathered,
+    poisoned: &mut Option<StoreError>,
+    counts: &CommitStats,
+    failed: &Failure,
+) {
+    let Gathered { merged, waiters, sync, .. } = gathered;
+    let result = match (&*poisoned, merged.is_empty(), sync) {
+        (Some(e), _, _) => Err(e.clone()),
+        (None, true, true) => store.sync(),
+        (None, true, false) => Ok(()),
+        (None, false, _) => store.write(merged, sync),
+    };
+    if let Err(e) = &result {
+        poisoned.get_or_insert_with(|| e.clone());
+        failed.set(format!("the store failed, so the node cannot vouch for what it holds: {e}"));
+    }
+    counts.batches.fetch_add(1, Ordering::Relaxed);
+    counts.syncs.fetch_add(u64::from(sync), Ordering::Relaxed);
+    counts.waiters.fetch_add(waiters.len() as u64, Ordering::Relaxed);
+    for waiter in waiters {
+        waiter.answer(result.clone());
     }
 }
 
@@ -225,40 +298,8 @@ impl Committer {
         let failed = failure.clone();
         let closed = ClosedOnExit(jobs.clone());
         std::thread::Builder::new().name("linkbus-store".into()).spawn(move || {
-            let jobs = &closed.0;
-            // After a failure nothing more is written, and every waiter hears of it (a store
-            // that does not poison itself is treated as if it did).
-            let mut poisoned: Option<StoreError> = None;
-            let mut arrived = Vec::new();
-            let mut gathered = Gathered::default();
-            while jobs.take_into(&mut arrived) {
-                // Most jobs are writes of one change: room for them in one allocation.
-                gathered.merged.ops.reserve(arrived.len());
-                arrived.drain(..).for_each(|job| gathered.take(job, &counts));
-                if gathered.holds > 0 {
-                    // A holder is still writing: its writes go into this batch.
-                    continue;
-                }
-                let Gathered { merged, waiters, sync, .. } = std::mem::take(&mut gathered);
-                let result = match (&poisoned, merged.is_empty(), sync) {
-                    (Some(e), _, _) => Err(e.clone()),
-                    (None, true, true) => store.sync(),
-                    (None, true, false) => Ok(()),
-                    (None, false, _) => store.write(merged, sync),
-                };
-                if let Err(e) = &result {
-                    poisoned.get_or_insert_with(|| e.clone());
-                }
-                counts.batches.fetch_add(1, Ordering::Relaxed);
-                counts.syncs.fetch_add(u64::from(sync), Ordering::Relaxed);
-                counts.waiters.fetch_add(waiters.len() as u64, Ordering::Relaxed);
-                if let Err(e) = &result {
-                    failed.set(format!("the store failed, so the node cannot vouch for what it holds: {e}"));
-                }
-                for waiter in waiters {
-                    waiter.answer(result.clone());
-                }
-            }
+            run(store.as_ref(), &closed.0, &counts, &failed);
+            drop(closed);
         })?;
         Ok(Self { jobs: Some(jobs), direct: None, stats, failure })
     }
@@ -399,6 +440,8 @@ mod tests {
     fn what_was_handed_over_is_written_after_the_handle_drops() {
         let store: Arc<dyn Store> = Arc::new(linkbus_store_memory::MemoryStore::new());
         let committer = Committer::start(store.clone(), Arc::default()).unwrap();
+        // Even under a hold that never ends (its guard forgotten).
+        std::mem::forget(committer.hold());
         for n in 0..1000u32 {
             let mut batch = Batch::new();
             batch.put("s", n.to_be_bytes().to_vec(), "v");
@@ -411,6 +454,49 @@ mod tests {
             std::thread::sleep(std::time::Duration::from_millis(5));
         }
         assert_eq!(seen(), 1000, "the thread finishes the queue before it ends");
+    }
+
+    /// A store whose writes panic.
+    struct Panicking;
+
+    impl Store for Panicking {
+        fn durable(&self) -> bool {
+            true
+        }
+        fn write(&self, _: Batch, _: bool) -> Result<(), StoreError> {
+            panic!("a store bug");
+        }
+        fn get(&self, _: &str, _: &[u8]) -> Result<Option<bytes::Bytes>, StoreError> {
+            Ok(None)
+        }
+        fn scan(
+            &self,
+            _: &str,
+            _: Bound<&[u8]>,
+            _: Bound<&[u8]>,
+            _: usize,
+        ) -> Result<Vec<(bytes::Bytes, bytes::Bytes)>, StoreError> {
+            Ok(Vec::new())
+        }
+        fn spaces(&self) -> Result<Vec<String>, StoreError> {
+            Ok(Vec::new())
+        }
+        fn sync(&self) -> Result<(), StoreError> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn waiters_hear_of_a_store_thread_that_died_instead_of_waiting_forever() {
+        let committer = Committer::start(Arc::new(Panicking), Arc::default()).unwrap();
+        let mut batch = Batch::new();
+        batch.put("s", "k", "v");
+        committer.write(batch);
+        // Queued with the write, or after the thread died: either way an error, no hang.
+        let error = committer.sync_blocking().unwrap_err();
+        assert!(error.to_string().contains("store thread has stopped"), "{error}");
+        let error = committer.sync_blocking().unwrap_err();
+        assert!(error.to_string().contains("store thread has stopped"), "{error}");
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
