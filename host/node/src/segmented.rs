@@ -5,14 +5,18 @@
 //! and the page faults of the new buffer: every user of the queue (a put, the link bringing
 //! an urgent message in, a get) waits many milliseconds, at each doubling. Here growing
 //! adds a segment and never moves what is already queued, so no operation costs more than
-//! one segment's allocation. The last segment emptied is kept for the next one needed, so a
-//! queue whose length goes up and down by less than a segment allocates nothing.
+//! one segment's allocation. Segments are as large as the queue is long, from
+//! [`SEGMENT_LEN_MIN`] to [`SEGMENT_LEN`] items, so a short queue holds little room. The
+//! last segment emptied is kept for the next one needed, so a queue whose length goes up
+//! and down by less than a segment allocates nothing.
 
 use std::collections::VecDeque;
 
-/// Items in one segment (a queue entry is about 256 bytes: 32 KiB, below the size at
+/// Most items in one segment (a queue entry is about 256 bytes: 32 KiB, below the size at
 /// which freeing a block makes the allocator sort its small free blocks).
 const SEGMENT_LEN: usize = 128;
+/// Fewest items in one segment.
+const SEGMENT_LEN_MIN: usize = 8;
 
 /// See the module doc. Holds no empty segment (but for one left by a `retain_mut` whose
 /// closure panicked, which `front` and `pop_front` step over).
@@ -45,7 +49,7 @@ impl<T> Segmented<T> {
 
     pub(crate) fn push_back(&mut self, item: T) {
         match self.segments.back_mut() {
-            Some(last) if last.len() < SEGMENT_LEN => last.push_back(item),
+            Some(last) if last.len() < last.capacity() => last.push_back(item),
             _ => {
                 let mut segment = self.new_segment();
                 segment.push_back(item);
@@ -57,7 +61,7 @@ impl<T> Segmented<T> {
 
     pub(crate) fn push_front(&mut self, item: T) {
         match self.segments.front_mut() {
-            Some(first) if first.len() < SEGMENT_LEN => first.push_front(item),
+            Some(first) if first.len() < first.capacity() => first.push_front(item),
             _ => {
                 let mut segment = self.new_segment();
                 segment.push_front(item);
@@ -81,8 +85,14 @@ impl<T> Segmented<T> {
         }
     }
 
+    /// An empty segment (filled to its capacity, never beyond: it is never moved): the
+    /// spare if it is large enough for a queue this long.
     fn new_segment(&mut self) -> VecDeque<T> {
-        self.spare.take().unwrap_or_else(|| VecDeque::with_capacity(SEGMENT_LEN))
+        let wanted = self.len.clamp(SEGMENT_LEN_MIN, SEGMENT_LEN);
+        match self.spare.take() {
+            Some(spare) if spare.capacity() >= wanted => spare,
+            _ => VecDeque::with_capacity(wanted),
+        }
     }
 
     /// Keeps the items for which `keep` returns `true`, in their order.
@@ -144,7 +154,11 @@ mod tests {
                 assert!(segmented.iter().rev().eq(model.iter().rev()));
             }
         }
-        assert!(segmented.segments.iter().all(|s| !s.is_empty() && s.capacity() >= SEGMENT_LEN));
+        assert!(segmented.segments.iter().all(|s| !s.is_empty() && s.capacity() <= 2 * SEGMENT_LEN));
+        assert!(
+            segmented.segments.len() <= 2 * model.len() / SEGMENT_LEN + 2,
+            "full-size segments when deep"
+        );
         while let Some(item) = model.pop_front() {
             assert_eq!(segmented.pop_front(), Some(item));
         }
@@ -186,14 +200,20 @@ mod tests {
     }
 
     #[test]
-    fn an_emptied_segment_serves_the_next() {
+    fn a_short_queue_holds_little_room_and_an_emptied_segment_serves_the_next() {
         let mut segmented = Segmented::default();
-        (0..SEGMENT_LEN as u32 + 1).for_each(|n| segmented.push_back(n));
-        (0..SEGMENT_LEN).for_each(|_| assert!(segmented.pop_front().is_some()));
+        segmented.push_back(0u32);
+        assert!(segmented.segments[0].capacity() < SEGMENT_LEN, "a short queue, a small segment");
+        (1..1_000).for_each(|n| segmented.push_back(n));
+        let first = segmented.segments[0].capacity();
+        (0..first).for_each(|_| assert!(segmented.pop_front().is_some()));
         assert!(segmented.spare.is_some(), "the emptied segment is kept");
-        (0..SEGMENT_LEN as u32).for_each(|n| segmented.push_back(n));
-        assert!(segmented.spare.is_none(), "and taken for the next one");
-        assert_eq!(segmented.segments.len(), 2);
+        // Filling the last segment, then one more: a new segment is needed.
+        let room = segmented.segments.back().map_or(0, |s| s.capacity() - s.len());
+        (0..=room as u32).for_each(|n| segmented.push_back(n));
+        assert!(segmented.spare.is_none(), "the spare is taken (or, too small, let go)");
+        let last = segmented.segments.back().expect("segments");
+        assert!(last.capacity() >= SEGMENT_LEN_MIN && last.len() == 1);
     }
 
     #[test]
