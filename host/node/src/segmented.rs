@@ -1,9 +1,10 @@
-//! A double-ended queue kept in segments of fixed room, for queues that can grow deep.
+//! A double-ended queue kept in segments that never move, for queues that can grow deep.
 //!
-//! A `VecDeque` grows by moving everything it holds into a buffer twice as large. Under a
-//! queue's lock, with a million messages waiting, that is a copy of hundreds of megabytes
-//! and the page faults of the new buffer: every user of the queue (a put, the link bringing
-//! an urgent message in, a get) waits many milliseconds, at each doubling. Here growing
+//! A `VecDeque` grows into a buffer twice as large, copying the wrapped part of what it
+//! holds (up to half). Under a queue's lock, with a million messages waiting, that is tens
+//! of megabytes and the page faults of the new buffer: every user of the queue (a put, the
+//! link bringing an urgent message in, a get) waits tens of milliseconds, at each doubling
+//! (60 ms at a million 256-byte entries, measured). Here growing
 //! adds a segment and never moves what is already queued, so no operation costs more than
 //! one segment's allocation. Segments are as large as the queue is long, from
 //! [`SEGMENT_LEN_MIN`] to [`SEGMENT_LEN`] items, so a short queue holds little room. The

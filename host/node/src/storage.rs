@@ -140,9 +140,10 @@ impl std::fmt::Debug for Committer {
 }
 
 /// The jobs handed to the store thread, in order. The thread swaps the whole list for its
-/// empty spare, so both lists keep their room and handing a job over allocates nothing
-/// (a channel allocates blocks in the writers' threads that the store thread frees, and
-/// under load that free waits for the writers' allocator lock).
+/// empty spare, so both lists keep their room (up to [`JOBS_ROOM_KEPT`]) and, once grown,
+/// handing a job over allocates nothing (a channel allocates blocks in the writers' threads
+/// that the store thread frees, and under load that free waits for the writers' allocator
+/// lock).
 struct Jobs {
     queue: Mutex<JobQueue>,
     arrived: Condvar,
@@ -211,8 +212,8 @@ struct ClosedOnExit(Arc<Jobs>);
 
 impl Drop for ClosedOnExit {
     fn drop(&mut self) {
-        let left = self.0.abandon();
-        drop(left);
+        // Dropped here, after `abandon` let go of the lock.
+        drop(self.0.abandon());
     }
 }
 
