@@ -12,7 +12,8 @@ use linkbus_plugin_api::{
     Address, Batch, Content, Lifetime, Message, MessageId, NodeName, PluginError, QueueName, Reliability,
     Store, StoreError, Transport,
 };
-use linkbus_proto::wire::{encoded_len_without_recipients, recipients_encoded_len};
+use linkbus_proto::wire::{address_encoded_len, encoded_len_without_recipients, recipients_encoded_len};
+use smallvec::SmallVec;
 use tracing::{debug, warn};
 
 use crate::api::protocol::ErrorCode;
@@ -227,9 +228,13 @@ type Failed = (DeadLetterCode, String, Vec<linkbus_plugin_api::Address>);
 /// Where one message goes: local queues, each once, and links, each once with the
 /// recipients routed through it.
 struct Targets<'a> {
-    local: Vec<&'a Arc<LocalQueue>>,
-    remote: Vec<(&'a Arc<LinkHandle>, Vec<linkbus_plugin_api::Address>)>,
+    local: SmallVec<[&'a Arc<LocalQueue>; 2]>,
+    remote: SmallVec<[(&'a Arc<LinkHandle>, Picked); 1]>,
 }
+
+/// The recipients a link's copy of a message names: their places among the message's
+/// recipients (a message to one node needs no list of its own: inline up to four).
+type Picked = SmallVec<[usize; 4]>;
 
 /// One place an arriving message goes.
 enum Target<'a> {
@@ -254,6 +259,15 @@ fn push_failed<T>(groups: &mut Vec<Result<T, Failed>>, code: DeadLetterCode, rea
 fn addressed_to(mut message: Message, recipients: Vec<linkbus_plugin_api::Address>) -> Message {
     if recipients.len() != message.content.recipients.len() {
         message.content.recipients = recipients;
+    }
+    message
+}
+
+/// `message` naming only the recipients at `picked` (in their order), or all of them.
+fn addressed_to_picked(mut message: Message, picked: &Picked) -> Message {
+    if picked.len() != message.content.recipients.len() {
+        let all = &message.content.recipients;
+        message.content.recipients = picked.iter().filter_map(|&i| all.get(i).cloned()).collect();
     }
     message
 }
@@ -939,8 +953,8 @@ impl NodeState {
 
     /// The local queues and links of `message`'s recipients, each once.
     fn targets(&self, message: &Message) -> Result<Targets<'_>, (ErrorCode, String)> {
-        let mut targets = Targets { local: Vec::new(), remote: Vec::new() };
-        for to in &message.content.recipients {
+        let mut targets = Targets { local: SmallVec::new(), remote: SmallVec::new() };
+        for (index, to) in message.content.recipients.iter().enumerate() {
             if &to.node == self.name() {
                 let queue = self.queues.get(&to.queue).ok_or((ErrorCode::UnknownQueue, to.to_string()))?;
                 if !targets.local.iter().any(|q| Arc::ptr_eq(q, queue)) {
@@ -949,8 +963,8 @@ impl NodeState {
             } else {
                 let link = self.link_towards(&to.node).map_err(|e| (ErrorCode::NoRoute, e))?;
                 match targets.remote.iter_mut().find(|(l, _)| Arc::ptr_eq(l, link)) {
-                    Some((_, recipients)) => recipients.push(to.clone()),
-                    None => targets.remote.push((link, vec![to.clone()])),
+                    Some((_, picked)) => picked.push(index),
+                    None => targets.remote.push((link, smallvec::smallvec![index])),
                 }
             }
         }
@@ -1026,8 +1040,8 @@ impl NodeState {
         for queue in targets.local {
             queue.push_bounded(take().expect(moved), now, u64::MAX).map_err(|e| queue_error(&e))?;
         }
-        for (link, recipients) in targets.remote {
-            link.enqueue_checked(addressed_to(take().expect(moved), recipients), now);
+        for (link, picked) in targets.remote {
+            link.enqueue_checked(addressed_to_picked(take().expect(moved), &picked), now);
         }
         Ok(())
     }
@@ -1242,9 +1256,9 @@ impl NodeState {
 
     /// Where an arriving message goes on this node: each distinct local recipient's queue,
     /// or why it cannot go there (dead-letter code, reason, the recipients concerned).
-    fn delivery_targets(&self, message: &Message) -> Vec<Result<&Arc<LocalQueue>, Failed>> {
-        let mut targets: Vec<Result<&Arc<LocalQueue>, Failed>> = Vec::new();
-        let mut seen: Vec<&QueueName> = Vec::new();
+    fn delivery_targets(&self, message: &Message) -> SmallVec<[Result<&Arc<LocalQueue>, Failed>; 1]> {
+        let mut targets = SmallVec::new();
+        let mut seen: SmallVec<[&QueueName; 2]> = SmallVec::new();
         for to in message.content.recipients.iter().filter(|to| &to.node == self.name()) {
             // A queue named twice among the recipients still gets one copy.
             if seen.contains(&&to.queue) {
@@ -1506,10 +1520,10 @@ fn put_error(index: usize, (code, message): (ErrorCode, String)) -> PutError {
 /// transmission class a message of the class, how many and their bytes (each link's copy
 /// names only the recipients routed through it). Refuses a message larger than a peer
 /// takes.
-fn tally<'a>(
-    planned: &[(&'a Message, &'a Targets<'a>)],
+fn tally<'a, 't: 'a>(
+    planned: &[(&'a Message, &'a Targets<'t>)],
 ) -> Result<(LocalTally<'a>, RemoteTally<'a>), (ErrorCode, String)> {
-    let (mut local, mut remote): (LocalTally<'a>, RemoteTally<'a>) = (Vec::new(), Vec::new());
+    let (mut local, mut remote): (LocalTally<'a>, RemoteTally<'a>) = (SmallVec::new(), SmallVec::new());
     for (message, targets) in planned {
         for queue in &targets.local {
             match local.iter_mut().find(|(q, _)| Arc::ptr_eq(q, queue)) {
@@ -1518,9 +1532,11 @@ fn tally<'a>(
             }
         }
         let others = encoded_len_without_recipients(message);
-        for (link, recipients) in &targets.remote {
+        let all = &message.content.recipients;
+        for (link, picked) in &targets.remote {
             // The copy for this link names only the recipients routed through it.
-            let encoded = others + recipients_encoded_len(recipients);
+            let encoded =
+                others + picked.iter().filter_map(|&i| all.get(i)).map(address_encoded_len).sum::<usize>();
             let max = link.peer_message_bytes_max.load(std::sync::atomic::Ordering::Relaxed);
             if max != 0 && encoded > max {
                 let msg =
@@ -1543,9 +1559,9 @@ fn tally<'a>(
 }
 
 /// Per local queue: how many messages.
-type LocalTally<'a> = Vec<(&'a Arc<LocalQueue>, usize)>;
+type LocalTally<'a> = SmallVec<[(&'a Arc<LocalQueue>, usize); 2]>;
 /// Per link and transmission class: a message of the class, how many, and their bytes.
-type RemoteTally<'a> = Vec<(&'a Arc<LinkHandle>, &'a Message, usize, u64)>;
+type RemoteTally<'a> = SmallVec<[(&'a Arc<LinkHandle>, &'a Message, usize, u64); 2]>;
 
 fn queue_error(e: &QueueError) -> (ErrorCode, String) {
     match e {
@@ -1594,6 +1610,41 @@ mod tests {
         let mut for_z = stored();
         keep_recipients_routed_through(&mut for_z, &NodeName::new("Z").unwrap(), &n.routing);
         assert_eq!(for_z.message, message, "none routed there: kept whole");
+    }
+
+    #[test]
+    fn each_link_gets_a_copy_naming_its_recipients_in_order_and_sized_as_sent() {
+        let text = "node: { name: A, listen: none }\npeers: [ { name: B }, { name: C } ]\n\
+                    routes: [ { to: 'D*', via: B } ]\nsecurity: { insecure_plaintext: true }\n\
+                    plugins: { store: { kind: memory } }";
+        let n = NodeState::new(config::from_value(&config::parse_yaml(text).unwrap()).unwrap()).unwrap();
+        let mut content = Content::buf("B:q".parse().unwrap(), "x");
+        content.recipients.extend(["C:q".parse().unwrap(), "D1:q".parse().unwrap(), "B:r".parse().unwrap()]);
+        let message = n.stamp(content, 0);
+        let targets = n.targets(&message).unwrap();
+        assert!(targets.local.is_empty());
+        let (_, remote) = tally(&[(&message, &targets)]).unwrap();
+        let copies: Vec<(String, Vec<String>, u64)> = targets
+            .remote
+            .iter()
+            .zip(&remote)
+            .map(|((link, picked), (_, _, n, bytes))| {
+                assert_eq!(*n, 1);
+                let copy = addressed_to_picked(message.clone(), picked);
+                assert_eq!(linkbus_proto::wire::encoded_len(&copy) as u64, *bytes, "sized as sent");
+                (
+                    link.peer.name.to_string(),
+                    copy.content.recipients.iter().map(ToString::to_string).collect(),
+                    *bytes,
+                )
+            })
+            .collect();
+        let names: Vec<(&str, Vec<&str>)> =
+            copies.iter().map(|(l, to, _)| (l.as_str(), to.iter().map(String::as_str).collect())).collect();
+        assert_eq!(names, [("B", vec!["B:q", "D1:q", "B:r"]), ("C", vec!["C:q"])]);
+        // A copy naming every recipient is the message itself.
+        let all: Picked = (0..4).collect();
+        assert_eq!(addressed_to_picked(message.clone(), &all), message);
     }
 
     fn refusal(node: &NodeState, content: Content) -> (ErrorCode, String) {

@@ -800,21 +800,27 @@ impl Session {
             }
             Ok(Arrival::Held) => self.stats.held += 1,
             Ok(Arrival::Dropped) => self.stats.dropped_ahead += 1,
-            Ok(Arrival::Delivered(messages)) => {
-                for (sequence, delivery) in messages {
-                    self.events.push_back(match delivery {
-                        Delivery::Message(message) => SessionEvent::Received { channel, sequence, message },
-                        Delivery::Skip { durable } => {
-                            SessionEvent::Skipped { channel, sequence, expired: None, durable }
-                        }
-                        Delivery::Expired { id, durable } => {
-                            self.stats.expired_on_the_way += 1;
-                            SessionEvent::Skipped { channel, sequence, expired: Some(id), durable }
-                        }
-                    });
+            Ok(Arrival::Delivered(sequence, delivery)) => {
+                self.hand_over(channel, sequence, delivery);
+                while let Some((sequence, delivery)) =
+                    self.lanes.get_mut(channel as usize).and_then(|lane| lane.receiver.next_unblocked(now))
+                {
+                    self.hand_over(channel, sequence, delivery);
                 }
             }
         }
+    }
+
+    /// Queues the event for a message handed over in order.
+    fn hand_over(&mut self, channel: u8, sequence: u64, delivery: Delivery) {
+        self.events.push_back(match delivery {
+            Delivery::Message(message) => SessionEvent::Received { channel, sequence, message },
+            Delivery::Skip { durable } => SessionEvent::Skipped { channel, sequence, expired: None, durable },
+            Delivery::Expired { id, durable } => {
+                self.stats.expired_on_the_way += 1;
+                SessionEvent::Skipped { channel, sequence, expired: Some(id), durable }
+            }
+        });
     }
 
     /// Room left in the reorder buffers, one budget for all channels of the link.

@@ -107,7 +107,12 @@ fn put_short(out: &mut BytesMut, bytes: &[u8]) {
 
 /// Bytes `recipients` take in an encoded content (after their count).
 pub fn recipients_encoded_len(recipients: &[Address]) -> usize {
-    recipients.iter().map(|a| 2 + a.node.as_str().len() + a.queue.as_str().len()).sum()
+    recipients.iter().map(address_encoded_len).sum()
+}
+
+/// Bytes one recipient takes in an encoded content.
+pub fn address_encoded_len(address: &Address) -> usize {
+    2 + address.node.as_str().len() + address.queue.as_str().len()
 }
 
 /// Bytes [`encode_content`] writes for `content`.

@@ -119,6 +119,10 @@ struct Assembly {
 
 /// What became of an arriving message.
 #[derive(Debug)]
+#[expect(
+    clippy::large_enum_variant,
+    reason = "returned once and moved on into the session's events; a box would be an allocation per message"
+)]
 pub(super) enum Arrival {
     /// Already handed to the host: acknowledge again, drop the copy.
     Duplicate,
@@ -126,8 +130,9 @@ pub(super) enum Arrival {
     Held,
     /// Ahead of a gap that the reorder buffer cannot bridge: dropped, the sender resends it.
     Dropped,
-    /// Handed over in order, with every held message it unblocked.
-    Delivered(Vec<(u64, Delivery)>),
+    /// Handed over in order; the held messages it unblocked follow from
+    /// [`Receiver::next_unblocked`].
+    Delivered(u64, Delivery),
 }
 
 /// See the module doc.
@@ -308,7 +313,7 @@ impl Receiver {
         }
         if self.skip_dedup && sequence <= self.received_through && !message.is_empty() {
             // The broken mode the fault tests must catch: a copy goes to the host again.
-            return Ok(Arrival::Delivered(vec![(sequence, Delivery::Message(decode_message(message)?))]));
+            return Ok(Arrival::Delivered(sequence, Delivery::Message(decode_message(message)?)));
         }
         if sequence <= self.received_through || self.held.contains_key(&sequence) {
             return Ok(Arrival::Duplicate);
@@ -328,14 +333,17 @@ impl Receiver {
             self.held_bytes += size;
             return Ok(Arrival::Held);
         }
-        let mut delivered = vec![(sequence, release(held, first, now))];
         self.received_through = sequence;
-        while let Some((next, size, first)) = self.held.remove(&(self.received_through + 1)) {
-            self.received_through += 1;
-            self.held_bytes -= size;
-            delivered.push((self.received_through, release(next, first, now)));
-        }
-        Ok(Arrival::Delivered(delivered))
+        Ok(Arrival::Delivered(sequence, release(held, first, now)))
+    }
+
+    /// The next held message in order, now that the gap before it is filled (after
+    /// [`Arrival::Delivered`], until `None`).
+    pub(super) fn next_unblocked(&mut self, now: Instant) -> Option<(u64, Delivery)> {
+        let (held, size, first) = self.held.remove(&(self.received_through + 1))?;
+        self.received_through += 1;
+        self.held_bytes -= size;
+        Some((self.received_through, release(held, first, now)))
     }
 
     /// The host stored everything up to `through`: returns whether that moved `expected`
