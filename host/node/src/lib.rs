@@ -48,6 +48,11 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tracing::info;
 
+/// A map keyed by names from the configuration (queues, peers): hashed with a fast
+/// hasher, as only the configuration chooses its keys (looking up a name a peer or
+/// client sent only probes it).
+pub type ByName<K, V> = std::collections::HashMap<K, V, rustc_hash::FxBuildHasher>;
+
 pub use client::{Client, ClientError, Delivery};
 pub use config::Config;
 pub use node::{NodeState, StartError};

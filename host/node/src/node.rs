@@ -1,7 +1,6 @@
 //! The node: its queues, links and store, and the two ways messages enter it — a client
 //! put (origin) and a delivery from a link (destination).
 
-use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -16,6 +15,7 @@ use linkbus_proto::wire::{address_encoded_len, encoded_len_without_recipients, r
 use smallvec::SmallVec;
 use tracing::{debug, warn};
 
+use crate::ByName;
 use crate::api::protocol::ErrorCode;
 use crate::config::{Config, QueueConfig, QueueOrder, WhenFull};
 use crate::events::{EVENT_KIND_HEADER, Event, EventKind, Subscriptions};
@@ -150,8 +150,8 @@ fn open_queues(
     committer: &Arc<crate::storage::Committer>,
     room: &Arc<tokio::sync::Notify>,
     now: Instant,
-) -> Result<HashMap<QueueName, Arc<LocalQueue>>, StartError> {
-    let mut queues = HashMap::new();
+) -> Result<ByName<QueueName, Arc<LocalQueue>>, StartError> {
+    let mut queues = ByName::default();
     // The node's own queues: FIFO, volatile, any message the node accepts.
     let own = |name: &str, max: u64| QueueConfig {
         name: QueueName::new(name).expect("valid"),
@@ -173,7 +173,7 @@ fn open_queues(
 /// Takes up what each link recorded as sending before a restart: the transmission queues
 /// refill (their lifetimes having counted on), and what was sent goes to the link tasks.
 fn restore_sending(
-    links: &HashMap<NodeName, Arc<LinkHandle>>,
+    links: &ByName<NodeName, Arc<LinkHandle>>,
     routing: &crate::routing::Routing,
     store: &dyn Store,
     now: Instant,
@@ -309,9 +309,9 @@ pub struct NodeState {
     /// The transport links use.
     pub transport: Arc<dyn Transport>,
     /// Local queues, the dead-letter queue included.
-    pub queues: HashMap<QueueName, Arc<LocalQueue>>,
+    pub queues: ByName<QueueName, Arc<LocalQueue>>,
     /// One link per configured peer.
-    pub links: HashMap<NodeName, Arc<LinkHandle>>,
+    pub links: ByName<NodeName, Arc<LinkHandle>>,
     /// Which link a message to another node takes.
     pub routing: crate::routing::Routing,
     /// Link security: mode, keys, replay check.
@@ -435,7 +435,7 @@ impl NodeState {
                 .map_err(|source| StartError::Io { what: "store thread".into(), source })?,
         );
         let queues = open_queues(&config, store.as_ref(), &committer, &room, now)?;
-        let links: HashMap<NodeName, Arc<LinkHandle>> = config
+        let links: ByName<NodeName, Arc<LinkHandle>> = config
             .peers
             .iter()
             .map(|p| {
@@ -1186,10 +1186,12 @@ impl NodeState {
         let event = message.content.kind == linkbus_plugin_api::Kind::Event;
         let dead =
             targets.iter().filter(|t| t.is_err()).count() + forwards.iter().filter(|f| f.is_err()).count();
-        let dlq = self.dead_letter_queue();
-        if dead > 0 && !event && !dlq.has_room(dead) {
-            let max = dlq.config().queue_messages_max;
-            return Err(QueueError::Full { queue: dlq.config().name.clone(), max });
+        if dead > 0 && !event {
+            let dlq = self.dead_letter_queue();
+            if !dlq.has_room(dead) {
+                let max = dlq.config().queue_messages_max;
+                return Err(QueueError::Full { queue: dlq.config().name.clone(), max });
+            }
         }
         // Room was checked everywhere: push past the limits rather than deliver partly.
         // (A message of this node that came back over a link reports nothing from here.)

@@ -319,16 +319,25 @@ impl Encoded {
     /// # Panics
     /// As [`encode_message`].
     pub fn of(message: &Message) -> Self {
+        Self::of_in(message, &mut Heads::default())
+    }
+
+    /// Like [`Encoded::of`], its head written in `heads`'s current buffer.
+    ///
+    /// # Panics
+    /// As [`encode_message`].
+    pub fn of_in(message: &Message, heads: &mut Heads) -> Self {
         let payload = &message.content.payload;
         let share = payload.len() >= Chunks::SHARE_BYTES_MIN;
         let len = message_encoded_len(message.id.source.as_str().len(), &message.content);
-        let mut head = BytesMut::with_capacity(if share { len - payload.len() } else { len });
-        encode_message_head(message, &mut head);
-        encode_content_head(&message.content, &mut head);
-        if !share {
-            head.put_slice(payload);
-        }
-        Self { head: head.freeze(), payload: if share { payload.clone() } else { Bytes::new() } }
+        let head = heads.write(if share { len - payload.len() } else { len }, |head| {
+            encode_message_head(message, head);
+            encode_content_head(&message.content, head);
+            if !share {
+                head.put_slice(payload);
+            }
+        });
+        Self { head, payload: if share { payload.clone() } else { Bytes::new() } }
     }
 
     /// Its length in bytes.
@@ -384,6 +393,40 @@ impl Encoded {
     /// shared); `None` when the bytes are not an encoded message.
     pub fn with_lifetime(&self, lifetime_ms: u64) -> Option<Self> {
         Some(Self { head: with_lifetime(&self.head, lifetime_ms)?, payload: self.payload.clone() })
+    }
+}
+
+/// Buffers that the heads of many [`Encoded`] messages are written in one after another,
+/// each head a slice of its buffer: a link encoding the messages it keeps until they are
+/// acknowledged allocates once per [`Heads::BUFFER_BYTES`] instead of once per message.
+/// A buffer goes when the last of its heads is dropped; acknowledgements come in order, so
+/// the heads of a buffer go at about the same time.
+#[derive(Debug, Default)]
+pub struct Heads {
+    /// The rest of the current buffer (empty, with the room left as its capacity).
+    rest: BytesMut,
+}
+
+impl Heads {
+    /// The size of each buffer.
+    pub const BUFFER_BYTES: usize = 64 * 1024;
+    /// A head this long or longer gets a buffer of its own (a large one would keep its
+    /// buffer's other heads' bytes alive, or leave much of the buffer unused).
+    pub const OWN_BYTES_MIN: usize = 8 * 1024;
+
+    /// The `len` bytes `write` puts in the buffer given to it, as a buffer of their own or
+    /// a slice of the current shared one.
+    fn write(&mut self, len: usize, write: impl FnOnce(&mut BytesMut)) -> Bytes {
+        if len >= Self::OWN_BYTES_MIN {
+            let mut own = BytesMut::with_capacity(len);
+            write(&mut own);
+            return own.freeze();
+        }
+        if self.rest.capacity() < len {
+            self.rest = BytesMut::with_capacity(Self::BUFFER_BYTES);
+        }
+        write(&mut self.rest);
+        self.rest.split().freeze()
     }
 }
 
@@ -582,6 +625,39 @@ mod tests {
         assert_eq!(decoded.content.lifetime, Some(Lifetime::from_ms(1234)));
         assert_eq!(decoded.content.payload, m.content.payload);
         assert_eq!(with_lifetime(&Bytes::from_static(b"\x01"), 5), None);
+    }
+
+    #[test]
+    fn heads_are_written_one_after_another_in_a_shared_buffer_until_it_is_full() {
+        let mut heads = Heads::default();
+        let mut m = sample();
+        m.content.name = "n".into();
+        m.content.payload = Bytes::from(vec![7u8; 1000]);
+        let first = Encoded::of_in(&m, &mut heads);
+        let second = Encoded::of_in(&m, &mut heads);
+        assert_eq!(first.to_bytes(), message_bytes(&m));
+        assert_eq!(second.to_bytes(), message_bytes(&m));
+        let [a, b] = [first.parts()[0], second.parts()[0]];
+        assert_eq!(b.as_ptr(), a.as_ptr().wrapping_add(a.len()), "the second head follows the first");
+        // A head that no longer fits starts a new buffer; what came before stays intact.
+        let per_buffer = Heads::BUFFER_BYTES / a.len();
+        let more: Vec<Encoded> = (0..per_buffer).map(|_| Encoded::of_in(&m, &mut heads)).collect();
+        let last = more.last().unwrap().parts()[0];
+        let in_first = |p: *const u8| p >= a.as_ptr() && p < a.as_ptr().wrapping_add(Heads::BUFFER_BYTES);
+        assert!(!in_first(last.as_ptr()), "a new buffer");
+        assert!(more.iter().chain([&first, &second]).all(|e| e.to_bytes() == message_bytes(&m)));
+        // A long head gets a buffer of its own, and the shared one goes on after it.
+        let mut long = m.clone();
+        long.content.name = "n".repeat(Heads::OWN_BYTES_MIN);
+        let own = Encoded::of_in(&long, &mut heads);
+        assert_eq!(own.to_bytes(), message_bytes(&long));
+        let next = Encoded::of_in(&m, &mut heads);
+        assert_eq!(next.to_bytes(), message_bytes(&m));
+        assert_eq!(
+            next.parts()[0].as_ptr(),
+            last.as_ptr().wrapping_add(last.len()),
+            "the shared one went on"
+        );
     }
 
     #[test]

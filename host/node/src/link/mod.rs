@@ -31,7 +31,7 @@ use linkbus_plugin_api::{Batch, Lifetime, Message};
 use linkbus_proto::channel::{CHANNELS, channel_for};
 use linkbus_proto::frame::{CloseCode, Frame};
 use linkbus_proto::secure::SecureChannel;
-use linkbus_proto::wire::Encoded;
+use linkbus_proto::wire::{Encoded, Heads};
 use linkbus_proto::{DropReason, SendError, Session, SessionConfig, SessionError, SessionEvent};
 use tokio::sync::{Notify, mpsc, watch};
 use tracing::{debug, error, info, warn};
@@ -111,6 +111,8 @@ struct Link {
     /// synced before the message's bytes leave (or a crash of the process or the machine
     /// could send it twice, under a new number).
     unsynced: bool,
+    /// Where the heads of the messages handed to the session are written.
+    heads: Heads,
 }
 
 fn session_config(node: &NodeState, handle: &LinkHandle) -> SessionConfig {
@@ -209,6 +211,7 @@ pub async fn run(node: Arc<NodeState>, handle: Arc<LinkHandle>, mut shutdown: wa
         sent,
         acked_recorded,
         unsynced: false,
+        heads: Heads::default(),
         next_dial: handle.peer.address.as_ref().map(|_| tokio::time::Instant::now()),
         backoff: Backoff::new(links.reconnect_backoff_min_ms, links.reconnect_backoff_max_ms),
         node,
@@ -552,7 +555,7 @@ impl Link {
                 let expires_at = (!left.is_unlimited()).then(|| now + Duration::from_millis(left.as_ms()));
                 let channel = channel_of(&message);
                 // The payload of a large message is shared, not copied behind its head.
-                let bytes = Encoded::of(&message);
+                let bytes = Encoded::of_in(&message, &mut self.heads);
                 // A second handle on the bytes only for a message to record (a shared clone
                 // costs an allocation).
                 let recorded = self.handle.record.as_ref().zip(key).map(|(r, k)| (r, k, bytes.clone()));
