@@ -1186,12 +1186,8 @@ impl NodeState {
         let event = message.content.kind == linkbus_plugin_api::Kind::Event;
         let dead =
             targets.iter().filter(|t| t.is_err()).count() + forwards.iter().filter(|f| f.is_err()).count();
-        if dead > 0 && !event {
-            let dlq = self.dead_letter_queue();
-            if !dlq.has_room(dead) {
-                let max = dlq.config().queue_messages_max;
-                return Err(QueueError::Full { queue: dlq.config().name.clone(), max });
-            }
+        if !event {
+            self.dead_letter_room(dead)?;
         }
         // Room was checked everywhere: push past the limits rather than deliver partly.
         // (A message of this node that came back over a link reports nothing from here.)
@@ -1388,6 +1384,22 @@ impl NodeState {
             let code = if e.starts_with("store:") { ErrorCode::Internal } else { ErrorCode::Invalid };
             (code, e)
         })
+    }
+
+    /// Whether the dead-letter queue has room for `copies` more messages.
+    ///
+    /// # Errors
+    /// [`QueueError::Full`] when it has not.
+    fn dead_letter_room(&self, copies: usize) -> Result<(), QueueError> {
+        if copies == 0 {
+            return Ok(());
+        }
+        let dlq = self.dead_letter_queue();
+        if dlq.has_room(copies) {
+            return Ok(());
+        }
+        let max = dlq.config().queue_messages_max;
+        Err(QueueError::Full { queue: dlq.config().name.clone(), max })
     }
 
     fn dead_letter_queue(&self) -> &Arc<LocalQueue> {
