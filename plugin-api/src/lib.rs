@@ -36,10 +36,14 @@ pub use compressor::{CodecError, Compressor};
 pub use config::{ConfigErrors, ConfigIssue, ConfigValue, Diagnostics, Section};
 pub use filter::{Filter, FilterError, Hook, Verdict};
 pub use handler::{HandlerError, MessageHandler};
-pub use message::{Content, Group, Kind, Lifetime, Message, MessageError, MessageId, Priority, Reliability};
+pub use message::{
+    Content, Group, Kind, Lifetime, Message, MessageError, MessageId, Priority, Recipients, Reliability,
+};
 pub use name::{Address, NameError, NodeName, QueueName};
 pub use registry::{BuildContext, Factory, PluginEntry, PluginError};
 pub use router::{Explanation, Pattern, RouteError, Router, Topology};
+/// The small-vector crate [`Recipients`] is made of, for its `smallvec!` macro.
+pub use smallvec;
 pub use store::{Batch, Store, StoreError, WriteOp};
 pub use transport::{BoxFuture, Connection, Listener, Transport, TransportError};
 

@@ -191,6 +191,11 @@ pub struct Group {
     pub last: bool,
 }
 
+/// The recipients of a message: a list that holds one without an allocation of its own
+/// (most messages have one). Build it with `Recipients::from_iter`, `.into()` from a
+/// `Vec`, or [`smallvec::smallvec!`]; it reads as a slice.
+pub type Recipients = smallvec::SmallVec<[Address; 1]>;
+
 /// A message as its sender writes it: everything but the identity the node stamps.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Content {
@@ -199,7 +204,7 @@ pub struct Content {
     /// User label (a file name for file messages), at most [`MESSAGE_NAME_BYTES_MAX`] bytes.
     pub name: String,
     /// One or more `node:queue` destinations; each gets one copy.
-    pub recipients: Vec<Address>,
+    pub recipients: Recipients,
     /// Scheduling class.
     pub priority: Priority,
     /// Remaining lifetime; `None` takes the accepting node's configured default.
@@ -230,7 +235,7 @@ impl Content {
     /// assert!(c.validate().is_ok());
     /// ```
     pub fn buf(to: Address, payload: impl Into<Bytes>) -> Self {
-        Self { recipients: vec![to], payload: payload.into(), ..Self::default() }
+        Self { recipients: smallvec::smallvec![to], payload: payload.into(), ..Self::default() }
     }
 
     /// Sets the priority.
@@ -366,7 +371,7 @@ mod tests {
         c.name.push('n');
         assert!(matches!(c.validate(), Err(MessageError::TooLong { field: "name", .. })));
         c.name.clear();
-        c.recipients = vec![to(); RECIPIENTS_MAX + 1];
+        c.recipients = smallvec::smallvec![to(); RECIPIENTS_MAX + 1];
         assert!(matches!(c.validate(), Err(MessageError::TooLong { .. })));
         c.recipients.clear();
         assert_eq!(c.validate(), Err(MessageError::NoRecipient));

@@ -498,7 +498,7 @@ async fn shutdown_signal() {
 fn content_for(args: &PutArgs, payload: Bytes) -> anyhow::Result<Content> {
     let mut content = Content {
         name: args.label.clone(),
-        recipients: args.to.clone(),
+        recipients: args.to.clone().into(),
         priority: Priority::level(args.priority)?,
         lifetime: args
             .lifetime
@@ -809,7 +809,7 @@ async fn replay_one(client: &mut Client, message: &linkbus_plugin_api::Message) 
     }
     let mut content = message.content.clone();
     if let Some(failed) = content.header(DEAD_LETTER_RECIPIENTS_HEADER).filter(|f| !f.is_empty()) {
-        let failed: Result<Vec<Address>, _> = failed.split(',').map(str::parse).collect();
+        let failed: Result<linkbus_plugin_api::Recipients, _> = failed.split(',').map(str::parse).collect();
         content.recipients =
             failed.map_err(|e| anyhow::anyhow!("bad {DEAD_LETTER_RECIPIENTS_HEADER} header: {e}"))?;
     }

@@ -213,7 +213,8 @@ fn keep_recipients_routed_through(
 ) {
     let via_peer =
         |to: &&Address| matches!(routing.next_hop(&to.node), Ok(crate::routing::Hop::Via(v)) if &v == peer);
-    let kept: Vec<Address> = stored.message.content.recipients.iter().filter(via_peer).cloned().collect();
+    let kept: linkbus_plugin_api::Recipients =
+        stored.message.content.recipients.iter().filter(via_peer).cloned().collect();
     if kept.is_empty() || kept.len() == stored.message.content.recipients.len() {
         return;
     }
@@ -258,7 +259,7 @@ fn push_failed<T>(groups: &mut Vec<Result<T, Failed>>, code: DeadLetterCode, rea
 /// `message` as it goes to `recipients` (all of its own when they are all).
 fn addressed_to(mut message: Message, recipients: Vec<linkbus_plugin_api::Address>) -> Message {
     if recipients.len() != message.content.recipients.len() {
-        message.content.recipients = recipients;
+        message.content.recipients = recipients.into();
     }
     message
 }
@@ -1350,7 +1351,7 @@ impl NodeState {
             content.recipients.iter().cloned().chain(subscribers).collect();
         for to in targets {
             let mut copy = content.clone();
-            copy.recipients = vec![to];
+            copy.recipients = smallvec::smallvec![to];
             // The node's own message: system priority allowed, only its fields checked.
             if copy.validate().is_err() {
                 self.events_dropped.fetch_add(1, Ordering::Relaxed);
@@ -1683,7 +1684,7 @@ mod tests {
         let mut largest = Content::buf(to("B:q"), vec![0u8; 1000]);
         largest.headers = (0..64).map(|i| (format!("{i:0>128}"), "v".repeat(4096))).collect();
         largest.name = "n".repeat(48 * 1024);
-        largest.recipients = vec![to("B:q"); 64];
+        largest.recipients = smallvec::smallvec![to("B:q"); 64];
         largest.group = Some(linkbus_plugin_api::Group { id: "g".repeat(128), index: 0, last: true });
         largest.correlation_id = Some(bytes::Bytes::from(vec![1u8; 128]));
         assert!(n.put(vec![largest]).is_ok());

@@ -15,7 +15,8 @@ use linkbus_plugin_api::message::{
     MESSAGE_NAME_BYTES_MAX, RECIPIENTS_MAX,
 };
 use linkbus_plugin_api::{
-    Address, Content, Group, Kind, Lifetime, Message, MessageId, NodeName, Priority, QueueName, Reliability,
+    Address, Content, Group, Kind, Lifetime, Message, MessageId, NodeName, Priority, QueueName, Recipients,
+    Reliability,
 };
 
 use crate::reader::{ReadError, Reader};
@@ -486,7 +487,7 @@ pub fn read_content(r: &mut Reader) -> Result<Content, ReadError> {
     if count == 0 {
         return Err(invalid("recipients", "none"));
     }
-    let mut recipients = Vec::with_capacity(count);
+    let mut recipients = Recipients::with_capacity(count);
     for _ in 0..count {
         let node = node_name(r)?;
         let queue = r.short_str(QueueName::new)?.map_err(|e| invalid("queue name", e))?;

@@ -45,6 +45,10 @@ pub(super) enum PacketOutcome {
 
 /// What the host gets for a sequence number delivered in order.
 #[derive(Debug)]
+#[expect(
+    clippy::large_enum_variant,
+    reason = "moved once into the session's events; a box would be an allocation per message"
+)]
 pub(super) enum Delivery {
     /// A message, its lifetime counted down to now.
     Message(Message),
