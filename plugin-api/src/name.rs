@@ -105,7 +105,7 @@ fn shared(
     name: &str,
     check: impl FnOnce(&str) -> Result<(), NameError>,
 ) -> Result<Arc<str>, NameError> {
-    let known = RECENT.with_borrow(|r| r.names[kind].iter().find(|n| n.as_ref() == name).cloned());
+    let known = RECENT.with_borrow(|r| r.names[kind].iter().find(|n| same(n, name)).cloned());
     if let Some(known) = known {
         return Ok(known);
     }
@@ -122,6 +122,13 @@ fn shared(
     Ok(made)
 }
 
+/// Whether two names are the same text, compared byte by byte in place: names are short,
+/// and most candidates differ in length or first byte, where a call to `memcmp` costs more
+/// than the comparison.
+fn same(known: &str, name: &str) -> bool {
+    known.len() == name.len() && known.bytes().zip(name.bytes()).all(|(a, b)| a == b)
+}
+
 /// The name of a node: ASCII letters, digits, `.` and `_`, starting with a letter, at most
 /// [`NODE_NAME_CHARS_MAX`] characters.
 ///
@@ -130,7 +137,7 @@ fn shared(
 /// assert!(NodeName::new("A.east_1").is_ok());
 /// assert!(NodeName::new("1a").is_err());
 /// ```
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Debug, Clone, PartialOrd, Ord)]
 pub struct NodeName(Arc<str>);
 
 impl NodeName {
@@ -150,7 +157,7 @@ impl NodeName {
 
 /// The name of a queue on a node: ASCII letters, digits, `.`, `_` and `-`, starting with a
 /// letter, at most [`QUEUE_NAME_CHARS_MAX`] characters.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Debug, Clone, PartialOrd, Ord)]
 pub struct QueueName(Arc<str>);
 
 impl QueueName {
@@ -198,6 +205,19 @@ macro_rules! text_impls {
                 f.write_str(&self.0)
             }
         }
+        // By hand, not derived: the same shared string first, then the text byte by byte
+        // (see `same`); hashed as the text, as `Borrow<str>` requires.
+        impl PartialEq for $ty {
+            fn eq(&self, other: &Self) -> bool {
+                Arc::ptr_eq(&self.0, &other.0) || same(&self.0, &other.0)
+            }
+        }
+        impl Eq for $ty {}
+        impl std::hash::Hash for $ty {
+            fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+                self.0.hash(state);
+            }
+        }
         impl std::borrow::Borrow<str> for $ty {
             fn borrow(&self) -> &str {
                 &self.0
@@ -231,6 +251,20 @@ impl fmt::Display for Address {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn names_made_on_other_threads_are_equal_and_hash_as_their_text() {
+        let here = NodeName::new("A.east_1").unwrap();
+        let there = std::thread::spawn(|| NodeName::new("A.east_1").unwrap()).join().unwrap();
+        assert!(!Arc::ptr_eq(&here.0, &there.0), "made apart");
+        assert_eq!(here, there);
+        assert_ne!(here, NodeName::new("A.east_2").unwrap());
+        assert_ne!(here, NodeName::new("A.east").unwrap());
+        let queues: std::collections::HashSet<QueueName> =
+            ["orders", "DLQ"].into_iter().map(|q| QueueName::new(q).unwrap()).collect();
+        let orders = std::thread::spawn(|| QueueName::new("orders").unwrap()).join().unwrap();
+        assert!(queues.contains(&orders) && queues.contains("orders") && !queues.contains("order"));
+    }
 
     #[test]
     fn a_name_made_again_is_shared_and_bad_names_are_refused_however_many_good_ones_came_before() {
