@@ -11,7 +11,7 @@ use linkbus_plugin_api::{
     Address, Batch, Content, Lifetime, Message, MessageId, NodeName, PluginError, QueueName, Reliability,
     Store, StoreError, Transport,
 };
-use linkbus_proto::wire::{address_encoded_len, encoded_len_without_recipients, recipients_encoded_len};
+use linkbus_proto::wire::{address_encoded_len, encoded_len_without_recipients};
 use smallvec::SmallVec;
 use tracing::{debug, warn};
 
@@ -242,26 +242,18 @@ enum Target<'a> {
     /// A local queue.
     Local(&'a Arc<LocalQueue>),
     /// On through a link, for the recipients routed there.
-    Forward(&'a Arc<LinkHandle>, Vec<Address>),
+    Forward(&'a Arc<LinkHandle>, Picked),
 }
 
 /// The recipients routed through one link, or why some cannot be reached.
-type Group<'a> = Result<(&'a Arc<LinkHandle>, Vec<Address>), Failed>;
+type Group<'a> = Result<(&'a Arc<LinkHandle>, Picked), Failed>;
 
 /// Adds `to` to the failure group for `code`, or starts one.
-fn push_failed<T>(groups: &mut Vec<Result<T, Failed>>, code: DeadLetterCode, reason: String, to: &Address) {
+fn push_failed(groups: &mut SmallVec<[Group<'_>; 1]>, code: DeadLetterCode, reason: String, to: &Address) {
     match groups.iter_mut().find(|g| matches!(g, Err((c, _, _)) if *c == code)) {
         Some(Err((_, _, failed))) => failed.push(to.clone()),
         _ => groups.push(Err((code, reason, vec![to.clone()]))),
     }
-}
-
-/// `message` as it goes to `recipients` (all of its own when they are all).
-fn addressed_to(mut message: Message, recipients: Vec<linkbus_plugin_api::Address>) -> Message {
-    if recipients.len() != message.content.recipients.len() {
-        message.content.recipients = recipients.into();
-    }
-    message
 }
 
 /// `message` naming only the recipients at `picked` (in their order), or all of them.
@@ -1213,7 +1205,7 @@ impl NodeState {
             match target {
                 Ok(Target::Forward(link, recipients)) => {
                     let this = this().expect("the message is moved out at the last target only");
-                    let mut copy = addressed_to(this, recipients);
+                    let mut copy = addressed_to_picked(this, &recipients);
                     copy.hop_count = copy.hop_count.saturating_add(1);
                     if let Some(unused) = link.enqueue_with(copy, now, with_this) {
                         self.committer.write(unused);
@@ -1285,9 +1277,10 @@ impl NodeState {
     /// recipients routed through it (it gets a copy naming them, its hop count raised) — or
     /// why those recipients cannot be reached (no route, the hop limit, a full transmission
     /// queue).
-    fn forward_targets(&self, message: &Message) -> Vec<Group<'_>> {
-        let mut groups: Vec<Group<'_>> = Vec::new();
-        for to in message.content.recipients.iter().filter(|to| &to.node != self.name()) {
+    fn forward_targets(&self, message: &Message) -> SmallVec<[Group<'_>; 1]> {
+        let mut groups = SmallVec::new();
+        let all = &message.content.recipients;
+        for (index, to) in all.iter().enumerate().filter(|(_, to)| &to.node != self.name()) {
             if u64::from(message.hop_count) >= self.config.messages.hop_count_max {
                 let reason = format!(
                     "it passed {} relays, the most allowed (messages.hop_count_max on {}): a routing loop?",
@@ -1300,8 +1293,8 @@ impl NodeState {
             match self.link_towards(&to.node) {
                 Ok(link) => match groups.iter_mut().find(|g| matches!(g, Ok((l, _)) if Arc::ptr_eq(l, link)))
                 {
-                    Some(Ok((_, recipients))) => recipients.push(to.clone()),
-                    _ => groups.push(Ok((link, vec![to.clone()]))),
+                    Some(Ok((_, picked))) => picked.push(index),
+                    _ => groups.push(Ok((link, smallvec::smallvec![index]))),
                 },
                 Err(reason) => push_failed(&mut groups, DeadLetterCode::NoRoute, reason, to),
             }
@@ -1310,18 +1303,19 @@ impl NodeState {
         groups
             .into_iter()
             .map(|group| {
-                let (link, recipients) = group?;
+                let (link, picked) = group?;
+                let recipients = || picked.iter().filter_map(|&i| all.get(i));
                 // The copy for this link names only the recipients routed through it.
-                let bytes = others + recipients_encoded_len(&recipients);
+                let bytes = others + recipients().map(address_encoded_len).sum::<usize>();
                 if !link.has_room_for_many(message, 1, bytes as u64) {
                     let reason = format!(
                         "the transmission queue to {} is full ({})",
                         link.peer.name,
                         link.fill(message)
                     );
-                    return Err((DeadLetterCode::QueueFull, reason, recipients));
+                    return Err((DeadLetterCode::QueueFull, reason, recipients().cloned().collect()));
                 }
-                Ok((link, recipients))
+                Ok((link, picked))
             })
             .collect()
     }

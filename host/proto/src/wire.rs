@@ -320,7 +320,12 @@ impl Encoded {
     /// # Panics
     /// As [`encode_message`].
     pub fn of(message: &Message) -> Self {
-        Self::of_in(message, &mut Heads::default())
+        let payload = &message.content.payload;
+        let share = payload.len() >= Chunks::SHARE_BYTES_MIN;
+        let len = message_encoded_len(message.id.source.as_str().len(), &message.content);
+        let mut head = BytesMut::with_capacity(if share { len - payload.len() } else { len });
+        write_head(message, share, &mut head);
+        Self { head: head.freeze(), payload: if share { payload.clone() } else { Bytes::new() } }
     }
 
     /// Like [`Encoded::of`], its head written in `heads`'s current buffer.
@@ -332,11 +337,7 @@ impl Encoded {
         let share = payload.len() >= Chunks::SHARE_BYTES_MIN;
         let len = message_encoded_len(message.id.source.as_str().len(), &message.content);
         let head = heads.write(if share { len - payload.len() } else { len }, |head| {
-            encode_message_head(message, head);
-            encode_content_head(&message.content, head);
-            if !share {
-                head.put_slice(payload);
-            }
+            write_head(message, share, head);
         });
         Self { head, payload: if share { payload.clone() } else { Bytes::new() } }
     }
@@ -397,11 +398,21 @@ impl Encoded {
     }
 }
 
+/// `message` up to its payload, and the payload too unless it is `shared` apart.
+fn write_head(message: &Message, shared: bool, out: &mut BytesMut) {
+    encode_message_head(message, out);
+    encode_content_head(&message.content, out);
+    if !shared {
+        out.put_slice(&message.content.payload);
+    }
+}
+
 /// Buffers that the heads of many [`Encoded`] messages are written in one after another,
 /// each head a slice of its buffer: a link encoding the messages it keeps until they are
 /// acknowledged allocates once per [`Heads::BUFFER_BYTES`] instead of once per message.
-/// A buffer goes when the last of its heads is dropped; acknowledgements come in order, so
-/// the heads of a buffer go at about the same time.
+/// A buffer goes when the last of its heads is dropped: one `Heads` per stream whose
+/// messages are let go in order (a link's channel, acknowledged in order), so that the
+/// heads of a buffer go at about the same time.
 #[derive(Debug, Default)]
 pub struct Heads {
     /// The rest of the current buffer (empty, with the room left as its capacity).

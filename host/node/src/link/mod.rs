@@ -111,8 +111,9 @@ struct Link {
     /// synced before the message's bytes leave (or a crash of the process or the machine
     /// could send it twice, under a new number).
     unsynced: bool,
-    /// Where the heads of the messages handed to the session are written.
-    heads: Heads,
+    /// Per channel, where the heads of the messages handed to the session are written
+    /// (acknowledgements come in order within a channel, so a buffer's heads go together).
+    heads: [Heads; CHANNELS],
 }
 
 fn session_config(node: &NodeState, handle: &LinkHandle) -> SessionConfig {
@@ -211,7 +212,7 @@ pub async fn run(node: Arc<NodeState>, handle: Arc<LinkHandle>, mut shutdown: wa
         sent,
         acked_recorded,
         unsynced: false,
-        heads: Heads::default(),
+        heads: Default::default(),
         next_dial: handle.peer.address.as_ref().map(|_| tokio::time::Instant::now()),
         backoff: Backoff::new(links.reconnect_backoff_min_ms, links.reconnect_backoff_max_ms),
         node,
@@ -555,7 +556,10 @@ impl Link {
                 let expires_at = (!left.is_unlimited()).then(|| now + Duration::from_millis(left.as_ms()));
                 let channel = channel_of(&message);
                 // The payload of a large message is shared, not copied behind its head.
-                let bytes = Encoded::of_in(&message, &mut self.heads);
+                let bytes = match self.heads.get_mut(usize::from(channel)) {
+                    Some(heads) => Encoded::of_in(&message, heads),
+                    None => Encoded::of(&message),
+                };
                 // A second handle on the bytes only for a message to record (a shared clone
                 // costs an allocation).
                 let recorded = self.handle.record.as_ref().zip(key).map(|(r, k)| (r, k, bytes.clone()));
@@ -899,7 +903,9 @@ impl Link {
     }
 
     fn dropped(&self, message: Bytes, reason: DropReason, now: Instant) {
-        let decoded = linkbus_proto::wire::decode_message(message);
+        // Copied: the bytes may be a slice of a buffer shared with other messages' heads,
+        // and a dead letter can stay for long.
+        let decoded = linkbus_proto::wire::decode_message(Bytes::copy_from_slice(&message));
         match (reason, decoded) {
             (DropReason::Expired, Ok(m)) => {
                 warn!(peer = self.peer(), id = %m.id, "Message expired before it was resent.");
