@@ -1595,12 +1595,17 @@ mod tests {
         NodeState::new(config::from_value(&tree).unwrap()).unwrap()
     }
 
-    #[test]
-    fn records_from_before_routing_keep_only_the_recipients_of_their_link() {
+    /// Node A with peers B and C, and `D*` routed through B.
+    fn routed_node() -> Arc<NodeState> {
         let text = "node: { name: A, listen: none }\npeers: [ { name: B }, { name: C } ]\n\
                     routes: [ { to: 'D*', via: B } ]\nsecurity: { insecure_plaintext: true }\n\
                     plugins: { store: { kind: memory } }";
-        let n = NodeState::new(config::from_value(&config::parse_yaml(text).unwrap()).unwrap()).unwrap();
+        NodeState::new(config::from_value(&config::parse_yaml(text).unwrap()).unwrap()).unwrap()
+    }
+
+    #[test]
+    fn records_from_before_routing_keep_only_the_recipients_of_their_link() {
+        let n = routed_node();
         let mut content = Content::buf("B:q".parse().unwrap(), "x");
         content.recipients.extend(["C:q".parse().unwrap(), "D1:q".parse().unwrap()]);
         let message = n.stamp(content, 0);
@@ -1623,10 +1628,7 @@ mod tests {
 
     #[test]
     fn each_link_gets_a_copy_naming_its_recipients_in_order_and_sized_as_sent() {
-        let text = "node: { name: A, listen: none }\npeers: [ { name: B }, { name: C } ]\n\
-                    routes: [ { to: 'D*', via: B } ]\nsecurity: { insecure_plaintext: true }\n\
-                    plugins: { store: { kind: memory } }";
-        let n = NodeState::new(config::from_value(&config::parse_yaml(text).unwrap()).unwrap()).unwrap();
+        let n = routed_node();
         let mut content = Content::buf("B:q".parse().unwrap(), "x");
         content.recipients.extend(["C:q".parse().unwrap(), "D1:q".parse().unwrap(), "B:r".parse().unwrap()]);
         let message = n.stamp(content, 0);
