@@ -659,16 +659,16 @@ impl NodeState {
             let (deadline, waits) = match message.content.lifetime {
                 Some(l) if !l.is_unlimited() => {
                     let life = std::time::Duration::from_millis(l.as_ms());
-                    (deadline.min(tokio::time::Instant::now() + life), timeout.min(life))
+                    (deadline.min(tokio::time::Instant::from_std(now) + life), timeout.min(life))
                 }
                 _ => (deadline, timeout),
             };
             let (sequence, here) = (message.id.sequence, self.results_here(&message));
             let is_persistent = message.content.reliability == Reliability::Persistent;
             loop {
+                // Made before the check, so room given up after it wakes the wait below
+                // (`notify_waiters` reaches every `Notified` made before it, polled or not).
                 let room = self.room.notified();
-                tokio::pin!(room);
-                room.as_mut().enable();
                 let admission = self.admission.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
                 match self.admit(&message) {
                     Ok(targets) => {
