@@ -125,6 +125,7 @@ fn shared(
 /// Whether two names are the same text, compared byte by byte in place: names are short,
 /// and most candidates differ in length or first byte, where a call to `memcmp` costs more
 /// than the comparison.
+#[inline]
 fn same(known: &str, name: &str) -> bool {
     known.len() == name.len() && known.bytes().zip(name.bytes()).all(|(a, b)| a == b)
 }
@@ -208,12 +209,14 @@ macro_rules! text_impls {
         // By hand, not derived: the same shared string first, then the text byte by byte
         // (see `same`); hashed as the text, as `Borrow<str>` requires.
         impl PartialEq for $ty {
+            #[inline]
             fn eq(&self, other: &Self) -> bool {
                 Arc::ptr_eq(&self.0, &other.0) || same(&self.0, &other.0)
             }
         }
         impl Eq for $ty {}
         impl std::hash::Hash for $ty {
+            #[inline]
             fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
                 self.0.hash(state);
             }
