@@ -256,11 +256,20 @@ fn push_failed(groups: &mut SmallVec<[Group<'_>; 1]>, code: DeadLetterCode, reas
     }
 }
 
+/// The recipients at `picked` among `all`, in order.
+fn picked_from<'m>(all: &'m [Address], picked: &'m Picked) -> impl Iterator<Item = &'m Address> {
+    picked.iter().filter_map(|&i| all.get(i))
+}
+
+/// Bytes the recipients at `picked` among `all` take in an encoded copy.
+fn picked_encoded_len(all: &[Address], picked: &Picked) -> usize {
+    picked_from(all, picked).map(address_encoded_len).sum()
+}
+
 /// `message` naming only the recipients at `picked` (in their order), or all of them.
 fn addressed_to_picked(mut message: Message, picked: &Picked) -> Message {
     if picked.len() != message.content.recipients.len() {
-        let all = &message.content.recipients;
-        message.content.recipients = picked.iter().filter_map(|&i| all.get(i).cloned()).collect();
+        message.content.recipients = picked_from(&message.content.recipients, picked).cloned().collect();
     }
     message
 }
@@ -1304,16 +1313,19 @@ impl NodeState {
             .into_iter()
             .map(|group| {
                 let (link, picked) = group?;
-                let recipients = || picked.iter().filter_map(|&i| all.get(i));
                 // The copy for this link names only the recipients routed through it.
-                let bytes = others + recipients().map(address_encoded_len).sum::<usize>();
+                let bytes = others + picked_encoded_len(all, &picked);
                 if !link.has_room_for_many(message, 1, bytes as u64) {
                     let reason = format!(
                         "the transmission queue to {} is full ({})",
                         link.peer.name,
                         link.fill(message)
                     );
-                    return Err((DeadLetterCode::QueueFull, reason, recipients().cloned().collect()));
+                    return Err((
+                        DeadLetterCode::QueueFull,
+                        reason,
+                        picked_from(all, &picked).cloned().collect(),
+                    ));
                 }
                 Ok((link, picked))
             })
@@ -1544,8 +1556,7 @@ fn tally<'a, 't: 'a>(
         let all = &message.content.recipients;
         for (link, picked) in &targets.remote {
             // The copy for this link names only the recipients routed through it.
-            let encoded =
-                others + picked.iter().filter_map(|&i| all.get(i)).map(address_encoded_len).sum::<usize>();
+            let encoded = others + picked_encoded_len(all, picked);
             let max = link.peer_message_bytes_max.load(std::sync::atomic::Ordering::Relaxed);
             if max != 0 && encoded > max {
                 let msg =

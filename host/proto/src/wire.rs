@@ -320,12 +320,7 @@ impl Encoded {
     /// # Panics
     /// As [`encode_message`].
     pub fn of(message: &Message) -> Self {
-        let payload = &message.content.payload;
-        let share = payload.len() >= Chunks::SHARE_BYTES_MIN;
-        let len = message_encoded_len(message.id.source.as_str().len(), &message.content);
-        let mut head = BytesMut::with_capacity(if share { len - payload.len() } else { len });
-        write_head(message, share, &mut head);
-        Self { head: head.freeze(), payload: if share { payload.clone() } else { Bytes::new() } }
+        Self::placed(message, written)
     }
 
     /// Like [`Encoded::of`], its head written in `heads`'s current buffer.
@@ -333,11 +328,20 @@ impl Encoded {
     /// # Panics
     /// As [`encode_message`].
     pub fn of_in(message: &Message, heads: &mut Heads) -> Self {
+        Self::placed(message, |len, write| heads.write(len, write))
+    }
+
+    /// `message` encoded, its head written where `place` puts its length's worth.
+    fn placed(message: &Message, place: impl FnOnce(usize, &mut dyn FnMut(&mut BytesMut)) -> Bytes) -> Self {
         let payload = &message.content.payload;
         let share = payload.len() >= Chunks::SHARE_BYTES_MIN;
         let len = message_encoded_len(message.id.source.as_str().len(), &message.content);
-        let head = heads.write(if share { len - payload.len() } else { len }, |head| {
-            write_head(message, share, head);
+        let head = place(if share { len - payload.len() } else { len }, &mut |head| {
+            encode_message_head(message, head);
+            encode_content_head(&message.content, head);
+            if !share {
+                head.put_slice(payload);
+            }
         });
         Self { head, payload: if share { payload.clone() } else { Bytes::new() } }
     }
@@ -398,13 +402,11 @@ impl Encoded {
     }
 }
 
-/// `message` up to its payload, and the payload too unless it is `shared` apart.
-fn write_head(message: &Message, shared: bool, out: &mut BytesMut) {
-    encode_message_head(message, out);
-    encode_content_head(&message.content, out);
-    if !shared {
-        out.put_slice(&message.content.payload);
-    }
+/// The `len` bytes `write` puts in a buffer of their own.
+fn written(len: usize, write: &mut dyn FnMut(&mut BytesMut)) -> Bytes {
+    let mut own = BytesMut::with_capacity(len);
+    write(&mut own);
+    own.freeze()
 }
 
 /// Buffers that the heads of many [`Encoded`] messages are written in one after another,
@@ -428,11 +430,9 @@ impl Heads {
 
     /// The `len` bytes `write` puts in the buffer given to it, as a buffer of their own or
     /// a slice of the current shared one.
-    fn write(&mut self, len: usize, write: impl FnOnce(&mut BytesMut)) -> Bytes {
+    fn write(&mut self, len: usize, write: &mut dyn FnMut(&mut BytesMut)) -> Bytes {
         if len >= Self::OWN_BYTES_MIN {
-            let mut own = BytesMut::with_capacity(len);
-            write(&mut own);
-            return own.freeze();
+            return written(len, write);
         }
         if self.rest.capacity() < len {
             self.rest = BytesMut::with_capacity(Self::BUFFER_BYTES);

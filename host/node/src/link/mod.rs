@@ -903,9 +903,11 @@ impl Link {
     }
 
     fn dropped(&self, message: Bytes, reason: DropReason, now: Instant) {
-        // Copied: the bytes may be a slice of a buffer shared with other messages' heads,
-        // and a dead letter can stay for long.
-        let decoded = linkbus_proto::wire::decode_message(Bytes::copy_from_slice(&message));
+        // A dead letter can stay for long: copied out of a buffer it may share with other
+        // messages' heads (an expired one is only reported).
+        let message =
+            if reason == DropReason::TooLargeForPeer { Bytes::copy_from_slice(&message) } else { message };
+        let decoded = linkbus_proto::wire::decode_message(message);
         match (reason, decoded) {
             (DropReason::Expired, Ok(m)) => {
                 warn!(peer = self.peer(), id = %m.id, "Message expired before it was resent.");
