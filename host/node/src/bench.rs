@@ -107,7 +107,7 @@ impl Scale {
 }
 
 /// Messages per case of `w1` at each size.
-const W1_CASES: [(usize, usize); 4] = [(64, 300_000), (1024, 200_000), (65_536, 10_000), (1 << 20, 600)];
+const W1_CASES: [(usize, usize); 4] = [(64, 300_000), (1024, 200_000), (65_536, 10_000), (1 << 20, 3000)];
 
 /// The payload sizes of `w1`'s cases (those of `w5` are among them).
 pub const W1_SIZES: [usize; 4] = [W1_CASES[0].0, W1_CASES[1].0, W1_CASES[2].0, W1_CASES[3].0];

@@ -57,6 +57,7 @@ fn config(local: &str, peer: &str, incarnation: u64) -> SessionConfig {
         ping_interval: Duration::from_secs(5),
         pong_timeout: Duration::from_secs(10),
         handshake_timeout: Duration::from_secs(5),
+        ack_delay: Duration::ZERO,
         recycler: std::sync::Arc::new(linkbus_proto::recycle::Recycler::new(0)),
         skip_dedup_for_tests: false,
     }
@@ -126,7 +127,7 @@ impl Pair {
         }
         for (channel, through) in through.into_iter().enumerate() {
             if let Some(through) = through {
-                self.b.handle_delivered(channel as u8, through);
+                self.b.handle_delivered(channel as u8, through, self.now);
             }
         }
     }

@@ -106,6 +106,9 @@ pub struct SessionConfig {
     pub pong_timeout: Duration,
     /// Time the peer's `Hello` may take after the connection opened.
     pub handshake_timeout: Duration,
+    /// Time an acknowledgement may wait for a frame to travel with (zero: it is written at
+    /// once); see [`Session::handle_delivered`].
+    pub ack_delay: Duration,
     /// Where a message of several packets is gathered when it is large (see
     /// [`crate::recycle`]; one with a bound of 0 always gives a new buffer).
     pub recycler: Arc<Recycler>,
@@ -141,7 +144,16 @@ struct Lane {
     receiver: Receiver,
     /// Bytes written recently (halved every [`RECENT_HALF_LIFE`]), for the scheduler.
     recent: u64,
+    /// Delivered through this number, not yet acknowledged (waiting for company).
+    ack_waiting: Option<u64>,
+    /// The last number acknowledged on this connection (0: none yet).
+    ack_written: u64,
 }
+
+/// Messages of one channel delivered but not acknowledged after which the acknowledgement
+/// goes at once, without waiting for `ack_delay`: a sender busy enough to have this many
+/// waiting is not slowed by acknowledgements that come late.
+const ACK_WAITING_MESSAGES_MAX: u64 = 32;
 
 /// How fast the scheduler forgets what a channel wrote.
 const RECENT_HALF_LIFE: Duration = Duration::from_millis(100);
@@ -199,6 +211,8 @@ pub struct Session {
     last_pong: Option<Instant>,
     /// A ping that came too soon after the last pong, answered when the interval allows.
     pending_pong: Option<u64>,
+    /// When the acknowledgements waiting in the lanes are written if nothing else goes first.
+    acks_due: Option<Instant>,
     /// Counters for operators and tests.
     stats: SessionStats,
     /// The operator reset the link: the next `Hello` that knows us is taken as it is, our
@@ -217,7 +231,7 @@ impl Session {
             .map(|channel| {
                 let mut receiver = Receiver::new(config.reorder_messages_max, config.recycler.clone());
                 receiver.set_skip_dedup(config.skip_dedup_for_tests);
-                Lane { sender: Sender::new(channel), receiver, recent: 0 }
+                Lane { sender: Sender::new(channel), receiver, recent: 0, ack_waiting: None, ack_written: 0 }
             })
             .collect();
         Self {
@@ -238,6 +252,7 @@ impl Session {
             next_nonce: 1,
             last_pong: None,
             pending_pong: None,
+            acks_due: None,
             stats: SessionStats::default(),
             accept_peer_numbers: false,
             restored_sending: false,
@@ -344,8 +359,12 @@ impl Session {
         self.ping = None;
         self.last_pong = None;
         self.pending_pong = None;
+        self.acks_due = None;
         for lane in &mut self.lanes {
             lane.receiver.reset_connection();
+            // The next `Hello` tells the peer where each channel stands.
+            lane.ack_waiting = None;
+            lane.ack_written = 0;
         }
         self.events.retain(|e| !matches!(e, SessionEvent::Received { .. } | SessionEvent::Skipped { .. }));
     }
@@ -443,7 +462,7 @@ impl Session {
     /// Answers a ping, unless other frames are about to go out anyway (any frame proves
     /// liveness) or the peer pings more often than every [`PONG_INTERVAL_MIN`] (throttled).
     fn answer_ping(&mut self, nonce: u64, now: Instant) {
-        if self.transmit_len() > 0 {
+        if self.transmit_len() > 0 || self.acks_due.is_some() {
             self.stats.pings_unanswered += 1;
             return;
         }
@@ -854,13 +873,42 @@ impl Session {
 
     /// The host stored every received message of `channel` up to `through`: acknowledge
     /// them. Numbers from an earlier connection (already forgotten) are ignored.
-    pub fn handle_delivered(&mut self, channel: u8, through: u64) {
-        let established = self.phase == Phase::Established;
-        if let Some(lane) = self.lanes.get_mut(channel as usize)
-            && lane.receiver.delivered(through)
-            && established
+    ///
+    /// The acknowledgement waits up to `ack_delay` for other frames to go with it — the
+    /// host's next packets, or another channel's acknowledgement — so that an answer to a
+    /// message carries its acknowledgement in the same write. It goes at once when the
+    /// channel has [`ACK_WAITING_MESSAGES_MAX`] messages unacknowledged.
+    pub fn handle_delivered(&mut self, channel: u8, through: u64, now: Instant) {
+        if self.phase != Phase::Established {
+            if let Some(lane) = self.lanes.get_mut(channel as usize) {
+                lane.receiver.delivered(through);
+            }
+            return;
+        }
+        let Some(lane) = self.lanes.get_mut(channel as usize) else { return };
+        if !lane.receiver.delivered(through) {
+            return;
+        }
+        lane.ack_waiting = Some(through);
+        if self.config.ack_delay.is_zero()
+            || through.saturating_sub(lane.ack_written) >= ACK_WAITING_MESSAGES_MAX
         {
-            Frame::Ack { channel, sequence: through }.encode(&mut self.control);
+            self.write_acks();
+        } else {
+            self.acks_due.get_or_insert(now + self.config.ack_delay);
+        }
+    }
+
+    /// Writes the waiting acknowledgements of every channel.
+    fn write_acks(&mut self) {
+        if self.acks_due.take().is_none() && self.lanes.iter().all(|l| l.ack_waiting.is_none()) {
+            return;
+        }
+        for (channel, lane) in (0u8..).zip(&mut self.lanes) {
+            if let Some(through) = lane.ack_waiting.take() {
+                Frame::Ack { channel, sequence: through }.encode(&mut self.control);
+                lane.ack_written = through;
+            }
         }
     }
 
@@ -917,6 +965,9 @@ impl Session {
                 }
                 self.pong_due(now);
                 self.keepalive(now);
+                if self.acks_due.is_some_and(|due| now >= due) {
+                    self.write_acks();
+                }
             }
         }
     }
@@ -950,7 +1001,7 @@ impl Session {
                 let timeout = self.config.retransmit_timeout;
                 let retransmit = self.lanes.iter().filter_map(|l| l.sender.retransmit_at(timeout));
                 let pong = self.pending_pong.and(self.last_pong).map(|at| at + PONG_INTERVAL_MIN);
-                Some(retransmit.chain(pong).fold(keepalive, Instant::min))
+                Some(retransmit.chain(pong).chain(self.acks_due).fold(keepalive, Instant::min))
             }
         }
     }
@@ -971,6 +1022,10 @@ impl Session {
     /// What [`Session::poll_transmit`] returns, as chunks to write in order (control frames,
     /// then packets): packet headers, and the packets' bytes shared with the messages.
     pub fn take_transmit(&mut self, out: &mut Vec<Bytes>) {
+        if self.acks_due.is_some() && !(self.control.is_empty() && self.transmit.is_empty()) {
+            // Something is written anyway: the waiting acknowledgements go with it.
+            self.write_acks();
+        }
         if !self.control.is_empty() {
             out.push(self.control.split().freeze());
         }

@@ -264,6 +264,8 @@ pub struct LinkSettings {
     /// gathered in one) kept after use for the next large messages, all links together;
     /// 0 keeps none.
     pub recycled_bytes_max: u64,
+    /// Time an acknowledgement may wait to travel with other frames (0: written at once).
+    pub ack_delay_ms: u64,
     /// Time a message may go unacknowledged before it is written again.
     pub retransmit_timeout_ms: u64,
     /// First reconnect delay, doubled after each failure.
@@ -348,6 +350,7 @@ impl Default for LinkSettings {
             reorder_messages_max: 1024,
             reorder_bytes_max: 16 << 20,
             recycled_bytes_max: 16 << 20,
+            ack_delay_ms: 2,
             retransmit_timeout_ms: 10_000,
             reconnect_backoff_min_ms: 100,
             reconnect_backoff_max_ms: 5_000,

@@ -368,6 +368,7 @@ fn read_links(root: &Section<'_>) -> LinkSettings {
         reorder_messages_max: s.number("reorder_messages_max", d.reorder_messages_max, 1, 1 << 20),
         reorder_bytes_max: s.number("reorder_bytes_max", d.reorder_bytes_max, 0, BYTES_MAX),
         recycled_bytes_max: s.number("recycled_bytes_max", d.recycled_bytes_max, 0, BYTES_MAX),
+        ack_delay_ms: s.number("ack_delay_ms", d.ack_delay_ms, 0, 1_000),
         retransmit_timeout_ms: s.number("retransmit_timeout_ms", d.retransmit_timeout_ms, 1, MS_MAX),
         reconnect_backoff_min_ms: s.number("reconnect_backoff_min_ms", d.reconnect_backoff_min_ms, 1, MS_MAX),
         reconnect_backoff_max_ms: s.number("reconnect_backoff_max_ms", d.reconnect_backoff_max_ms, 1, MS_MAX),

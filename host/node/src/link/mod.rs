@@ -43,7 +43,7 @@ use backoff::Backoff;
 pub use handle::LinkHandle;
 pub(crate) use handle::{Gate, Incoming};
 pub(crate) use io::refuse;
-use io::{ConnEvent, read_loop, secure_dial, write_loop};
+use io::{ConnEvent, SharedWriter, read_loop, secure_dial, write_loop};
 pub use transmit::CLASSES;
 
 /// Bytes handed to the writer and not yet written, twice which the link stops reading (so a
@@ -63,15 +63,23 @@ struct Active {
     /// Encrypts what the session writes, decrypts what the reader reads.
     secure: SecureChannel,
     writer: mpsc::UnboundedSender<Vec<Bytes>>,
+    /// The connection's writing half, for writes that need not wait (see [`io::write_now`]).
+    write_half: SharedWriter,
     /// Bytes sent to `writer` and not yet written.
     backlog: Arc<AtomicUsize>,
     reader: tokio::task::JoinHandle<()>,
 }
 
 impl Active {
-    /// Hands `chunks` to the writer in one go (one count, at most one wake-up), counted in
-    /// the backlog until written.
-    fn write(&self, chunks: Vec<Bytes>) {
+    /// Writes `chunks` at once when nothing waits for the writer and the connection takes
+    /// them; hands the rest to the writer in one go (one count, at most one wake-up), counted
+    /// in the backlog until written.
+    fn write(&self, mut chunks: Vec<Bytes>) {
+        let all: usize = chunks.iter().map(Bytes::len).sum();
+        io::write_now(&self.write_half, &self.backlog, &mut chunks, all);
+        if chunks.is_empty() {
+            return;
+        }
         let len: usize = chunks.iter().map(Bytes::len).sum();
         self.backlog.fetch_add(len, Ordering::Relaxed);
         if self.writer.send(chunks).is_err() {
@@ -136,6 +144,7 @@ fn session_config(node: &NodeState, handle: &LinkHandle) -> SessionConfig {
         ping_interval: Duration::from_millis(links.ping_interval_ms),
         pong_timeout: Duration::from_millis(links.pong_timeout_ms),
         handshake_timeout: Duration::from_millis(links.handshake_timeout_ms),
+        ack_delay: Duration::from_millis(links.ack_delay_ms),
         recycler: node.recycler.clone(),
         skip_dedup_for_tests: skip_dedup_for_tests(),
     }
@@ -423,8 +432,9 @@ impl Link {
         let (writer_tx, writer_rx) = mpsc::unbounded_channel();
         let backlog = Arc::new(AtomicUsize::new(0));
         let events = self.conn_tx.clone();
+        let write_half: SharedWriter = Arc::new(tokio::sync::Mutex::new(connection.writer));
         tokio::spawn(write_loop(
-            connection.writer,
+            write_half.clone(),
             writer_rx,
             backlog.clone(),
             self.drained.clone(),
@@ -433,7 +443,8 @@ impl Link {
             io::LET_GO_WRITE_GRACE,
         ));
         let reader = tokio::spawn(read_loop(connection.reader, id, self.conn_tx.clone()));
-        self.active = Some(Active { id, dialed_by_us, secure, writer: writer_tx, backlog, reader });
+        self.active =
+            Some(Active { id, dialed_by_us, secure, writer: writer_tx, write_half, backlog, reader });
         let now = Instant::now();
         self.session.handle_connected(now);
         if let Some(hello) = hello {
@@ -781,7 +792,7 @@ impl Link {
                 }
             }
         }
-        if !self.acknowledge(delivered, persistent) {
+        if !self.acknowledge(delivered, persistent, now) {
             closed.get_or_insert_with(|| "store failed".to_owned());
         }
         if let Some(reason) = closed {
@@ -795,7 +806,7 @@ impl Link {
     /// recorded numbers are durable — or the numbers could go backwards for the peer after a
     /// crash (and stop the link). Returns `false` when the store failed (nothing was
     /// acknowledged; the node is stopping).
-    fn acknowledge(&mut self, delivered: [Option<u64>; CHANNELS], persistent: bool) -> bool {
+    fn acknowledge(&mut self, delivered: [Option<u64>; CHANNELS], persistent: bool, now: Instant) -> bool {
         // Only a batch with a message that is not volatile records its numbers (synced): a
         // receiver that restarts behind volatile numbers it acknowledged gets them again as
         // skips (its peer knows they were volatile), so they need no store at all.
@@ -809,7 +820,7 @@ impl Link {
         }
         for (channel, through) in delivered.into_iter().enumerate() {
             if let Some(through) = through.filter(|_| !hold_acks_for_tests()) {
-                self.session.handle_delivered(channel as u8, through);
+                self.session.handle_delivered(channel as u8, through, now);
                 self.backoff.reset();
             }
         }

@@ -145,6 +145,7 @@ fn config(local: &str, peer: &str, incarnation: u64) -> SessionConfig {
         ping_interval: Duration::from_millis(40),
         pong_timeout: Duration::from_millis(80),
         handshake_timeout: Duration::from_millis(100),
+        ack_delay: Duration::from_millis(5),
         recycler: std::sync::Arc::new(crate::recycle::Recycler::new(0)),
         skip_dedup_for_tests: false,
     }
@@ -344,7 +345,7 @@ impl Sim {
             }
             for (channel, through) in delivered.into_iter().enumerate() {
                 if let Some(through) = through {
-                    self.sessions[side].handle_delivered(channel as u8, through);
+                    self.sessions[side].handle_delivered(channel as u8, through, self.now());
                 }
             }
         }

@@ -29,6 +29,7 @@ fn config(local: &str, peer: &str, incarnation: u64) -> SessionConfig {
         ping_interval: Duration::from_secs(1),
         pong_timeout: Duration::from_secs(2),
         handshake_timeout: Duration::from_secs(5),
+        ack_delay: Duration::ZERO,
         recycler: Arc::new(crate::recycle::Recycler::new(0)),
         skip_dedup_for_tests: false,
     }
@@ -126,9 +127,11 @@ impl Pair {
             match e {
                 SessionEvent::Received { channel, sequence, message } => {
                     self.received_by_b.push(message.id.sequence);
-                    self.b.handle_delivered(channel, sequence);
+                    self.b.handle_delivered(channel, sequence, self.now);
                 }
-                SessionEvent::Skipped { channel, sequence, .. } => self.b.handle_delivered(channel, sequence),
+                SessionEvent::Skipped { channel, sequence, .. } => {
+                    self.b.handle_delivered(channel, sequence, self.now)
+                }
                 SessionEvent::Closed(e) => self.closed.push(e),
                 _ => {}
             }
@@ -492,7 +495,7 @@ fn unconfirmed_deliveries_are_resent_after_a_reconnect() {
         }
     }
     assert_eq!(got, [1, 2, 3]);
-    p.b.handle_delivered(C, 1);
+    p.b.handle_delivered(C, 1, p.now);
     p.received_by_b.push(1);
     p.disconnect();
     p.connect();
@@ -641,7 +644,7 @@ proptest! {
                     if ok {
                         if let Some(&(last, _)) = pending_b.last() {
                             stored.extend(pending_b.drain(..).map(|(_, id)| id));
-                            b.handle_delivered(C, last);
+                            b.handle_delivered(C, last, now);
                         }
                     } else {
                         pending_b.clear();
@@ -671,7 +674,7 @@ proptest! {
             while let Some(e) = b.poll_event() {
                 if let SessionEvent::Received { sequence, message, .. } = e {
                     stored.push(message.id.sequence);
-                    b.handle_delivered(C, sequence);
+                    b.handle_delivered(C, sequence, now);
                 }
             }
             if let Some(bytes) = b.poll_transmit() { a.handle_bytes(&bytes, now); }
@@ -1267,4 +1270,106 @@ fn a_message_held_behind_a_gap_ages_while_it_waits() {
         "message 2 expired while it waited behind the gap: {events:?}"
     );
     assert_eq!(p.b.stats().expired_on_the_way, 1);
+}
+
+/// A pair whose acknowledgements wait up to `delay` for company, with room for `window`
+/// messages in flight; connected.
+fn pair_with_ack_delay(delay: Duration, window: usize) -> Pair {
+    let mut p = Pair::new();
+    for (session, (local, peer, incarnation)) in [(&mut p.a, ("A", "B", 11)), (&mut p.b, ("B", "A", 22))] {
+        let mut c = config(local, peer, incarnation);
+        c.ack_delay = delay;
+        c.in_flight_messages_max = window;
+        *session = Session::new(c, p.now);
+    }
+    p.connect();
+    p
+}
+
+/// The frames in `bytes`.
+fn frames_in(bytes: &[u8]) -> Vec<Frame> {
+    let mut decoder = FrameDecoder::new(1 << 20);
+    decoder.extend(bytes);
+    std::iter::from_fn(|| decoder.decode().unwrap()).collect()
+}
+
+/// Carries messages `numbers` from A to B and has B take them (not acknowledged yet).
+fn carry_to_b(p: &mut Pair, numbers: std::ops::RangeInclusive<u64>) {
+    p.send(numbers.clone());
+    let bytes = out(&mut p.a, p.now).unwrap();
+    p.b.handle_bytes(&bytes, p.now);
+    let received = std::iter::from_fn(|| p.b.poll_event())
+        .filter(|e| matches!(e, SessionEvent::Received { .. }))
+        .count();
+    assert_eq!(received, numbers.count());
+}
+
+#[test]
+fn an_acknowledgement_waits_for_the_answer_and_goes_in_its_write() {
+    let delay = Duration::from_millis(10);
+    let mut p = pair_with_ack_delay(delay, 8);
+    carry_to_b(&mut p, 1..=1);
+    p.b.handle_delivered(C, 1, p.now);
+    assert!(p.b.poll_transmit().is_none(), "nothing is written for the acknowledgement alone");
+    assert_eq!(p.b.poll_timeout(), Some(p.now + delay), "it is due after the delay");
+    // B answers: the acknowledgement goes first in the same write.
+    p.b.send(C, message(1), None, p.now).unwrap();
+    let answer = out(&mut p.b, p.now).unwrap();
+    let frames = frames_in(&answer);
+    assert!(matches!(frames[..], [Frame::Ack { channel: C, sequence: 1 }, Frame::Data { .. }]), "{frames:?}");
+    p.a.handle_bytes(&answer, p.now);
+    assert_eq!(p.a.in_flight(), 0, "the answer's write acknowledged A's message");
+    assert_eq!(
+        p.b.poll_timeout(),
+        Some(p.now + Duration::from_secs(1)),
+        "nothing left due but the keepalive"
+    );
+}
+
+#[test]
+fn a_waiting_acknowledgement_is_written_when_its_delay_is_up() {
+    let delay = Duration::from_millis(10);
+    let mut p = pair_with_ack_delay(delay, 8);
+    carry_to_b(&mut p, 1..=3);
+    p.b.handle_delivered(C, 2, p.now);
+    p.b.handle_delivered(C, 3, p.now + Duration::from_millis(5));
+    assert_eq!(p.b.poll_timeout(), Some(p.now + delay), "the first delivery set the time");
+    p.b.handle_timeout(p.now + Duration::from_millis(9));
+    assert!(p.b.poll_transmit().is_none(), "not yet");
+    p.b.handle_timeout(p.now + delay);
+    let ack = p.b.poll_transmit().expect("written once due");
+    assert_eq!(frames_in(&ack), [Frame::Ack { channel: C, sequence: 3 }], "one, through the last delivered");
+    p.a.handle_bytes(&ack, p.now + delay);
+    assert_eq!(p.a.in_flight(), 0);
+}
+
+#[test]
+fn a_busy_channel_is_acknowledged_without_waiting() {
+    let mut p = pair_with_ack_delay(Duration::from_secs(1), 64);
+    carry_to_b(&mut p, 1..=40);
+    p.b.handle_delivered(C, ACK_WAITING_MESSAGES_MAX - 1, p.now);
+    assert!(p.b.poll_transmit().is_none());
+    p.b.handle_delivered(C, ACK_WAITING_MESSAGES_MAX, p.now);
+    let ack = p.b.poll_transmit().expect("written at once");
+    assert_eq!(frames_in(&ack), [Frame::Ack { channel: C, sequence: ACK_WAITING_MESSAGES_MAX }]);
+    p.a.handle_bytes(&ack, p.now);
+    assert_eq!(p.a.in_flight(), 40 - ACK_WAITING_MESSAGES_MAX as usize);
+    // The rest is fewer than the bound: it waits again.
+    p.b.handle_delivered(C, 40, p.now);
+    assert!(p.b.poll_transmit().is_none());
+    p.b.handle_timeout(p.now + Duration::from_secs(1));
+    p.a.handle_bytes(&p.b.poll_transmit().unwrap(), p.now);
+    assert_eq!(p.a.in_flight(), 0);
+}
+
+#[test]
+fn waiting_acknowledgements_are_forgotten_with_the_connection_and_the_hello_tells_instead() {
+    let mut p = pair_with_ack_delay(Duration::from_millis(10), 8);
+    carry_to_b(&mut p, 1..=2);
+    p.b.handle_delivered(C, 2, p.now);
+    p.disconnect();
+    assert_eq!(p.b.poll_timeout(), None, "no acknowledgement is due on no connection");
+    p.connect();
+    assert_eq!(p.a.in_flight(), 0, "B's hello said where channel C stands");
+    assert_eq!(p.received_by_b, Vec::<u64>::new(), "nothing came again");
 }

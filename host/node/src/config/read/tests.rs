@@ -273,3 +273,12 @@ fn routes_name_a_pattern_and_a_peer_and_come_also_from_the_command_line() {
         "{errors:#?}"
     );
 }
+
+#[test]
+fn the_acknowledgement_delay_is_zero_to_a_second() {
+    let config = load("node: { name: A }\nlinks: { ack_delay_ms: 0 }").unwrap();
+    assert_eq!(config.links.ack_delay_ms, 0, "0: every acknowledgement is written at once");
+    assert_eq!(load("node: { name: A }\nlinks: { ack_delay_ms: 1000 }").unwrap().links.ack_delay_ms, 1000);
+    let errors = messages("node: { name: A }\nlinks: { ack_delay_ms: 1001 }");
+    assert!(errors.iter().any(|m| m.starts_with("links.ack_delay_ms: 1001 is out of range")), "{errors:#?}");
+}
