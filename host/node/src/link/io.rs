@@ -20,29 +20,6 @@ pub(crate) enum ConnEvent {
     Closed(String),
 }
 
-/// A connection's writing half: the writer task writes with it, and the link task too when
-/// nothing waits for the writer (see [`write_now`]).
-pub(crate) type SharedWriter = Arc<tokio::sync::Mutex<Box<dyn AsyncWrite + Send + Unpin>>>;
-
-/// Most bytes the link task writes itself ([`write_now`]): more go to the writer task, so
-/// a busy link's writing runs beside the link task's work (on another core) rather than in it.
-const WRITE_NOW_BYTES_MAX: usize = 16 * 1024;
-
-/// Writes what the connection takes at once of `chunks` (`len` bytes) when they are few and
-/// nothing waits for the writer task (`backlog` is 0 and the writer is free): a message or an
-/// acknowledgement written alone then needs no hand-over and no wake-up of the writer task,
-/// which saves a task switch on the way of every message of a quiet link. Leaves in
-/// `chunks` what the writer task must write (all of it when the writer is busy or they are
-/// many; the rest after an error, which the writer task then meets and reports).
-pub(crate) fn write_now(writer: &SharedWriter, backlog: &AtomicUsize, chunks: &mut Vec<Bytes>, len: usize) {
-    if len > WRITE_NOW_BYTES_MAX || backlog.load(Ordering::Acquire) != 0 {
-        return;
-    }
-    if let Ok(mut writer) = writer.try_lock() {
-        let _ = crate::vectored::write_now(&mut **writer, chunks);
-    }
-}
-
 /// How long a write may still take once the link let go of its connection (dropped its
 /// sending side), give or take a fifth (how often a write that takes long checks whether
 /// the link let go): a peer that reads nothing (or too little) does not keep the task and
@@ -83,7 +60,7 @@ pub(crate) async fn read_loop(
 /// `let_go_grace` ([`LET_GO_WRITE_GRACE`]) after the link let go of the connection is
 /// given up, and the socket closed.
 pub(crate) async fn write_loop(
-    writer: SharedWriter,
+    mut writer: Box<dyn AsyncWrite + Send + Unpin>,
     mut rx: mpsc::UnboundedReceiver<Vec<Bytes>>,
     backlog: Arc<AtomicUsize>,
     wake: Arc<Notify>,
@@ -99,10 +76,7 @@ pub(crate) async fn write_loop(
             chunks.append(&mut more);
         }
         let len: usize = chunks.iter().map(Bytes::len).sum();
-        let write = async {
-            let mut writer = writer.lock().await;
-            crate::vectored::write_all(&mut **writer, &mut chunks).await
-        };
+        let write = crate::vectored::write_all(&mut writer, &mut chunks);
         let let_go = async {
             while !rx.is_closed() {
                 tokio::time::sleep(let_go_grace / 5).await;
@@ -118,7 +92,7 @@ pub(crate) async fn write_loop(
                 format!("the write was unfinished {let_go_grace:?} after the link let go of the connection"),
             )),
         };
-        backlog.fetch_sub(len, Ordering::Release);
+        backlog.fetch_sub(len, Ordering::Relaxed);
         if let Err(e) = result {
             // Nothing queued behind the failed write will be written: uncount it, so the
             // link task reads again and sees this connection's end.
@@ -132,7 +106,7 @@ pub(crate) async fn write_loop(
         }
         wake.notify_one();
     }
-    let _ = writer.lock().await.shutdown().await;
+    let _ = writer.shutdown().await;
 }
 
 /// Writes a `Close` frame on a connection that will not be used (through its secure
@@ -196,7 +170,7 @@ mod tests {
         let (events_tx, mut events) = mpsc::channel(4);
         let backlog = Arc::new(AtomicUsize::new(1000));
         let task = tokio::spawn(write_loop(
-            Arc::new(tokio::sync::Mutex::new(Box::new(ours))),
+            Box::new(ours),
             rx,
             backlog.clone(),
             Arc::default(),

@@ -43,7 +43,7 @@ use backoff::Backoff;
 pub use handle::LinkHandle;
 pub(crate) use handle::{Gate, Incoming};
 pub(crate) use io::refuse;
-use io::{ConnEvent, SharedWriter, read_loop, secure_dial, write_loop};
+use io::{ConnEvent, read_loop, secure_dial, write_loop};
 pub use transmit::CLASSES;
 
 /// Bytes handed to the writer and not yet written, twice which the link stops reading (so a
@@ -63,23 +63,15 @@ struct Active {
     /// Encrypts what the session writes, decrypts what the reader reads.
     secure: SecureChannel,
     writer: mpsc::UnboundedSender<Vec<Bytes>>,
-    /// The connection's writing half, for writes that need not wait (see [`io::write_now`]).
-    write_half: SharedWriter,
     /// Bytes sent to `writer` and not yet written.
     backlog: Arc<AtomicUsize>,
     reader: tokio::task::JoinHandle<()>,
 }
 
 impl Active {
-    /// Writes `chunks` at once when nothing waits for the writer and the connection takes
-    /// them; hands the rest to the writer in one go (one count, at most one wake-up), counted
-    /// in the backlog until written.
-    fn write(&self, mut chunks: Vec<Bytes>) {
-        let all: usize = chunks.iter().map(Bytes::len).sum();
-        io::write_now(&self.write_half, &self.backlog, &mut chunks, all);
-        if chunks.is_empty() {
-            return;
-        }
+    /// Hands `chunks` to the writer in one go (one count, at most one wake-up), counted in
+    /// the backlog until written.
+    fn write(&self, chunks: Vec<Bytes>) {
         let len: usize = chunks.iter().map(Bytes::len).sum();
         self.backlog.fetch_add(len, Ordering::Relaxed);
         if self.writer.send(chunks).is_err() {
@@ -432,9 +424,8 @@ impl Link {
         let (writer_tx, writer_rx) = mpsc::unbounded_channel();
         let backlog = Arc::new(AtomicUsize::new(0));
         let events = self.conn_tx.clone();
-        let write_half: SharedWriter = Arc::new(tokio::sync::Mutex::new(connection.writer));
         tokio::spawn(write_loop(
-            write_half.clone(),
+            connection.writer,
             writer_rx,
             backlog.clone(),
             self.drained.clone(),
@@ -443,8 +434,7 @@ impl Link {
             io::LET_GO_WRITE_GRACE,
         ));
         let reader = tokio::spawn(read_loop(connection.reader, id, self.conn_tx.clone()));
-        self.active =
-            Some(Active { id, dialed_by_us, secure, writer: writer_tx, write_half, backlog, reader });
+        self.active = Some(Active { id, dialed_by_us, secure, writer: writer_tx, backlog, reader });
         let now = Instant::now();
         self.session.handle_connected(now);
         if let Some(hello) = hello {
