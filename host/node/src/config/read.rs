@@ -510,6 +510,10 @@ fn check_relations(config: &Config, diag: &Diagnostics) {
     if config.links.reconnect_backoff_min_ms > config.links.reconnect_backoff_max_ms {
         diag.error("links.reconnect_backoff_min_ms", "is larger than links.reconnect_backoff_max_ms");
     }
+    if config.links.ack_delay_ms >= config.links.retransmit_timeout_ms {
+        // The sender would write everything again while the acknowledgement waits.
+        diag.error("links.ack_delay_ms", "must be less than links.retransmit_timeout_ms");
+    }
     if config.links.pong_timeout_ms < config.links.ping_interval_ms {
         diag.error("links.pong_timeout_ms", "must be at least links.ping_interval_ms");
     }

@@ -281,4 +281,7 @@ fn the_acknowledgement_delay_is_zero_to_a_second() {
     assert_eq!(load("node: { name: A }\nlinks: { ack_delay_ms: 1000 }").unwrap().links.ack_delay_ms, 1000);
     let errors = messages("node: { name: A }\nlinks: { ack_delay_ms: 1001 }");
     assert!(errors.iter().any(|m| m.starts_with("links.ack_delay_ms: 1001 is out of range")), "{errors:#?}");
+    let errors = messages("node: { name: A }\nlinks: { ack_delay_ms: 50, retransmit_timeout_ms: 50 }");
+    let want = "links.ack_delay_ms: must be less than links.retransmit_timeout_ms";
+    assert!(errors.iter().any(|m| m.starts_with(want)), "{errors:#?}");
 }
