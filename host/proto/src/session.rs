@@ -148,12 +148,18 @@ struct Lane {
     ack_waiting: Option<u64>,
     /// The last number acknowledged on this connection (0: none yet).
     ack_written: u64,
+    /// Bytes of the messages arrived since the last acknowledgement.
+    ack_waiting_bytes: usize,
 }
 
 /// Messages of one channel delivered but not acknowledged after which the acknowledgement
 /// goes at once, without waiting for `ack_delay`: a sender busy enough to have this many
-/// waiting is not slowed by acknowledgements that come late.
+/// waiting is not slowed by acknowledgements that come late. At most a quarter of our own
+/// window (peers are configured alike), so a small window keeps moving too.
 const ACK_WAITING_MESSAGES_MAX: u64 = 32;
+
+/// The same in bytes (at most a quarter of our own byte window).
+const ACK_WAITING_BYTES_MAX: usize = 1 << 20;
 
 /// How fast the scheduler forgets what a channel wrote.
 const RECENT_HALF_LIFE: Duration = Duration::from_millis(100);
@@ -231,7 +237,14 @@ impl Session {
             .map(|channel| {
                 let mut receiver = Receiver::new(config.reorder_messages_max, config.recycler.clone());
                 receiver.set_skip_dedup(config.skip_dedup_for_tests);
-                Lane { sender: Sender::new(channel), receiver, recent: 0, ack_waiting: None, ack_written: 0 }
+                Lane {
+                    sender: Sender::new(channel),
+                    receiver,
+                    recent: 0,
+                    ack_waiting: None,
+                    ack_written: 0,
+                    ack_waiting_bytes: 0,
+                }
             })
             .collect();
         Self {
@@ -365,6 +378,7 @@ impl Session {
             // The next `Hello` tells the peer where each channel stands.
             lane.ack_waiting = None;
             lane.ack_written = 0;
+            lane.ack_waiting_bytes = 0;
         }
         self.events.retain(|e| !matches!(e, SessionEvent::Received { .. } | SessionEvent::Skipped { .. }));
     }
@@ -811,7 +825,12 @@ impl Session {
         }
         let room = self.held_room();
         let Some(lane) = self.lanes.get_mut(channel as usize) else { return };
-        match lane.receiver.arrive(sequence, message, assembled, first, now, room) {
+        let size = message.len();
+        let arrival = lane.receiver.arrive(sequence, message, assembled, first, now, room);
+        if matches!(arrival, Ok(Arrival::Held | Arrival::Delivered(..))) {
+            lane.ack_waiting_bytes = lane.ack_waiting_bytes.saturating_add(size);
+        }
+        match arrival {
             Err(e) => self.close(SessionError::BadMessage { channel, sequence, reason: e.to_string() }),
             Ok(Arrival::Duplicate) => {
                 self.stats.duplicates += 1;
@@ -877,7 +896,8 @@ impl Session {
     /// The acknowledgement waits up to `ack_delay` for other frames to go with it — the
     /// host's next packets, or another channel's acknowledgement — so that an answer to a
     /// message carries its acknowledgement in the same write. It goes at once when the
-    /// channel has [`ACK_WAITING_MESSAGES_MAX`] messages unacknowledged.
+    /// channel has [`ACK_WAITING_MESSAGES_MAX`] messages or [`ACK_WAITING_BYTES_MAX`] bytes
+    /// unacknowledged (or a quarter of our window, when that is less).
     pub fn handle_delivered(&mut self, channel: u8, through: u64, now: Instant) {
         if self.phase != Phase::Established {
             if let Some(lane) = self.lanes.get_mut(channel as usize) {
@@ -890,9 +910,11 @@ impl Session {
             return;
         }
         lane.ack_waiting = Some(through);
-        if self.config.ack_delay.is_zero()
-            || through.saturating_sub(lane.ack_written) >= ACK_WAITING_MESSAGES_MAX
-        {
+        let messages_max = ACK_WAITING_MESSAGES_MAX.min(self.config.in_flight_messages_max as u64 / 4).max(1);
+        let bytes_max = ACK_WAITING_BYTES_MAX.min(self.config.in_flight_bytes_max / 4);
+        let busy =
+            through.saturating_sub(lane.ack_written) >= messages_max || lane.ack_waiting_bytes >= bytes_max;
+        if self.config.ack_delay.is_zero() || busy {
             self.write_acks();
         } else {
             self.acks_due.get_or_insert(now + self.config.ack_delay);
@@ -908,6 +930,7 @@ impl Session {
             if let Some(through) = lane.ack_waiting.take() {
                 Frame::Ack { channel, sequence: through }.encode(&mut self.control);
                 lane.ack_written = through;
+                lane.ack_waiting_bytes = 0;
             }
         }
     }

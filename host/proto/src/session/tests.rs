@@ -1275,11 +1275,17 @@ fn a_message_held_behind_a_gap_ages_while_it_waits() {
 /// A pair whose acknowledgements wait up to `delay` for company, with room for `window`
 /// messages in flight; connected.
 fn pair_with_ack_delay(delay: Duration, window: usize) -> Pair {
+    pair_with_ack_delay_and_bytes(delay, window, 1 << 20)
+}
+
+/// [`pair_with_ack_delay`] with a byte window of `window_bytes`.
+fn pair_with_ack_delay_and_bytes(delay: Duration, window: usize, window_bytes: usize) -> Pair {
     let mut p = Pair::new();
     for (session, (local, peer, incarnation)) in [(&mut p.a, ("A", "B", 11)), (&mut p.b, ("B", "A", 22))] {
         let mut c = config(local, peer, incarnation);
         c.ack_delay = delay;
         c.in_flight_messages_max = window;
+        c.in_flight_bytes_max = window_bytes;
         *session = Session::new(c, p.now);
     }
     p.connect();
@@ -1329,7 +1335,7 @@ fn an_acknowledgement_waits_for_the_answer_and_goes_in_its_write() {
 #[test]
 fn a_waiting_acknowledgement_is_written_when_its_delay_is_up() {
     let delay = Duration::from_millis(10);
-    let mut p = pair_with_ack_delay(delay, 8);
+    let mut p = pair_with_ack_delay(delay, 64);
     carry_to_b(&mut p, 1..=3);
     p.b.handle_delivered(C, 2, p.now);
     p.b.handle_delivered(C, 3, p.now + Duration::from_millis(5));
@@ -1345,7 +1351,8 @@ fn a_waiting_acknowledgement_is_written_when_its_delay_is_up() {
 
 #[test]
 fn a_busy_channel_is_acknowledged_without_waiting() {
-    let mut p = pair_with_ack_delay(Duration::from_secs(1), 64);
+    // A window of 128: a quarter of it is more than the bound.
+    let mut p = pair_with_ack_delay(Duration::from_secs(1), 128);
     carry_to_b(&mut p, 1..=40);
     p.b.handle_delivered(C, ACK_WAITING_MESSAGES_MAX - 1, p.now);
     assert!(p.b.poll_transmit().is_none());
@@ -1364,7 +1371,7 @@ fn a_busy_channel_is_acknowledged_without_waiting() {
 
 #[test]
 fn waiting_acknowledgements_are_forgotten_with_the_connection_and_the_hello_tells_instead() {
-    let mut p = pair_with_ack_delay(Duration::from_millis(10), 8);
+    let mut p = pair_with_ack_delay(Duration::from_millis(10), 64);
     carry_to_b(&mut p, 1..=2);
     p.b.handle_delivered(C, 2, p.now);
     p.disconnect();
@@ -1372,4 +1379,31 @@ fn waiting_acknowledgements_are_forgotten_with_the_connection_and_the_hello_tell
     p.connect();
     assert_eq!(p.a.in_flight(), 0, "B's hello said where channel C stands");
     assert_eq!(p.received_by_b, Vec::<u64>::new(), "nothing came again");
+}
+
+#[test]
+fn a_small_window_is_acknowledged_after_a_quarter_of_it() {
+    let mut p = pair_with_ack_delay(Duration::from_secs(1), 8);
+    carry_to_b(&mut p, 1..=2);
+    p.b.handle_delivered(C, 1, p.now);
+    assert!(p.b.poll_transmit().is_none(), "one of a window of 8 waits");
+    p.b.handle_delivered(C, 2, p.now);
+    let ack = p.b.poll_transmit().expect("two of eight go at once");
+    assert_eq!(frames_in(&ack), [Frame::Ack { channel: C, sequence: 2 }]);
+}
+
+#[test]
+fn many_bytes_waiting_are_acknowledged_without_waiting() {
+    // A byte window of four times three messages: three messages' bytes go at once.
+    let len = message(1).len();
+    let mut p = pair_with_ack_delay_and_bytes(Duration::from_secs(1), 64, 4 * 3 * len);
+    carry_to_b(&mut p, 1..=2);
+    p.b.handle_delivered(C, 2, p.now);
+    assert!(p.b.poll_transmit().is_none(), "two messages' bytes wait");
+    carry_to_b(&mut p, 3..=3);
+    p.b.handle_delivered(C, 3, p.now);
+    let ack = p.b.poll_transmit().expect("three messages' bytes go at once");
+    assert_eq!(frames_in(&ack), [Frame::Ack { channel: C, sequence: 3 }]);
+    p.a.handle_bytes(&ack, p.now);
+    assert_eq!(p.a.in_flight(), 0);
 }
