@@ -871,11 +871,16 @@ impl Session {
         }
     }
 
-    /// A duplicate arrived: acknowledge again what this channel already stored.
+    /// A duplicate arrived: acknowledge again what this channel already stored (an
+    /// acknowledgement waiting on the channel goes with it: it names the same number).
     fn ack_again(&mut self, channel: u8) {
-        let expected = self.lanes.get(channel as usize).map_or(1, |l| l.receiver.expected());
+        let Some(lane) = self.lanes.get_mut(channel as usize) else { return };
+        let expected = lane.receiver.expected();
         if expected > 1 {
             Frame::Ack { channel, sequence: expected - 1 }.encode(&mut self.control);
+            lane.ack_waiting = None;
+            lane.ack_written = expected - 1;
+            lane.ack_waiting_bytes = 0;
         }
     }
 
@@ -918,6 +923,14 @@ impl Session {
             self.write_acks();
         } else {
             self.acks_due.get_or_insert(now + self.config.ack_delay);
+        }
+    }
+
+    /// Writes the acknowledgements that wait for company now (the host is about to close
+    /// the connection: what was delivered must not be sent again).
+    pub fn flush_acks(&mut self) {
+        if self.phase == Phase::Established {
+            self.write_acks();
         }
     }
 

@@ -961,6 +961,10 @@ impl Link {
     }
 
     async fn shutdown(mut self) {
+        // Acknowledgements waiting for company go first: the peer must not send again what
+        // was delivered here (it would arrive twice after a restart).
+        self.session.flush_acks();
+        self.write_transmit();
         if let Some(mut active) = self.active.take() {
             let mut out = BytesMut::new();
             Frame::Close { code: CloseCode::Shutdown as u16, reason: "node shutting down".into() }

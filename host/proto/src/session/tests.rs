@@ -1351,8 +1351,10 @@ fn a_waiting_acknowledgement_is_written_when_its_delay_is_up() {
 
 #[test]
 fn a_busy_channel_is_acknowledged_without_waiting() {
-    // A window of 128: a quarter of it is more than the bound.
-    let mut p = pair_with_ack_delay(Duration::from_secs(1), 128);
+    // A window of 128: a quarter of it is more than the bound. (The delay is shorter than
+    // the keepalive's second, so the timer below writes the acknowledgement, not a ping.)
+    let delay = Duration::from_millis(500);
+    let mut p = pair_with_ack_delay(delay, 128);
     carry_to_b(&mut p, 1..=40);
     p.b.handle_delivered(C, ACK_WAITING_MESSAGES_MAX - 1, p.now);
     assert!(p.b.poll_transmit().is_none());
@@ -1364,8 +1366,10 @@ fn a_busy_channel_is_acknowledged_without_waiting() {
     // The rest is fewer than the bound: it waits again.
     p.b.handle_delivered(C, 40, p.now);
     assert!(p.b.poll_transmit().is_none());
-    p.b.handle_timeout(p.now + Duration::from_secs(1));
-    p.a.handle_bytes(&p.b.poll_transmit().unwrap(), p.now);
+    p.b.handle_timeout(p.now + delay);
+    let ack = p.b.poll_transmit().unwrap();
+    assert_eq!(frames_in(&ack), [Frame::Ack { channel: C, sequence: 40 }]);
+    p.a.handle_bytes(&ack, p.now);
     assert_eq!(p.a.in_flight(), 0);
 }
 
@@ -1375,8 +1379,14 @@ fn waiting_acknowledgements_are_forgotten_with_the_connection_and_the_hello_tell
     carry_to_b(&mut p, 1..=2);
     p.b.handle_delivered(C, 2, p.now);
     p.disconnect();
-    assert_eq!(p.b.poll_timeout(), None, "no acknowledgement is due on no connection");
-    p.connect();
+    p.b.handle_connected(p.now);
+    let hello = p.b.poll_transmit().unwrap();
+    let frames = frames_in(&hello);
+    assert!(matches!(frames[..], [Frame::Hello(_)]), "the old acknowledgement is not written: {frames:?}");
+    p.a.handle_connected(p.now);
+    p.a.handle_bytes(&hello, p.now);
+    p.b.handle_bytes(&p.a.poll_transmit().unwrap(), p.now);
+    p.pump();
     assert_eq!(p.a.in_flight(), 0, "B's hello said where channel C stands");
     assert_eq!(p.received_by_b, Vec::<u64>::new(), "nothing came again");
 }
@@ -1406,4 +1416,16 @@ fn many_bytes_waiting_are_acknowledged_without_waiting() {
     assert_eq!(frames_in(&ack), [Frame::Ack { channel: C, sequence: 3 }]);
     p.a.handle_bytes(&ack, p.now);
     assert_eq!(p.a.in_flight(), 0);
+}
+
+#[test]
+fn waiting_acknowledgements_are_written_when_the_host_flushes_them() {
+    let mut p = pair_with_ack_delay(Duration::from_millis(500), 64);
+    carry_to_b(&mut p, 1..=3);
+    p.b.handle_delivered(C, 3, p.now);
+    assert!(p.b.poll_transmit().is_none());
+    p.b.flush_acks();
+    let ack = p.b.poll_transmit().expect("written before the host closes the connection");
+    assert_eq!(frames_in(&ack), [Frame::Ack { channel: C, sequence: 3 }]);
+    assert_eq!(p.b.poll_timeout(), Some(p.now + Duration::from_secs(1)), "nothing waits any more");
 }
