@@ -152,6 +152,16 @@ struct Lane {
     ack_waiting_bytes: usize,
 }
 
+impl Lane {
+    /// An acknowledgement through `through` was written (0: a new connection, none yet):
+    /// nothing waits any more.
+    fn acked(&mut self, through: u64) {
+        self.ack_waiting = None;
+        self.ack_written = through;
+        self.ack_waiting_bytes = 0;
+    }
+}
+
 /// Messages of one channel delivered but not acknowledged after which the acknowledgement
 /// goes at once, without waiting for `ack_delay`: a sender busy enough to have this many
 /// waiting is not slowed by acknowledgements that come late. At most a quarter of our own
@@ -376,9 +386,7 @@ impl Session {
         for lane in &mut self.lanes {
             lane.receiver.reset_connection();
             // The next `Hello` tells the peer where each channel stands.
-            lane.ack_waiting = None;
-            lane.ack_written = 0;
-            lane.ack_waiting_bytes = 0;
+            lane.acked(0);
         }
         self.events.retain(|e| !matches!(e, SessionEvent::Received { .. } | SessionEvent::Skipped { .. }));
     }
@@ -878,9 +886,7 @@ impl Session {
         let expected = lane.receiver.expected();
         if expected > 1 {
             Frame::Ack { channel, sequence: expected - 1 }.encode(&mut self.control);
-            lane.ack_waiting = None;
-            lane.ack_written = expected - 1;
-            lane.ack_waiting_bytes = 0;
+            lane.acked(expected - 1);
         }
     }
 
@@ -904,14 +910,9 @@ impl Session {
     /// channel has [`ACK_WAITING_MESSAGES_MAX`] messages or [`ACK_WAITING_BYTES_MAX`] bytes
     /// unacknowledged (or a quarter of our window, when that is less).
     pub fn handle_delivered(&mut self, channel: u8, through: u64, now: Instant) {
-        if self.phase != Phase::Established {
-            if let Some(lane) = self.lanes.get_mut(channel as usize) {
-                lane.receiver.delivered(through);
-            }
-            return;
-        }
+        let established = self.phase == Phase::Established;
         let Some(lane) = self.lanes.get_mut(channel as usize) else { return };
-        if !lane.receiver.delivered(through) {
+        if !lane.receiver.delivered(through) || !established {
             return;
         }
         lane.ack_waiting = Some(through);
@@ -936,14 +937,11 @@ impl Session {
 
     /// Writes the waiting acknowledgements of every channel.
     fn write_acks(&mut self) {
-        if self.acks_due.take().is_none() && self.lanes.iter().all(|l| l.ack_waiting.is_none()) {
-            return;
-        }
+        self.acks_due = None;
         for (channel, lane) in (0u8..).zip(&mut self.lanes) {
-            if let Some(through) = lane.ack_waiting.take() {
+            if let Some(through) = lane.ack_waiting {
                 Frame::Ack { channel, sequence: through }.encode(&mut self.control);
-                lane.ack_written = through;
-                lane.ack_waiting_bytes = 0;
+                lane.acked(through);
             }
         }
     }

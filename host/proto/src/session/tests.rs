@@ -1299,6 +1299,14 @@ fn frames_in(bytes: &[u8]) -> Vec<Frame> {
     std::iter::from_fn(|| decoder.decode().unwrap()).collect()
 }
 
+/// B's next write, which must be exactly `Ack through` on channel `C` (`why` it is
+/// written), handed to A.
+fn ack_goes_to_a(p: &mut Pair, through: u64, why: &str) {
+    let ack = p.b.poll_transmit().unwrap_or_else(|| panic!("no acknowledgement written: {why}"));
+    assert_eq!(frames_in(&ack), [Frame::Ack { channel: C, sequence: through }], "{why}");
+    p.a.handle_bytes(&ack, p.now);
+}
+
 /// Carries messages `numbers` from A to B and has B take them (not acknowledged yet).
 fn carry_to_b(p: &mut Pair, numbers: std::ops::RangeInclusive<u64>) {
     p.send(numbers.clone());
@@ -1343,9 +1351,7 @@ fn a_waiting_acknowledgement_is_written_when_its_delay_is_up() {
     p.b.handle_timeout(p.now + Duration::from_millis(9));
     assert!(p.b.poll_transmit().is_none(), "not yet");
     p.b.handle_timeout(p.now + delay);
-    let ack = p.b.poll_transmit().expect("written once due");
-    assert_eq!(frames_in(&ack), [Frame::Ack { channel: C, sequence: 3 }], "one, through the last delivered");
-    p.a.handle_bytes(&ack, p.now + delay);
+    ack_goes_to_a(&mut p, 3, "written once due: one, through the last delivered");
     assert_eq!(p.a.in_flight(), 0);
 }
 
@@ -1359,17 +1365,13 @@ fn a_busy_channel_is_acknowledged_without_waiting() {
     p.b.handle_delivered(C, ACK_WAITING_MESSAGES_MAX - 1, p.now);
     assert!(p.b.poll_transmit().is_none());
     p.b.handle_delivered(C, ACK_WAITING_MESSAGES_MAX, p.now);
-    let ack = p.b.poll_transmit().expect("written at once");
-    assert_eq!(frames_in(&ack), [Frame::Ack { channel: C, sequence: ACK_WAITING_MESSAGES_MAX }]);
-    p.a.handle_bytes(&ack, p.now);
+    ack_goes_to_a(&mut p, ACK_WAITING_MESSAGES_MAX, "written at once");
     assert_eq!(p.a.in_flight(), 40 - ACK_WAITING_MESSAGES_MAX as usize);
     // The rest is fewer than the bound: it waits again.
     p.b.handle_delivered(C, 40, p.now);
     assert!(p.b.poll_transmit().is_none());
     p.b.handle_timeout(p.now + delay);
-    let ack = p.b.poll_transmit().unwrap();
-    assert_eq!(frames_in(&ack), [Frame::Ack { channel: C, sequence: 40 }]);
-    p.a.handle_bytes(&ack, p.now);
+    ack_goes_to_a(&mut p, 40, "written once due");
     assert_eq!(p.a.in_flight(), 0);
 }
 
@@ -1398,8 +1400,7 @@ fn a_small_window_is_acknowledged_after_a_quarter_of_it() {
     p.b.handle_delivered(C, 1, p.now);
     assert!(p.b.poll_transmit().is_none(), "one of a window of 8 waits");
     p.b.handle_delivered(C, 2, p.now);
-    let ack = p.b.poll_transmit().expect("two of eight go at once");
-    assert_eq!(frames_in(&ack), [Frame::Ack { channel: C, sequence: 2 }]);
+    ack_goes_to_a(&mut p, 2, "two of eight go at once");
 }
 
 #[test]
@@ -1412,9 +1413,7 @@ fn many_bytes_waiting_are_acknowledged_without_waiting() {
     assert!(p.b.poll_transmit().is_none(), "two messages' bytes wait");
     carry_to_b(&mut p, 3..=3);
     p.b.handle_delivered(C, 3, p.now);
-    let ack = p.b.poll_transmit().expect("three messages' bytes go at once");
-    assert_eq!(frames_in(&ack), [Frame::Ack { channel: C, sequence: 3 }]);
-    p.a.handle_bytes(&ack, p.now);
+    ack_goes_to_a(&mut p, 3, "three messages' bytes go at once");
     assert_eq!(p.a.in_flight(), 0);
 }
 
@@ -1425,7 +1424,7 @@ fn waiting_acknowledgements_are_written_when_the_host_flushes_them() {
     p.b.handle_delivered(C, 3, p.now);
     assert!(p.b.poll_transmit().is_none());
     p.b.flush_acks();
-    let ack = p.b.poll_transmit().expect("written before the host closes the connection");
-    assert_eq!(frames_in(&ack), [Frame::Ack { channel: C, sequence: 3 }]);
+    ack_goes_to_a(&mut p, 3, "written before the host closes the connection");
+    assert_eq!(p.a.in_flight(), 0);
     assert_eq!(p.b.poll_timeout(), Some(p.now + Duration::from_secs(1)), "nothing waits any more");
 }
