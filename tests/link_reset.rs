@@ -73,6 +73,9 @@ impl FakeB {
             run: 1,
             frame_bytes_max: 1 << 20,
             message_bytes_max: 1 << 20,
+            in_flight_messages_max: 4096,
+            in_flight_bytes_max: 64 << 20,
+            retransmit_timeout_ms: 10_000,
             flags: 0,
             channels: vec![ChannelPosition { expected: 1, ..ChannelPosition::default() }; CHANNELS],
         };

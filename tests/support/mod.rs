@@ -411,6 +411,9 @@ pub fn hello_frame(from: &str, version: u16) -> Vec<u8> {
         run: 1,
         frame_bytes_max: 1 << 20,
         message_bytes_max: 1 << 20,
+        in_flight_messages_max: 4096,
+        in_flight_bytes_max: 64 << 20,
+        retransmit_timeout_ms: 10_000,
         flags: 0,
         channels: vec![linkbus::proto::frame::ChannelPosition::default(); linkbus::proto::channel::CHANNELS],
     })

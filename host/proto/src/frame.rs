@@ -12,7 +12,7 @@
 //!
 //! | type | frame | body |
 //! | --- | --- | --- |
-//! | 1 | `Hello` | magic `LNKB`, protocol version u16, API version u32, from, to (u8-length names), incarnation u64, your-incarnation u64, frame bytes max u32, message bytes max u64, flags u8, channel count u8, then per channel: expected u64, bytes held of that message u64, its CRC32C u32 |
+//! | 1 | `Hello` | magic `LNKB`, protocol version u16, API version u32, from, to (u8-length names), incarnation u64, your-incarnation u64, frame bytes max u32, message bytes max u64, in-flight messages max u32, in-flight bytes max u64, retransmit timeout ms u32, flags u8, channel count u8, then per channel: expected u64, bytes held of that message u64, its CRC32C u32 |
 //! | 2 | `Data` | one packet: channel u8, sequence u64, offset u64 of the packet in its message, message length u64, CRC32C u32 of the whole message, the packet's bytes (a message of length 0 is a skip: the sequence number is used, the message was dropped in transit) |
 //! | 3 | `Ack` | channel u8, sequence u64: every message of that channel up to it is delivered |
 //! | 4 | `Ping` | nonce u64 |
@@ -26,8 +26,10 @@ use crate::reader::{ReadError, Reader};
 
 /// The link protocol version this build speaks; a peer with another version is refused.
 /// (5: a message for several nodes travels in one copy per next hop naming only the
-/// recipients routed there, and nodes relay the recipients that are not theirs.)
-pub const PROTOCOL_VERSION: u16 = 5;
+/// recipients routed there, and nodes relay the recipients that are not theirs. 6: the
+/// `Hello` carries the sender's window and retransmit timeout, which bound how long the
+/// receiver lets an acknowledgement wait.)
+pub const PROTOCOL_VERSION: u16 = 6;
 /// First bytes of every `Hello`, so a stray client of another protocol is recognised at once.
 pub const HELLO_MAGIC: [u8; 4] = *b"LNKB";
 /// Bytes of the length prefix.
@@ -74,6 +76,12 @@ pub struct Hello {
     pub frame_bytes_max: u32,
     /// The longest message the sender accepts; longer ones are not sent to it.
     pub message_bytes_max: u64,
+    /// Most messages the sender has in flight (sent, not acknowledged) on one channel.
+    pub in_flight_messages_max: u32,
+    /// Most bytes the sender has in flight on one channel.
+    pub in_flight_bytes_max: u64,
+    /// Time after which the sender writes again a message still unacknowledged.
+    pub retransmit_timeout_ms: u32,
     /// `HELLO_FLAG_*` bits.
     pub flags: u8,
     /// Where the sender's receiving side stands, one entry per channel.
@@ -372,6 +380,9 @@ fn encode_hello(h: &Hello, out: &mut BytesMut) {
     out.put_u64(h.run);
     out.put_u32(h.frame_bytes_max);
     out.put_u64(h.message_bytes_max);
+    out.put_u32(h.in_flight_messages_max);
+    out.put_u64(h.in_flight_bytes_max);
+    out.put_u32(h.retransmit_timeout_ms);
     out.put_u8(h.flags);
     out.put_u8(u8::try_from(h.channels.len()).expect("channels are few"));
     for c in &h.channels {
@@ -579,6 +590,9 @@ fn decode_hello(r: &mut Reader) -> Result<Frame, FrameError> {
         run: r.u64().map_err(malformed)?,
         frame_bytes_max: r.u32().map_err(malformed)?,
         message_bytes_max: r.u64().map_err(malformed)?,
+        in_flight_messages_max: r.u32().map_err(malformed)?,
+        in_flight_bytes_max: r.u64().map_err(malformed)?,
+        retransmit_timeout_ms: r.u32().map_err(malformed)?,
         flags: r.u8().map_err(malformed)?,
         channels: Vec::new(),
     };

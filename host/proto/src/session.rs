@@ -164,12 +164,51 @@ impl Lane {
 
 /// Messages of one channel delivered but not acknowledged after which the acknowledgement
 /// goes at once, without waiting for `ack_delay`: a sender busy enough to have this many
-/// waiting is not slowed by acknowledgements that come late. At most a quarter of our own
-/// window (peers are configured alike), so a small window keeps moving too.
+/// waiting is not slowed by acknowledgements that come late. At most a quarter of the
+/// sender's window (from its `Hello`), so a small window keeps moving too.
 const ACK_WAITING_MESSAGES_MAX: u64 = 32;
 
-/// The same in bytes (at most a quarter of our own byte window).
+/// The same in bytes (at most a quarter of the sender's byte window).
 const ACK_WAITING_BYTES_MAX: usize = 1 << 20;
+
+/// Share of the sender's retransmit timeout an acknowledgement may wait at most, so the
+/// sender never writes a message again only because its acknowledgement was kept back.
+const ACK_DELAY_SHARE_OF_RETRANSMIT: u32 = 4;
+
+/// When an acknowledgement goes at once and how long one may wait otherwise: our
+/// `ack_delay`, within the bounds the peer's window and retransmit timeout set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct AckBounds {
+    /// Messages waiting after which the acknowledgement goes at once.
+    messages: u64,
+    /// Bytes waiting after which it goes at once.
+    bytes: usize,
+    /// Longest wait.
+    delay: Duration,
+}
+
+impl AckBounds {
+    /// The bounds for a peer that advertised `window` (messages, bytes) and `retransmit`.
+    fn new(ack_delay: Duration, window: (u64, u64), retransmit: Duration) -> Self {
+        Self {
+            messages: ACK_WAITING_MESSAGES_MAX.min(window.0 / 4).max(1),
+            bytes: ACK_WAITING_BYTES_MAX.min(usize::try_from(window.1 / 4).unwrap_or(usize::MAX)),
+            delay: ack_delay.min(retransmit / ACK_DELAY_SHARE_OF_RETRANSMIT),
+        }
+    }
+
+    /// The bounds for a peer that sends as we do (until its `Hello` tells).
+    fn like_ours(config: &SessionConfig) -> Self {
+        let window = (config.in_flight_messages_max as u64, config.in_flight_bytes_max as u64);
+        Self::new(config.ack_delay, window, config.retransmit_timeout)
+    }
+
+    /// The bounds for the peer that sent `hello`.
+    fn of_peer(config: &SessionConfig, hello: &Hello) -> Self {
+        let window = (u64::from(hello.in_flight_messages_max), hello.in_flight_bytes_max);
+        Self::new(config.ack_delay, window, Duration::from_millis(u64::from(hello.retransmit_timeout_ms)))
+    }
+}
 
 /// How fast the scheduler forgets what a channel wrote.
 const RECENT_HALF_LIFE: Duration = Duration::from_millis(100);
@@ -208,6 +247,8 @@ pub struct Session {
     peer_frame_bytes_max: Option<usize>,
     /// The peer's `message_bytes_max` from its last `Hello`.
     peer_message_bytes_max: Option<usize>,
+    /// How long our acknowledgements may wait, for the peer of the last `Hello`.
+    ack_bounds: AckBounds,
     /// Frames received but not yet decoded.
     decoder: FrameDecoder,
     /// Control frames (hello, acknowledgements, NAKs, keepalive, close) to write ahead of
@@ -257,6 +298,7 @@ impl Session {
                 }
             })
             .collect();
+        let ack_bounds = AckBounds::like_ours(&config);
         Self {
             lanes,
             recent_decayed_at: now,
@@ -266,6 +308,7 @@ impl Session {
             peer_run: None,
             peer_frame_bytes_max: None,
             peer_message_bytes_max: None,
+            ack_bounds,
             decoder,
             control: BytesMut::new(),
             transmit: Chunks::default(),
@@ -406,6 +449,10 @@ impl Session {
             run: self.config.run,
             frame_bytes_max: u32::try_from(self.config.frame_bytes_max).unwrap_or(u32::MAX),
             message_bytes_max: self.config.message_bytes_max as u64,
+            in_flight_messages_max: u32::try_from(self.config.in_flight_messages_max).unwrap_or(u32::MAX),
+            in_flight_bytes_max: self.config.in_flight_bytes_max as u64,
+            retransmit_timeout_ms: u32::try_from(self.config.retransmit_timeout.as_millis())
+                .unwrap_or(u32::MAX),
             flags: if self.config.durable { HELLO_FLAG_DURABLE } else { 0 },
             channels: self.lanes.iter().map(|l| l.receiver.position()).collect(),
         };
@@ -547,6 +594,7 @@ impl Session {
         self.peer_run = Some(hello.run);
         self.peer_frame_bytes_max = Some(hello.frame_bytes_max as usize);
         self.peer_message_bytes_max = Some(usize::try_from(hello.message_bytes_max).unwrap_or(usize::MAX));
+        self.ack_bounds = AckBounds::of_peer(&self.config, hello);
         if hello.message_bytes_max < MESSAGE_BYTES_MIN {
             return self.close(SessionError::MessageLimit(hello.message_bytes_max));
         }
@@ -908,7 +956,8 @@ impl Session {
     /// host's next packets, or another channel's acknowledgement — so that an answer to a
     /// message carries its acknowledgement in the same write. It goes at once when the
     /// channel has [`ACK_WAITING_MESSAGES_MAX`] messages or [`ACK_WAITING_BYTES_MAX`] bytes
-    /// unacknowledged (or a quarter of our window, when that is less).
+    /// unacknowledged (or a quarter of the peer's window, when that is less), and waits at
+    /// most a quarter of the peer's retransmit timeout (both from its `Hello`).
     pub fn handle_delivered(&mut self, channel: u8, through: u64, now: Instant) {
         let established = self.phase == Phase::Established;
         let Some(lane) = self.lanes.get_mut(channel as usize) else { return };
@@ -916,14 +965,13 @@ impl Session {
             return;
         }
         lane.ack_waiting = Some(through);
-        let messages_max = ACK_WAITING_MESSAGES_MAX.min(self.config.in_flight_messages_max as u64 / 4).max(1);
-        let bytes_max = ACK_WAITING_BYTES_MAX.min(self.config.in_flight_bytes_max / 4);
-        let busy =
-            through.saturating_sub(lane.ack_written) >= messages_max || lane.ack_waiting_bytes >= bytes_max;
-        if self.config.ack_delay.is_zero() || busy {
+        let bounds = self.ack_bounds;
+        let busy = through.saturating_sub(lane.ack_written) >= bounds.messages
+            || lane.ack_waiting_bytes >= bounds.bytes;
+        if bounds.delay.is_zero() || busy {
             self.write_acks();
         } else {
-            self.acks_due.get_or_insert(now + self.config.ack_delay);
+            self.acks_due.get_or_insert(now + bounds.delay);
         }
     }
 

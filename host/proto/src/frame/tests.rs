@@ -25,6 +25,9 @@ fn frame_strategy() -> impl Strategy<Value = Frame> {
                 run: incarnation.rotate_left(7),
                 frame_bytes_max: 1 << 20,
                 message_bytes_max: 1 << 30,
+                in_flight_messages_max: 4096,
+                in_flight_bytes_max: 64 << 20,
+                retransmit_timeout_ms: 10_000,
                 flags,
                 channels: channels
                     .into_iter()

@@ -415,6 +415,9 @@ fn wrong_peer_and_wrong_version_are_refused() {
         run: 1,
         frame_bytes_max: 1 << 20,
         message_bytes_max: 1 << 20,
+        in_flight_messages_max: 4096,
+        in_flight_bytes_max: 64 << 20,
+        retransmit_timeout_ms: 10_000,
         flags: 0,
         channels: vec![ChannelPosition::default(); CHANNELS],
     })
@@ -1050,6 +1053,9 @@ fn hello_from_b(your_incarnation: u64, expected: u64) -> BytesMut {
         run: 1,
         frame_bytes_max: 1 << 20,
         message_bytes_max: 1 << 20,
+        in_flight_messages_max: 4096,
+        in_flight_bytes_max: 64 << 20,
+        retransmit_timeout_ms: 10_000,
         flags: 0,
         channels: vec![position; CHANNELS],
     })
@@ -1155,6 +1161,9 @@ fn impossible_numbers_are_refused_even_after_a_reset() {
         run: 1,
         frame_bytes_max: 1 << 20,
         message_bytes_max: 0,
+        in_flight_messages_max: 4096,
+        in_flight_bytes_max: 64 << 20,
+        retransmit_timeout_ms: 10_000,
         flags: 0,
         channels: vec![ChannelPosition::default(); CHANNELS],
     })
@@ -1280,14 +1289,22 @@ fn pair_with_ack_delay(delay: Duration, window: usize) -> Pair {
 
 /// [`pair_with_ack_delay`] with a byte window of `window_bytes`.
 fn pair_with_ack_delay_and_bytes(delay: Duration, window: usize, window_bytes: usize) -> Pair {
-    let mut p = Pair::new();
-    for (session, (local, peer, incarnation)) in [(&mut p.a, ("A", "B", 11)), (&mut p.b, ("B", "A", 22))] {
-        let mut c = config(local, peer, incarnation);
+    let alike = |c: &mut SessionConfig| {
         c.ack_delay = delay;
         c.in_flight_messages_max = window;
         c.in_flight_bytes_max = window_bytes;
-        *session = Session::new(c, p.now);
-    }
+    };
+    pair_configured(alike, alike)
+}
+
+/// A connected pair A–B whose configurations `edit_a` and `edit_b` change first.
+fn pair_configured(edit_a: impl FnOnce(&mut SessionConfig), edit_b: impl FnOnce(&mut SessionConfig)) -> Pair {
+    let mut p = Pair::new();
+    let (mut a, mut b) = (config("A", "B", 11), config("B", "A", 22));
+    edit_a(&mut a);
+    edit_b(&mut b);
+    p.a = Session::new(a, p.now);
+    p.b = Session::new(b, p.now);
     p.connect();
     p
 }
@@ -1401,6 +1418,62 @@ fn a_small_window_is_acknowledged_after_a_quarter_of_it() {
     assert!(p.b.poll_transmit().is_none(), "one of a window of 8 waits");
     p.b.handle_delivered(C, 2, p.now);
     ack_goes_to_a(&mut p, 2, "two of eight go at once");
+}
+
+#[test]
+fn a_peer_with_a_smaller_window_is_acknowledged_after_a_quarter_of_its_window() {
+    // B would wait for 32 messages or a second; A has only 8 in flight and says so.
+    let mut p = pair_configured(
+        |a| a.in_flight_messages_max = 8,
+        |b| {
+            b.ack_delay = Duration::from_secs(1);
+            b.in_flight_messages_max = 4096;
+        },
+    );
+    carry_to_b(&mut p, 1..=2);
+    p.b.handle_delivered(C, 1, p.now);
+    assert!(p.b.poll_transmit().is_none(), "one of A's window of 8 waits");
+    p.b.handle_delivered(C, 2, p.now);
+    ack_goes_to_a(&mut p, 2, "two of A's eight go at once, whatever B's own window");
+}
+
+#[test]
+fn a_peer_with_a_smaller_byte_window_is_acknowledged_after_a_quarter_of_it() {
+    let len = message(1).len();
+    let mut p = pair_configured(
+        |a| a.in_flight_bytes_max = 4 * 2 * len,
+        |b| {
+            b.ack_delay = Duration::from_secs(1);
+            b.in_flight_messages_max = 4096;
+            b.in_flight_bytes_max = 64 << 20;
+        },
+    );
+    carry_to_b(&mut p, 1..=1);
+    p.b.handle_delivered(C, 1, p.now);
+    assert!(p.b.poll_transmit().is_none(), "one message's bytes wait");
+    carry_to_b(&mut p, 2..=2);
+    p.b.handle_delivered(C, 2, p.now);
+    ack_goes_to_a(&mut p, 2, "a quarter of A's byte window goes at once");
+}
+
+#[test]
+fn an_acknowledgement_waits_at_most_a_quarter_of_the_peers_retransmit_timeout() {
+    // B would wait half a second; A writes again what is unacknowledged after 40 ms.
+    let retransmit = Duration::from_millis(40);
+    let mut p = pair_configured(
+        |a| a.retransmit_timeout = retransmit,
+        |b| {
+            b.ack_delay = Duration::from_millis(500);
+            b.in_flight_messages_max = 4096;
+        },
+    );
+    carry_to_b(&mut p, 1..=1);
+    p.b.handle_delivered(C, 1, p.now);
+    assert!(p.b.poll_transmit().is_none(), "it waits");
+    assert_eq!(p.b.poll_timeout(), Some(p.now + retransmit / 4), "for a quarter of A's timeout");
+    p.b.handle_timeout(p.now + retransmit / 4);
+    ack_goes_to_a(&mut p, 1, "written once due");
+    assert_eq!(p.a.in_flight(), 0, "before A wrote the message again");
 }
 
 #[test]
