@@ -1,5 +1,6 @@
 //! Two `linkbus` processes configured by YAML files: a put on A to `B:orders` is printed by
-//! a get on B, and the console producer/consumer move many lines in order.
+//! a get on B, and the console producer/consumer move many lines in order. Two nodes
+//! configured differently still acknowledge within what the sender needs.
 
 mod support;
 
@@ -51,4 +52,43 @@ fn status_shows_links_and_queues() {
     let text = stdout(&status);
     assert!(text.contains("B: up"), "{text}");
     assert!(text.contains("DLQ: 0 messages"), "{text}");
+}
+
+#[test]
+fn a_sender_with_a_small_window_does_not_wait_for_a_peers_long_acknowledgement_delay() {
+    // B would keep an acknowledgement a second for company unless 32 messages wait; A has
+    // only 8 in flight. A's Hello tells B, which acknowledges every 2: 200 lines arrive at
+    // once, where waiting for the delay would take 25 windows of a second.
+    let s = Scratch::new();
+    let b_extra = format!("{B_QUEUES}\nlinks: {{ ack_delay_ms: 1000 }}");
+    let (_a, _b) = s.start_pair("links: { in_flight_messages_max: 8 }", &b_extra);
+    let lines: String = (0..200).map(|i| format!("line {i}\n")).collect();
+    let put = s.run_with_input(
+        &["put", "--node", "A", "--to", "B:orders", "--volatile", "-"],
+        lines.as_bytes(),
+        Duration::from_secs(30),
+    );
+    assert!(put.status.success(), "{}", stderr(&put));
+    let get = s.run(&["get", "--node", "B", "orders", "--count", "200", "--wait", "4s"]);
+    assert!(get.status.success(), "{}", stderr(&get));
+    assert_eq!(stdout(&get), lines, "all of them in less than 25 acknowledgement delays");
+}
+
+#[test]
+fn an_acknowledgement_waits_less_than_the_senders_retransmit_timeout() {
+    // B would keep an acknowledgement a second; A writes again what is unacknowledged after
+    // 600 ms. A's Hello tells B, which waits at most a quarter of that: A never writes again.
+    let s = Scratch::new();
+    let b_extra = format!("{B_QUEUES}\nlinks: {{ ack_delay_ms: 1000 }}");
+    let (_a, _b) = s.start_pair("links: { retransmit_timeout_ms: 600 }", &b_extra);
+    for i in 0..3 {
+        let put = s.run(&["put", "--node", "A", "--to", "B:orders", "--volatile", &format!("m{i}")]);
+        assert!(put.status.success(), "{}", stderr(&put));
+    }
+    std::thread::sleep(Duration::from_secs(2));
+    let status = s.run(&["status", "--node", "A"]);
+    let text = stdout(&status);
+    assert!(text.contains("acked 3,") && text.contains("retransmit timeouts 0,"), "{text}");
+    let get = s.run(&["get", "--node", "B", "orders", "--count", "3", "--wait", "1s"]);
+    assert_eq!(stdout(&get), "m0\nm1\nm2\n", "{}", stderr(&get));
 }
