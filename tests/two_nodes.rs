@@ -77,17 +77,23 @@ fn a_sender_with_a_small_window_does_not_wait_for_a_peers_long_acknowledgement_d
 #[test]
 fn an_acknowledgement_waits_less_than_the_senders_retransmit_timeout() {
     // B would keep an acknowledgement a second; A writes again what is unacknowledged after
-    // 600 ms. A's Hello tells B, which waits at most a quarter of that: A never writes again.
+    // 900 ms. A's Hello tells B, which waits at most a quarter of that: A never writes again.
     let s = Scratch::new();
     let b_extra = format!("{B_QUEUES}\nlinks: {{ ack_delay_ms: 1000 }}");
-    let (_a, _b) = s.start_pair("links: { retransmit_timeout_ms: 600 }", &b_extra);
+    let (_a, _b) = s.start_pair("links: { retransmit_timeout_ms: 900 }", &b_extra);
     for i in 0..3 {
         let put = s.run(&["put", "--node", "A", "--to", "B:orders", "--volatile", &format!("m{i}")]);
         assert!(put.status.success(), "{}", stderr(&put));
     }
-    std::thread::sleep(Duration::from_secs(2));
-    let status = s.run(&["status", "--node", "A"]);
-    let text = stdout(&status);
+    // A message can only be written again before its acknowledgement comes.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let text = loop {
+        let text = stdout(&s.run(&["status", "--node", "A"]));
+        if text.contains("acked 3,") || std::time::Instant::now() > deadline {
+            break text;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
     assert!(text.contains("acked 3,") && text.contains("retransmit timeouts 0,"), "{text}");
     let get = s.run(&["get", "--node", "B", "orders", "--count", "3", "--wait", "1s"]);
     assert_eq!(stdout(&get), "m0\nm1\nm2\n", "{}", stderr(&get));

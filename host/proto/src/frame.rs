@@ -12,7 +12,7 @@
 //!
 //! | type | frame | body |
 //! | --- | --- | --- |
-//! | 1 | `Hello` | magic `LNKB`, protocol version u16, API version u32, from, to (u8-length names), incarnation u64, your-incarnation u64, frame bytes max u32, message bytes max u64, in-flight messages max u32, in-flight bytes max u64, retransmit timeout ms u32, flags u8, channel count u8, then per channel: expected u64, bytes held of that message u64, its CRC32C u32 |
+//! | 1 | `Hello` | magic `LNKB`, protocol version u16, API version u32, from, to (u8-length names), incarnation u64, your-incarnation u64, run u64, frame bytes max u32, message bytes max u64, in-flight messages max u32, in-flight bytes max u64, retransmit timeout ms u32, flags u8, channel count u8, then per channel: expected u64, bytes held of that message u64, its CRC32C u32 |
 //! | 2 | `Data` | one packet: channel u8, sequence u64, offset u64 of the packet in its message, message length u64, CRC32C u32 of the whole message, the packet's bytes (a message of length 0 is a skip: the sequence number is used, the message was dropped in transit) |
 //! | 3 | `Ack` | channel u8, sequence u64: every message of that channel up to it is delivered |
 //! | 4 | `Ping` | nonce u64 |

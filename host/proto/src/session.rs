@@ -531,7 +531,14 @@ impl Session {
     /// Answers a ping, unless other frames are about to go out anyway (any frame proves
     /// liveness) or the peer pings more often than every [`PONG_INTERVAL_MIN`] (throttled).
     fn answer_ping(&mut self, nonce: u64, now: Instant) {
-        if self.transmit_len() > 0 || self.acks_due.is_some() {
+        if self.acks_due.is_some() {
+            // The peer waits to hear from us, perhaps less long than the acknowledgements
+            // would wait: they go now and answer it.
+            self.write_acks();
+            self.stats.pings_unanswered += 1;
+            return;
+        }
+        if self.transmit_len() > 0 {
             self.stats.pings_unanswered += 1;
             return;
         }
@@ -594,10 +601,10 @@ impl Session {
         self.peer_run = Some(hello.run);
         self.peer_frame_bytes_max = Some(hello.frame_bytes_max as usize);
         self.peer_message_bytes_max = Some(usize::try_from(hello.message_bytes_max).unwrap_or(usize::MAX));
-        self.ack_bounds = AckBounds::of_peer(&self.config, hello);
         if hello.message_bytes_max < MESSAGE_BYTES_MIN {
             return self.close(SessionError::MessageLimit(hello.message_bytes_max));
         }
+        self.ack_bounds = AckBounds::of_peer(&self.config, hello);
         let knows_us = hello.your_incarnation == self.config.incarnation;
         let reset = std::mem::take(&mut self.accept_peer_numbers);
         let restored = std::mem::take(&mut self.restored_sending);

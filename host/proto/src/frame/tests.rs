@@ -13,31 +13,34 @@ fn frame_strategy() -> impl Strategy<Value = Frame> {
             proptest::collection::vec(any::<(u64, u64, u32)>(), 0..13),
             any::<u64>(),
             any::<u8>(),
-            "[A-Za-z][A-Za-z0-9._]{0,19}"
+            "[A-Za-z][A-Za-z0-9._]{0,19}",
+            any::<(u32, u64, u32)>()
         )
-            .prop_map(|(incarnation, channels, your_incarnation, flags, from)| Frame::Hello(Hello {
-                protocol_version: PROTOCOL_VERSION,
-                api_version: 1,
-                to: format!("{from}x"),
-                from,
-                incarnation,
-                your_incarnation,
-                run: incarnation.rotate_left(7),
-                frame_bytes_max: 1 << 20,
-                message_bytes_max: 1 << 30,
-                in_flight_messages_max: 4096,
-                in_flight_bytes_max: 64 << 20,
-                retransmit_timeout_ms: 10_000,
-                flags,
-                channels: channels
-                    .into_iter()
-                    .map(|(expected, held_bytes, held_crc)| ChannelPosition {
-                        expected,
-                        held_bytes,
-                        held_crc
-                    })
-                    .collect(),
-            })),
+            .prop_map(|(incarnation, channels, your_incarnation, flags, from, window)| Frame::Hello(
+                Hello {
+                    protocol_version: PROTOCOL_VERSION,
+                    api_version: 1,
+                    to: format!("{from}x"),
+                    from,
+                    incarnation,
+                    your_incarnation,
+                    run: incarnation.rotate_left(7),
+                    frame_bytes_max: 1 << 20,
+                    message_bytes_max: 1 << 30,
+                    in_flight_messages_max: window.0,
+                    in_flight_bytes_max: window.1,
+                    retransmit_timeout_ms: window.2,
+                    flags,
+                    channels: channels
+                        .into_iter()
+                        .map(|(expected, held_bytes, held_crc)| ChannelPosition {
+                            expected,
+                            held_bytes,
+                            held_crc
+                        })
+                        .collect(),
+                }
+            )),
         (any::<(u8, u64, u64, u64)>(), proptest::collection::vec(any::<u8>(), 0..2048)).prop_map(
             |((channel, sequence, offset, total), m)| Frame::Data {
                 channel,
@@ -224,4 +227,31 @@ fn frames_whole_in_a_chunk_are_cut_out_of_it_and_only_a_split_one_is_gathered() 
         );
     }
     assert_eq!(decoder.buffered(), 0);
+}
+
+#[test]
+fn the_longest_hello_fits_the_smallest_frame_limit() {
+    let longest = "N".repeat(255);
+    let hello = Frame::Hello(Hello {
+        protocol_version: PROTOCOL_VERSION,
+        api_version: u32::MAX,
+        from: longest.clone(),
+        to: longest,
+        incarnation: u64::MAX,
+        your_incarnation: u64::MAX,
+        run: u64::MAX,
+        frame_bytes_max: u32::MAX,
+        message_bytes_max: u64::MAX,
+        in_flight_messages_max: u32::MAX,
+        in_flight_bytes_max: u64::MAX,
+        retransmit_timeout_ms: u32::MAX,
+        flags: u8::MAX,
+        channels: vec![ChannelPosition::default(); crate::channel::CHANNELS],
+    });
+    let mut wire = BytesMut::new();
+    hello.encode(&mut wire);
+    assert!(wire.len() - LENGTH_BYTES <= FRAME_BYTES_MIN, "{} bytes", wire.len());
+    let mut decoder = FrameDecoder::new(FRAME_BYTES_MIN);
+    decoder.extend(&wire);
+    assert_eq!(decoder.decode().unwrap(), Some(hello));
 }

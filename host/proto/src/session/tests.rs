@@ -1441,7 +1441,10 @@ fn a_peer_with_a_smaller_window_is_acknowledged_after_a_quarter_of_its_window() 
 fn a_peer_with_a_smaller_byte_window_is_acknowledged_after_a_quarter_of_it() {
     let len = message(1).len();
     let mut p = pair_configured(
-        |a| a.in_flight_bytes_max = 4 * 2 * len,
+        |a| {
+            a.in_flight_messages_max = 4096;
+            a.in_flight_bytes_max = 4 * 2 * len;
+        },
         |b| {
             b.ack_delay = Duration::from_secs(1);
             b.in_flight_messages_max = 4096;
@@ -1473,7 +1476,38 @@ fn an_acknowledgement_waits_at_most_a_quarter_of_the_peers_retransmit_timeout() 
     assert_eq!(p.b.poll_timeout(), Some(p.now + retransmit / 4), "for a quarter of A's timeout");
     p.b.handle_timeout(p.now + retransmit / 4);
     ack_goes_to_a(&mut p, 1, "written once due");
-    assert_eq!(p.a.in_flight(), 0, "before A wrote the message again");
+    assert_eq!(p.a.in_flight(), 0);
+    p.a.handle_timeout(p.now + retransmit);
+    assert_eq!(p.a.stats().retransmit_timeouts, 0, "A never wrote the message again");
+}
+
+#[test]
+fn a_ping_is_answered_by_the_waiting_acknowledgements_at_once() {
+    // The peer's pong timeout may be shorter than the delay: it hears from us now.
+    let mut p = pair_with_ack_delay(Duration::from_millis(500), 64);
+    carry_to_b(&mut p, 1..=1);
+    p.b.handle_delivered(C, 1, p.now);
+    assert!(p.b.poll_transmit().is_none());
+    let mut ping = BytesMut::new();
+    Frame::Ping { nonce: 7 }.encode(&mut ping);
+    p.b.handle_bytes(&ping, p.now + Duration::from_millis(10));
+    ack_goes_to_a(&mut p, 1, "the ping brings the acknowledgement out");
+    assert_eq!(p.b.stats().pings_unanswered, 1, "in place of a pong");
+}
+
+#[test]
+fn odd_peer_bounds_acknowledge_sooner_never_later() {
+    let delay = Duration::from_millis(2);
+    let second = Duration::from_secs(1);
+    let nothing = AckBounds::new(delay, (0, 0), Duration::ZERO);
+    assert_eq!(nothing, AckBounds { messages: 1, bytes: 0, delay: Duration::ZERO }, "each at once");
+    let huge = AckBounds::new(delay, (u64::MAX, u64::MAX), Duration::from_millis(u64::from(u32::MAX)));
+    assert_eq!(
+        huge,
+        AckBounds { messages: ACK_WAITING_MESSAGES_MAX, bytes: ACK_WAITING_BYTES_MAX, delay },
+        "our own bounds, no more"
+    );
+    assert_eq!(AckBounds::new(second, (64, 1 << 20), Duration::from_millis(100)).delay, second / 40);
 }
 
 #[test]
