@@ -197,11 +197,8 @@ impl AckBounds {
         }
     }
 
-    /// The bounds for a peer that sends as we do (until its `Hello` tells).
-    fn like_ours(config: &SessionConfig) -> Self {
-        let window = (config.in_flight_messages_max as u64, config.in_flight_bytes_max as u64);
-        Self::new(config.ack_delay, window, config.retransmit_timeout)
-    }
+    /// Before the peer's first `Hello` (when nothing is acknowledged anyway): each at once.
+    const AT_ONCE: Self = Self { messages: 1, bytes: 0, delay: Duration::ZERO };
 
     /// The bounds for the peer that sent `hello`.
     fn of_peer(config: &SessionConfig, hello: &Hello) -> Self {
@@ -298,7 +295,6 @@ impl Session {
                 }
             })
             .collect();
-        let ack_bounds = AckBounds::like_ours(&config);
         Self {
             lanes,
             recent_decayed_at: now,
@@ -308,7 +304,7 @@ impl Session {
             peer_run: None,
             peer_frame_bytes_max: None,
             peer_message_bytes_max: None,
-            ack_bounds,
+            ack_bounds: AckBounds::AT_ONCE,
             decoder,
             control: BytesMut::new(),
             transmit: Chunks::default(),

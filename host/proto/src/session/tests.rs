@@ -1420,16 +1420,20 @@ fn a_small_window_is_acknowledged_after_a_quarter_of_it() {
     ack_goes_to_a(&mut p, 2, "two of eight go at once");
 }
 
+/// B's configuration in the tests of a peer's bounds: acknowledgements wait `delay`, and its
+/// own windows are large (its own quarter would be over the bounds).
+fn b_waits(delay: Duration) -> impl FnOnce(&mut SessionConfig) {
+    move |b| {
+        b.ack_delay = delay;
+        b.in_flight_messages_max = 4096;
+        b.in_flight_bytes_max = 64 << 20;
+    }
+}
+
 #[test]
 fn a_peer_with_a_smaller_window_is_acknowledged_after_a_quarter_of_its_window() {
     // B would wait for 32 messages or a second; A has only 8 in flight and says so.
-    let mut p = pair_configured(
-        |a| a.in_flight_messages_max = 8,
-        |b| {
-            b.ack_delay = Duration::from_secs(1);
-            b.in_flight_messages_max = 4096;
-        },
-    );
+    let mut p = pair_configured(|a| a.in_flight_messages_max = 8, b_waits(Duration::from_secs(1)));
     carry_to_b(&mut p, 1..=2);
     p.b.handle_delivered(C, 1, p.now);
     assert!(p.b.poll_transmit().is_none(), "one of A's window of 8 waits");
@@ -1445,11 +1449,7 @@ fn a_peer_with_a_smaller_byte_window_is_acknowledged_after_a_quarter_of_it() {
             a.in_flight_messages_max = 4096;
             a.in_flight_bytes_max = 4 * 2 * len;
         },
-        |b| {
-            b.ack_delay = Duration::from_secs(1);
-            b.in_flight_messages_max = 4096;
-            b.in_flight_bytes_max = 64 << 20;
-        },
+        b_waits(Duration::from_secs(1)),
     );
     carry_to_b(&mut p, 1..=1);
     p.b.handle_delivered(C, 1, p.now);
@@ -1463,13 +1463,7 @@ fn a_peer_with_a_smaller_byte_window_is_acknowledged_after_a_quarter_of_it() {
 fn an_acknowledgement_waits_at_most_a_quarter_of_the_peers_retransmit_timeout() {
     // B would wait half a second; A writes again what is unacknowledged after 40 ms.
     let retransmit = Duration::from_millis(40);
-    let mut p = pair_configured(
-        |a| a.retransmit_timeout = retransmit,
-        |b| {
-            b.ack_delay = Duration::from_millis(500);
-            b.in_flight_messages_max = 4096;
-        },
-    );
+    let mut p = pair_configured(|a| a.retransmit_timeout = retransmit, b_waits(Duration::from_millis(500)));
     carry_to_b(&mut p, 1..=1);
     p.b.handle_delivered(C, 1, p.now);
     assert!(p.b.poll_transmit().is_none(), "it waits");
