@@ -1,7 +1,8 @@
 //! A TCP fault proxy on 127.0.0.1 for link tests: forwards connections to a target and, on
 //! command, cuts every connection (now, or each one after it carried so many bytes),
 //! black-holes traffic (reads it, forwards nothing), stalls it (stops reading, so it queues
-//! up), trickles it one byte per write, or flips one bit in every so many bytes. Threads only; everything stops when the proxy drops.
+//! up), trickles it one byte per write, limits it to so many bytes a second, or flips one
+//! bit in every so many bytes. Threads only; everything stops when the proxy drops.
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
@@ -33,6 +34,8 @@ struct Modes {
     cut_after_bytes: AtomicUsize,
     /// Connections cut that way so far.
     cuts: AtomicUsize,
+    /// Bytes a second each direction of a connection carries (0: no limit).
+    rate: AtomicUsize,
 }
 
 /// See the module doc.
@@ -111,6 +114,11 @@ impl FaultProxy {
     /// While on, every byte is forwarded in its own write.
     pub fn set_trickle(&self, on: bool) {
         self.modes.trickle.store(on, Ordering::Relaxed);
+    }
+
+    /// Limits each direction of every connection to `bytes_per_s` (0 turns it off).
+    pub fn set_rate(&self, bytes_per_s: usize) {
+        self.modes.rate.store(bytes_per_s, Ordering::Relaxed);
     }
 
     /// Flips one bit in every `bytes` forwarded bytes (0 turns it off).
@@ -275,6 +283,10 @@ fn pump(mut from: TcpStream, mut to: TcpStream, modes: Arc<Modes>, preamble: usi
             };
             if written.is_err() {
                 break;
+            }
+            let rate = modes.rate.load(Ordering::Relaxed);
+            if rate > 0 {
+                std::thread::sleep(Duration::from_secs_f64(n as f64 / rate as f64));
             }
             carried += n;
             let limit = modes.cut_after_bytes.load(Ordering::Relaxed);

@@ -425,7 +425,28 @@ pub(crate) async fn start_chain(
         nodes.push(node);
     }
     nodes.reverse();
+    wait_until_linked(&nodes).await?;
     Ok(nodes)
+}
+
+/// Longest a chain's links may take to come up.
+const LINK_UP_WAIT: Duration = Duration::from_secs(10);
+
+/// Waits until every link of every node in `nodes` is established, so a measurement starts
+/// on a running chain (links are permanent: connecting is not part of moving messages, and
+/// messages put before would wait in a queue the link then drains in one burst).
+async fn wait_until_linked(nodes: &[Node]) -> Result<(), DemoError> {
+    let deadline = Instant::now() + LINK_UP_WAIT;
+    let all_up = || nodes.iter().all(|n| n.state().links.values().all(|l| l.up.load(Ordering::Relaxed)));
+    while !all_up() {
+        if Instant::now() > deadline {
+            return Err(DemoError::Io(std::io::Error::other(format!(
+                "the nodes' links did not come up within {LINK_UP_WAIT:?}"
+            ))));
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    Ok(())
 }
 
 /// Puts `messages` numbered payloads of `size` bytes on the first node of a chain of

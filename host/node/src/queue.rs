@@ -668,7 +668,7 @@ fn record_with(len: usize, write: impl FnOnce(&mut BytesMut)) -> Bytes {
     record.put_u32(0);
     record.put_u64(crate::clock::unix_ms());
     write(&mut record);
-    let crc = crc32c::crc32c(&record[5..]);
+    let crc = linkbus_proto::crc::crc32c(&record[5..]);
     record[1..5].copy_from_slice(&crc.to_be_bytes());
     record.freeze()
 }
@@ -682,7 +682,7 @@ pub(crate) fn decode_record(record: Bytes) -> Result<(Message, u64), String> {
         return Err(format!("unknown record format {}", record[0]));
     }
     let crc = u32::from_be_bytes([record[1], record[2], record[3], record[4]]);
-    if crc32c::crc32c(&record[5..]) != crc {
+    if linkbus_proto::crc::crc32c(&record[5..]) != crc {
         return Err("checksum mismatch".into());
     }
     let mut at = [0u8; 8];
@@ -974,7 +974,7 @@ mod tests {
         let body_at = RECORD_HEADER_BYTES - 8;
         old[body_at..RECORD_HEADER_BYTES]
             .copy_from_slice(&(crate::clock::unix_ms() - 3_600_000).to_be_bytes());
-        let crc = crc32c::crc32c(&old[5..]);
+        let crc = linkbus_proto::crc::crc32c(&old[5..]);
         old[1..5].copy_from_slice(&crc.to_be_bytes());
         let mut batch = Batch::new();
         batch.put("q.q", records[0].0.clone(), old);

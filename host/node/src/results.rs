@@ -594,7 +594,7 @@ fn encode_record(results: &MessageResults, lifetime: Option<Duration>, accepted_
     }
     let mut record = vec![RESULT_RECORD_FORMAT, 0, 0, 0, 0];
     record.extend_from_slice(text.as_bytes());
-    let crc = crc32c::crc32c(&record[5..]);
+    let crc = linkbus_proto::crc::crc32c(&record[5..]);
     record[1..5].copy_from_slice(&crc.to_be_bytes());
     Bytes::from(record)
 }
@@ -605,7 +605,7 @@ fn decode_record(record: &[u8]) -> Result<(MessageResults, Option<Duration>, u64
     if record.len() < 5 || record[0] != RESULT_RECORD_FORMAT {
         return Err(format!("not a result record of format {RESULT_RECORD_FORMAT}"));
     }
-    if crc32c::crc32c(&record[5..]).to_be_bytes() != record[1..5] {
+    if linkbus_proto::crc::crc32c(&record[5..]).to_be_bytes() != record[1..5] {
         return Err("checksum mismatch".into());
     }
     let text = std::str::from_utf8(&record[5..]).map_err(|_| "not UTF-8".to_owned())?;

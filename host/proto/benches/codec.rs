@@ -75,7 +75,14 @@ fn decode_message(bencher: Bencher, size: usize) {
 
 /// A packet holding a whole message of `size` bytes on channel 1.
 fn packet(bytes: &[u8], sequence: u64) -> Packet<'_> {
-    Packet { channel: 1, sequence, offset: 0, total: bytes.len() as u64, crc: crc32c::crc32c(bytes), bytes }
+    Packet {
+        channel: 1,
+        sequence,
+        offset: 0,
+        total: bytes.len() as u64,
+        crc: linkbus_proto::crc::crc32c(bytes),
+        bytes,
+    }
 }
 
 /// A packet as the session writes it: `Frame::encode_data_header` (header CRC) and the

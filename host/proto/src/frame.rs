@@ -519,7 +519,7 @@ const DATA_HEADER_BYTES: usize = LENGTH_BYTES + 1 + HEADER_CRC_BYTES + 1 + 8 + 8
 fn header_crc(covered: &[u8]) -> u32 {
     let head = covered.get(..LENGTH_BYTES + 1).unwrap_or_default();
     let rest = covered.get(LENGTH_BYTES + 1 + HEADER_CRC_BYTES..).unwrap_or_default();
-    crc32c::crc32c_append(crc32c::crc32c(head), rest)
+    crate::crc::crc32c_append(crate::crc::crc32c(head), rest)
 }
 
 fn header_crc_matches(covered: &[u8]) -> bool {

@@ -3,6 +3,7 @@
 //!
 //! Modules:
 //! - [`channel`]: the channels of a link and which messages travel on which.
+//! - [`crc`]: CRC-32C, the checksum of frames, messages and stored records.
 //! - [`frame`]: link frames and the incremental, limit-checked frame decoder.
 //! - [`wire`]: the wire form of messages and client contents.
 //! - [`session`]: the per-neighbour session state machine (handshake, sequence numbers,
@@ -15,6 +16,7 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::indexing_slicing))]
 
 pub mod channel;
+pub mod crc;
 pub mod frame;
 pub mod reader;
 pub mod recycle;

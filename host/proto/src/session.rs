@@ -377,6 +377,12 @@ impl Session {
         })
     }
 
+    /// Bytes of messages handed over on `channel` and not yet written on the current
+    /// connection.
+    pub fn unwritten_bytes(&self, channel: u8) -> usize {
+        self.lanes.get(channel as usize).map_or(0, |lane| lane.sender.unwritten_bytes())
+    }
+
     /// Largest encoded message the link carries: our limit, and the peer's once known.
     pub fn message_bytes_max(&self) -> usize {
         self.peer_message_bytes_max.unwrap_or(usize::MAX).min(self.config.message_bytes_max)
@@ -873,7 +879,7 @@ impl Session {
                 return;
             }
         };
-        if crc32c::crc32c(&message) != crc {
+        if crate::crc::crc32c(&message) != crc {
             // Damaged in transit (the header was checked): ask for it again, unless a good
             // copy is already here.
             if lane.receiver.wants(sequence) {

@@ -373,7 +373,7 @@ impl Encoded {
 
     /// CRC32C of all its bytes.
     pub fn crc(&self) -> u32 {
-        crc32c::crc32c_append(crc32c::crc32c(&self.head), &self.payload)
+        crate::crc::crc32c_append(crate::crc::crc32c(&self.head), &self.payload)
     }
 
     /// All of it in one buffer (copied only when it is in two parts).
@@ -681,7 +681,7 @@ mod tests {
             let encoded = Encoded::of(&m);
             assert_eq!(encoded.len(), whole.len(), "{len}");
             assert_eq!(encoded.to_bytes(), whole, "{len}");
-            assert_eq!(encoded.crc(), crc32c::crc32c(&whole), "{len}");
+            assert_eq!(encoded.crc(), crate::crc::crc32c(&whole), "{len}");
             let [head, payload] = encoded.parts();
             if len >= Chunks::SHARE_BYTES_MIN {
                 assert_eq!(payload.as_ptr(), m.content.payload.as_ptr(), "{len}: the payload is shared");

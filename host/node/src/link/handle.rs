@@ -177,6 +177,17 @@ impl LinkHandle {
         self.lock().has_room_for_many(message, count, bytes)
     }
 
+    /// Whether the link is established, took a message within `recently`, and `message`'s
+    /// priority class holds at least `bytes` bytes: a put there had better wait for the link
+    /// to take some.
+    pub fn is_ahead(&self, message: &Message, bytes: u64, recently: std::time::Duration) -> bool {
+        self.up.load(std::sync::atomic::Ordering::Relaxed) && {
+            let queue = self.lock();
+            queue.waiting_bytes(message) >= bytes
+                && queue.taken_at().is_some_and(|at| at.elapsed() < recently)
+        }
+    }
+
     /// How full `message`'s priority class is: messages and bytes waiting, and the bounds.
     pub fn fill(&self, message: &Message) -> String {
         self.lock().fill(message).to_string()
@@ -250,5 +261,59 @@ impl LinkHandle {
                 "the link is busy with other connections",
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use linkbus_plugin_api::{Content, MessageId, NodeName};
+    use std::sync::atomic::Ordering;
+    use std::time::Duration;
+
+    fn handle() -> LinkHandle {
+        let peer = PeerConfig {
+            name: NodeName::new("B").unwrap(),
+            address: None,
+            permanent: true,
+            public_key: None,
+        };
+        LinkHandle::new(peer, (1000, 1 << 30), 50, Arc::new(Notify::new()), None)
+    }
+
+    fn message(bytes: usize) -> Message {
+        Message {
+            id: MessageId { source: NodeName::new("A").unwrap(), sequence: 1, created_unix_ms: 0 },
+            hop_count: 0,
+            redelivered: false,
+            backout_count: 0,
+            content: Content::buf("B:q".parse().unwrap(), vec![0u8; bytes]),
+        }
+    }
+
+    #[test]
+    fn a_put_is_held_back_only_while_the_link_is_up_taking_and_deep() {
+        const RECENTLY: Duration = Duration::from_secs(1);
+        let link = handle();
+        let m = message(1000);
+        let now = Instant::now();
+        for _ in 0..10 {
+            link.enqueue_checked(m.clone(), now);
+        }
+        let deep = 5 * 1000;
+        assert!(!link.is_ahead(&m, deep, RECENTLY), "down");
+        link.up.store(true, Ordering::Relaxed);
+        assert!(!link.is_ahead(&m, deep, RECENTLY), "up, but it never took anything");
+        link.lock().mark_taken(now);
+        assert!(link.is_ahead(&m, deep, RECENTLY), "up, taking, and deeper than the bound");
+        assert!(!link.is_ahead(&m, 100 * 1000, RECENTLY), "not that deep");
+        assert!(!link.is_ahead(&m, deep, Duration::ZERO), "it took nothing lately");
+        let urgent = Message {
+            content: m.content.clone().with_priority(linkbus_plugin_api::Priority::level(9).unwrap()),
+            ..m.clone()
+        };
+        assert!(!link.is_ahead(&urgent, deep, RECENTLY), "another class holds nothing");
+        link.up.store(false, Ordering::Relaxed);
+        assert!(!link.is_ahead(&m, deep, RECENTLY), "down again");
     }
 }

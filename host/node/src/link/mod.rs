@@ -54,6 +54,11 @@ pub const WRITE_BACKLOG_BYTES_MAX: usize = 16 << 20;
 /// writes no more packets: enough to keep the connection busy, small enough that a packet
 /// of an urgent channel is not queued behind much.
 pub const DATA_BACKLOG_BYTES: usize = 256 << 10;
+/// Bytes of messages a channel holds in the session not yet written, at or above which it
+/// takes no more from the transmission queue: the window bounds what travels unacknowledged,
+/// not what waits to be written, which waits in the queue (its lifetime counted there, and
+/// its payload not pulled out of the cache by tens of megabytes taken ahead of the writer).
+pub const PULL_AHEAD_BYTES: usize = 1 << 20;
 /// How often expired messages are swept out of a transmission queue.
 const EXPIRY_SWEEP: Duration = Duration::from_millis(250);
 
@@ -543,8 +548,10 @@ impl Link {
             let before = queue.len();
             loop {
                 let session = &self.session;
-                let Some((mut message, queued_at, key)) = queue.pop(|m| session.has_window(channel_of(m)))
-                else {
+                let Some((mut message, queued_at, key)) = queue.pop(|m| {
+                    let channel = channel_of(m);
+                    session.has_window(channel) && session.unwritten_bytes(channel) < PULL_AHEAD_BYTES
+                }) else {
                     break;
                 };
                 let elapsed = now.saturating_duration_since(queued_at);
@@ -588,6 +595,9 @@ impl Link {
                 }
             }
             let freed = queue.len() < before;
+            if freed {
+                queue.mark_taken(now);
+            }
             drop(queue);
             if freed {
                 self.handle.room.notify_waiters();

@@ -60,6 +60,8 @@ pub(crate) struct TransmissionQueue {
     /// Per class, relayed messages sent beyond their share (negative: behind it), in
     /// percent points; only moves while both kinds of the class wait.
     balance: [i64; CLASSES],
+    /// When the link last took a message.
+    taken_at: Option<Instant>,
 }
 
 fn side(message: &Message) -> usize {
@@ -110,6 +112,7 @@ impl TransmissionQueue {
             next_expiry: None,
             forward_share: i64::from(forward_share.clamp(1, 99)),
             balance: [0; CLASSES],
+            taken_at: None,
         }
     }
 
@@ -158,6 +161,21 @@ impl TransmissionQueue {
         let len = own.len() + relayed.len();
         (len + count) as u64 <= self.class_messages_max
             && (len == 0 || waiting.saturating_add(bytes) <= self.class_bytes_max)
+    }
+
+    /// When the link last took a message (`None`: never).
+    pub(crate) fn taken_at(&self) -> Option<Instant> {
+        self.taken_at
+    }
+
+    /// The link took messages at `now`.
+    pub(crate) fn mark_taken(&mut self, now: Instant) {
+        self.taken_at = Some(now);
+    }
+
+    /// Bytes (encoded messages) waiting in `message`'s class.
+    pub(crate) fn waiting_bytes(&self, message: &Message) -> u64 {
+        self.bytes.get(Self::class_of(message)).copied().unwrap_or(0)
     }
 
     /// How full `message`'s class is.

@@ -47,7 +47,7 @@ fn frame_strategy() -> impl Strategy<Value = Frame> {
                 sequence,
                 offset,
                 total,
-                crc: crc32c::crc32c(&m),
+                crc: crate::crc::crc32c(&m),
                 bytes: Bytes::from(m)
             }
         ),
@@ -130,7 +130,7 @@ fn oversized_length_is_refused_before_any_allocation() {
 #[test]
 fn encode_data_matches_the_generic_encoder() {
     let mut a = BytesMut::new();
-    let crc = crc32c::crc32c(b"the payload");
+    let crc = crate::crc::crc32c(b"the payload");
     let packet = Packet { channel: 3, sequence: 9, offset: 4, total: 11, crc, bytes: b"payload" };
     Frame::encode_data(&packet, &mut a);
     let mut b = BytesMut::new();
@@ -180,7 +180,7 @@ fn a_damaged_data_length_is_caught_before_waiting() {
 
 #[test]
 fn frames_whole_in_a_chunk_are_cut_out_of_it_and_only_a_split_one_is_gathered() {
-    let crc = crc32c::crc32c(b"the payload");
+    let crc = crate::crc::crc32c(b"the payload");
     let data = |sequence| Frame::Data {
         channel: 3,
         sequence,

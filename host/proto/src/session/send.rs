@@ -36,6 +36,8 @@ struct Pending {
     naks: u32,
     /// Bytes it counts in the byte window (its size when handed over).
     counted: usize,
+    /// Bytes counted by the messages handed over on this channel before it.
+    before: u64,
 }
 
 /// See the module doc.
@@ -60,6 +62,8 @@ pub(super) struct Sender {
     write_offset: u64,
     /// Encoded bytes of the messages in `unacked`, for the byte window.
     unacked_bytes: usize,
+    /// Bytes counted by every message ever handed over on this channel.
+    pushed: u64,
     /// Retransmit timeouts in a row without progress; each doubles the next timeout (up to
     /// 8 times the configured one), so a slow link is not flooded with copies.
     backoff: u32,
@@ -103,6 +107,7 @@ impl Sender {
             next_write: 1,
             write_offset: 0,
             unacked_bytes: 0,
+            pushed: 0,
             backoff: 0,
         }
     }
@@ -137,6 +142,15 @@ impl Sender {
         self.unacked.iter().filter(|p| p.sequence >= self.next_write).count()
     }
 
+    /// Bytes handed over and not yet written on the current connection (as counted when
+    /// handed over).
+    pub(super) fn unwritten_bytes(&self) -> usize {
+        self.get(self.next_write).map_or(0, |p| {
+            let from = p.before + self.write_offset.min(p.counted as u64);
+            usize::try_from(self.pushed.saturating_sub(from)).unwrap_or(usize::MAX)
+        })
+    }
+
     /// Whether a packet waits to be written.
     pub(super) fn has_unwritten(&self) -> bool {
         self.next_write < self.next_send
@@ -148,9 +162,12 @@ impl Sender {
         self.next_send += 1;
         let counted = message.len();
         self.unacked_bytes += counted;
+        let before = self.pushed;
+        self.pushed += counted as u64;
         self.unacked.push_back(Pending {
             sequence,
             counted,
+            before,
             message,
             crc: None,
             expires_at,
@@ -226,10 +243,12 @@ impl Sender {
         if expected == 0 || expected >= first || expected <= self.durable_acked {
             return;
         }
+        let before = self.unacked.front().map_or(self.pushed, |p| p.before);
         for sequence in (expected..first).rev() {
             self.unacked.push_front(Pending {
                 sequence,
                 counted: 0,
+                before,
                 message: Encoded::default(),
                 crc: None,
                 expires_at: None,

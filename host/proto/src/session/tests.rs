@@ -1529,3 +1529,41 @@ fn waiting_acknowledgements_are_written_when_the_host_flushes_them() {
     assert_eq!(p.a.in_flight(), 0);
     assert_eq!(p.b.poll_timeout(), Some(p.now + Duration::from_secs(1)), "nothing waits any more");
 }
+
+#[test]
+fn unwritten_bytes_count_what_waits_for_the_connection() {
+    let mut p = Pair::new();
+    let len = message(1).len();
+    p.send(1..=3);
+    assert_eq!(p.a.unwritten_bytes(C), 3 * len, "handed over while down: all unwritten");
+    assert_eq!(p.a.unwritten_bytes(C + 1), 0, "another channel holds none");
+    p.connect();
+    assert_eq!(p.received_by_b, [1, 2, 3]);
+    assert_eq!(p.a.unwritten_bytes(C), 0, "written and acknowledged");
+    // Written but not acknowledged, then the connection breaks: all of it waits again.
+    p.send(4..=5);
+    let _lost = out(&mut p.a, p.now);
+    assert_eq!(p.a.unwritten_bytes(C), 0, "written");
+    p.disconnect();
+    p.a.handle_connected(p.now);
+    p.b.handle_connected(p.now);
+    p.a.handle_bytes(&p.b.poll_transmit().unwrap(), p.now);
+    assert_eq!(p.a.unwritten_bytes(C), 2 * len, "B expects 4 again: 4 and 5 wait to be written");
+    p.b.handle_bytes(&p.a.poll_transmit().unwrap(), p.now);
+    p.pump();
+    assert_eq!(p.received_by_b, [1, 2, 3, 4, 5]);
+    assert_eq!(p.a.unwritten_bytes(C), 0);
+}
+
+#[test]
+fn a_message_written_in_part_counts_its_rest_as_unwritten() {
+    let mut p = Pair::new();
+    p.connect();
+    let big = Bytes::from(vec![7u8; 300_000]);
+    p.a.send(C, big, None, p.now).unwrap();
+    // One packet (64 KiB here) leaves; the rest of the message waits.
+    assert_eq!(p.a.write_pending(p.now, 1), 1);
+    assert_eq!(p.a.unwritten_bytes(C), 300_000 - (1 << 16), "the rest waits");
+    p.a.write_pending(p.now, usize::MAX);
+    assert_eq!(p.a.unwritten_bytes(C), 0);
+}
