@@ -690,6 +690,8 @@ impl NodeState {
             };
             let (sequence, here) = (message.id.sequence, self.results_here(&message));
             let is_persistent = message.content.reliability == Reliability::Persistent;
+            // Never past the message's lifetime either.
+            let pace_until = pace_until.map(|until| until.min(deadline));
             loop {
                 // Made before the check, so room given up after it wakes the wait below
                 // (`notify_waiters` reaches every `Notified` made before it, polled or not).
