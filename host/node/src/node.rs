@@ -397,9 +397,8 @@ const META_SPACE: &str = "meta";
 pub const PACE_BYTES: u64 = 4 << 20;
 /// Longest one put call keeps pace; a link that took nothing for that long (down, or its
 /// peer not acknowledging) holds no put back, so its queue fills up to
-/// `links.queue_bytes_max` as before. Long enough for a slow link: a TCP socket wakes its
-/// writer only when a good part of its send buffer is free again, so even a link that
-/// moves steadily takes messages in bursts (about every 300 ms at 4 MiB/s here).
+/// `links.queue_bytes_max` as before. Long enough for a slow link, which takes messages in
+/// bursts (100 ms was too short at 4 MiB/s: `tests/link_faults.rs`).
 pub const PACE_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 const INCARNATION_KEY: &[u8] = b"incarnation";
 
