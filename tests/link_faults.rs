@@ -16,6 +16,11 @@ use support::{NodeProcess, Scratch, stderr, stdout};
 const FAST_LINKS: &str = "links: { reconnect_backoff_min_ms: 20, reconnect_backoff_max_ms: 200, \
      ping_interval_ms: 500, pong_timeout_ms: 1000 }\nmessages: { message_bytes_max: 100000000 }";
 
+/// `FAST_LINKS` with more `links` keys (`extra`: `key: value, ...`).
+fn fast_links_with(extra: &str) -> String {
+    FAST_LINKS.replacen("links: { ", &format!("links: {{ {extra}, "), 1)
+}
+
 /// B listens; A reaches it only through the proxy; both have queue `q`; `secure` chooses
 /// Noise or plaintext links.
 fn start_behind_proxy(s: &Scratch, secure: bool) -> (NodeProcess, NodeProcess, FaultProxy) {
@@ -31,12 +36,28 @@ fn start_behind_proxy_env(
     start_behind(s, secure, b_env, false)
 }
 
+/// Plaintext, with more `links` keys for A (`key: value, ...`).
+fn start_behind_proxy_with_a_links(s: &Scratch, a_links: &str) -> (NodeProcess, NodeProcess, FaultProxy) {
+    start_behind_with(s, false, &[], false, a_links)
+}
+
 /// The general form: `framed` makes the proxy parse plaintext frames from the start.
 fn start_behind(
     s: &Scratch,
     secure: bool,
     b_env: &[(&str, &str)],
     framed: bool,
+) -> (NodeProcess, NodeProcess, FaultProxy) {
+    start_behind_with(s, secure, b_env, framed, "")
+}
+
+/// The general form, with more `links` keys for A (`a_links`, possibly empty).
+fn start_behind_with(
+    s: &Scratch,
+    secure: bool,
+    b_env: &[(&str, &str)],
+    framed: bool,
+    a_links: &str,
 ) -> (NodeProcess, NodeProcess, FaultProxy) {
     let (a_key, b_key) = if secure { (s.keys("A"), s.keys("B")) } else { (String::new(), String::new()) };
     let key = |k: &str| if secure { format!(", public_key: '{k}'") } else { String::new() };
@@ -54,9 +75,10 @@ fn start_behind(
         proxy.set_framed();
     }
     let a_yaml = format!(
-        "node: {{ name: A, listen: none }}\npeers: [ {{ name: B, address: '{}'{} }} ]\nqueues: [ {{ name: q, order: fifo }} ]\n{FAST_LINKS}\n{}\n",
+        "node: {{ name: A, listen: none }}\npeers: [ {{ name: B, address: '{}'{} }} ]\nqueues: [ {{ name: q, order: fifo }} ]\n{}\n{}\n",
         proxy.address,
         key(&b_key),
+        if a_links.is_empty() { FAST_LINKS.to_owned() } else { fast_links_with(a_links) },
         security("A")
     );
     let a = s.start_node("A", &["-c", s.write("a.yaml", &a_yaml).to_str().unwrap()]);
@@ -276,33 +298,38 @@ fn a_large_message_crosses_a_link_that_breaks_before_it_could_carry_it_whole() {
     assert!(resumed >= (40 << 20), "later connections resumed inside the message: {resumed}");
 }
 
-/// A producer faster than its link is held to the link's pace while the link is up: A's
-/// transmission queue stays near the pace bound (4 MiB, 64 messages of 64 KiB here) rather
-/// than taking all 20 MiB the producer has (its `queue_bytes_max` is 256 MiB), and
-/// everything arrives in order. The proxy carries 4 MiB a second.
-#[test]
-fn a_producer_faster_than_its_link_waits_for_it_instead_of_filling_the_queue() {
-    const SIZE: usize = 64 << 10;
-    const COUNT: usize = 320;
+const PACED_SIZE: usize = 64 << 10;
+const PACED_COUNT: usize = 320;
+
+/// A → proxy carrying 4 MiB a second → B, A with more `links` keys (`a_links`): puts 320
+/// messages of 64 KiB in batches of 16 on A through the Rust client, polls A's `queued`
+/// every 20 ms while that runs (and once after), then takes everything on B and checks each
+/// message is there, intact and in order. Returns the most messages seen queued at A.
+fn put_ahead_of_a_slow_link(a_links: &str) -> u64 {
     let s = Scratch::new();
-    let (a, b, proxy) = start_behind_proxy(&s, false);
+    let (a, b, proxy) = start_behind_proxy_with_a_links(&s, a_links);
     proxy.set_rate(4 << 20);
     let socket = a.socket.clone();
     let producer = std::thread::spawn(move || {
         let runtime = tokio::runtime::Runtime::new().unwrap();
         runtime.block_on(async {
             let mut client = Client::connect(&socket).await.unwrap();
-            for slice in (0..COUNT).collect::<Vec<_>>().chunks(16) {
+            for slice in (0..PACED_COUNT).collect::<Vec<_>>().chunks(16) {
                 let contents =
-                    slice.iter().map(|&i| Content::buf("B:q".parse().unwrap(), vec![i as u8; SIZE]));
+                    slice.iter().map(|&i| Content::buf("B:q".parse().unwrap(), vec![i as u8; PACED_SIZE]));
                 client.put_batch(contents.collect()).await.unwrap();
             }
         });
     });
     let deadline = Instant::now() + Duration::from_secs(60);
     let mut most = 0;
-    while !producer.is_finished() && Instant::now() < deadline {
+    // Once more after the producer is done: the link takes seconds to drain what it left.
+    loop {
+        let done = producer.is_finished();
         most = most.max(status_number(&s, "A", "queued"));
+        if done || Instant::now() > deadline {
+            break;
+        }
         std::thread::sleep(Duration::from_millis(20));
     }
     producer.join().unwrap();
@@ -311,7 +338,7 @@ fn a_producer_faster_than_its_link_waits_for_it_instead_of_filling_the_queue() {
     let got = runtime.block_on(async {
         let mut client = Client::connect(&b.socket).await.unwrap();
         let mut got = Vec::new();
-        while got.len() < COUNT {
+        while got.len() < PACED_COUNT {
             let more = client.get("q", 64, Duration::from_secs(20)).await.unwrap();
             if more.is_empty() {
                 break;
@@ -321,15 +348,33 @@ fn a_producer_faster_than_its_link_waits_for_it_instead_of_filling_the_queue() {
         got
     });
     println!("most messages queued at A while the producer ran: {most}");
-    assert_eq!(got.len(), COUNT, "all arrived");
+    assert_eq!(got.len(), PACED_COUNT, "all arrived");
     for (i, payload) in got.iter().enumerate() {
         assert!(
-            payload.len() == SIZE && payload.iter().all(|&b| b == i as u8),
+            payload.len() == PACED_SIZE && payload.iter().all(|&b| b == i as u8),
             "message {i} intact, in order"
         );
     }
+    most
+}
+
+/// A producer faster than its link is held to the link's pace while the link is up and
+/// moving: A's transmission queue stays near `links.queue_pace_bytes` (4 MiB by default, 64
+/// messages of 64 KiB) rather than taking all 20 MiB the producer has (its
+/// `queue_bytes_max` is 256 MiB).
+#[test]
+fn a_producer_faster_than_its_link_waits_for_it_instead_of_filling_the_queue() {
+    let most = put_ahead_of_a_slow_link("");
     // 64 messages at the pace bound, a put batch of 16 that found it just below, and the
-    // polling's slack; without the pace nearly all 320 wait there.
+    // polling's slack.
     assert!(most <= 100, "A's queue stayed near the pace bound: {most}");
     assert!(most >= 32, "the producer did run ahead of the link: {most}");
+}
+
+/// With `links.queue_pace_bytes: 0` nothing holds the producer back: A's queue takes nearly
+/// everything it puts, and the link then drains it.
+#[test]
+fn without_a_pace_bound_a_producer_fills_the_queue_of_a_slow_link() {
+    let most = put_ahead_of_a_slow_link("queue_pace_bytes: 0");
+    assert!(most >= 200, "A's queue took what the producer had: {most}");
 }

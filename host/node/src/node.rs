@@ -387,20 +387,19 @@ fn random_u64() -> u64 {
 }
 
 const META_SPACE: &str = "meta";
-
-/// Bytes a priority class of a link's transmission queue may hold before a client's put
-/// into it waits for the link to take some, while the link is up and taking messages: a
-/// producer faster than its link is held to the link's pace rather than running up to the
-/// queue's bound, which buys no throughput and leaves every payload cold in memory by the
-/// time it is sent (BENCHMARKS.md, tenth round). Puts that may not wait, deliveries from
-/// links, events, results and commits are not held.
-pub const PACE_BYTES: u64 = 4 << 20;
-/// Longest one put call keeps pace; a link that took nothing for that long (down, or its
-/// peer not acknowledging) holds no put back, so its queue fills up to
-/// `links.queue_bytes_max` as before. Long enough for a slow link, which takes messages in
-/// bursts (100 ms was too short at 4 MiB/s: `tests/link_faults.rs`).
-pub const PACE_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 const INCARNATION_KEY: &[u8] = b"incarnation";
+
+/// Longest one put call keeps pace with a busy link (`links.queue_pace_bytes`): a producer
+/// faster than its link is held to the link's pace rather than running up to the queue's
+/// bound, which buys no throughput and leaves every payload cold in memory by the time it
+/// is sent (BENCHMARKS.md, tenth round). Puts that may not wait, deliveries from links,
+/// events, results and commits are not held.
+///
+/// A link that took nothing for that long (down, or its peer not acknowledging) holds no
+/// put back, so its queue fills up to `links.queue_bytes_max` as before. Long enough for a
+/// slow link, which takes messages in bursts (100 ms was too short at 4 MiB/s:
+/// `tests/link_faults.rs`).
+pub const PACE_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// The incarnation of this run: with a durable store the one recorded before (what links
 /// sent and received is kept, `link/state.rs`, so peers keep expecting its numbers), else a
@@ -673,8 +672,10 @@ impl NodeState {
         let mut sequences = Vec::with_capacity(contents.len());
         // The batch arrives at one instant (read again after waiting for room).
         let mut now = Instant::now();
-        // A put that may wait keeps pace with a busy link, for a while (see `PACE_BYTES`).
-        let pace_until = (!timeout.is_zero()).then(|| deadline.min(tokio::time::Instant::now() + PACE_WAIT));
+        // A put that may wait keeps pace with a busy link, for a while (see `PACE_WAIT`).
+        let pace_bytes = self.config.links.queue_pace_bytes;
+        let pace_until = (!timeout.is_zero() && pace_bytes > 0)
+            .then(|| deadline.min(tokio::time::Instant::now() + PACE_WAIT));
         for (index, content) in contents.into_iter().enumerate() {
             let message = self.prepare(index, content, created_unix_ms)?;
             // Undone if the put is refused, or abandoned while it waits.
@@ -702,7 +703,7 @@ impl NodeState {
                             && targets
                                 .remote
                                 .iter()
-                                .any(|(link, _)| link.is_ahead(&message, PACE_BYTES, PACE_WAIT))
+                                .any(|(link, _)| link.is_ahead(&message, pace_bytes, PACE_WAIT))
                         {
                             drop(targets);
                             drop(admission);

@@ -256,6 +256,11 @@ pub struct LinkSettings {
     /// Bytes (encoded messages) waiting for a neighbour per priority class; a put beyond it
     /// waits for room or is refused, except into an empty class.
     pub queue_bytes_max: u64,
+    /// Bytes a priority class holds before a client's put into it waits (up to a second per
+    /// put call) for the link to take some, while the link is up and taking messages: a
+    /// producer faster than its link keeps the link's pace instead of filling the class to
+    /// `queue_bytes_max` (0: never held back).
+    pub queue_pace_bytes: u64,
     /// Messages from a neighbour held ahead of a gap until it fills.
     pub reorder_messages_max: u64,
     /// Bytes of messages from a neighbour held ahead of a gap.
@@ -347,6 +352,7 @@ impl Default for LinkSettings {
             in_flight_bytes_max: 64 << 20,
             queue_messages_max: 1_000_000,
             queue_bytes_max: 256 << 20,
+            queue_pace_bytes: 4 << 20,
             reorder_messages_max: 1024,
             reorder_bytes_max: 16 << 20,
             recycled_bytes_max: 16 << 20,

@@ -365,6 +365,7 @@ fn read_links(root: &Section<'_>) -> LinkSettings {
         in_flight_bytes_max: s.number("in_flight_bytes_max", d.in_flight_bytes_max, 1, BYTES_MAX),
         queue_messages_max: s.number("queue_messages_max", d.queue_messages_max, 1, 1 << 40),
         queue_bytes_max: s.number("queue_bytes_max", d.queue_bytes_max, 1, BYTES_MAX),
+        queue_pace_bytes: s.number("queue_pace_bytes", d.queue_pace_bytes, 0, BYTES_MAX),
         reorder_messages_max: s.number("reorder_messages_max", d.reorder_messages_max, 1, 1 << 20),
         reorder_bytes_max: s.number("reorder_bytes_max", d.reorder_bytes_max, 0, BYTES_MAX),
         recycled_bytes_max: s.number("recycled_bytes_max", d.recycled_bytes_max, 0, BYTES_MAX),

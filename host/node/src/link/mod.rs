@@ -670,8 +670,8 @@ impl Link {
                 .with("lost_by_peer", lost_by_peer)
                 .with("peer_restarted", peer_restarted),
         );
-        // A link counts as taking messages from the moment it is up (see `NodeState`'s
-        // `PACE_BYTES`).
+        // A link counts as taking messages from the moment it is up (for
+        // `links.queue_pace_bytes`).
         self.handle.lock().mark_taken(Instant::now());
         self.handle.up.store(true, Ordering::Relaxed);
         self.handle.peer_message_bytes_max.store(self.session.message_bytes_max(), Ordering::Relaxed);

@@ -275,6 +275,17 @@ fn routes_name_a_pattern_and_a_peer_and_come_also_from_the_command_line() {
 }
 
 #[test]
+fn the_pace_bound_of_puts_is_read_and_zero_turns_it_off() {
+    assert_eq!(load("node: { name: A }").unwrap().links.queue_pace_bytes, 4 << 20, "the default");
+    let config = load("node: { name: A }\nlinks: { queue_pace_bytes: 0 }").unwrap();
+    assert_eq!(config.links.queue_pace_bytes, 0, "0: puts are never held back");
+    let config = load("node: { name: A }\nlinks: { queue_pace_bytes: 1048576 }").unwrap();
+    assert_eq!(config.links.queue_pace_bytes, 1 << 20);
+    let errors = messages("node: { name: A }\nlinks: { queue_pace_bytes: -1 }");
+    assert!(errors.iter().any(|m| m.starts_with("links.queue_pace_bytes:")), "{errors:#?}");
+}
+
+#[test]
 fn the_acknowledgement_delay_is_zero_to_a_second() {
     let config = load("node: { name: A }\nlinks: { ack_delay_ms: 0 }").unwrap();
     assert_eq!(config.links.ack_delay_ms, 0, "0: every acknowledgement is written at once");
