@@ -365,8 +365,8 @@ fn put_ahead_of_a_slow_link(a_links: &str) -> u64 {
 #[test]
 fn a_producer_faster_than_its_link_waits_for_it_instead_of_filling_the_queue() {
     let most = put_ahead_of_a_slow_link("");
-    // 64 messages at the pace bound, a put batch of 16 that found it just below, and the
-    // polling's slack.
+    // 64 messages at the pace bound; a put call whose second of pacing ran out lets the rest
+    // of its batch of 16 through; and the polling's slack.
     assert!(most <= 100, "A's queue stayed near the pace bound: {most}");
     assert!(most >= 32, "the producer did run ahead of the link: {most}");
 }

@@ -690,8 +690,12 @@ impl NodeState {
             };
             let (sequence, here) = (message.id.sequence, self.results_here(&message));
             let is_persistent = message.content.reliability == Reliability::Persistent;
-            // Never past the message's lifetime either.
-            let pace_until = pace_until.map(|until| until.min(deadline));
+            // At most half the time the message may wait (its timeout or lifetime), so a put
+            // that was admissible when it came keeps time to find room after pacing.
+            let pace_until = pace_until.map(|until| {
+                let start = tokio::time::Instant::now();
+                until.min(start + deadline.saturating_duration_since(start) / 2)
+            });
             loop {
                 // Made before the check, so room given up after it wakes the wait below
                 // (`notify_waiters` reaches every `Notified` made before it, polled or not).

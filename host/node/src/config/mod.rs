@@ -256,10 +256,10 @@ pub struct LinkSettings {
     /// Bytes (encoded messages) waiting for a neighbour per priority class; a put beyond it
     /// waits for room or is refused, except into an empty class.
     pub queue_bytes_max: u64,
-    /// Bytes a priority class holds before a client's put into it waits (up to a second per
-    /// put call) for the link to take some, while the link is up and taking messages: a
-    /// producer faster than its link keeps the link's pace instead of filling the class to
-    /// `queue_bytes_max` (0: never held back).
+    /// Bytes of this node's own messages a priority class holds before a client's put into
+    /// it waits (up to a second per put call) for the link to take some, while the link is
+    /// up and taking messages: a producer faster than its link keeps the link's pace instead
+    /// of filling the class to `queue_bytes_max` (0: never held back).
     pub queue_pace_bytes: u64,
     /// Messages from a neighbour held ahead of a gap until it fills.
     pub reorder_messages_max: u64,

@@ -178,13 +178,13 @@ impl LinkHandle {
     }
 
     /// Whether the link is established, took a message within `recently`, and `message`'s
-    /// priority class holds at least `bytes` bytes: a put there had better wait for the link
-    /// to take some.
+    /// priority class holds at least `bytes` bytes of this node's own messages: a put there
+    /// had better wait for the link to take some (relayed messages, which no put can hold
+    /// back, take turns with them and do not count).
     pub fn is_ahead(&self, message: &Message, bytes: u64, recently: std::time::Duration) -> bool {
         self.up.load(std::sync::atomic::Ordering::Relaxed) && {
             let queue = self.lock();
-            queue.waiting_bytes(message) >= bytes
-                && queue.taken_at().is_some_and(|at| at.elapsed() < recently)
+            queue.own_bytes(message) >= bytes && queue.taken_at().is_some_and(|at| at.elapsed() < recently)
         }
     }
 
@@ -315,5 +315,34 @@ mod tests {
         assert!(!link.is_ahead(&urgent, deep, RECENTLY), "another class holds nothing");
         link.up.store(false, Ordering::Relaxed);
         assert!(!link.is_ahead(&m, deep, RECENTLY), "down again");
+    }
+
+    #[test]
+    fn relayed_messages_do_not_hold_back_this_nodes_puts() {
+        let link = handle();
+        let relayed = Message { hop_count: 1, ..message(1000) };
+        let now = Instant::now();
+        for _ in 0..10 {
+            link.enqueue_checked(relayed.clone(), now);
+        }
+        link.up.store(true, Ordering::Relaxed);
+        link.lock().mark_taken(now);
+        let own = message(1000);
+        let own = Message {
+            content: own.content.with_lifetime(linkbus_plugin_api::Lifetime::from_secs(60)),
+            ..own
+        };
+        assert!(!link.is_ahead(&own, 5 * 1000, Duration::from_secs(1)), "ten relayed, none of our own");
+        for _ in 0..6 {
+            link.enqueue_checked(own.clone(), now);
+        }
+        let six = 6 * crate::link::transmit::size_of(&own);
+        assert!(link.is_ahead(&own, six, Duration::from_secs(1)), "six of our own now");
+        let taken = link.lock().pop(|m| m.hop_count == 0).map(|(m, _, _)| m.hop_count);
+        assert_eq!(taken, Some(0), "one of ours taken");
+        assert!(!link.is_ahead(&own, six, Duration::from_secs(1)), "five left");
+        let expired = link.lock().take_expired(now + Duration::from_secs(61));
+        assert_eq!(expired.len(), 5, "ours, which had a lifetime");
+        assert!(!link.is_ahead(&own, 1, Duration::from_secs(1)), "expired ones no longer count");
     }
 }

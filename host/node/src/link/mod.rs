@@ -62,6 +62,12 @@ pub const PULL_AHEAD_BYTES: usize = 1 << 20;
 /// How often expired messages are swept out of a transmission queue.
 const EXPIRY_SWEEP: Duration = Duration::from_millis(250);
 
+/// Whether `session` takes another message on `channel`: its window has room, and less
+/// than [`PULL_AHEAD_BYTES`] of the channel's messages wait unwritten.
+fn takes_more(session: &Session, channel: u8) -> bool {
+    session.has_window(channel) && session.unwritten_bytes(channel) < PULL_AHEAD_BYTES
+}
+
 struct Active {
     id: u64,
     dialed_by_us: bool,
@@ -546,12 +552,12 @@ impl Link {
         {
             let mut queue = self.handle.lock();
             let before = queue.len();
+            // Whether a message went to the session (not only expired or too large ones out).
+            let mut took = false;
             loop {
                 let session = &self.session;
-                let Some((mut message, queued_at, key)) = queue.pop(|m| {
-                    let channel = channel_of(m);
-                    session.has_window(channel) && session.unwritten_bytes(channel) < PULL_AHEAD_BYTES
-                }) else {
+                let Some((mut message, queued_at, key)) = queue.pop(|m| takes_more(session, channel_of(m)))
+                else {
                     break;
                 };
                 let elapsed = now.saturating_duration_since(queued_at);
@@ -573,6 +579,7 @@ impl Link {
                 let recorded = self.handle.record.as_ref().zip(key).map(|(r, k)| (r, k, bytes.clone()));
                 match self.session.send(channel, bytes, expires_at, now) {
                     Ok(sequence) => {
+                        took = true;
                         // Recorded as sent under its number, in the queue's order.
                         if let Some((record, key, bytes)) = &recorded {
                             record.sent(*key, channel, sequence, bytes);
@@ -595,7 +602,7 @@ impl Link {
                 }
             }
             let freed = queue.len() < before;
-            if freed {
+            if took {
                 queue.mark_taken(now);
             }
             drop(queue);

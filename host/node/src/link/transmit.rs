@@ -50,6 +50,8 @@ pub(crate) struct TransmissionQueue {
     class_bytes_max: u64,
     /// Bytes waiting per class.
     bytes: [u64; CLASSES],
+    /// Bytes of this node's own messages waiting per class (the rest are relayed).
+    own_bytes: [u64; CLASSES],
     /// The index in [`TURNS`] served next, so classes take turns.
     turn: usize,
     len: usize,
@@ -107,6 +109,7 @@ impl TransmissionQueue {
             class_messages_max,
             class_bytes_max,
             bytes: [0; CLASSES],
+            own_bytes: [0; CLASSES],
             turn: 0,
             len: 0,
             next_expiry: None,
@@ -173,9 +176,10 @@ impl TransmissionQueue {
         self.taken_at = Some(now);
     }
 
-    /// Bytes (encoded messages) waiting in `message`'s class.
-    pub(crate) fn waiting_bytes(&self, message: &Message) -> u64 {
-        self.bytes.get(Self::class_of(message)).copied().unwrap_or(0)
+    /// Bytes (encoded messages) of this node's own messages waiting in `message`'s class
+    /// (relayed ones wait apart, and take their own turns).
+    pub(crate) fn own_bytes(&self, message: &Message) -> u64 {
+        self.own_bytes.get(Self::class_of(message)).copied().unwrap_or(0)
     }
 
     /// How full `message`'s class is.
@@ -196,7 +200,11 @@ impl TransmissionQueue {
         };
         let size = size_of(&item.0);
         *bytes += size;
-        let fifo = &mut c[side(&item.0)];
+        let side = side(&item.0);
+        if let (OWN, Some(own)) = (side, self.own_bytes.get_mut(class)) {
+            *own += size;
+        }
+        let fifo = &mut c[side];
         if front {
             fifo.push_front((item, size))
         } else {
@@ -237,8 +245,10 @@ impl TransmissionQueue {
         }
         let mut next: Option<Instant> = None;
         let mut gone = 0;
-        for (class, bytes) in self.classes.iter_mut().zip(self.bytes.iter_mut()) {
-            for queue in class {
+        for ((class, bytes), own) in
+            self.classes.iter_mut().zip(self.bytes.iter_mut()).zip(self.own_bytes.iter_mut())
+        {
+            for (side, queue) in class.iter_mut().enumerate() {
                 let before = queue.len();
                 queue.retain_mut(|((message, queued_at, key), size)| {
                     let elapsed = now.saturating_duration_since(*queued_at).as_millis() as u64;
@@ -251,6 +261,9 @@ impl TransmissionQueue {
                         return true;
                     }
                     *bytes -= *size;
+                    if side == OWN {
+                        *own -= *size;
+                    }
                     expired.push((message.clone(), *key));
                     false
                 });
@@ -280,6 +293,9 @@ impl TransmissionQueue {
         };
         let (item, size) = c[side].pop_front()?;
         *bytes -= size;
+        if let (OWN, Some(own)) = (side, self.own_bytes.get_mut(class)) {
+            *own -= size;
+        }
         self.len -= 1;
         Some(item)
     }

@@ -980,6 +980,7 @@ fn resume_a_broken_message(two_parts: bool) {
         _ => None,
     });
     assert_eq!(resumed, Some((4096, 1)), "A continues after the 4096 bytes B holds");
+    assert_eq!(p.a.unwritten_bytes(C), big.len() - 4096, "the rest of the message waits to be written");
     p.b.handle_bytes(&p.a.poll_transmit().unwrap(), p.now);
     p.a.write_pending(p.now, usize::MAX);
     let rest = p.a.poll_transmit().unwrap();
