@@ -693,7 +693,7 @@ impl NodeState {
             // At most half the time the message may wait (its timeout or lifetime), so a put
             // that was admissible when it came keeps time to find room after pacing.
             let pace_until = pace_until.map(|until| {
-                let start = tokio::time::Instant::now();
+                let start = tokio::time::Instant::from_std(now);
                 until.min(start + deadline.saturating_duration_since(start) / 2)
             });
             loop {
@@ -703,11 +703,13 @@ impl NodeState {
                 let admission = self.admission.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
                 match self.admit(&message) {
                     Ok(targets) => {
-                        if let Some(until) = pace_until.filter(|until| tokio::time::Instant::now() < *until)
+                        // The clock is read only when a link is ahead.
+                        if let Some(until) = pace_until
                             && targets
                                 .remote
                                 .iter()
                                 .any(|(link, _)| link.is_ahead(&message, pace_bytes, PACE_WAIT))
+                            && tokio::time::Instant::now() < until
                         {
                             drop(targets);
                             drop(admission);

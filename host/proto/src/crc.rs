@@ -23,16 +23,6 @@ pub fn crc32c_append(crc: u32, data: &[u8]) -> u32 {
     digest.finalize() as u32
 }
 
-/// CRC-32C of two byte strings one after the other, from their own CRCs and the second's
-/// length (without reading either again).
-#[inline]
-pub fn crc32c_combine(first: u32, second: u32, second_len: usize) -> u32 {
-    if second_len == 0 {
-        return first;
-    }
-    crc_fast::checksum_combine(Crc32Iscsi, u64::from(first), u64::from(second), second_len as u64) as u32
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -44,12 +34,11 @@ mod tests {
         assert_eq!(crc32c(b"123456789"), 0xe306_9283);
         assert_eq!(crc32c(b""), 0);
         assert_eq!(crc32c_append(crc32c(b"1234"), b"56789"), 0xe306_9283);
-        assert_eq!(crc32c_combine(crc32c(b"1234"), crc32c(b"56789"), 5), 0xe306_9283);
     }
 
     proptest! {
         #[test]
-        fn appending_and_combining_give_the_crc_of_the_whole(
+        fn appending_gives_the_crc_of_the_whole(
             whole in proptest::collection::vec(any::<u8>(), 0..5000),
             cut in any::<prop::sample::Index>(),
         ) {
@@ -57,7 +46,6 @@ mod tests {
             let (head, rest) = whole.split_at(at);
             let expected = crc32c(&whole);
             prop_assert_eq!(crc32c_append(crc32c(head), rest), expected);
-            prop_assert_eq!(crc32c_combine(crc32c(head), crc32c(rest), rest.len()), expected);
         }
 
         #[test]

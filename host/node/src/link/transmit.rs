@@ -48,10 +48,8 @@ pub(crate) struct TransmissionQueue {
     class_messages_max: u64,
     /// Most bytes (encoded messages) one class holds, unless it holds a single put.
     class_bytes_max: u64,
-    /// Bytes waiting per class.
-    bytes: [u64; CLASSES],
-    /// Bytes of this node's own messages waiting per class (the rest are relayed).
-    own_bytes: [u64; CLASSES],
+    /// Bytes waiting per class: this node's own messages, and relayed ones.
+    bytes: [[u64; 2]; CLASSES],
     /// The index in [`TURNS`] served next, so classes take turns.
     turn: usize,
     len: usize,
@@ -108,8 +106,7 @@ impl TransmissionQueue {
             classes: (0..CLASSES).map(|_| [Segmented::default(), Segmented::default()]).collect(),
             class_messages_max,
             class_bytes_max,
-            bytes: [0; CLASSES],
-            own_bytes: [0; CLASSES],
+            bytes: [[0; 2]; CLASSES],
             turn: 0,
             len: 0,
             next_expiry: None,
@@ -158,12 +155,10 @@ impl TransmissionQueue {
     /// bounds, or any number the count bound allows when the class is empty.
     pub(crate) fn has_room_for_many(&self, message: &Message, count: usize, bytes: u64) -> bool {
         let class = Self::class_of(message);
-        let (Some([own, relayed]), Some(waiting)) = (self.classes.get(class), self.bytes.get(class)) else {
-            return false;
-        };
+        let Some([own, relayed]) = self.classes.get(class) else { return false };
         let len = own.len() + relayed.len();
         (len + count) as u64 <= self.class_messages_max
-            && (len == 0 || waiting.saturating_add(bytes) <= self.class_bytes_max)
+            && (len == 0 || self.waiting(class).saturating_add(bytes) <= self.class_bytes_max)
     }
 
     /// When the link last took a message (`None`: never).
@@ -179,7 +174,12 @@ impl TransmissionQueue {
     /// Bytes (encoded messages) of this node's own messages waiting in `message`'s class
     /// (relayed ones wait apart, and take their own turns).
     pub(crate) fn own_bytes(&self, message: &Message) -> u64 {
-        self.own_bytes.get(Self::class_of(message)).copied().unwrap_or(0)
+        self.bytes.get(Self::class_of(message)).map_or(0, |sides| sides[OWN])
+    }
+
+    /// Bytes (encoded messages) waiting in `class`.
+    fn waiting(&self, class: usize) -> u64 {
+        self.bytes.get(class).map_or(0, |sides| sides.iter().sum())
     }
 
     /// How full `message`'s class is.
@@ -189,7 +189,7 @@ impl TransmissionQueue {
         Fill {
             class,
             messages: (len as u64, self.class_messages_max),
-            bytes: (self.bytes.get(class).copied().unwrap_or(0), self.class_bytes_max),
+            bytes: (self.waiting(class), self.class_bytes_max),
         }
     }
 
@@ -199,11 +199,8 @@ impl TransmissionQueue {
             return;
         };
         let size = size_of(&item.0);
-        *bytes += size;
         let side = side(&item.0);
-        if let (OWN, Some(own)) = (side, self.own_bytes.get_mut(class)) {
-            *own += size;
-        }
+        bytes[side] += size;
         let fifo = &mut c[side];
         if front {
             fifo.push_front((item, size))
@@ -245,10 +242,8 @@ impl TransmissionQueue {
         }
         let mut next: Option<Instant> = None;
         let mut gone = 0;
-        for ((class, bytes), own) in
-            self.classes.iter_mut().zip(self.bytes.iter_mut()).zip(self.own_bytes.iter_mut())
-        {
-            for (side, queue) in class.iter_mut().enumerate() {
+        for (class, sides) in self.classes.iter_mut().zip(self.bytes.iter_mut()) {
+            for (queue, bytes) in class.iter_mut().zip(sides.iter_mut()) {
                 let before = queue.len();
                 queue.retain_mut(|((message, queued_at, key), size)| {
                     let elapsed = now.saturating_duration_since(*queued_at).as_millis() as u64;
@@ -261,9 +256,6 @@ impl TransmissionQueue {
                         return true;
                     }
                     *bytes -= *size;
-                    if side == OWN {
-                        *own -= *size;
-                    }
                     expired.push((message.clone(), *key));
                     false
                 });
@@ -292,10 +284,7 @@ impl TransmissionQueue {
             }
         };
         let (item, size) = c[side].pop_front()?;
-        *bytes -= size;
-        if let (OWN, Some(own)) = (side, self.own_bytes.get_mut(class)) {
-            *own -= size;
-        }
+        bytes[side] -= size;
         self.len -= 1;
         Some(item)
     }
