@@ -311,6 +311,10 @@ fn check_len(field: &'static str, len: usize, max: usize) -> Result<(), MessageE
 }
 
 /// A message accepted by a node: identity, hop count and content.
+///
+/// The content is boxed, so a message is cheap to move: it passes through many hands on
+/// its way (decoder, queues, links, answers), and its fields read through the box
+/// unchanged (`message.content.payload`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Message {
     /// Stamped by the accepting node.
@@ -323,7 +327,7 @@ pub struct Message {
     /// or went away before acknowledging).
     pub backout_count: u16,
     /// What the sender wrote; `content.lifetime` is always set on an accepted message.
-    pub content: Content,
+    pub content: Box<Content>,
 }
 
 /// Why a message was refused.

@@ -44,9 +44,11 @@ fn message(n: usize, payload: &Bytes, priority: Priority, reliability: Reliabili
         hop_count: 0,
         redelivered: false,
         backout_count: 0,
-        content: Content::buf("B:orders".parse().expect("valid address"), payload.clone())
-            .with_priority(priority)
-            .with_reliability(reliability),
+        content: Box::new(
+            Content::buf("B:orders".parse().expect("valid address"), payload.clone())
+                .with_priority(priority)
+                .with_reliability(reliability),
+        ),
     }
 }
 

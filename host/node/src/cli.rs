@@ -807,7 +807,7 @@ async fn replay_one(client: &mut Client, message: &linkbus_plugin_api::Message) 
     if message.content.kind == linkbus_plugin_api::Kind::Event {
         bail!("event messages are not replayed");
     }
-    let mut content = message.content.clone();
+    let mut content = (*message.content).clone();
     if let Some(failed) = content.header(DEAD_LETTER_RECIPIENTS_HEADER).filter(|f| !f.is_empty()) {
         let failed: Result<linkbus_plugin_api::Recipients, _> = failed.split(',').map(str::parse).collect();
         content.recipients =

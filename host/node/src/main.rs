@@ -6,6 +6,13 @@ use clap::Parser;
 use linkbus_host::cli::{self, Cli, Command, ConfigCommand, NodeCommand};
 use tracing_subscriber::EnvFilter;
 
+/// mimalloc: a message is allocated on one runtime worker and freed on another (decoded by
+/// a link, handed out by a get), and this allocator frees across threads without a lock;
+/// with the system allocator the same path is about a tenth slower (BENCHMARKS.md, eleventh
+/// round). A program embedding `linkbus-host` picks its own.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
     let args = Cli::parse();
     let default_level = match args.command {

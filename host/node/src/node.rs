@@ -891,7 +891,7 @@ impl NodeState {
         }
         let sequence = self.next_sequence.fetch_add(1, Ordering::Relaxed);
         let id = MessageId { source: self.name().clone(), sequence, created_unix_ms };
-        Message { id, hop_count: 0, redelivered: false, backout_count: 0, content }
+        Message { id, hop_count: 0, redelivered: false, backout_count: 0, content: Box::new(content) }
     }
 
     /// Queues one accepted message: into local queues for recipients on this node, and once
@@ -1763,7 +1763,7 @@ mod tests {
             hop_count: 0,
             redelivered: false,
             backout_count: 0,
-            content,
+            content: Box::new(content),
         };
         let mut forged = result.clone().with_priority(Priority::level(9).unwrap());
         forged.payload =
@@ -1800,7 +1800,7 @@ mod tests {
             hop_count: 0,
             redelivered: false,
             backout_count: 0,
-            content: Content::buf(to.parse().unwrap(), "x"),
+            content: Box::new(Content::buf(to.parse().unwrap(), "x")),
         };
         let mut twice = message("A:q");
         twice.content.recipients.push("A:q".parse().unwrap());

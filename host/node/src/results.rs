@@ -702,7 +702,7 @@ mod tests {
             hop_count: 0,
             redelivered: false,
             backout_count: 0,
-            content,
+            content: Box::new(content),
         }
     }
 

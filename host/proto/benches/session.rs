@@ -70,7 +70,10 @@ fn message(payload_bytes: usize) -> Bytes {
         hop_count: 0,
         redelivered: false,
         backout_count: 0,
-        content: Content::buf("B:orders".parse().expect("valid address"), vec![0x5a; payload_bytes]),
+        content: Box::new(Content::buf(
+            "B:orders".parse().expect("valid address"),
+            vec![0x5a; payload_bytes],
+        )),
     })
 }
 

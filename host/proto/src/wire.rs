@@ -563,7 +563,7 @@ pub fn decode_message(bytes: Bytes) -> Result<Message, ReadError> {
     let hop_count = r.u8()?;
     let flags = r.u8()?;
     let backout_count = r.u16()?;
-    let content = read_content(&mut r)?;
+    let content = Box::new(read_content(&mut r)?);
     r.finish()?;
     Ok(Message { id, hop_count, redelivered: flags & FLAG_REDELIVERED != 0, backout_count, content })
 }
@@ -617,7 +617,7 @@ mod tests {
             hop_count: 2,
             redelivered: true,
             backout_count: 3,
-            content,
+            content: Box::new(content),
         }
     }
 

@@ -617,7 +617,7 @@ mod tests {
             hop_count: 1,
             redelivered: false,
             backout_count: 0,
-            content,
+            content: Box::new(content),
         };
         let response =
             Response::Messages { messages: contents.into_iter().map(message).collect(), tags: vec![1, 2] };
@@ -673,7 +673,7 @@ mod tests {
             hop_count: 0,
             redelivered: true,
             backout_count: 2,
-            content: Content::buf("B:q".parse().unwrap(), "x"),
+            content: Box::new(Content::buf("B:q".parse().unwrap(), "x")),
         };
         for response in [
             Response::Error { code: ErrorCode::NoRoute, accepted: 2, message: "no route".into() },

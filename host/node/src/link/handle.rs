@@ -287,7 +287,7 @@ mod tests {
             hop_count: 0,
             redelivered: false,
             backout_count: 0,
-            content: Content::buf("B:q".parse().unwrap(), vec![0u8; bytes]),
+            content: Box::new(Content::buf("B:q".parse().unwrap(), vec![0u8; bytes])),
         }
     }
 
@@ -309,7 +309,9 @@ mod tests {
         assert!(!link.is_ahead(&m, 100 * 1000, RECENTLY), "not that deep");
         assert!(!link.is_ahead(&m, deep, Duration::ZERO), "it took nothing lately");
         let urgent = Message {
-            content: m.content.clone().with_priority(linkbus_plugin_api::Priority::level(9).unwrap()),
+            content: Box::new(
+                m.content.clone().with_priority(linkbus_plugin_api::Priority::level(9).unwrap()),
+            ),
             ..m.clone()
         };
         assert!(!link.is_ahead(&urgent, deep, RECENTLY), "another class holds nothing");
@@ -329,7 +331,7 @@ mod tests {
         link.lock().mark_taken(now);
         let own = message(1000);
         let own = Message {
-            content: own.content.with_lifetime(linkbus_plugin_api::Lifetime::from_secs(60)),
+            content: Box::new(own.content.with_lifetime(linkbus_plugin_api::Lifetime::from_secs(60))),
             ..own
         };
         assert!(!link.is_ahead(&own, 5 * 1000, Duration::from_secs(1)), "ten relayed, none of our own");

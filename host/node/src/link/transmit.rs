@@ -319,7 +319,7 @@ mod tests {
             hop_count: 0,
             redelivered: false,
             backout_count: 0,
-            content: Content::buf("B:q".parse().unwrap(), "x").with_priority(priority),
+            content: Box::new(Content::buf("B:q".parse().unwrap(), "x").with_priority(priority)),
         }
     }
 

@@ -45,10 +45,6 @@ pub(super) enum PacketOutcome {
 
 /// What the host gets for a sequence number delivered in order.
 #[derive(Debug)]
-#[expect(
-    clippy::large_enum_variant,
-    reason = "moved once into the session's events; a box would be an allocation per message"
-)]
 pub(super) enum Delivery {
     /// A message, its lifetime counted down to now.
     Message(Message),
@@ -123,10 +119,6 @@ struct Assembly {
 
 /// What became of an arriving message.
 #[derive(Debug)]
-#[expect(
-    clippy::large_enum_variant,
-    reason = "returned once and moved on into the session's events; a box would be an allocation per message"
-)]
 pub(super) enum Arrival {
     /// Already handed to the host: acknowledge again, drop the copy.
     Duplicate,

@@ -165,7 +165,7 @@ fn message(from: &str, n: u64, padding: usize) -> Bytes {
         hop_count: 0,
         redelivered: false,
         backout_count: 0,
-        content,
+        content: Box::new(content),
     })
 }
 

@@ -41,7 +41,7 @@ fn message(n: u64) -> Bytes {
         hop_count: 0,
         redelivered: false,
         backout_count: 0,
-        content: Content::buf("B:q".parse().unwrap(), n.to_string()),
+        content: Box::new(Content::buf("B:q".parse().unwrap(), n.to_string())),
     })
 }
 
@@ -759,7 +759,7 @@ fn big_message(n: u64, size: usize) -> Bytes {
         hop_count: 0,
         redelivered: false,
         backout_count: 0,
-        content: Content::buf("B:q".parse().unwrap(), vec![(n % 251) as u8; size]),
+        content: Box::new(Content::buf("B:q".parse().unwrap(), vec![(n % 251) as u8; size])),
     })
 }
 
@@ -887,7 +887,7 @@ fn a_large_message_is_gathered_in_a_buffer_used_again() {
         hop_count: 0,
         redelivered: false,
         backout_count: 0,
-        content: Content::buf("B:q".parse().unwrap(), vec![n as u8; 600_000]),
+        content: Box::new(Content::buf("B:q".parse().unwrap(), vec![n as u8; 600_000])),
     };
     let mut gathered_at = Vec::new();
     for n in 1..=2 {
@@ -913,8 +913,10 @@ fn a_message_in_two_parts_goes_as_the_same_bytes() {
         hop_count: 0,
         redelivered: false,
         backout_count: 0,
-        content: Content::buf("B:q".parse().unwrap(), vec![(n % 251) as u8; size])
-            .with_lifetime(linkbus_plugin_api::Lifetime::from_secs(60)),
+        content: Box::new(
+            Content::buf("B:q".parse().unwrap(), vec![(n % 251) as u8; size])
+                .with_lifetime(linkbus_plugin_api::Lifetime::from_secs(60)),
+        ),
     };
     let (big, small) = (sized(1, 10_000), sized(2, 100));
     let encoded = crate::wire::Encoded::of(&big);
