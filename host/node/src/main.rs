@@ -6,10 +6,10 @@ use clap::Parser;
 use linkbus_host::cli::{self, Cli, Command, ConfigCommand, NodeCommand};
 use tracing_subscriber::EnvFilter;
 
-/// mimalloc: a message is allocated on one runtime worker and freed on another (decoded by
-/// a link, handed out by a get), and this allocator frees across threads without a lock;
-/// with the system allocator the same path is about a tenth slower (BENCHMARKS.md, eleventh
-/// round). A program embedding `linkbus-host` picks its own.
+/// mimalloc: a message's boxed content is allocated on one runtime worker and freed on
+/// another (decoded by a link, handed out by a get), and this allocator frees across threads
+/// without a lock; with glibc's, boxing the content cost more than it saved (BENCHMARKS.md,
+/// eleventh round). A program embedding `linkbus-host` picks its own.
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
