@@ -556,6 +556,10 @@ impl LocalQueue {
     /// A message handed out pending is stored marked redelivered, so should the node stop
     /// before it is acknowledged, it comes back as possibly seen.
     fn mark_seen(&self, entry: &Entry, batch: &mut Batch) {
+        // A volatile message is not stored: nothing to mark, and no copy to make.
+        if !self.stored(&entry.message) {
+            return;
+        }
         let mut marked = entry.message.clone();
         marked.redelivered = true;
         // Stored again in any case: its lifetime and enqueue time changed.
