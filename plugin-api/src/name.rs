@@ -5,7 +5,8 @@
 use std::cell::RefCell;
 use std::fmt;
 use std::str::FromStr;
-use std::sync::Arc;
+
+use smol_str::SmolStr;
 
 /// Longest node name, in characters (TongLink/Q's rule).
 pub const NODE_NAME_CHARS_MAX: usize = 20;
@@ -63,9 +64,16 @@ fn check(
     what: &'static str,
     name: &str,
     max: usize,
-    extra_chars: &[char],
+    extra_chars: &[u8],
     extra: &'static str,
 ) -> Result<(), NameError> {
+    // A good name, the usual case, in one pass over its bytes (all ASCII, so as many bytes
+    // as characters); any other is taken apart below for the error.
+    let bytes = name.as_bytes();
+    let allowed = |b: &u8| b.is_ascii_alphanumeric() || extra_chars.contains(b);
+    if bytes.len() <= max && bytes.first().is_some_and(u8::is_ascii_alphabetic) && bytes.iter().all(allowed) {
+        return Ok(());
+    }
     let mut chars = name.chars();
     let Some(first) = chars.next() else {
         return Err(NameError::Empty { what });
@@ -77,46 +85,53 @@ fn check(
     if !first.is_ascii_alphabetic() {
         return Err(NameError::BadStart { what, name: name.to_owned() });
     }
-    if let Some(ch) = chars.find(|c| !(c.is_ascii_alphanumeric() || extra_chars.contains(c))) {
+    let extra_char = |c: char| u8::try_from(c).is_ok_and(|b| extra_chars.contains(&b));
+    if let Some(ch) = chars.find(|c| !(c.is_ascii_alphanumeric() || extra_char(*c))) {
         return Err(NameError::BadChar { what, name: name.to_owned(), ch, extra });
     }
     Ok(())
 }
 
-/// Names a thread made lately, by kind, so that a name read again (every message names its
-/// source and recipients) is shared rather than checked and allocated again: a handful of
-/// nodes and queues is the common case, and a name not among them only costs a scan.
+/// Names of at most this many bytes are held inline (every node name, most queue names):
+/// made again from their text, not shared, so copying, comparing and dropping one touches no
+/// reference count that other threads touch too (with a shared string per name, those counts
+/// were most of the contended atomic operations at 64 B).
+const INLINE_BYTES_MAX: usize = 23;
+
+/// Longer names a thread made lately, so that one read again (every message names its
+/// recipients) shares the string made before instead of being allocated again:
+/// a handful of queues is the common case, and a name not among them only costs a scan.
 struct Recent {
-    names: [Vec<Arc<str>>; 2],
-    next: [usize; 2],
+    names: Vec<SmolStr>,
+    next: usize,
 }
 
-/// Names kept per kind and thread.
+/// Longer names kept per thread.
 const RECENT_NAMES: usize = 16;
 
 thread_local! {
-    static RECENT: RefCell<Recent> = const { RefCell::new(Recent { names: [Vec::new(), Vec::new()], next: [0, 0] }) };
+    static RECENT: RefCell<Recent> = const { RefCell::new(Recent { names: Vec::new(), next: 0 }) };
 }
 
-/// `name` as a shared string of `kind` (0 node, 1 queue): one made lately on this thread,
-/// else `check`ed and kept.
-fn shared(
-    kind: usize,
-    name: &str,
-    check: impl FnOnce(&str) -> Result<(), NameError>,
-) -> Result<Arc<str>, NameError> {
-    let known = RECENT.with_borrow(|r| r.names[kind].iter().find(|n| same(n, name)).cloned());
+/// `name`, `check`ed, as a string: inline when short, else the same text made lately on this
+/// thread or a new one, kept.
+fn made(name: &str, check: impl FnOnce(&str) -> Result<(), NameError>) -> Result<SmolStr, NameError> {
+    // Checked first in every case: the names kept are of both kinds.
+    check(name)?;
+    if name.len() <= INLINE_BYTES_MAX {
+        return Ok(SmolStr::new(name));
+    }
+    let known = RECENT.with_borrow(|r| r.names.iter().find(|n| same(n, name)).cloned());
     if let Some(known) = known {
         return Ok(known);
     }
-    check(name)?;
-    let made: Arc<str> = Arc::from(name);
+    let made = SmolStr::new(name);
     RECENT.with_borrow_mut(|r| {
-        let slot = r.next[kind];
-        r.next[kind] = (slot + 1) % RECENT_NAMES;
-        match r.names[kind].get_mut(slot) {
+        let slot = r.next;
+        r.next = (slot + 1) % RECENT_NAMES;
+        match r.names.get_mut(slot) {
             Some(old) => *old = made.clone(),
-            None => r.names[kind].push(made.clone()),
+            None => r.names.push(made.clone()),
         }
     });
     Ok(made)
@@ -139,7 +154,7 @@ fn same(known: &str, name: &str) -> bool {
 /// assert!(NodeName::new("1a").is_err());
 /// ```
 #[derive(Debug, Clone, PartialOrd, Ord)]
-pub struct NodeName(Arc<str>);
+pub struct NodeName(SmolStr);
 
 impl NodeName {
     /// Checks `name` and wraps it.
@@ -147,7 +162,7 @@ impl NodeName {
     /// # Errors
     /// [`NameError`] naming the rule the name breaks.
     pub fn new(name: &str) -> Result<Self, NameError> {
-        shared(0, name, |n| check("node", n, NODE_NAME_CHARS_MAX, &['.', '_'], ", '.' and '_'")).map(Self)
+        made(name, |n| check("node", n, NODE_NAME_CHARS_MAX, b"._", ", '.' and '_'")).map(Self)
     }
 
     /// The name as text.
@@ -159,7 +174,7 @@ impl NodeName {
 /// The name of a queue on a node: ASCII letters, digits, `.`, `_` and `-`, starting with a
 /// letter, at most [`QUEUE_NAME_CHARS_MAX`] characters.
 #[derive(Debug, Clone, PartialOrd, Ord)]
-pub struct QueueName(Arc<str>);
+pub struct QueueName(SmolStr);
 
 impl QueueName {
     /// Checks `name` and wraps it.
@@ -167,8 +182,7 @@ impl QueueName {
     /// # Errors
     /// [`NameError`] naming the rule the name breaks.
     pub fn new(name: &str) -> Result<Self, NameError> {
-        shared(1, name, |n| check("queue", n, QUEUE_NAME_CHARS_MAX, &['.', '_', '-'], ", '.', '_' and '-'"))
-            .map(Self)
+        made(name, |n| check("queue", n, QUEUE_NAME_CHARS_MAX, b"._-", ", '.', '_' and '-'")).map(Self)
     }
 
     /// The name as text.
@@ -206,12 +220,12 @@ macro_rules! text_impls {
                 f.write_str(&self.0)
             }
         }
-        // By hand, not derived: the same shared string first, then the text byte by byte
-        // (see `same`); hashed as the text, as `Borrow<str>` requires.
+        // By hand, not derived: the text byte by byte (see `same`); hashed as the text, as
+        // `Borrow<str>` requires.
         impl PartialEq for $ty {
             #[inline]
             fn eq(&self, other: &Self) -> bool {
-                Arc::ptr_eq(&self.0, &other.0) || same(&self.0, &other.0)
+                same(&self.0, &other.0)
             }
         }
         impl Eq for $ty {}
@@ -259,7 +273,6 @@ mod tests {
     fn names_made_on_other_threads_are_equal_and_hash_as_their_text() {
         let here = NodeName::new("A.east_1").unwrap();
         let there = std::thread::spawn(|| NodeName::new("A.east_1").unwrap()).join().unwrap();
-        assert!(!Arc::ptr_eq(&here.0, &there.0), "made apart");
         assert_eq!(here, there);
         assert_ne!(here, NodeName::new("A.east_2").unwrap());
         assert_ne!(here, NodeName::new("A.east").unwrap());
@@ -267,13 +280,24 @@ mod tests {
             ["orders", "DLQ"].into_iter().map(|q| QueueName::new(q).unwrap()).collect();
         let orders = std::thread::spawn(|| QueueName::new("orders").unwrap()).join().unwrap();
         assert!(queues.contains(&orders) && queues.contains("orders") && !queues.contains("order"));
+        // Long names, shared on their thread, are equal across threads too.
+        let long = "orders_of_the_eastern_region_2026";
+        let there = std::thread::spawn(move || QueueName::new(long).unwrap()).join().unwrap();
+        assert!(there.as_str().as_ptr() != QueueName::new(long).unwrap().as_str().as_ptr());
+        assert_eq!(there, QueueName::new(long).unwrap());
+        // A long queue name kept on this thread is no node name.
+        assert!(matches!(NodeName::new(long), Err(NameError::TooLong { chars: 33, .. })));
     }
 
     #[test]
-    fn a_name_made_again_is_shared_and_bad_names_are_refused_however_many_good_ones_came_before() {
-        let a = NodeName::new("A").unwrap();
-        let again = NodeName::new("A").unwrap();
-        assert!(Arc::ptr_eq(&a.0, &again.0), "the second is the first, shared");
+    fn names_are_inline_or_shared_and_bad_names_are_refused_however_many_good_ones_came_before() {
+        // Every node name is held inline: no count shared between threads.
+        let longest = NodeName::new(&"A".repeat(NODE_NAME_CHARS_MAX)).unwrap();
+        assert!(!longest.0.is_heap_allocated());
+        // A long queue name made again is the first one, shared.
+        let long = "q".repeat(QUEUE_NAME_CHARS_MAX);
+        let (a, again) = (QueueName::new(&long).unwrap(), QueueName::new(&long).unwrap());
+        assert!(a.0.is_heap_allocated() && a.as_str().as_ptr() == again.as_str().as_ptr());
         // More names than are kept: each is still itself, and checked.
         let many: Vec<QueueName> =
             (0..3 * RECENT_NAMES).map(|i| QueueName::new(&format!("q{i}")).unwrap()).collect();
