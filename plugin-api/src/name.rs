@@ -92,12 +92,6 @@ fn check(
     Ok(())
 }
 
-/// Names of at most this many bytes are held inline (every node name, most queue names):
-/// made again from their text, not shared, so copying, comparing and dropping one touches no
-/// reference count that other threads touch too (with a shared string per name, those counts
-/// were most of the contended atomic operations at 64 B).
-const INLINE_BYTES_MAX: usize = 23;
-
 /// Longer names a thread made lately, so that one read again (every message names its
 /// recipients) shares the string made before instead of being allocated again:
 /// a handful of queues is the common case, and a name not among them only costs a scan.
@@ -115,11 +109,18 @@ thread_local! {
 
 /// `name`, `check`ed, as a string: inline when short, else the same text made lately on this
 /// thread or a new one, kept.
+///
+/// Names of up to [`SmolStr::INLINE_CAP`] bytes (23: every node name, most queue names) are
+/// held inline and made again from their text, not shared, so copying, comparing and
+/// dropping one touches no reference count that other threads touch too. (Each name a
+/// shared string, those counts were most of the contended atomic operations at 64 B.) They
+/// are copied byte by byte (`new_inline`): a `memcpy` of a few bytes read back at once as
+/// wider words stalled the store forwarding, 3 % of the time at 64 B.
 fn made(name: &str, check: impl FnOnce(&str) -> Result<(), NameError>) -> Result<SmolStr, NameError> {
     // Checked first in every case: the names kept are of both kinds.
     check(name)?;
-    if name.len() <= INLINE_BYTES_MAX {
-        return Ok(SmolStr::new(name));
+    if name.len() <= SmolStr::INLINE_CAP {
+        return Ok(SmolStr::new_inline(name));
     }
     let known = RECENT.with_borrow(|r| r.names.iter().find(|n| same(n, name)).cloned());
     if let Some(known) = known {
