@@ -20,9 +20,10 @@
 //! | 6 | `Close` | code u16, reason (UTF-8, rest of the frame) |
 //! | 7 | `Nak` | channel u8, sequence u64: that message arrived damaged, send it again |
 
-use bytes::{BufMut, Bytes, BytesMut};
+use bytes::{Buf, BufMut, Bytes, BytesMut};
 
 use crate::reader::{ReadError, Reader};
+use crate::wire::DETACH_BYTES_MAX;
 
 /// The link protocol version this build speaks; a peer with another version is refused.
 /// (5: a message for several nodes travels in one copy per next hop naming only the
@@ -484,6 +485,10 @@ impl FrameDecoder {
         if self.buf.is_empty() {
             let total = self.frame_len(&self.whole)?;
             if let Some(total) = total.filter(|t| *t <= self.whole.len()) {
+                if let Some(frame) = short_data(self.whole.get(..total).unwrap_or_default()) {
+                    self.whole.advance(total);
+                    return frame.map(Some);
+                }
                 return decode_frame(self.whole.split_to(total)).map(Some);
             }
             // The chunk ends inside a frame: gather it from here.
@@ -498,6 +503,10 @@ impl FrameDecoder {
             let total = self.frame_len(&self.buf)?;
             let want = total.unwrap_or(LENGTH_BYTES);
             if let Some(total) = total.filter(|t| *t <= self.buf.len()) {
+                if let Some(frame) = short_data(self.buf.get(..total).unwrap_or_default()) {
+                    self.buf.advance(total);
+                    return frame.map(Some);
+                }
                 return decode_frame(self.buf.split_to(total).freeze()).map(Some);
             }
             if self.whole.is_empty() {
@@ -527,6 +536,35 @@ fn header_crc_matches(covered: &[u8]) -> bool {
         .get(LENGTH_BYTES + 1..LENGTH_BYTES + 1 + HEADER_CRC_BYTES)
         .and_then(|b| <[u8; 4]>::try_from(b).ok());
     stored.is_some_and(|b| u32::from_be_bytes(b) == header_crc(covered))
+}
+
+/// A `Data` frame whose packet is shorter than [`DETACH_BYTES_MAX`], read in place from
+/// `frame` (all of it, from its length prefix) with its packet copied into a buffer of its
+/// own; `None` for any other frame.
+///
+/// The packet would be copied later all the same (a short message kept in a queue must not
+/// hold the whole read chunk in memory): copied here, it is never cut out of the chunk first,
+/// which counted the chunk's handles up and down twice per message.
+fn short_data(frame: &[u8]) -> Option<Result<Frame, FrameError>> {
+    let (header, packet) = frame.split_at_checked(DATA_HEADER_BYTES)?;
+    if header.get(LENGTH_BYTES) != Some(&TYPE_DATA) || packet.len() >= DETACH_BYTES_MAX {
+        return None;
+    }
+    if !header_crc_matches(header) {
+        return Some(Err(FrameError::BadHeaderCrc));
+    }
+    // Length, type and header CRC, then the fields.
+    let fields = header.get(LENGTH_BYTES + 1 + HEADER_CRC_BYTES..)?;
+    let u64_at = |at: usize| fields.get(at..at + 8).and_then(|b| b.try_into().ok()).map(u64::from_be_bytes);
+    let crc = fields.get(25..29).and_then(|b| b.try_into().ok()).map(u32::from_be_bytes)?;
+    Some(Ok(Frame::Data {
+        channel: *fields.first()?,
+        sequence: u64_at(1)?,
+        offset: u64_at(9)?,
+        total: u64_at(17)?,
+        crc,
+        bytes: Bytes::copy_from_slice(packet),
+    }))
 }
 
 fn decode_frame(bytes: Bytes) -> Result<Frame, FrameError> {

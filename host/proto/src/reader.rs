@@ -3,6 +3,8 @@
 
 use bytes::{Buf, Bytes};
 
+use crate::wire::DETACH_BYTES_MAX;
+
 /// Why a field could not be read.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
@@ -31,16 +33,26 @@ pub enum ReadError {
     },
 }
 
-/// Reads big-endian fields from a `Bytes`, sharing it for byte fields.
+/// Reads big-endian fields from a `Bytes`, sharing it for byte fields (or copying short
+/// ones: [`Reader::detaching`]).
 #[derive(Debug)]
 pub struct Reader {
     bytes: Bytes,
+    /// Byte fields shorter than [`DETACH_BYTES_MAX`] are copied into buffers of their own.
+    detach: bool,
 }
 
 impl Reader {
     /// A reader over `bytes`.
     pub fn new(bytes: Bytes) -> Self {
-        Self { bytes }
+        Self { bytes, detach: false }
+    }
+
+    /// A reader over `bytes` whose byte fields shorter than [`DETACH_BYTES_MAX`] are copied
+    /// into buffers of their own (they are kept longer than `bytes` should be; copied
+    /// straight from the input, they are never cut out of it first).
+    pub fn detaching(bytes: Bytes) -> Self {
+        Self { bytes, detach: true }
     }
 
     fn need(&self, n: usize) -> Result<(), ReadError> {
@@ -86,12 +98,18 @@ impl Reader {
         Ok(self.bytes.get_u64())
     }
 
-    /// `n` bytes, shared with the input.
+    /// `n` bytes, shared with the input (copied when short and the reader is
+    /// [`Reader::detaching`]).
     ///
     /// # Errors
     /// [`ReadError::Truncated`].
     pub fn bytes(&mut self, n: usize) -> Result<Bytes, ReadError> {
         self.need(n)?;
+        if self.detach && n < DETACH_BYTES_MAX {
+            let copy = Bytes::copy_from_slice(self.bytes.get(..n).unwrap_or_default());
+            self.bytes.advance(n);
+            return Ok(copy);
+        }
         Ok(self.bytes.split_to(n))
     }
 

@@ -864,9 +864,9 @@ impl Session {
         let Some(lane) = self.lanes.get_mut(channel as usize) else {
             return self.close(SessionError::UnknownChannel(channel));
         };
-        let (message, first, assembled) = match lane.receiver.packet(packet, now) {
+        let (message, first) = match lane.receiver.packet(packet, now) {
             PacketOutcome::Partial => return,
-            PacketOutcome::Complete { message, first, assembled } => (message, first, assembled),
+            PacketOutcome::Complete { message, first } => (message, first),
             PacketOutcome::Duplicate { last } => {
                 if last {
                     self.stats.duplicates += 1;
@@ -891,7 +891,7 @@ impl Session {
         let room = self.held_room();
         let Some(lane) = self.lanes.get_mut(channel as usize) else { return };
         let size = message.len();
-        let arrival = lane.receiver.arrive(sequence, message, assembled, first, now, room);
+        let arrival = lane.receiver.arrive(sequence, message, first, now, room);
         if matches!(arrival, Ok(Arrival::Held | Arrival::Delivered(..))) {
             lane.ack_waiting_bytes = lane.ack_waiting_bytes.saturating_add(size);
         }

@@ -185,8 +185,9 @@ fn encode_message_head(message: &Message, out: &mut BytesMut) {
 }
 
 /// Messages shorter than this are copied out of the buffer they arrived in (a connection's
-/// read chunk, a client's request) before they are kept: a small message shared with a large
-/// buffer would hold all of it in memory for as long as it waits in a queue.
+/// read chunk, by the frame decoder; a client's request, by a [`Reader::detaching`]) before
+/// they are kept: a small message shared with a large buffer would hold all of it in memory
+/// for as long as it waits in a queue.
 pub const DETACH_BYTES_MAX: usize = 32 * 1024;
 
 /// `parts` joined in one buffer, sized once.
@@ -194,11 +195,6 @@ pub fn join(parts: &[Bytes]) -> Bytes {
     let mut all = BytesMut::with_capacity(parts.iter().map(Bytes::len).sum());
     parts.iter().for_each(|part| all.extend_from_slice(part));
     all.freeze()
-}
-
-/// `bytes` in a buffer of their own when short (see [`DETACH_BYTES_MAX`]), else as they are.
-pub fn detached(bytes: Bytes) -> Bytes {
-    if bytes.len() < DETACH_BYTES_MAX { Bytes::copy_from_slice(&bytes) } else { bytes }
 }
 
 /// Output for a vectored write: encoded bytes with large payloads shared between them
@@ -591,13 +587,17 @@ mod tests {
     }
 
     #[test]
-    fn short_bytes_are_detached_from_their_buffer_and_long_ones_shared() {
+    fn a_detaching_reader_copies_short_byte_fields_and_shares_long_ones() {
         let chunk = Bytes::from(vec![1u8; 4 * DETACH_BYTES_MAX]);
-        let short = detached(chunk.slice(10..74));
-        assert_ne!(short.as_ptr(), chunk.as_ptr().wrapping_add(10), "a short message has its own buffer");
-        assert_eq!(&short[..], &chunk[10..74]);
-        let long = detached(chunk.slice(..DETACH_BYTES_MAX));
-        assert_eq!(long.as_ptr(), chunk.as_ptr(), "a long one stays shared");
+        let mut r = Reader::detaching(chunk.clone());
+        r.bytes(10).unwrap();
+        let short = r.bytes(64).unwrap();
+        assert_ne!(short.as_ptr(), chunk.as_ptr().wrapping_add(10), "a short field has its own buffer");
+        assert!(short.is_unique() && short[..] == chunk[10..74]);
+        let long = r.bytes(DETACH_BYTES_MAX).unwrap();
+        assert_eq!(long.as_ptr(), chunk.as_ptr().wrapping_add(74), "a long one stays shared");
+        let mut shared = Reader::new(chunk.clone());
+        assert_eq!(shared.bytes(64).unwrap().as_ptr(), chunk.as_ptr(), "a plain reader shares every field");
     }
     use proptest::prelude::*;
 

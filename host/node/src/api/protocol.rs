@@ -330,12 +330,11 @@ impl Request {
                 let mut contents = Vec::with_capacity(count.min(r.remaining() / 20));
                 for _ in 0..count {
                     let len = r.u32()? as usize;
-                    let mut item = Reader::new(r.bytes(len)?);
-                    let mut content = read_content(&mut item)?;
+                    // Kept in queues: short byte fields get buffers of their own, not
+                    // slices of the request.
+                    let mut item = Reader::detaching(r.bytes(len)?);
+                    let content = read_content(&mut item)?;
                     item.finish()?;
-                    // Slices of the request: kept in queues, so short ones get their own buffers.
-                    content.payload = linkbus_proto::wire::detached(content.payload);
-                    content.correlation_id = content.correlation_id.map(linkbus_proto::wire::detached);
                     contents.push(content);
                 }
                 Self::Put { contents, timeout_ms, no_wait }

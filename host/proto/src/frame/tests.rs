@@ -178,29 +178,31 @@ fn a_damaged_data_length_is_caught_before_waiting() {
     assert_eq!(decoder.decode(), Err(FrameError::BadHeaderCrc));
 }
 
-#[test]
-fn frames_whole_in_a_chunk_are_cut_out_of_it_and_only_a_split_one_is_gathered() {
-    let crc = crate::crc::crc32c(b"the payload");
-    let data = |sequence| Frame::Data {
-        channel: 3,
-        sequence,
-        offset: 4,
-        total: 11,
-        crc,
-        bytes: Bytes::from_static(b"payload"),
-    };
+/// Five data frames of `packet` bytes each, encoded one after the other, and the length of
+/// one.
+fn five_data_frames(packet: usize) -> (Bytes, usize) {
+    let bytes = Bytes::from(vec![0x5a; packet]);
+    let crc = crate::crc::crc32c(&bytes);
     let mut wire = BytesMut::new();
     for sequence in 1..=5 {
-        data(sequence).encode(&mut wire);
+        let total = packet as u64 + 4;
+        Frame::Data { channel: 3, sequence, offset: 4, total, crc, bytes: bytes.clone() }.encode(&mut wire);
     }
-    let wire = wire.freeze();
     let frame_len = wire.len() / 5;
+    (wire.freeze(), frame_len)
+}
+
+/// Whether `bytes` lie inside `chunk`.
+fn within(chunk: &Bytes, bytes: &Bytes) -> bool {
+    let range = chunk.as_ptr() as usize..chunk.as_ptr() as usize + chunk.len();
+    range.contains(&(bytes.as_ptr() as usize))
+}
+
+#[test]
+fn long_packets_whole_in_a_chunk_are_cut_out_of_it_and_only_a_split_one_is_gathered() {
+    let (wire, frame_len) = five_data_frames(DETACH_BYTES_MAX);
     // The first chunk ends inside frame 3; the second holds its rest and frames 4 and 5.
     let cut = 2 * frame_len + 5;
-    let within = |chunk: &Bytes, bytes: &Bytes| {
-        let range = chunk.as_ptr() as usize..chunk.as_ptr() as usize + chunk.len();
-        range.contains(&(bytes.as_ptr() as usize))
-    };
     let (first, second) = (wire.slice(..cut), wire.slice(cut..));
     let mut decoder = FrameDecoder::new(MAX);
     decoder.extend_bytes(first.clone());
@@ -215,7 +217,7 @@ fn frames_whole_in_a_chunk_are_cut_out_of_it_and_only_a_split_one_is_gathered() 
     decoder.extend_bytes(second.clone());
     let Some(Frame::Data { bytes, sequence: 3, .. }) = decoder.decode().unwrap() else { panic!("frame 3") };
     assert!(!within(&first, &bytes) && !within(&second, &bytes), "the split frame was gathered");
-    assert_eq!(&bytes[..], b"payload");
+    assert_eq!(bytes.len(), DETACH_BYTES_MAX);
     for sequence in 4..=5 {
         let Some(Frame::Data { bytes, sequence: got, .. }) = decoder.decode().unwrap() else {
             panic!("a data frame")
@@ -225,6 +227,27 @@ fn frames_whole_in_a_chunk_are_cut_out_of_it_and_only_a_split_one_is_gathered() 
             within(&second, &bytes),
             "frame {sequence}, after the split one, is a slice of the second chunk"
         );
+    }
+    assert_eq!(decoder.buffered(), 0);
+}
+
+#[test]
+fn short_packets_are_copied_into_buffers_of_their_own_whole_or_gathered() {
+    let (wire, frame_len) = five_data_frames(DETACH_BYTES_MAX - 1);
+    let cut = 2 * frame_len + 5;
+    let (first, second) = (wire.slice(..cut), wire.slice(cut..));
+    let mut decoder = FrameDecoder::new(MAX);
+    decoder.extend_bytes(first.clone());
+    let mut got = decode_all(&mut decoder);
+    decoder.extend_bytes(second.clone());
+    got.extend(decode_all(&mut decoder));
+    assert_eq!(got.len(), 5);
+    for (frame, sequence) in got.into_iter().zip(1..) {
+        let Frame::Data { bytes, sequence: got, crc, .. } = frame else { panic!("a data frame") };
+        assert_eq!((got, crc), (sequence, crate::crc::crc32c(&bytes)));
+        // Not a slice of a chunk the decoder (or anybody) still holds.
+        assert!(bytes.is_unique(), "frame {sequence}'s packet is in a buffer of its own");
+        assert!(!within(&first, &bytes) && !within(&second, &bytes));
     }
     assert_eq!(decoder.buffered(), 0);
 }

@@ -26,9 +26,6 @@ pub(super) enum PacketOutcome {
         message: Bytes,
         /// When its first packet arrived: its lifetime was counted from then.
         first: Instant,
-        /// Gathered from several packets into a buffer of its own (else a slice of what
-        /// was read).
-        assembled: bool,
     },
     /// A packet of a message already handed over; `last` when it ends that message.
     Duplicate {
@@ -191,7 +188,7 @@ impl Receiver {
         let end = p.offset.saturating_add(p.bytes.len() as u64);
         let last = end == p.total;
         if p.offset == 0 && last {
-            return PacketOutcome::Complete { message: p.bytes, first: now, assembled: false };
+            return PacketOutcome::Complete { message: p.bytes, first: now };
         }
         if p.sequence <= self.received_through || self.held.contains_key(&p.sequence) {
             return PacketOutcome::Duplicate { last };
@@ -232,7 +229,6 @@ impl Receiver {
         self.assembly.take().map_or(PacketOutcome::Partial, |a| PacketOutcome::Complete {
             first: a.started,
             message: recycler.freeze(a.bytes),
-            assembled: true,
         })
     }
 
@@ -289,8 +285,7 @@ impl Receiver {
         self.assembly = None;
     }
 
-    /// Takes message `sequence` (empty bytes: a skip), whose CRC was checked; `assembled`
-    /// when its bytes are a buffer of their own.
+    /// Takes message `sequence` (empty bytes: a skip), whose CRC was checked.
     ///
     /// # Errors
     /// [`ReadError`] when the bytes do not decode as a message.
@@ -298,7 +293,6 @@ impl Receiver {
         &mut self,
         sequence: u64,
         message: Bytes,
-        assembled: bool,
         first: Instant,
         now: Instant,
         room: HeldRoom,
@@ -315,10 +309,9 @@ impl Receiver {
             return Ok(Arrival::Duplicate);
         }
         let size = message.len();
-        // Kept from here on: a short message that is a slice of the read chunk gets its own
-        // buffer first (a duplicate above is not copied at all, an assembled one needs not).
-        let own = if assembled { message } else { crate::wire::detached(message) };
-        let held = if own.is_empty() { None } else { Some(decode_message(own)?) };
+        // Kept from here on: a short message is in a buffer of its own already (the frame
+        // decoder copies short packets out of the read chunk), a long one shares the chunk.
+        let held = if message.is_empty() { None } else { Some(decode_message(message)?) };
         if sequence != self.received_through + 1 {
             let ahead = sequence - self.received_through;
             let full = room.messages == 0 || size > room.bytes;
