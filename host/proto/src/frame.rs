@@ -101,7 +101,8 @@ pub struct ChannelPosition {
     pub held_crc: u32,
 }
 
-/// One decoded frame; bodies share the receive buffer (no copy).
+/// One decoded frame; bodies share the receive buffer (no copy), except the packet of a short
+/// message that came whole in one, copied into a buffer of its own (see `short_data`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Frame {
     /// Connection opening.
@@ -396,7 +397,9 @@ fn encode_hello(h: &Hello, out: &mut BytesMut) {
 /// Incremental frame decoder: feed bytes as they arrive, take frames as they complete.
 ///
 /// Frames that arrive whole in a chunk given as [`Bytes`] ([`FrameDecoder::extend_bytes`])
-/// are cut out of it without a copy; only a frame split across chunks is gathered.
+/// are cut out of it without a copy; only a frame split across chunks is gathered. A short
+/// message whole in one `Data` frame is the exception: its packet is copied out into a
+/// buffer of its own (it would be copied before it is kept anyway).
 #[derive(Debug)]
 pub struct FrameDecoder {
     /// The start of a frame split across chunks (empty between frames).
@@ -419,7 +422,7 @@ impl FrameDecoder {
     }
 
     /// Takes received bytes; frames wholly inside them are not copied (of a frame begun in
-    /// an earlier chunk, only the rest is copied to it).
+    /// an earlier chunk, only the rest is copied to it), short whole messages aside.
     pub fn extend_bytes(&mut self, bytes: Bytes) {
         if self.whole.is_empty() {
             self.whole = bytes;
@@ -486,7 +489,12 @@ impl FrameDecoder {
             let total = self.frame_len(&self.whole)?;
             if let Some(total) = total.filter(|t| *t <= self.whole.len()) {
                 if let Some(frame) = short_data(self.whole.get(..total).unwrap_or_default()) {
-                    self.whole.advance(total);
+                    // The chunk is let go with its last frame, as `split_to` would.
+                    if total == self.whole.len() {
+                        self.whole = Bytes::new();
+                    } else {
+                        self.whole.advance(total);
+                    }
                     return frame.map(Some);
                 }
                 return decode_frame(self.whole.split_to(total)).map(Some);
@@ -538,13 +546,14 @@ fn header_crc_matches(covered: &[u8]) -> bool {
     stored.is_some_and(|b| u32::from_be_bytes(b) == header_crc(covered))
 }
 
-/// A `Data` frame whose packet is shorter than [`DETACH_BYTES_MAX`], read in place from
-/// `frame` (all of it, from its length prefix) with its packet copied into a buffer of its
-/// own; `None` for any other frame.
+/// A `Data` frame carrying a whole message shorter than [`DETACH_BYTES_MAX`] in one packet,
+/// read in place from `frame` (all of it, from its length prefix) with its packet copied
+/// into a buffer of its own; `None` for any other frame (cut out of the chunk as it is).
 ///
-/// The packet would be copied later all the same (a short message kept in a queue must not
-/// hold the whole read chunk in memory): copied here, it is never cut out of the chunk first,
-/// which counted the chunk's handles up and down twice per message.
+/// Such a message would be copied later all the same (a short message kept in a queue must
+/// not hold the whole read chunk in memory): copied here, it is never cut out of the chunk
+/// first, which counted the chunk's handles up and down twice per message. A part of a
+/// longer message is not copied: it is gathered into the message's own buffer.
 fn short_data(frame: &[u8]) -> Option<Result<Frame, FrameError>> {
     let (header, packet) = frame.split_at_checked(DATA_HEADER_BYTES)?;
     if header.get(LENGTH_BYTES) != Some(&TYPE_DATA) || packet.len() >= DETACH_BYTES_MAX {
@@ -556,12 +565,16 @@ fn short_data(frame: &[u8]) -> Option<Result<Frame, FrameError>> {
     // Length, type and header CRC, then the fields.
     let fields = header.get(LENGTH_BYTES + 1 + HEADER_CRC_BYTES..)?;
     let u64_at = |at: usize| fields.get(at..at + 8).and_then(|b| b.try_into().ok()).map(u64::from_be_bytes);
+    let (offset, total) = (u64_at(9)?, u64_at(17)?);
+    if offset != 0 || total != packet.len() as u64 {
+        return None;
+    }
     let crc = fields.get(25..29).and_then(|b| b.try_into().ok()).map(u32::from_be_bytes)?;
     Some(Ok(Frame::Data {
         channel: *fields.first()?,
         sequence: u64_at(1)?,
-        offset: u64_at(9)?,
-        total: u64_at(17)?,
+        offset,
+        total,
         crc,
         bytes: Bytes::copy_from_slice(packet),
     }))

@@ -479,7 +479,8 @@ impl Session {
     }
 
     /// Like [`Session::handle_bytes`], without copying the frames that arrive whole in
-    /// `bytes` (their packets are slices of it).
+    /// `bytes` (their packets are slices of it, but for short whole messages, which the
+    /// frame decoder copies into buffers of their own).
     pub fn handle_received(&mut self, bytes: Bytes, now: Instant) {
         if self.phase == Phase::Disconnected {
             return;
@@ -499,7 +500,9 @@ impl Session {
     }
 
     /// Processes one decoded frame (used directly by hosts that decode the `Hello` of an
-    /// incoming connection themselves, to find out which session it belongs to).
+    /// incoming connection themselves, to find out which session it belongs to). A short
+    /// message's `Data` packet is kept as it is: from a [`FrameDecoder`] it has a buffer of
+    /// its own.
     pub fn handle_frame(&mut self, frame: Frame, now: Instant) {
         self.last_received = now;
         self.ping = None;

@@ -27,7 +27,8 @@ pub(crate) enum ConnEvent {
 pub(crate) const LET_GO_WRITE_GRACE: Duration = Duration::from_secs(5);
 
 /// Room for one read: large, so that most frames arrive whole in one chunk and pass on
-/// as slices of it (a frame split between two reads is copied together).
+/// as slices of it (a frame split between two reads is copied together; a short message
+/// is copied out into a buffer of its own).
 const READ_BYTES: usize = 256 * 1024;
 
 /// Reads until the connection ends, handing chunks to the link task (bounded channel, so

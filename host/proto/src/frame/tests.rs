@@ -99,6 +99,27 @@ proptest! {
     }
 
     #[test]
+    fn frames_read_in_place_decode_as_cut_out_ones(frame in frame_strategy(), whole: bool, bit in any::<usize>()) {
+        let frame = match frame {
+            Frame::Data { channel, sequence, crc, bytes, .. } if whole => {
+                Frame::Data { channel, sequence, offset: 0, total: bytes.len() as u64, crc, bytes }
+            }
+            other => other,
+        };
+        let mut wire = BytesMut::new();
+        frame.encode(&mut wire);
+        // Intact, and with one bit of the header flipped.
+        let mut damaged = wire.clone();
+        let at = bit % DATA_HEADER_BYTES.min(damaged.len());
+        damaged[at] ^= 1 << (bit % 8);
+        for bytes in [wire.freeze(), damaged.freeze()] {
+            if let Some(in_place) = short_data(&bytes) {
+                prop_assert_eq!(in_place, decode_frame(bytes.clone()));
+            }
+        }
+    }
+
+    #[test]
     fn arbitrary_bytes_never_panic(data in proptest::collection::vec(any::<u8>(), 0..4096), shared: bool) {
         let mut decoder = FrameDecoder::new(MAX);
         if shared {
@@ -179,14 +200,15 @@ fn a_damaged_data_length_is_caught_before_waiting() {
 }
 
 /// Five data frames of `packet` bytes each, encoded one after the other, and the length of
-/// one.
-fn five_data_frames(packet: usize) -> (Bytes, usize) {
+/// one: whole messages, or the last packets of longer ones.
+fn five_data_frames(packet: usize, whole: bool) -> (Bytes, usize) {
     let bytes = Bytes::from(vec![0x5a; packet]);
     let crc = crate::crc::crc32c(&bytes);
+    let offset = if whole { 0 } else { 4 };
     let mut wire = BytesMut::new();
     for sequence in 1..=5 {
-        let total = packet as u64 + 4;
-        Frame::Data { channel: 3, sequence, offset: 4, total, crc, bytes: bytes.clone() }.encode(&mut wire);
+        let total = packet as u64 + offset;
+        Frame::Data { channel: 3, sequence, offset, total, crc, bytes: bytes.clone() }.encode(&mut wire);
     }
     let frame_len = wire.len() / 5;
     (wire.freeze(), frame_len)
@@ -200,7 +222,7 @@ fn within(chunk: &Bytes, bytes: &Bytes) -> bool {
 
 #[test]
 fn long_packets_whole_in_a_chunk_are_cut_out_of_it_and_only_a_split_one_is_gathered() {
-    let (wire, frame_len) = five_data_frames(DETACH_BYTES_MAX);
+    let (wire, frame_len) = five_data_frames(DETACH_BYTES_MAX, true);
     // The first chunk ends inside frame 3; the second holds its rest and frames 4 and 5.
     let cut = 2 * frame_len + 5;
     let (first, second) = (wire.slice(..cut), wire.slice(cut..));
@@ -232,8 +254,8 @@ fn long_packets_whole_in_a_chunk_are_cut_out_of_it_and_only_a_split_one_is_gathe
 }
 
 #[test]
-fn short_packets_are_copied_into_buffers_of_their_own_whole_or_gathered() {
-    let (wire, frame_len) = five_data_frames(DETACH_BYTES_MAX - 1);
+fn short_whole_messages_are_copied_into_buffers_of_their_own_whole_or_gathered() {
+    let (wire, frame_len) = five_data_frames(DETACH_BYTES_MAX - 1, true);
     let cut = 2 * frame_len + 5;
     let (first, second) = (wire.slice(..cut), wire.slice(cut..));
     let mut decoder = FrameDecoder::new(MAX);
@@ -250,6 +272,25 @@ fn short_packets_are_copied_into_buffers_of_their_own_whole_or_gathered() {
         assert!(!within(&first, &bytes) && !within(&second, &bytes));
     }
     assert_eq!(decoder.buffered(), 0);
+    // A chunk whose frames were all taken is let go by the decoder.
+    let chunk = Bytes::copy_from_slice(&wire);
+    decoder.extend_bytes(chunk.clone());
+    assert_eq!(decode_all(&mut decoder).len(), 5);
+    assert!(chunk.is_unique(), "the decoder holds nothing of the chunk");
+}
+
+#[test]
+fn short_parts_of_longer_messages_are_cut_out_not_copied() {
+    // Gathered into their message's buffer later: a copy here would be a second one.
+    let (wire, _) = five_data_frames(100, false);
+    let mut decoder = FrameDecoder::new(MAX);
+    decoder.extend_bytes(wire.clone());
+    let got = decode_all(&mut decoder);
+    assert_eq!(got.len(), 5);
+    for frame in got {
+        let Frame::Data { bytes, offset: 4, .. } = frame else { panic!("a data frame") };
+        assert!(within(&wire, &bytes));
+    }
 }
 
 #[test]

@@ -310,7 +310,8 @@ impl Receiver {
         }
         let size = message.len();
         // Kept from here on: a short message is in a buffer of its own already (the frame
-        // decoder copies short packets out of the read chunk), a long one shares the chunk.
+        // decoder copies it out of the read chunk), and so is an assembled one; only a long
+        // message that came in one packet shares the chunk.
         let held = if message.is_empty() { None } else { Some(decode_message(message)?) };
         if sequence != self.received_through + 1 {
             let ahead = sequence - self.received_through;
