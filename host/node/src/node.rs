@@ -84,13 +84,14 @@ struct Tracking<'a> {
 }
 
 impl Tracking<'_> {
-    /// These messages were accepted (the others, when the guard drops, were not).
-    fn keep_these<'m>(&mut self, messages: impl IntoIterator<Item = &'m Message>) {
+    /// The messages of these sequence numbers were accepted (the others, when the guard
+    /// drops, were not).
+    fn keep_these(&mut self, sequences: impl IntoIterator<Item = u64>) {
         let now = Instant::now();
-        for message in messages {
-            if let Some(at) = self.sequences.iter().position(|s| *s == message.id.sequence) {
+        for sequence in sequences {
+            if let Some(at) = self.sequences.iter().position(|s| *s == sequence) {
                 self.sequences.swap_remove(at);
-                self.book.accepted(message.id.sequence, now);
+                self.book.accepted(sequence, now);
             }
         }
     }
@@ -1113,24 +1114,27 @@ impl NodeState {
     /// (the store's atomic batches come with the storage work).
     pub async fn commit(
         &self,
-        messages: &[Message],
+        messages: Vec<Message>,
         gets: &[(Arc<LocalQueue>, Vec<u64>)],
         timeout: std::time::Duration,
     ) -> Result<(), CommitError> {
         // Undone if the commit fails, or is abandoned while it waits.
-        let mut tracking = self.track(messages).map_err(CommitError::Refused)?;
+        let mut tracking = self.track(&messages).map_err(CommitError::Refused)?;
+        // Known before the puts move into their queues.
+        let (count, persistent_puts) =
+            (messages.len(), messages.iter().any(|m| m.content.reliability == Reliability::Persistent));
         let credit: Vec<(&Arc<LocalQueue>, usize)> = gets.iter().map(|(q, tags)| (q, tags.len())).collect();
         let deadline = tokio::time::Instant::now() + timeout;
         loop {
             let room = self.room.notified();
             tokio::pin!(room);
             room.as_mut().enable();
-            let planned = messages
+            let targets = messages
                 .iter()
-                .map(|m| self.targets(m).map(|t| (m, t)))
+                .map(|m| self.targets(m))
                 .collect::<Result<Vec<_>, _>>()
                 .map_err(CommitError::Refused)?;
-            let refs: Vec<(&Message, &Targets<'_>)> = planned.iter().map(|(m, t)| (*m, t)).collect();
+            let refs: Vec<(&Message, &Targets<'_>)> = messages.iter().zip(&targets).collect();
             let admission = self.admission.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
             match self.check_room(&refs, &credit) {
                 Ok(()) => {
@@ -1138,18 +1142,23 @@ impl NodeState {
                     // The puts and the gets' acknowledgements reach the store as one batch:
                     // a crash keeps all of the commit or none of it.
                     let hold = self.committer.hold();
-                    for (done, (message, targets)) in planned.into_iter().enumerate() {
-                        if let Err((_, e)) = self.push(message.clone(), targets, now) {
+                    // Each put moves into its queues (no copy); what is needed of it after is
+                    // kept here: its number and its recipients on this node.
+                    let mut queued = Vec::with_capacity(count);
+                    for (message, targets) in messages.into_iter().zip(targets) {
+                        let (sequence, here) = (message.id.sequence, self.results_here(&message));
+                        if let Err((_, e)) = self.push(message, targets, now) {
                             drop(admission);
                             // Those queued stay tracked (the one that failed may be in some
                             // of its queues: its results are not followed).
-                            tracking.keep_these(&messages[..done]);
-                            messages[..done].iter().for_each(|m| self.delivered_here(self.results_here(m)));
+                            let done = queued.len();
+                            tracking.keep_these(queued.iter().map(|(sequence, _)| *sequence));
+                            queued.into_iter().for_each(|(_, here)| self.delivered_here(here));
                             return Err(CommitError::Partly(format!(
-                                "{done} of {} puts were queued, then: {e}",
-                                messages.len()
+                                "{done} of {count} puts were queued, then: {e}"
                             )));
                         }
+                        queued.push((sequence, here));
                     }
                     // The gets leave in the same section, so the room they made is not
                     // counted twice.
@@ -1163,11 +1172,9 @@ impl NodeState {
                     tracking.keep();
                     drop(hold);
                     drop(admission);
-                    messages.iter().for_each(|m| self.delivered_here(self.results_here(m)));
+                    queued.into_iter().for_each(|(_, here)| self.delivered_here(here));
                     // Stored puts, and the acknowledged gets' deletes, are durable first.
-                    let persistent =
-                        messages.iter().any(|m| m.content.reliability == Reliability::Persistent)
-                            || (!gets.is_empty() && self.store.durable());
+                    let persistent = persistent_puts || (!gets.is_empty() && self.store.durable());
                     self.make_durable(persistent).await.map_err(CommitError::Partly)?;
                     return acked.map_err(|e| {
                         CommitError::Partly(format!(

@@ -216,7 +216,8 @@ async fn transact(node: &NodeState, request: Request, transaction: &mut Option<T
                 tx.gets.queues.iter().map(|(q, tags)| (q.clone(), tags.iter().copied().collect())).collect();
             let count = tx.count();
             // A commit abandoned while it waits (the client left) drops `tx`: rolled back.
-            match node.commit(&tx.puts, &gets, timeout).await {
+            // The puts move into the commit (a commit that fails drops them, as a rollback).
+            match node.commit(std::mem::take(&mut tx.puts), &gets, timeout).await {
                 Ok(()) => {
                     // Acknowledged by the commit: nothing left to give back.
                     tx.gets.queues.clear();
