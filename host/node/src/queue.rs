@@ -427,7 +427,7 @@ impl LocalQueue {
             }
             let key = front_key;
             front_key -= 1;
-            self.put_op(&mut batch, key, &message);
+            self.put_op_sharing(&mut batch, key, &mut message);
             entries.push(Entry { key, message, enqueued_at: now });
         }
         self.committer.write(batch);
@@ -461,7 +461,7 @@ impl LocalQueue {
     /// As [`LocalQueue::push`].
     pub fn push_bounded_with(
         &self,
-        message: Message,
+        mut message: Message,
         now: Instant,
         max: u64,
         with: Batch,
@@ -476,7 +476,7 @@ impl LocalQueue {
         // volatile message is never written. The write is not synced here: whoever needs a
         // persistent message durable (a put's answer, a link's acknowledgement) waits for a
         // sync after it (group commit, `storage.rs`).
-        self.put_op(&mut batch, key, &message);
+        self.put_op_sharing(&mut batch, key, &mut message);
         batch.ops.extend(with.ops);
         self.committer.write(batch);
         levels.next_key += 1;
@@ -583,6 +583,18 @@ impl LocalQueue {
         }
     }
 
+    /// [`LocalQueue::put_op`] for a message the queue is about to hold (see
+    /// [`encode_record_sharing`]).
+    fn put_op_sharing(&self, batch: &mut Batch, key: u64, message: &mut Message) {
+        if self.stored(message) {
+            batch.put(
+                &self.space,
+                Bytes::copy_from_slice(&key.to_be_bytes()),
+                encode_record_sharing(message),
+            );
+        }
+    }
+
     /// Adds the store delete of `message` under `key`, if it is kept there.
     fn delete_op(&self, batch: &mut Batch, key: u64, message: &Message) {
         if self.stored(message) {
@@ -675,6 +687,16 @@ fn record_with(len: usize, write: impl FnOnce(&mut BytesMut)) -> Bytes {
     let crc = linkbus_proto::crc::crc32c(&record[5..]);
     record[1..5].copy_from_slice(&crc.to_be_bytes());
     record.freeze()
+}
+
+/// [`encode_record`] of a message that stays in memory too: its payload becomes the
+/// record's last bytes (the payload is an encoded message's last field), so the queue and
+/// the store's memory table hold one copy of it, not two, and a payload cut out of a
+/// larger buffer no longer holds that buffer.
+pub(crate) fn encode_record_sharing(message: &mut Message) -> Bytes {
+    let record = encode_record(message);
+    message.content.payload = record.slice(record.len() - message.content.payload.len()..);
+    record
 }
 
 /// The message and its enqueue time from a record written by [`encode_record`].
@@ -774,6 +796,37 @@ mod tests {
         assert_eq!(sequences(&q.pop(PopLimits::auto(1), now)), [1]);
         let reopened = queue(QueueOrder::Fifo, 10, store);
         assert_eq!(sequences(&reopened.pop(PopLimits::auto(10), now)), [2, 3]);
+    }
+
+    #[test]
+    fn a_stored_message_shares_its_payload_with_its_record_and_a_volatile_one_is_left_alone() {
+        let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+        let now = Instant::now();
+        let q = queue(QueueOrder::Fifo, 10, store.clone());
+        // Payloads cut out of one larger buffer, as a client's request may give them.
+        let buffer = Bytes::from(vec![5u8; 4096]);
+        let (mut stored, mut volatile) = (message(1, 4, 60_000), message(2, 4, 60_000));
+        stored.content.payload = buffer.slice(..100);
+        volatile.content.payload = buffer.slice(100..200);
+        volatile.content.reliability = Reliability::Volatile;
+        q.push(stored, now).unwrap();
+        q.push(volatile, now).unwrap();
+        let records = store.scan("q.q", Bound::Unbounded, Bound::Unbounded, 10).unwrap();
+        assert_eq!(records.len(), 1, "only the persistent message is written");
+        let record = &records[0].1;
+        let popped = q.pop(PopLimits::auto(10), now);
+        let (stored, volatile) = (&popped.messages[0], &popped.messages[1]);
+        assert_eq!(stored.content.payload, vec![5u8; 100]);
+        let inside = |part: &Bytes, whole: &Bytes| {
+            whole.as_ptr_range().contains(&part.as_ptr())
+                && part.as_ptr_range().end <= whole.as_ptr_range().end
+        };
+        assert!(inside(&stored.content.payload, record), "the payload is the record's last bytes");
+        assert!(record.ends_with(&stored.content.payload));
+        assert!(inside(&volatile.content.payload, &buffer), "a volatile payload stays where it was");
+        assert_eq!(decode_record(record.clone()).unwrap().0, *stored);
+        drop(popped);
+        assert!(buffer.try_into_mut().is_ok(), "nothing holds the larger buffer any more");
     }
 
     #[test]

@@ -205,7 +205,7 @@ impl LinkHandle {
 
     /// A persistent message entering the queue is recorded (under the queue's lock, so the
     /// store sees the queue's order).
-    fn record_queued(&self, message: &Message) -> Option<u64> {
+    fn record_queued(&self, message: &mut Message) -> Option<u64> {
         let record = self.record.as_ref()?;
         (message.content.reliability == linkbus_plugin_api::Reliability::Persistent)
             .then(|| record.queued(message))
@@ -213,9 +213,9 @@ impl LinkHandle {
 
     /// Queues a message whose room [`LinkHandle::has_room_for_many`] confirmed (see
     /// `TransmissionQueue::push_checked`).
-    pub fn enqueue_checked(&self, message: Message, now: Instant) {
+    pub fn enqueue_checked(&self, mut message: Message, now: Instant) {
         let mut queue = self.lock();
-        let key = self.record_queued(&message);
+        let key = self.record_queued(&mut message);
         queue.push_checked(message, now, key);
         drop(queue);
         self.wake.notify_one();
@@ -226,14 +226,14 @@ impl LinkHandle {
     /// it was not written (nothing recorded here): the caller writes it.
     pub fn enqueue_with(
         &self,
-        message: Message,
+        mut message: Message,
         now: Instant,
         with: linkbus_plugin_api::Batch,
     ) -> Option<linkbus_plugin_api::Batch> {
         let mut queue = self.lock();
         let persistent = message.content.reliability == linkbus_plugin_api::Reliability::Persistent;
         let (key, unused) = match self.record.as_ref().filter(|_| persistent) {
-            Some(record) => (Some(record.queued_with(&message, with)), None),
+            Some(record) => (Some(record.queued_with(&mut message, with)), None),
             None => (None, Some(with)),
         };
         queue.push_checked(message, now, key);

@@ -179,15 +179,16 @@ impl SendRecord {
         Self { space: format!("send.{peer}"), committer, next_key: AtomicU64::new(1) }
     }
 
-    /// Records a persistent message entering the transmission queue; returns its key.
-    pub(crate) fn queued(&self, message: &Message) -> u64 {
+    /// Records a persistent message entering the transmission queue; returns its key. Its
+    /// payload becomes the record's last bytes (see `queue::encode_record_sharing`).
+    pub(crate) fn queued(&self, message: &mut Message) -> u64 {
         self.queued_with(message, Batch::new())
     }
 
     /// Like [`SendRecord::queued`], in one store batch with `with`.
-    pub(crate) fn queued_with(&self, message: &Message, mut with: Batch) -> u64 {
+    pub(crate) fn queued_with(&self, message: &mut Message, mut with: Batch) -> u64 {
         let key = self.next_key.fetch_add(1, Ordering::Relaxed);
-        with.put(&self.space, queue_key(key), crate::queue::encode_record(message));
+        with.put(&self.space, queue_key(key), crate::queue::encode_record_sharing(message));
         self.committer.write(with);
         key
     }
