@@ -702,14 +702,10 @@ impl NodeState {
                 // (`notify_waiters` reaches every `Notified` made before it, polled or not).
                 let room = self.room.notified();
                 let admission = self.admission.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-                match self.admit(&message) {
-                    Ok(targets) => {
+                match self.admit_paced(&message, pace_until.map(|_| (pace_bytes, PACE_WAIT))) {
+                    Ok((targets, ahead)) => {
                         // The clock is read only when a link is ahead.
-                        if let Some(until) = pace_until
-                            && targets
-                                .remote
-                                .iter()
-                                .any(|(link, _)| link.is_ahead(&message, pace_bytes, PACE_WAIT))
+                        if let Some(until) = pace_until.filter(|_| ahead)
                             && tokio::time::Instant::now() < until
                         {
                             drop(targets);
@@ -912,9 +908,19 @@ impl NodeState {
 
     /// Where `message` goes, once room for it was found everywhere.
     fn admit(&self, message: &Message) -> Result<Targets<'_>, (ErrorCode, String)> {
+        self.admit_paced(message, None).map(|(targets, _)| targets)
+    }
+
+    /// [`NodeState::admit`], and with `pace` (bytes, recently) whether a link it goes to is
+    /// ahead (see [`LinkHandle::is_ahead`]), read as its room is checked.
+    fn admit_paced(
+        &self,
+        message: &Message,
+        pace: Option<(u64, std::time::Duration)>,
+    ) -> Result<(Targets<'_>, bool), (ErrorCode, String)> {
         let targets = self.targets(message)?;
-        self.check_room(&[(message, &targets)], &[])?;
-        Ok(targets)
+        let ahead = self.check_room(&[(message, &targets)], &[], pace)?;
+        Ok((targets, ahead))
     }
 
     /// Reads the configuration again (file and overrides) and takes up its routes and
@@ -982,6 +988,10 @@ impl NodeState {
     /// # Errors
     /// Why none does, in words.
     pub fn link_towards(&self, node: &NodeName) -> Result<&Arc<LinkHandle>, String> {
+        // A neighbour is its own next hop (peers change only with a restart).
+        if let Some(link) = self.links.get(node) {
+            return Ok(link);
+        }
         match self.routing.next_hop(node)? {
             crate::routing::Hop::Via(via) => self
                 .links
@@ -1012,12 +1022,15 @@ impl NodeState {
     }
 
     /// Checks that every target has room for all the `planned` messages together, and that
-    /// each fits the peers it goes to.
+    /// each fits the peers it goes to; with `pace` (bytes, recently), returns whether a link
+    /// they go to is ahead (see [`LinkHandle::is_ahead`]; its queue's lock is taken once for
+    /// both).
     fn check_room(
         &self,
         planned: &[(&Message, &Targets<'_>)],
         credit: &[(&Arc<LocalQueue>, usize)],
-    ) -> Result<(), (ErrorCode, String)> {
+        pace: Option<(u64, std::time::Duration)>,
+    ) -> Result<bool, (ErrorCode, String)> {
         let (local, remote) = tally(planned)?;
         // More than a queue ever holds can never fit: refused at once, not waited for.
         if let Some((q, n)) = local.iter().find(|(q, n)| *n as u64 > q.config().queue_messages_max) {
@@ -1055,13 +1068,16 @@ impl NodeState {
             let (name, max) = (&full.config().name, full.config().queue_messages_max);
             return Err((ErrorCode::Full, format!("queue '{name}' is full ({max} messages)")));
         }
-        if let Some((full, m, _, _)) =
-            remote.iter().find(|(l, m, n, bytes)| !l.has_room_for_many(m, *n, *bytes))
-        {
-            let (name, fill) = (&full.peer.name, full.fill(m));
-            return Err((ErrorCode::Full, format!("transmission queue to node {name} is full ({fill})")));
+        let mut ahead = false;
+        for (link, m, n, bytes) in &remote {
+            let (room, link_ahead) = link.room_and_pace(m, (*n, *bytes), pace);
+            if !room {
+                let (name, fill) = (&link.peer.name, link.fill(m));
+                return Err((ErrorCode::Full, format!("transmission queue to node {name} is full ({fill})")));
+            }
+            ahead |= link_ahead;
         }
-        Ok(())
+        Ok(ahead)
     }
 
     /// Queues `message` at its targets, whose room was checked (under the admission lock for
@@ -1136,8 +1152,8 @@ impl NodeState {
                 .map_err(CommitError::Refused)?;
             let refs: Vec<(&Message, &Targets<'_>)> = messages.iter().zip(&targets).collect();
             let admission = self.admission.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-            match self.check_room(&refs, &credit) {
-                Ok(()) => {
+            match self.check_room(&refs, &credit, None) {
+                Ok(_) => {
                     let now = Instant::now();
                     // The puts and the gets' acknowledgements reach the store as one batch:
                     // a crash keeps all of the commit or none of it.

@@ -38,6 +38,9 @@ pub(crate) struct Incoming {
 pub struct LinkHandle {
     /// The peer's configuration.
     pub peer: PeerConfig,
+    /// Most messages one class of the transmission queue holds (fixed; read without the
+    /// queue's lock).
+    class_messages_max: u64,
     /// The durable record of what the link sends (with a durable store).
     pub(crate) record: Option<super::state::SendRecord>,
     /// Messages recorded as sent before a restart, for the link task to hand its session.
@@ -109,6 +112,7 @@ impl LinkHandle {
             record: committer.map(|c| super::state::SendRecord::new(&peer.name, c)),
             restored_sent: Mutex::new(super::state::Recovered::default()),
             peer,
+            class_messages_max: queue_messages_max,
             queue: Mutex::new(TransmissionQueue::new(queue_messages_max, queue_bytes_max, forward_share)),
             room,
             wake: Notify::new(),
@@ -177,15 +181,29 @@ impl LinkHandle {
         self.lock().has_room_for_many(message, count, bytes)
     }
 
+    /// [`LinkHandle::has_room_for_many`], and with `pace` (bytes, recently) also
+    /// [`LinkHandle::is_ahead`], under one taking of the queue's lock: whether there is room,
+    /// and whether the link is ahead.
+    pub fn room_and_pace(
+        &self,
+        message: &Message,
+        (count, bytes): (usize, u64),
+        pace: Option<(u64, std::time::Duration)>,
+    ) -> (bool, bool) {
+        let up = self.up.load(std::sync::atomic::Ordering::Relaxed);
+        let queue = self.lock();
+        let room = queue.has_room_for_many(message, count, bytes);
+        let ahead =
+            pace.is_some_and(|(ahead_bytes, recently)| up && queue.is_ahead(message, ahead_bytes, recently));
+        (room, ahead)
+    }
+
     /// Whether the link is established, took a message within `recently`, and `message`'s
     /// priority class holds at least `bytes` bytes of this node's own messages: a put there
     /// had better wait for the link to take some (relayed messages, which no put can hold
     /// back, take turns with them and do not count).
     pub fn is_ahead(&self, message: &Message, bytes: u64, recently: std::time::Duration) -> bool {
-        self.up.load(std::sync::atomic::Ordering::Relaxed) && {
-            let queue = self.lock();
-            queue.own_bytes(message) >= bytes && queue.taken_at().is_some_and(|at| at.elapsed() < recently)
-        }
+        self.up.load(std::sync::atomic::Ordering::Relaxed) && self.lock().is_ahead(message, bytes, recently)
     }
 
     /// How full `message`'s priority class is: messages and bytes waiting, and the bounds.
@@ -195,7 +213,7 @@ impl LinkHandle {
 
     /// Most messages one class of the transmission queue holds.
     pub fn class_messages_max(&self) -> u64 {
-        self.lock().class_messages_max()
+        self.class_messages_max
     }
 
     /// Whether two messages wait in the same class of a transmission queue.
@@ -291,6 +309,16 @@ mod tests {
         }
     }
 
+    /// [`LinkHandle::is_ahead`], checked against what [`LinkHandle::room_and_pace`] says
+    /// under one taking of the lock (and that without pacing nothing is ahead).
+    fn ahead(link: &LinkHandle, m: &Message, bytes: u64, recently: Duration) -> bool {
+        let ahead = link.is_ahead(m, bytes, recently);
+        let room = link.has_room_for_many(m, 1, 1000);
+        assert_eq!(link.room_and_pace(m, (1, 1000), Some((bytes, recently))), (room, ahead));
+        assert_eq!(link.room_and_pace(m, (1, 1000), None), (room, false));
+        ahead
+    }
+
     #[test]
     fn a_put_is_held_back_only_while_the_link_is_up_taking_and_deep() {
         const RECENTLY: Duration = Duration::from_secs(1);
@@ -301,22 +329,22 @@ mod tests {
             link.enqueue_checked(m.clone(), now);
         }
         let deep = 5 * 1000;
-        assert!(!link.is_ahead(&m, deep, RECENTLY), "down");
+        assert!(!ahead(&link, &m, deep, RECENTLY), "down");
         link.up.store(true, Ordering::Relaxed);
-        assert!(!link.is_ahead(&m, deep, RECENTLY), "up, but it never took anything");
+        assert!(!ahead(&link, &m, deep, RECENTLY), "up, but it never took anything");
         link.lock().mark_taken(now);
-        assert!(link.is_ahead(&m, deep, RECENTLY), "up, taking, and deeper than the bound");
-        assert!(!link.is_ahead(&m, 100 * 1000, RECENTLY), "not that deep");
-        assert!(!link.is_ahead(&m, deep, Duration::ZERO), "it took nothing lately");
+        assert!(ahead(&link, &m, deep, RECENTLY), "up, taking, and deeper than the bound");
+        assert!(!ahead(&link, &m, 100 * 1000, RECENTLY), "not that deep");
+        assert!(!ahead(&link, &m, deep, Duration::ZERO), "it took nothing lately");
         let urgent = Message {
             content: Box::new(
                 m.content.clone().with_priority(linkbus_plugin_api::Priority::level(9).unwrap()),
             ),
             ..m.clone()
         };
-        assert!(!link.is_ahead(&urgent, deep, RECENTLY), "another class holds nothing");
+        assert!(!ahead(&link, &urgent, deep, RECENTLY), "another class holds nothing");
         link.up.store(false, Ordering::Relaxed);
-        assert!(!link.is_ahead(&m, deep, RECENTLY), "down again");
+        assert!(!ahead(&link, &m, deep, RECENTLY), "down again");
     }
 
     #[test]

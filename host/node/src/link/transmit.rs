@@ -135,11 +135,6 @@ impl TransmissionQueue {
         }
     }
 
-    /// Most messages one class holds.
-    pub(crate) fn class_messages_max(&self) -> u64 {
-        self.class_messages_max
-    }
-
     /// Messages waiting, all classes together.
     pub(crate) fn len(&self) -> usize {
         self.len
@@ -161,14 +156,15 @@ impl TransmissionQueue {
             && (len == 0 || self.waiting(class).saturating_add(bytes) <= self.class_bytes_max)
     }
 
-    /// When the link last took a message (`None`: never).
-    pub(crate) fn taken_at(&self) -> Option<Instant> {
-        self.taken_at
-    }
-
     /// The link took messages at `now`.
     pub(crate) fn mark_taken(&mut self, now: Instant) {
         self.taken_at = Some(now);
+    }
+
+    /// Whether `message`'s class holds at least `bytes` bytes of this node's own messages
+    /// and the link took a message within `recently` (see `LinkHandle::is_ahead`).
+    pub(crate) fn is_ahead(&self, message: &Message, bytes: u64, recently: std::time::Duration) -> bool {
+        self.own_bytes(message) >= bytes && self.taken_at.is_some_and(|at| at.elapsed() < recently)
     }
 
     /// Bytes (encoded messages) of this node's own messages waiting in `message`'s class
