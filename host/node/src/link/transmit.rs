@@ -266,8 +266,13 @@ impl TransmissionQueue {
     /// Takes the next message of class `class` if `ready` takes it: its own or a relayed
     /// one, by the forward share when both wait.
     fn take(&mut self, class: usize, ready: &impl Fn(&Message) -> bool) -> Option<Queued> {
-        let c = self.classes.get_mut(class)?;
-        let (balance, bytes) = (self.balance.get_mut(class)?, self.bytes.get_mut(class)?);
+        let bytes = self.bytes.get_mut(class)?;
+        // Every waiting message counts its encoded size (never 0): no bytes, no message. Most
+        // classes are empty most of the time, and their queues are not looked at.
+        if *bytes == [0, 0] {
+            return None;
+        }
+        let (c, balance) = (self.classes.get_mut(class)?, self.balance.get_mut(class)?);
         let waiting = |q: &Segmented<Waiting>| q.front().is_some_and(|((m, _, _), _)| ready(m));
         let side = match (waiting(&c[OWN]), waiting(&c[RELAYED])) {
             (false, false) => return None,
