@@ -912,7 +912,7 @@ impl NodeState {
     }
 
     /// [`NodeState::admit`], and with `pace` (bytes, recently) whether a link it goes to is
-    /// ahead (see [`LinkHandle::is_ahead`]), read as its room is checked.
+    /// ahead (see [`LinkHandle::room_and_pace`]), read as its room is checked.
     fn admit_paced(
         &self,
         message: &Message,
@@ -1023,7 +1023,7 @@ impl NodeState {
 
     /// Checks that every target has room for all the `planned` messages together, and that
     /// each fits the peers it goes to; with `pace` (bytes, recently), returns whether a link
-    /// they go to is ahead (see [`LinkHandle::is_ahead`]; its queue's lock is taken once for
+    /// they go to is ahead (see [`LinkHandle::room_and_pace`]; its queue's lock is taken once for
     /// both).
     fn check_room(
         &self,

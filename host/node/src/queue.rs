@@ -695,6 +695,10 @@ fn record_with(len: usize, write: impl FnOnce(&mut BytesMut)) -> Bytes {
 /// larger buffer no longer holds that buffer.
 pub(crate) fn encode_record_sharing(message: &mut Message) -> Bytes {
     let record = encode_record(message);
+    debug_assert!(
+        record.ends_with(&message.content.payload),
+        "the payload is an encoded message's last field"
+    );
     message.content.payload = record.slice(record.len() - message.content.payload.len()..);
     record
 }

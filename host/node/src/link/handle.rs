@@ -181,9 +181,12 @@ impl LinkHandle {
         self.lock().has_room_for_many(message, count, bytes)
     }
 
-    /// [`LinkHandle::has_room_for_many`], and with `pace` (bytes, recently) also
-    /// [`LinkHandle::is_ahead`], under one taking of the queue's lock: whether there is room,
-    /// and whether the link is ahead.
+    /// Whether `message`'s priority class has room for `count` messages of `bytes` bytes
+    /// (as [`LinkHandle::has_room_for_many`]), and, with `pace` (bytes, recently), whether
+    /// the link is ahead: established, it took a message within `recently`, and the class
+    /// holds at least that many bytes of this node's own messages, so a put there had
+    /// better wait for the link to take some (relayed messages, which no put can hold back,
+    /// take turns with them and do not count). The queue's lock is taken once for both.
     pub fn room_and_pace(
         &self,
         message: &Message,
@@ -198,10 +201,8 @@ impl LinkHandle {
         (room, ahead)
     }
 
-    /// Whether the link is established, took a message within `recently`, and `message`'s
-    /// priority class holds at least `bytes` bytes of this node's own messages: a put there
-    /// had better wait for the link to take some (relayed messages, which no put can hold
-    /// back, take turns with them and do not count).
+    /// Whether the link is ahead, as [`LinkHandle::room_and_pace`] says.
+    #[cfg(test)]
     pub fn is_ahead(&self, message: &Message, bytes: u64, recently: std::time::Duration) -> bool {
         self.up.load(std::sync::atomic::Ordering::Relaxed) && self.lock().is_ahead(message, bytes, recently)
     }
@@ -345,6 +346,31 @@ mod tests {
         assert!(!ahead(&link, &urgent, deep, RECENTLY), "another class holds nothing");
         link.up.store(false, Ordering::Relaxed);
         assert!(!ahead(&link, &m, deep, RECENTLY), "down again");
+    }
+
+    #[test]
+    fn a_recorded_message_waits_with_its_payload_in_its_record() {
+        use linkbus_plugin_api::{Reliability, Store};
+        let store: Arc<dyn Store> = Arc::new(linkbus_store_memory::MemoryStore::new());
+        let committer = Arc::new(crate::storage::Committer::direct(store.clone()));
+        let peer = handle().peer;
+        let link = LinkHandle::new(peer, (1000, 1 << 30), 50, Arc::new(Notify::new()), Some(committer));
+        // A payload cut out of a larger buffer, as a client's request may give it.
+        let buffer = bytes::Bytes::from(vec![3u8; 4096]);
+        let mut m = message(0);
+        m.content.payload = buffer.slice(..100);
+        m.content.reliability = Reliability::Persistent;
+        link.enqueue_checked(m, Instant::now());
+        let records =
+            store.scan("send.B", std::ops::Bound::Unbounded, std::ops::Bound::Unbounded, 10).unwrap();
+        assert_eq!(records.len(), 1);
+        let (waiting, _, key) = link.lock().pop(|_| true).unwrap();
+        assert!(key.is_some(), "recorded");
+        let (payload, record) = (&waiting.content.payload, &records[0].1);
+        assert_eq!(payload, &vec![3u8; 100]);
+        assert!(record.as_ptr_range().contains(&payload.as_ptr()) && record.ends_with(payload));
+        drop(waiting);
+        assert!(buffer.try_into_mut().is_ok(), "nothing holds the larger buffer any more");
     }
 
     #[test]

@@ -162,7 +162,7 @@ impl TransmissionQueue {
     }
 
     /// Whether `message`'s class holds at least `bytes` bytes of this node's own messages
-    /// and the link took a message within `recently` (see `LinkHandle::is_ahead`).
+    /// and the link took a message within `recently` (see `LinkHandle::room_and_pace`).
     pub(crate) fn is_ahead(&self, message: &Message, bytes: u64, recently: std::time::Duration) -> bool {
         self.own_bytes(message) >= bytes && self.taken_at.is_some_and(|at| at.elapsed() < recently)
     }
