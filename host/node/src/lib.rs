@@ -60,6 +60,7 @@ pub use node::{NodeState, StartError};
 // The linker drops a crate nothing names, and its plugin registrations with it.
 use linkbus_route_static as _;
 use linkbus_store_fjall as _;
+use linkbus_store_log as _;
 use linkbus_store_memory as _;
 use linkbus_transport_tcp as _;
 

@@ -1,0 +1,154 @@
+use super::*;
+
+fn open(dir: &Path, segment_bytes: u64) -> LogStore {
+    LogStore::open(dir, segment_bytes).unwrap()
+}
+
+fn segment_files(dir: &Path) -> Vec<u64> {
+    let mut numbers: Vec<u64> = std::fs::read_dir(dir)
+        .unwrap()
+        .filter_map(|e| e.unwrap().file_name().to_str().and_then(segment_number))
+        .collect();
+    numbers.sort_unstable();
+    numbers
+}
+
+fn put(store: &LogStore, space: &str, key: u32, value: &[u8], sync: bool) {
+    let mut batch = Batch::new();
+    batch.put(space, key.to_be_bytes().to_vec(), value.to_vec());
+    store.write(batch, sync).unwrap();
+}
+
+fn delete(store: &LogStore, space: &str, key: u32) {
+    let mut batch = Batch::new();
+    batch.delete(space, key.to_be_bytes().to_vec());
+    store.write(batch, false).unwrap();
+}
+
+#[test]
+fn passes_the_conformance_kit() {
+    let dir = tempfile::tempdir().unwrap();
+    linkbus_plugin_api::testing::check_store(&open(dir.path(), 64 << 20));
+    let small = tempfile::tempdir().unwrap();
+    linkbus_plugin_api::testing::check_store(&open(small.path(), 64));
+}
+
+#[test]
+fn synced_data_survives_a_reopen_and_a_second_process_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    linkbus_plugin_api::testing::check_store_reopens(&|| {
+        Box::new(open(dir.path(), 64 << 20)) as Box<dyn Store>
+    });
+    let first = open(dir.path(), 64 << 20);
+    let second = LogStore::open(dir.path(), 64 << 20).unwrap_err().to_string();
+    assert!(second.contains("another node"), "{second}");
+    drop(first);
+}
+
+#[test]
+fn a_torn_last_frame_is_cut_off_and_damage_elsewhere_refuses_to_open() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let store = open(dir.path(), 64 << 20);
+        put(&store, "q", 1, b"one", true);
+        put(&store, "q", 2, b"two", true);
+    }
+    let path = dir.path().join(segment_name(1));
+    let whole = std::fs::read(&path).unwrap();
+    // A third write cut short, as a crash in the middle of it leaves it.
+    {
+        let store = open(dir.path(), 64 << 20);
+        put(&store, "q", 3, &[9; 100], true);
+    }
+    let with_third = std::fs::read(&path).unwrap();
+    std::fs::write(&path, &with_third[..with_third.len() - 7]).unwrap();
+    {
+        let store = open(dir.path(), 64 << 20);
+        assert_eq!(std::fs::read(&path).unwrap(), whole, "cut back to the last whole frame");
+        assert_eq!(store.get("q", &2u32.to_be_bytes()).unwrap().as_deref(), Some(&b"two"[..]));
+        assert_eq!(store.get("q", &3u32.to_be_bytes()).unwrap(), None);
+        put(&store, "q", 4, b"four", true);
+        assert_eq!(store.get("q", &4u32.to_be_bytes()).unwrap().as_deref(), Some(&b"four"[..]));
+    }
+    // A flipped bit in a frame that is not the last one is damage: refused, named.
+    let mut damaged = std::fs::read(&path).unwrap();
+    damaged[FRAME_HEAD + OP_HEAD + 1] ^= 1;
+    std::fs::write(&path, &damaged).unwrap();
+    let refused = LogStore::open(dir.path(), 64 << 20).unwrap_err().to_string();
+    // The damage is in the first of three frames of the last segment: that frame and
+    // everything after it would be cut, so a damaged frame followed by good ones must
+    // not pass as a torn tail.
+    assert!(refused.contains(&segment_name(1)) && refused.contains("offset 0"), "{refused}");
+}
+
+#[test]
+fn segments_roll_over_and_go_once_nothing_current_is_left_in_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path(), 4096);
+    // A queue that is read as fast as it is written: each put deleted soon after.
+    for key in 0..2000u32 {
+        put(&store, "q", key, &[key as u8; 200], key % 50 == 0);
+        if key >= 10 {
+            delete(&store, "q", key - 10);
+        }
+    }
+    store.sync().unwrap();
+    let files = segment_files(dir.path());
+    assert!(files.len() <= 4, "old segments are deleted: {files:?}");
+    assert!(*files.first().unwrap() > 100, "the early ones are gone: {files:?}");
+    drop(store);
+    let store = open(dir.path(), 4096);
+    let left = store.scan("q", Bound::Unbounded, Bound::Unbounded, usize::MAX).unwrap();
+    let keys: Vec<u32> = left.iter().map(|(k, _)| u32::from_be_bytes(k[..].try_into().unwrap())).collect();
+    assert_eq!(keys, (1990..2000).collect::<Vec<_>>());
+    assert!(left.iter().all(|(k, v)| v[..] == [k[3]; 200]));
+}
+
+#[test]
+fn a_long_lived_value_is_moved_forward_so_the_log_stays_small() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path(), 4096);
+    put(&store, "keep", 7, b"stays for good", true);
+    for key in 0..3000u32 {
+        put(&store, "q", key, &[1; 300], false);
+        delete(&store, "q", key);
+    }
+    store.sync().unwrap();
+    let files = segment_files(dir.path());
+    assert!(files.len() <= 6, "compaction keeps the log near its current data: {files:?}");
+    assert!(!files.contains(&1), "the first segment, holding the long-lived value, was compacted");
+    drop(store);
+    let store = open(dir.path(), 4096);
+    assert_eq!(store.get("keep", &7u32.to_be_bytes()).unwrap().as_deref(), Some(&b"stays for good"[..]));
+    assert_eq!(store.spaces().unwrap(), ["keep"]);
+}
+
+/// The kit's failure case on a 4 MiB tmpfs (mounted here when the tests run as root;
+/// skipped, saying so, elsewhere), grown to 64 MiB to make room.
+#[test]
+fn a_full_disk_poisons_the_store_and_loses_no_synced_write() {
+    use std::process::Command;
+    let dir = tempfile::tempdir().unwrap();
+    let mount = |options: &str| {
+        let mut command = Command::new("mount");
+        if !options.starts_with("remount") {
+            command.args(["-t", "tmpfs", "tmpfs"]);
+        }
+        command.args(["-o", options]).arg(dir.path()).status().is_ok_and(|s| s.success())
+    };
+    if !mount("size=4m") {
+        eprintln!("SKIPPED: cannot mount a tmpfs here (the test needs root)");
+        return;
+    }
+    let path = dir.path().join("store");
+    let result = std::panic::catch_unwind(|| {
+        linkbus_plugin_api::testing::check_store_fails_closed(
+            &|| Box::new(open(&path, 64 << 20)) as Box<dyn Store>,
+            &|| assert!(mount("remount,size=64m"), "cannot grow the tmpfs"),
+        );
+    });
+    let _ = Command::new("umount").arg(dir.path()).status();
+    if let Err(panic) = result {
+        std::panic::resume_unwind(panic);
+    }
+}
