@@ -50,6 +50,38 @@ fn persistent_messages_survive_kill_9_and_volatile_ones_do_not() {
 /// Configuration files of a pair over Noise, so each node can be killed and started again
 /// with the same ones: B listens on a fixed port with queue `q`; A dials B (at
 /// `b_address`, B's own or a proxy's) and reconnects fast.
+/// The same on the `log` store, with segments of 1 MiB so the messages span several, and
+/// after a second kill with the queue half taken (some segments wholly taken and deleted).
+#[test]
+fn persistent_messages_survive_kill_9_on_the_log_store() {
+    let s = Scratch::new();
+    let config = s.write(
+        "a.yaml",
+        "node: { name: A, listen: none }\nqueues: [ { name: q, order: fifo } ]\n\
+         plugins: { store: { kind: log, segment_mib: 1 } }\n",
+    );
+    let config = config.to_str().unwrap();
+    let mut a = s.start_node("A", &["-c", config]);
+    let lines: String = (1..=3000).map(|n| format!("p{n:04} {}\n", "x".repeat(1000))).collect();
+    put_lines(&s, "A:q", &lines, "--persistent");
+    put_lines(&s, "A:q", "v1\nv2\n", "--volatile");
+    a.kill();
+
+    let mut a = s.start_node("A", &["-c", config]);
+    let status = stdout(&s.run(&["status", "--node", "A"]));
+    assert!(status.contains("store: log (durable: true)"), "{status}");
+    let first = stdout(&s.run(&["get", "--node", "A", "q", "--count", "1500", "--wait", "1s"]));
+    let (taken, kept) = lines.split_at(lines.match_indices('\n').nth(1499).unwrap().0 + 1);
+    assert_eq!(first, taken, "the persistent messages, in order, and no volatile one");
+    a.kill();
+
+    let _a = s.start_node("A", &["-c", config]);
+    let rest = stdout(&s.run(&["get", "--node", "A", "q", "--count", "3000", "--wait", "1s"]));
+    assert_eq!(rest, kept, "what was taken stays taken; the rest survives a second kill");
+    let segments = std::fs::read_dir(s.path().join("linkbus-data/A/log")).unwrap().count();
+    assert!(segments < 6, "taken messages' segments are deleted ({segments} files)");
+}
+
 struct Pair {
     a: String,
     b: String,
@@ -60,18 +92,28 @@ impl Pair {
         Self::through(s, a_links, |b_listen| b_listen.to_owned())
     }
 
+    /// Like [`Pair::new`], both nodes on the store plugin `store`.
+    fn on(s: &Scratch, store: &str) -> Self {
+        Self::through_on(s, "", |b_listen| b_listen.to_owned(), store)
+    }
+
     /// Like [`Pair::new`], A dialing the address `via` makes of B's.
     fn through(s: &Scratch, a_links: &str, via: impl FnOnce(&str) -> String) -> Self {
+        Self::through_on(s, a_links, via, "fjall")
+    }
+
+    fn through_on(s: &Scratch, a_links: &str, via: impl FnOnce(&str) -> String, store: &str) -> Self {
         let (a_key, b_key) = (s.keys("A"), s.keys("B"));
         let b_listen = format!("127.0.0.1:{}", free_port());
+        let plugins = format!("plugins: {{ store: {{ kind: {store} }} }}");
         let b_yaml = format!(
             "node: {{ name: B, listen: '{b_listen}' }}\npeers: [ {{ name: A, public_key: '{a_key}' }} ]\n\
-             queues: [ {{ name: q, order: fifo }} ]\n{}\n",
+             queues: [ {{ name: q, order: fifo }} ]\n{plugins}\n{}\n",
             s.security_yaml("B")
         );
         let a_yaml = format!(
             "node: {{ name: A, listen: none }}\npeers: [ {{ name: B, address: '{}', public_key: '{b_key}' }} ]\n\
-             links: {{ reconnect_backoff_min_ms: 20, reconnect_backoff_max_ms: 200{a_links} }}\n{}\n",
+             links: {{ reconnect_backoff_min_ms: 20, reconnect_backoff_max_ms: 200{a_links} }}\n{plugins}\n{}\n",
             via(&b_listen),
             s.security_yaml("A")
         );
@@ -380,25 +422,32 @@ fn results_of_persistent_messages_survive_the_origins_restarts() {
 /// Random kills, briefly: 8 cycles of [`random_kills_of_either_node`] in every test run.
 #[test]
 fn random_kills_of_either_node_lose_and_duplicate_nothing() {
-    random_kills_of_either_node(&mut Soak::new(8));
+    random_kills_of_either_node(&mut Soak::new(8), "fjall");
+}
+
+/// The same on the `log` store.
+#[test]
+fn random_kills_of_either_node_on_the_log_store_lose_and_duplicate_nothing() {
+    random_kills_of_either_node(&mut Soak::new(8), "log");
 }
 
 /// The same as a soak, for the record (`cargo test --test durability soak -- --ignored
-/// --nocapture`; `LINKBUS_SOAK_CYCLES`, default 300, and `LINKBUS_SOAK_SEED`): minutes
-/// long, so not in every run.
+/// --nocapture`; `LINKBUS_SOAK_CYCLES`, default 300, `LINKBUS_SOAK_SEED`, and
+/// `LINKBUS_SOAK_STORE`, `fjall` unless `log`): minutes long, so not in every run.
 #[test]
 #[ignore = "minutes long; the 8-cycle version runs every time"]
 fn soak_random_kills_of_either_node_lose_and_duplicate_nothing() {
-    random_kills_of_either_node(&mut Soak::from_env(300));
+    let store = if std::env::var("LINKBUS_SOAK_STORE").is_ok_and(|s| s == "log") { "log" } else { "fjall" };
+    random_kills_of_either_node(&mut Soak::from_env(300), store);
 }
 
 /// Each cycle puts a chunk of persistent messages of random size on A for B, then kills A,
 /// B or both at a random moment 0–80 ms later (messages queued, in flight, or just
 /// acknowledged) and restarts them in random order; a consumer takes from B now and then
 /// (its queue holds 100,000 at most); the history of everything put is checked at the end.
-fn random_kills_of_either_node(soak: &mut Soak) {
+fn random_kills_of_either_node(soak: &mut Soak, store: &str) {
     let s = Scratch::new();
-    let pair = Pair::new(&s, "");
+    let pair = Pair::on(&s, store);
     let mut b = pair.start_b(&s);
     let mut a = pair.start_a(&s);
     let (mut all, mut got, mut kills_a, mut kills_b) = (String::new(), String::new(), 0, 0);
@@ -435,7 +484,7 @@ fn random_kills_of_either_node(soak: &mut Soak) {
     let left = all.lines().count() - got.lines().count();
     got.push_str(&take_from_b(&s, left));
     let history = history(&all, &got);
-    eprintln!("{} cycles, {kills_a} kills of A, {kills_b} kills of B: {history:?}", soak.cycles);
+    eprintln!("{} cycles on {store}, {kills_a} kills of A, {kills_b} kills of B: {history:?}", soak.cycles);
     assert!(history.is_clean(), "{history:?}");
     drop((a, b));
 }

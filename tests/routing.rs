@@ -338,30 +338,38 @@ fn lifetimes_and_results_cross_a_relay_whose_clock_is_an_hour_ahead() {
 /// Random kills in a chain, briefly: 8 cycles of [`random_kills_in_a_chain`] in every run.
 #[test]
 fn random_kills_in_a_chain_lose_and_duplicate_nothing() {
-    random_kills_in_a_chain(&mut Soak::new(8));
+    random_kills_in_a_chain(&mut Soak::new(8), "fjall");
+}
+
+/// The same with every node on the `log` store.
+#[test]
+fn random_kills_in_a_chain_on_the_log_store_lose_and_duplicate_nothing() {
+    random_kills_in_a_chain(&mut Soak::new(8), "log");
 }
 
 /// The same as a soak, for the record (`cargo test --test routing soak -- --ignored
-/// --nocapture`; `LINKBUS_SOAK_CYCLES`, default 250, and `LINKBUS_SOAK_SEED`): minutes
-/// long, so not in every run.
+/// --nocapture`; `LINKBUS_SOAK_CYCLES`, default 250, `LINKBUS_SOAK_SEED`, and
+/// `LINKBUS_SOAK_STORE`, `fjall` unless `log`): minutes long, so not in every run.
 #[test]
 #[ignore = "minutes long; the 8-cycle version runs every time"]
 fn soak_random_kills_in_a_chain_lose_and_duplicate_nothing() {
-    random_kills_in_a_chain(&mut Soak::from_env(250));
+    let store = if std::env::var("LINKBUS_SOAK_STORE").is_ok_and(|s| s == "log") { "log" } else { "fjall" };
+    random_kills_in_a_chain(&mut Soak::from_env(250), store);
 }
 
 /// A–B–C: each cycle puts a chunk of persistent messages of random size on A for C, then
 /// kills A, the relay B or C — or two of them, or all three — at a random moment 0–80 ms
 /// later and restarts them in random order; a consumer takes from C now and then, and the
 /// history of everything put is checked at the end.
-fn random_kills_in_a_chain(soak: &mut Soak) {
+fn random_kills_in_a_chain(soak: &mut Soak, store: &str) {
     let s = Scratch::new();
     let links = [("A", "B"), ("B", "C")];
-    let (cluster, mut nodes) = Cluster::up(
-        &s,
-        &links,
-        &[("A", "routes: [ { to: C, via: B } ]"), ("C", "queues: [ { name: q, order: fifo } ]")],
+    let plugins = format!("plugins: {{ store: {{ kind: {store} }} }}");
+    let (a, c) = (
+        format!("routes: [ {{ to: C, via: B }} ]\n{plugins}"),
+        format!("queues: [ {{ name: q, order: fifo }} ]\n{plugins}"),
     );
+    let (cluster, mut nodes) = Cluster::up(&s, &links, &[("A", &a), ("B", &plugins), ("C", &c)]);
     let (mut all, mut got) = (String::new(), String::new());
     let mut kills: std::collections::BTreeMap<&str, usize> = std::collections::BTreeMap::new();
     for cycle in 0..soak.cycles {
@@ -398,6 +406,6 @@ fn random_kills_in_a_chain(soak: &mut Soak) {
     got.push_str(&s.take_all("C", "q", left, std::time::Duration::from_secs(120)));
     let history =
         support::history::History::check(&all.lines().collect::<Vec<_>>(), &got.lines().collect::<Vec<_>>());
-    eprintln!("chain: {} cycles, kills {kills:?}: {history:?}", soak.cycles);
+    eprintln!("chain: {} cycles on {store}, kills {kills:?}: {history:?}", soak.cycles);
     assert!(history.is_clean(), "{history:?}");
 }

@@ -8,8 +8,9 @@
 //!   with buffered writes — the ceiling; once with the producer and the consumer on the
 //!   client sockets, once inside the nodes' process (`Node::client`);
 //! - `w2`: persistent 1 KiB puts, each answered after the sync that covers it, from 16
-//!   clients at once (group commit), one per request and 256 per request, against the same
-//!   store syncing every record on its own, and the disk's raw write-and-`fdatasync` rate;
+//!   clients at once (group commit), one per request and 256 per request, on the node's
+//!   `fjall` store and on the `log` store, each against itself syncing every record on
+//!   its own, and the disk's raw write-and-`fdatasync` rate;
 //! - `w3`: ping-pong of 64 B messages, one round trip at a time at most 1,000 a second
 //!   (below saturation): A puts to `B:orders`, a client on B takes it and puts it back to
 //!   `A:orders`, where A takes it — p50, p99 and p99.9 of the round trip, against the same
@@ -32,7 +33,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use linkbus_plugin_api::{Address, Batch, Content, Reliability, Store};
+use linkbus_plugin_api::{Address, Batch, Content, Reliability};
 use linkbus_proto::secure::Cipher;
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader, BufWriter};
 
@@ -787,48 +788,58 @@ fn percentiles(times: &mut [Duration]) -> [f64; 3] {
 
 /// `w2`: 16 clients putting persistent 1 KiB messages on one node for `scale.duration`,
 /// one at a time and then [`W2_BATCH`] per request, each request answered after the sync
-/// that covers it; against the same store syncing each record alone, with the disk's raw
-/// sync rate in the note.
+/// that covers it; on each of [`W2_STORES`], against the same store syncing each record
+/// alone, with the disk's raw sync rate in the note.
 async fn persistent_puts(scratch: &Path, scale: Scale) -> Result<Vec<Row>, DemoError> {
     let dir = scratch.join("w2");
-    let mut measured = Vec::new();
-    for batch in [1, W2_BATCH] {
-        measured
-            .push((batch, persistent_puts_in(&dir.join(format!("b{batch}")), scale.duration, batch).await?));
-    }
     let duration = scale.duration;
-    let alone_dir = dir.join("alone");
-    let alone = tokio::task::spawn_blocking(move || sync_each(&alone_dir, duration))
-        .await
-        .map_err(std::io::Error::other)??;
     let raw_dir = dir.clone();
     let raw = tokio::task::spawn_blocking(move || raw_syncs(&raw_dir, duration))
         .await
         .map_err(std::io::Error::other)??;
-    Ok(measured
-        .into_iter()
-        .map(|(batch, (rate, per_sync))| {
+    let mut rows = Vec::new();
+    for store in W2_STORES {
+        let mut measured = Vec::new();
+        for batch in [1, W2_BATCH] {
+            let at = dir.join(format!("{store}-b{batch}"));
+            measured.push((batch, persistent_puts_in(&at, store, duration, batch).await?));
+        }
+        let alone_dir = dir.join(format!("{store}-alone"));
+        let alone = tokio::task::spawn_blocking(move || sync_each(store, &alone_dir, duration))
+            .await
+            .map_err(std::io::Error::other)??;
+        rows.extend(measured.into_iter().map(|(batch, (rate, per_sync))| {
             let case = if batch == 1 {
-                format!("{W2_CLIENTS} clients, persistent puts one at a time, each answered after its sync")
+                format!("{W2_CLIENTS} clients, persistent puts one at a time, each answered after its sync, store {store}")
             } else {
                 format!(
-                    "{W2_CLIENTS} clients, {batch} persistent puts per request, answered after their sync"
+                    "{W2_CLIENTS} clients, {batch} persistent puts per request, answered after their sync, store {store}"
                 )
             };
             let note = format!("{per_sync:.1} puts per sync; the disk's raw write+fdatasync rate {raw:.0}/s");
-            row("w2", case, 1024, rate, "fjall syncing each record alone", alone, note)
-        })
-        .collect())
+            let baseline = format!("{store} syncing each record alone");
+            row("w2", case, 1024, rate, &baseline, alone, note)
+        }));
+    }
+    Ok(rows)
 }
 
 /// Clients putting at `w2`.
 const W2_CLIENTS: usize = 16;
 /// Puts per request in `w2`'s batched case.
 const W2_BATCH: usize = 256;
+/// The store plugins `w2` runs on: the default, and the log that writes each record once.
+const W2_STORES: [&str; 2] = ["fjall", "log"];
 
-/// One node in `dir`, [`W2_CLIENTS`] clients putting `batch` persistent 1 KiB messages per
-/// request for `duration`: puts per second and puts per store sync.
-async fn persistent_puts_in(dir: &Path, duration: Duration, batch: usize) -> Result<(f64, f64), DemoError> {
+/// One node in `dir` on the store plugin `store`, [`W2_CLIENTS`] clients putting `batch`
+/// persistent 1 KiB messages per request for `duration`: puts per second and puts per
+/// store sync.
+async fn persistent_puts_in(
+    dir: &Path,
+    store: &str,
+    duration: Duration,
+    batch: usize,
+) -> Result<(f64, f64), DemoError> {
     let overrides = Overrides {
         name: Some("A".into()),
         listen: Some("none".into()),
@@ -836,7 +847,9 @@ async fn persistent_puts_in(dir: &Path, duration: Duration, batch: usize) -> Res
         client_socket: Some(dir.join("A.sock")),
         ..Overrides::default()
     };
-    let mut tree = config::parse_yaml("queues: [ { name: q, order: fifo, queue_messages_max: 100000000 } ]")?;
+    let mut tree = config::parse_yaml(&format!(
+        "queues: [ {{ name: q, order: fifo, queue_messages_max: 100000000 }} ]\nplugins: {{ store: {{ kind: {store} }} }}"
+    ))?;
     config::apply_overrides(&mut tree, &overrides);
     let node = Node::start(config::from_value(&tree)?).await?;
     let put = Arc::new(AtomicU64::new(0));
@@ -867,16 +880,23 @@ async fn persistent_puts_in(dir: &Path, duration: Duration, batch: usize) -> Res
     Ok((count as f64 / elapsed.max(1e-9), count as f64 / syncs.max(1) as f64))
 }
 
-/// Records per second when the `fjall` store syncs each 1 KiB record on its own.
-fn sync_each(dir: &Path, duration: Duration) -> Result<f64, DemoError> {
-    let store = linkbus_store_fjall::FjallStore::open(dir)
-        .map_err(|e| DemoError::Io(std::io::Error::other(e.to_string())))?;
+/// Records per second when the store plugin `store` (`fjall` or `log`) syncs each 1 KiB
+/// record on its own.
+fn sync_each(store: &str, dir: &Path, duration: Duration) -> Result<f64, DemoError> {
+    let failed = |e: linkbus_plugin_api::StoreError| DemoError::Io(std::io::Error::other(e.to_string()));
+    let store: Box<dyn linkbus_plugin_api::Store> = match store {
+        "log" => Box::new(
+            linkbus_store_log::LogStore::open(dir, linkbus_store_log::SEGMENT_MIB_DEFAULT << 20)
+                .map_err(failed)?,
+        ),
+        _ => Box::new(linkbus_store_fjall::FjallStore::open(dir).map_err(failed)?),
+    };
     let started = Instant::now();
     let mut written = 0u64;
     while started.elapsed() < duration {
         let mut batch = Batch::new();
         batch.put("q", written.to_be_bytes().to_vec(), vec![7u8; 1024]);
-        store.write(batch, true).map_err(|e| DemoError::Io(std::io::Error::other(e.to_string())))?;
+        store.write(batch, true).map_err(failed)?;
         written += 1;
     }
     Ok(written as f64 / started.elapsed().as_secs_f64().max(1e-9))
