@@ -10,8 +10,9 @@
 //! starts. Nothing is written a second time except by compaction (below), unlike an LSM
 //! tree, which writes every value again when it flushes its memory table.
 //!
-//! A segment is closed (synced) once it holds `segment_mib` MiB, and the next one started
-//! (its directory entry synced). Segments go oldest first: the oldest is deleted once none
+//! A segment is made at its full size, `segment_mib` MiB (a sparse file: a synced write
+//! then changes no file size; zeros mark where the writes end), and closed (synced) once
+//! the next write does not fit; the next one is started (its directory entry synced). Segments go oldest first: the oldest is deleted once none
 //! of its puts is current (a delete's record only shadows puts in its own or older
 //! segments, so none is needed once those are gone); and while the log is larger than
 //! twice the current data plus two segments, the oldest segment's current puts are written
@@ -34,7 +35,6 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs::{File, OpenOptions};
-use std::io::Write;
 use std::ops::Bound;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
@@ -225,6 +225,10 @@ fn decode(data: &[u8], offset: u64) -> Result<(Vec<ReadOp<'_>>, usize), &'static
     let head = data.get(..FRAME_HEAD).ok_or("a frame head cut short")?;
     let body_len = u32::from_le_bytes([head[0], head[1], head[2], head[3]]) as usize;
     let crc = u32::from_le_bytes([head[4], head[5], head[6], head[7]]);
+    if body_len == 0 {
+        // No batch is empty: zeros, or damage.
+        return Err("an empty frame");
+    }
     let body = data.get(FRAME_HEAD..FRAME_HEAD + body_len).ok_or("a frame cut short")?;
     if crc_fast::crc32_iscsi(body) != crc {
         return Err("a frame failing its checksum");
@@ -258,7 +262,17 @@ fn decode(data: &[u8], offset: u64) -> Result<(Vec<ReadOp<'_>>, usize), &'static
 /// frame could make a torn tail look like damage: the store then refuses to open rather
 /// than guess.)
 fn frame_after(data: &[u8], offset: usize) -> bool {
-    (offset + 1..data.len().saturating_sub(FRAME_HEAD - 1)).any(|at| decode(&data[at..], at as u64).is_ok())
+    let mut at = offset + 1;
+    while at + FRAME_HEAD <= data.len() {
+        // A frame's length is never 0: runs of zeros (the unwritten rest) are skipped.
+        match data[at..].iter().position(|b| *b != 0) {
+            None => return false,
+            Some(zeros) if zeros > 3 => at += zeros - 3,
+            Some(_) if decode(&data[at..], at as u64).is_ok() => return true,
+            Some(_) => at += 1,
+        }
+    }
+    false
 }
 
 impl Inner {
@@ -285,8 +299,11 @@ impl Inner {
         let file = OpenOptions::new()
             .create_new(true)
             .read(true)
-            .append(true)
+            .write(true)
             .open(self.dir.join(segment_name(number)))?;
+        // Its full length at once (a sparse file; zeros mark where the writes end): a synced
+        // write then does not change the file's size as well.
+        file.set_len(self.segment_bytes)?;
         self.sync_dir()?;
         self.segments.insert(number, Segment { file, bytes: 0, live: 0 });
         self.active = number;
@@ -297,11 +314,15 @@ impl Inner {
     fn recover(&mut self, number: u64, last: bool) -> Result<(), StoreError> {
         let path = self.dir.join(segment_name(number));
         let at = |e: std::io::Error| backend("open", format!("{}: {e}", path.display()));
-        let file = OpenOptions::new().read(true).append(true).open(&path).map_err(at)?;
+        let file = OpenOptions::new().read(true).write(true).open(&path).map_err(at)?;
         let data = std::fs::read(&path).map_err(at)?;
         self.segments.insert(number, Segment { file, bytes: 0, live: 0 });
         let mut offset = 0;
         while offset < data.len() {
+            // The unwritten rest of a segment made at its full length.
+            if data[offset..].iter().all(|b| *b == 0) {
+                break;
+            }
             match decode(&data[offset..], offset as u64) {
                 Ok((ops, len)) => {
                     for op in ops {
@@ -316,8 +337,10 @@ impl Inner {
                 }
                 // A write that never completed, the last thing in the log: cut off.
                 Err(_) if last && !frame_after(&data, offset) => {
+                    // Zeros from here on, as in a segment never written this far.
                     let segment = self.segments.get_mut(&number).expect("inserted above");
                     segment.file.set_len(offset as u64).map_err(at)?;
+                    segment.file.set_len(self.segment_bytes.max(offset as u64)).map_err(at)?;
                     segment.file.sync_all().map_err(at)?;
                     break;
                 }
@@ -387,7 +410,7 @@ impl Inner {
         }
         let segment = self.segments.get_mut(&self.active).expect("the active segment is open");
         let offset = segment.bytes;
-        if let Err(e) = segment.file.write_all(frame) {
+        if let Err(e) = segment.file.write_all_at(frame, offset) {
             return Err(self.failed("write", e));
         }
         segment.bytes += frame.len() as u64;

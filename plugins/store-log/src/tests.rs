@@ -45,39 +45,61 @@ fn synced_data_survives_a_reopen_and_a_second_process_is_refused() {
     drop(first);
 }
 
+/// Where the written part of segment `path` ends (the rest is zeros).
+fn written(path: &Path) -> Vec<u8> {
+    let mut data = std::fs::read(path).unwrap();
+    let end = data.iter().rposition(|b| *b != 0).map_or(0, |at| at + 1);
+    data.truncate(end);
+    data
+}
+
 #[test]
 fn a_torn_last_frame_is_cut_off_and_damage_elsewhere_refuses_to_open() {
+    const SEGMENT: u64 = 4096;
     let dir = tempfile::tempdir().unwrap();
     {
-        let store = open(dir.path(), 64 << 20);
+        let store = open(dir.path(), SEGMENT);
         put(&store, "q", 1, b"one", true);
         put(&store, "q", 2, b"two", true);
     }
     let path = dir.path().join(segment_name(1));
-    let whole = std::fs::read(&path).unwrap();
-    // A third write cut short, as a crash in the middle of it leaves it.
+    let two = written(&path);
+    assert_eq!(std::fs::metadata(&path).unwrap().len(), SEGMENT, "made at its full size");
+    // A third write cut short, as a crash in the middle of it leaves it: its last bytes
+    // never reached the file.
     {
-        let store = open(dir.path(), 64 << 20);
+        let store = open(dir.path(), SEGMENT);
         put(&store, "q", 3, &[9; 100], true);
     }
-    let with_third = std::fs::read(&path).unwrap();
-    std::fs::write(&path, &with_third[..with_third.len() - 7]).unwrap();
+    let mut three = std::fs::read(&path).unwrap();
+    let end = written(&path).len();
+    three[end - 7..end].fill(0);
+    std::fs::write(&path, &three).unwrap();
     {
-        let store = open(dir.path(), 64 << 20);
-        assert_eq!(std::fs::read(&path).unwrap(), whole, "cut back to the last whole frame");
+        let store = open(dir.path(), SEGMENT);
+        assert!(written(&path) == two, "cut back to the last whole frame");
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), SEGMENT, "still at its full size");
         assert_eq!(store.get("q", &2u32.to_be_bytes()).unwrap().as_deref(), Some(&b"two"[..]));
         assert_eq!(store.get("q", &3u32.to_be_bytes()).unwrap(), None);
         put(&store, "q", 4, b"four", true);
         assert_eq!(store.get("q", &4u32.to_be_bytes()).unwrap().as_deref(), Some(&b"four"[..]));
     }
-    // A flipped bit in a frame that is not the last one is damage: refused, named.
+    {
+        let store = open(dir.path(), SEGMENT);
+        let keys: Vec<u8> = store
+            .scan("q", Bound::Unbounded, Bound::Unbounded, 10)
+            .unwrap()
+            .iter()
+            .map(|(k, _)| k[3])
+            .collect();
+        assert_eq!(keys, [1, 2, 4], "a write after the cut reads back after the next open");
+    }
+    // A flipped bit in a frame with whole frames after it is damage, not a torn write:
+    // refused, named.
     let mut damaged = std::fs::read(&path).unwrap();
     damaged[FRAME_HEAD + OP_HEAD + 1] ^= 1;
     std::fs::write(&path, &damaged).unwrap();
-    let refused = LogStore::open(dir.path(), 64 << 20).unwrap_err().to_string();
-    // The damage is in the first of three frames of the last segment: that frame and
-    // everything after it would be cut, so a damaged frame followed by good ones must
-    // not pass as a torn tail.
+    let refused = LogStore::open(dir.path(), SEGMENT).unwrap_err().to_string();
     assert!(refused.contains(&segment_name(1)) && refused.contains("offset 0"), "{refused}");
 }
 
@@ -143,7 +165,7 @@ fn a_full_disk_poisons_the_store_and_loses_no_synced_write() {
     let path = dir.path().join("store");
     let result = std::panic::catch_unwind(|| {
         linkbus_plugin_api::testing::check_store_fails_closed(
-            &|| Box::new(open(&path, 64 << 20)) as Box<dyn Store>,
+            &|| Box::new(open(&path, 8 << 20)) as Box<dyn Store>,
             &|| assert!(mount("remount,size=64m"), "cannot grow the tmpfs"),
         );
     });
