@@ -255,7 +255,7 @@ mod tests {
     #[test]
     fn every_built_in_plugin_is_registered() {
         assert_eq!(registry::names("transport"), ["tcp"]);
-        assert_eq!(registry::names("store"), ["fjall", "memory"]);
+        assert_eq!(registry::names("store"), ["fjall", "log", "memory"]);
         assert_eq!(registry::names("router"), ["static"]);
     }
 }
