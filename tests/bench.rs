@@ -15,8 +15,8 @@ fn bench_runs_every_workload_against_its_baseline() {
     let rows: Vec<&str> = text.lines().filter(|l| l.starts_with('w')).collect();
     let workloads: Vec<&str> = rows.iter().filter_map(|l| l.split_whitespace().next()).collect();
     let expected = [
-        "w1", "w1", "w1", "w1", "w1", "w1", "w1", "w1", "w2", "w2", "w3", "w3", "w4", "w5", "w5", "w5", "w5",
-        "w7",
+        "w1", "w1", "w1", "w1", "w1", "w1", "w1", "w1", "w2", "w2", "w2", "w2", "w3", "w3", "w4", "w5", "w5",
+        "w5", "w5", "w7",
     ];
     assert_eq!(workloads, expected, "{text}");
     assert!(rows[0].contains("64 B") && rows[6].contains("1 MiB"), "{text}");
@@ -25,16 +25,23 @@ fn bench_runs_every_workload_against_its_baseline() {
         "{text}"
     );
     assert!(rows[7].contains("1 MiB") && rows[7].contains("in-process clients"), "{text}");
-    assert!(rows[8].contains("puts per sync") && rows[8].contains("fdatasync"), "{text}");
+    for (row, store) in rows[8..12].iter().zip(["fjall", "fjall", "log", "log"]) {
+        assert!(row.contains("puts per sync") && row.contains("fdatasync"), "{text}");
+        assert!(
+            row.contains(&format!("store {store} (against {store} syncing each record alone)")),
+            "{text}"
+        );
+    }
     assert!(rows[9].contains("256 persistent puts per request"), "{text}");
-    assert!(rows[10].contains("p50/p99/p99.9") && rows[10].contains("client socket"), "{text}");
-    assert!(rows[11].contains("p50/p99/p99.9") && rows[11].contains("Node::client"), "{text}");
-    for (row, cipher) in rows[13..17].iter().zip(["aes-256-gcm", "chacha20-poly1305"].into_iter().cycle()) {
+    assert!(rows[11].contains("256 persistent puts per request"), "{text}");
+    assert!(rows[12].contains("p50/p99/p99.9") && rows[12].contains("client socket"), "{text}");
+    assert!(rows[13].contains("p50/p99/p99.9") && rows[13].contains("Node::client"), "{text}");
+    for (row, cipher) in rows[15..19].iter().zip(["aes-256-gcm", "chacha20-poly1305"].into_iter().cycle()) {
         assert!(row.contains(&format!("over Noise ({cipher})")), "{text}");
     }
-    assert!(rows[13].contains("1 KiB") && rows[16].contains("64 KiB"), "{text}");
-    assert!(rows[17].contains("urgent put-to-get p50/p99/max"), "{text}");
-    assert_eq!(text.matches("\"workload\":").count(), 18, "{text}");
+    assert!(rows[15].contains("1 KiB") && rows[18].contains("64 KiB"), "{text}");
+    assert!(rows[19].contains("urgent put-to-get p50/p99/max"), "{text}");
+    assert_eq!(text.matches("\"workload\":").count(), 20, "{text}");
     assert!(!stderr(&out).contains("WARN"), "plaintext warnings are not shown: {}", stderr(&out));
 
     let one = s.run(&["bench", "--quick", "w4"]);
