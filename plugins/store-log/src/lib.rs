@@ -14,15 +14,19 @@
 //! then changes no file size; zeros mark where the writes end), and closed (synced) once
 //! the next write does not fit; the next one is started (its directory entry synced). Segments go oldest first: the oldest is deleted once none
 //! of its puts is current (a delete's record only shadows puts in its own or older
-//! segments, so none is needed once those are gone); and while the log is larger than
-//! twice the current data plus two segments, the oldest segment's current puts are written
-//! again at the end, synced, and the segment deleted. Each deletion is synced before the
-//! next, so a crash never brings back an older segment without the newer ones.
+//! segments, so none is needed once those are gone), after the writes that left nothing
+//! current in it are synced; and while the log is larger than twice the current data plus
+//! two segments, the oldest segment's current puts are written again at the end, synced,
+//! and the segment deleted (one segment per write at most). Each deletion is synced
+//! before the next, so a crash never brings back an older segment without the newer ones.
 //!
-//! At open the segments are read in order. A frame cut short or failing its check at the
-//! end of the last segment, with no whole frame after it, is a write that never completed
-//! (so it was never reported synced): the segment is cut back to before it. The same
-//! anywhere else is damage, and the store refuses to open, naming the file and the offset.
+//! Each frame's head records how far its segment was synced when it was written. At open
+//! the segments are read in order. A frame in the last segment that is cut short or fails
+//! its check, with no whole frame after it saying the segment was synced past it, was
+//! never synced — a write the process did not finish, or after a power loss one whose
+//! pages did not all reach the disk while later unsynced ones did — and the segment is cut
+//! back to before it. Anything else that fails is damage, as is a missing segment, and the
+//! store refuses to open, naming the file and the offset.
 //!
 //! A failed write or sync poisons the store: every later write fails with
 //! [`StoreError::Poisoned`] (the node stops rather than acknowledge what it may have
@@ -46,8 +50,9 @@ use linkbus_plugin_api::{Batch, ConfigValue, Section, Store, StoreError, WriteOp
 
 /// Segment size unless configured.
 pub const SEGMENT_MIB_DEFAULT: u64 = 64;
-/// A frame's head: the length of its body and the body's CRC32C, both little-endian.
-const FRAME_HEAD: usize = 8;
+/// A frame's head, little-endian: the length of its body, how far its segment was synced
+/// when it was written (`synced_to`), the body's CRC32C, and the CRC32C of those three.
+const FRAME_HEAD: usize = 4 + 8 + 4 + 4;
 const OP_PUT: u8 = 1;
 const OP_DELETE: u8 = 2;
 /// An op's head: its kind, and the lengths of its space, key and (puts) value.
@@ -82,6 +87,8 @@ struct Segment {
     file: File,
     /// Its length.
     bytes: u64,
+    /// How much of it is known synced.
+    synced: u64,
     /// Bytes of its puts that are current.
     live: u64,
 }
@@ -125,6 +132,10 @@ impl LogStore {
     pub fn open(path: &Path, segment_bytes: u64) -> Result<Self, StoreError> {
         let at = |e: std::io::Error| backend("open", format!("{}: {e}", path.display()));
         std::fs::create_dir_all(path).map_err(at)?;
+        // Its entry in its parent, should it be new.
+        if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+            File::open(parent).and_then(|dir| dir.sync_all()).map_err(at)?;
+        }
         let lock = OpenOptions::new()
             .create(true)
             .truncate(false)
@@ -141,6 +152,19 @@ impl LogStore {
             }
         }
         numbers.sort_unstable();
+        // Segments go oldest first, so those left are consecutive: a gap is a lost file.
+        if let Some(pair) = numbers.windows(2).find(|pair| pair[1] != pair[0] + 1) {
+            return Err(backend(
+                "open",
+                format!(
+                    "{}: segment {} is missing between {} and {} (the store is damaged)",
+                    path.display(),
+                    segment_name(pair[0] + 1),
+                    segment_name(pair[0]),
+                    segment_name(pair[1])
+                ),
+            ));
+        }
         let mut inner = Inner {
             dir: path.to_owned(),
             spaces: HashMap::new(),
@@ -184,7 +208,8 @@ fn encode(batch: &Batch) -> Result<(Vec<u8>, Vec<Option<Place>>), StoreError> {
     let body_len_u32 = u32::try_from(body_len).map_err(|_| too_long("a batch"))?;
     let mut frame = Vec::with_capacity(FRAME_HEAD + body_len);
     frame.extend_from_slice(&body_len_u32.to_le_bytes());
-    frame.extend_from_slice(&[0; 4]);
+    // `synced_to` and the head's check are sealed in where the frame is placed.
+    frame.extend_from_slice(&[0; 16]);
     let mut places = Vec::with_capacity(batch.ops.len());
     for op in &batch.ops {
         let (kind, space, key, value) = match op {
@@ -207,9 +232,19 @@ fn encode(batch: &Batch) -> Result<(Vec<u8>, Vec<Option<Place>>), StoreError> {
         places.push((kind == OP_PUT).then_some((value_at, value_len, size)));
     }
     let crc = crc_fast::crc32_iscsi(&frame[FRAME_HEAD..]);
-    frame[4..FRAME_HEAD].copy_from_slice(&crc.to_le_bytes());
+    frame[12..16].copy_from_slice(&crc.to_le_bytes());
     Ok((frame, places))
 }
+
+/// Writes `synced_to` into `frame`'s head, and the head's check.
+fn seal(frame: &mut [u8], synced_to: u64) {
+    frame[4..12].copy_from_slice(&synced_to.to_le_bytes());
+    let check = crc_fast::crc32_iscsi(&frame[..16]);
+    frame[16..FRAME_HEAD].copy_from_slice(&check.to_le_bytes());
+}
+
+/// A frame read back: its changes, its length, and its `synced_to`.
+type Decoded<'a> = (Vec<ReadOp<'a>>, usize, u64);
 
 /// One change read back from a frame.
 struct ReadOp<'a> {
@@ -221,12 +256,18 @@ struct ReadOp<'a> {
 
 /// The changes of the frame at the start of `data` (at `offset` in its segment) and the
 /// frame's length; why not, when it is cut short or fails its checks.
-fn decode(data: &[u8], offset: u64) -> Result<(Vec<ReadOp<'_>>, usize), &'static str> {
+fn decode(data: &[u8], offset: u64) -> Result<Decoded<'_>, &'static str> {
     let head = data.get(..FRAME_HEAD).ok_or("a frame head cut short")?;
-    let body_len = u32::from_le_bytes([head[0], head[1], head[2], head[3]]) as usize;
-    let crc = u32::from_le_bytes([head[4], head[5], head[6], head[7]]);
+    let word = |at: usize| u32::from_le_bytes([head[at], head[at + 1], head[at + 2], head[at + 3]]);
+    // Checked first, so a search for frames in damaged bytes rejects most places at once.
+    if crc_fast::crc32_iscsi(&head[..16]) != word(16) {
+        return Err("a frame head failing its checksum");
+    }
+    let body_len = word(0) as usize;
+    let synced_to = u64::from(word(4)) | (u64::from(word(8)) << 32);
+    let crc = word(12);
     if body_len == 0 {
-        // No batch is empty: zeros, or damage.
+        // No batch is empty.
         return Err("an empty frame");
     }
     let body = data.get(FRAME_HEAD..FRAME_HEAD + body_len).ok_or("a frame cut short")?;
@@ -254,25 +295,32 @@ fn decode(data: &[u8], offset: u64) -> Result<(Vec<ReadOp<'_>>, usize), &'static
         ops.push(ReadOp { kind, space, key, place });
         at = end;
     }
-    Ok((ops, FRAME_HEAD + body_len))
+    Ok((ops, FRAME_HEAD + body_len, synced_to))
 }
 
-/// Whether a whole frame starts anywhere in `data` after `offset`: then what fails there is
-/// not a write cut short at the end but damage. (A value holding the bytes of a whole
-/// frame could make a torn tail look like damage: the store then refuses to open rather
-/// than guess.)
-fn frame_after(data: &[u8], offset: usize) -> bool {
+/// How far the segment `data` was known synced, by the whole frames found anywhere after
+/// `offset` (`None`: no whole frame there). A frame that fails at `offset` when no later
+/// frame says the segment was synced past it was never synced: a write the process did
+/// not finish, or, after a power loss, one whose pages did not all reach the disk while
+/// later unsynced ones did. Past that point it is damage.
+fn synced_after(data: &[u8], offset: usize) -> Option<u64> {
+    let mut synced: Option<u64> = None;
     let mut at = offset + 1;
     while at + FRAME_HEAD <= data.len() {
         // A frame's length is never 0: runs of zeros (the unwritten rest) are skipped.
         match data[at..].iter().position(|b| *b != 0) {
-            None => return false,
+            None => break,
             Some(zeros) if zeros > 3 => at += zeros - 3,
-            Some(_) if decode(&data[at..], at as u64).is_ok() => return true,
-            Some(_) => at += 1,
+            Some(_) => match decode(&data[at..], at as u64) {
+                Ok((_, len, synced_to)) => {
+                    synced = Some(synced.map_or(synced_to, |s| s.max(synced_to)));
+                    at += len;
+                }
+                Err(_) => at += 1,
+            },
         }
     }
-    false
+    synced
 }
 
 impl Inner {
@@ -305,7 +353,7 @@ impl Inner {
         // write then does not change the file's size as well.
         file.set_len(self.segment_bytes)?;
         self.sync_dir()?;
-        self.segments.insert(number, Segment { file, bytes: 0, live: 0 });
+        self.segments.insert(number, Segment { file, bytes: 0, synced: 0, live: 0 });
         self.active = number;
         Ok(())
     }
@@ -316,7 +364,7 @@ impl Inner {
         let at = |e: std::io::Error| backend("open", format!("{}: {e}", path.display()));
         let file = OpenOptions::new().read(true).write(true).open(&path).map_err(at)?;
         let data = std::fs::read(&path).map_err(at)?;
-        self.segments.insert(number, Segment { file, bytes: 0, live: 0 });
+        self.segments.insert(number, Segment { file, bytes: 0, synced: 0, live: 0 });
         let mut offset = 0;
         while offset < data.len() {
             // The unwritten rest of a segment made at its full length.
@@ -324,7 +372,7 @@ impl Inner {
                 break;
             }
             match decode(&data[offset..], offset as u64) {
-                Ok((ops, len)) => {
+                Ok((ops, len, _)) => {
                     for op in ops {
                         let key = Bytes::copy_from_slice(op.key);
                         if op.kind == OP_PUT {
@@ -336,7 +384,7 @@ impl Inner {
                     offset += len;
                 }
                 // A write that never completed, the last thing in the log: cut off.
-                Err(_) if last && !frame_after(&data, offset) => {
+                Err(_) if last && synced_after(&data, offset).is_none_or(|s| s <= offset as u64) => {
                     // Zeros from here on, as in a segment never written this far.
                     let segment = self.segments.get_mut(&number).expect("inserted above");
                     segment.file.set_len(offset as u64).map_err(at)?;
@@ -353,7 +401,7 @@ impl Inner {
             }
         }
         let segment = self.segments.get_mut(&number).expect("inserted above");
-        segment.bytes = offset as u64;
+        (segment.bytes, segment.synced) = (offset as u64, offset as u64);
         self.disk += offset as u64;
         Ok(())
     }
@@ -394,22 +442,20 @@ impl Inner {
 
     /// Appends `frame` to the active segment (starting the next one first when it would pass
     /// the segment size); its offset there.
-    fn append(&mut self, frame: &[u8]) -> Result<u64, StoreError> {
+    fn append(&mut self, frame: &mut [u8]) -> Result<u64, StoreError> {
         let full = self
             .segments
             .get(&self.active)
             .is_some_and(|s| s.bytes > 0 && s.bytes + frame.len() as u64 > self.segment_bytes);
         if full {
-            let closing = self.segments.get(&self.active).map(|s| s.file.sync_data());
-            if let Some(Err(e)) = closing {
-                return Err(self.failed("write", e));
-            }
+            self.sync()?;
             if let Err(e) = self.start_segment(self.active + 1) {
                 return Err(self.failed("write", e));
             }
         }
         let segment = self.segments.get_mut(&self.active).expect("the active segment is open");
         let offset = segment.bytes;
+        seal(frame, segment.synced);
         if let Err(e) = segment.file.write_all_at(frame, offset) {
             return Err(self.failed("write", e));
         }
@@ -420,8 +466,8 @@ impl Inner {
 
     /// Writes `batch` (already checked) and indexes it.
     fn write(&mut self, batch: Batch) -> Result<(), StoreError> {
-        let (frame, places) = encode(&batch)?;
-        let offset = self.append(&frame)?;
+        let (mut frame, places) = encode(&batch)?;
+        let offset = self.append(&mut frame)?;
         let segment = self.active;
         for (op, place) in batch.ops.into_iter().zip(places) {
             match (op, place) {
@@ -435,17 +481,25 @@ impl Inner {
         Ok(())
     }
 
+    /// Syncs the active segment, if it holds anything not yet synced.
     fn sync(&mut self) -> Result<(), StoreError> {
-        let synced = self.segments.get(&self.active).map(|s| s.file.sync_data());
-        match synced {
-            Some(Err(e)) => Err(self.failed("sync", e)),
-            _ => Ok(()),
+        let Some(segment) = self.segments.get_mut(&self.active) else { return Ok(()) };
+        if segment.synced == segment.bytes {
+            return Ok(());
+        }
+        match segment.file.sync_data() {
+            Ok(()) => {
+                segment.synced = segment.bytes;
+                Ok(())
+            }
+            Err(e) => Err(self.failed("sync", e)),
         }
     }
 
     /// Deletes the oldest segments while none of their puts is current, and compacts the
     /// oldest while the log is larger than twice the current data plus two segments.
     fn collect(&mut self) -> Result<(), StoreError> {
+        let mut compacted = false;
         for _ in 0..=self.segments.len() {
             let Some((&oldest, segment)) = self.segments.first_key_value() else { break };
             if oldest == self.active {
@@ -453,6 +507,8 @@ impl Inner {
             }
             if segment.live == 0 {
                 let bytes = segment.bytes;
+                // The writes that left nothing current in it must not be lost with it.
+                self.sync()?;
                 let removed =
                     std::fs::remove_file(self.dir.join(segment_name(oldest))).and_then(|()| self.sync_dir());
                 if let Err(e) = removed {
@@ -462,10 +518,12 @@ impl Inner {
                 self.disk -= bytes;
                 continue;
             }
-            if self.disk <= 2 * self.live + 2 * self.segment_bytes {
+            // One segment compacted per write at most, so no write waits long for it.
+            if compacted || self.disk <= 2 * self.live + 2 * self.segment_bytes {
                 break;
             }
             self.compact(oldest)?;
+            compacted = true;
         }
         Ok(())
     }
@@ -475,8 +533,13 @@ impl Inner {
         let mut batch = Batch::new();
         for (space, keys) in &self.spaces {
             for (key, loc) in keys.iter().filter(|(_, loc)| loc.segment == number) {
-                let value = self.read(*loc).map_err(|e| backend("compact", e))?;
-                batch.ops.push(WriteOp::Put { space: space.clone(), key: key.clone(), value });
+                match self.read(*loc) {
+                    Ok(value) => {
+                        batch.ops.push(WriteOp::Put { space: space.clone(), key: key.clone(), value })
+                    }
+                    // The store cannot read back what it holds: it takes no more writes.
+                    Err(e) => return Err(self.failed("compact", e)),
+                }
             }
         }
         self.write(batch)?;

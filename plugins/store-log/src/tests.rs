@@ -103,6 +103,76 @@ fn a_torn_last_frame_is_cut_off_and_damage_elsewhere_refuses_to_open() {
     assert!(refused.contains(&segment_name(1)) && refused.contains("offset 0"), "{refused}");
 }
 
+/// Offsets of the frames in the written part of segment `path`.
+fn frames(path: &Path) -> Vec<usize> {
+    let data = written(path);
+    let mut at = 0;
+    let mut starts = Vec::new();
+    while at < data.len() {
+        starts.push(at);
+        at += decode(&data[at..], at as u64).unwrap().1;
+    }
+    starts
+}
+
+#[test]
+fn after_a_power_loss_an_unsynced_frame_lost_before_later_ones_is_cut_with_them() {
+    const SEGMENT: u64 = 4096;
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let store = open(dir.path(), SEGMENT);
+        put(&store, "q", 1, b"synced", true);
+        put(&store, "q", 2, b"not synced", false);
+        put(&store, "q", 3, b"not synced either", false);
+    }
+    let path = dir.path().join(segment_name(1));
+    let starts = frames(&path);
+    assert_eq!(starts.len(), 3);
+    // The second frame's page never reached the disk; the third's did.
+    let mut data = std::fs::read(&path).unwrap();
+    data[starts[1]..starts[2]].fill(0);
+    std::fs::write(&path, &data).unwrap();
+    let store = open(dir.path(), SEGMENT);
+    let keys: Vec<u8> =
+        store.scan("q", Bound::Unbounded, Bound::Unbounded, 10).unwrap().iter().map(|(k, _)| k[3]).collect();
+    assert_eq!(keys, [1], "the synced write stays; the unsynced ones after the hole go");
+    assert_eq!(frames(&path), [0], "cut back to the synced frame");
+}
+
+#[test]
+fn a_segment_goes_only_after_the_writes_that_emptied_it_are_synced() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path(), 4096);
+    put(&store, "q", 1, &[1; 1000], true);
+    for key in 2..8 {
+        put(&store, "other", key, &[2; 1000], true);
+        delete(&store, "other", key);
+    }
+    assert!(segment_files(dir.path()).contains(&1), "segment 1 still holds key 1");
+    // A delete that is not synced by its caller empties segment 1.
+    delete(&store, "q", 1);
+    assert!(!segment_files(dir.path()).contains(&1), "segment 1 is gone");
+    let inner = store.lock();
+    let active = &inner.segments[&inner.active];
+    assert_eq!(active.synced, active.bytes, "the delete was synced before the segment went");
+}
+
+#[test]
+fn a_missing_segment_refuses_to_open() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let store = open(dir.path(), 4096);
+        for key in 0..20 {
+            put(&store, "q", key, &[3; 1000], false);
+        }
+    }
+    let files = segment_files(dir.path());
+    assert!(files.len() >= 3, "{files:?}");
+    std::fs::remove_file(dir.path().join(segment_name(files[1]))).unwrap();
+    let refused = LogStore::open(dir.path(), 4096).unwrap_err().to_string();
+    assert!(refused.contains(&format!("segment {} is missing", segment_name(files[1]))), "{refused}");
+}
+
 #[test]
 fn segments_roll_over_and_go_once_nothing_current_is_left_in_them() {
     let dir = tempfile::tempdir().unwrap();
