@@ -136,3 +136,38 @@ pub fn check_store_fails_closed(open: &dyn Fn() -> Box<dyn Store>, make_room: &d
     store.write(batch, true).expect("a reopened store with room takes writes again");
     assert_eq!(store.get("fill", b"after").expect("get").as_deref(), Some(&b"room again"[..]));
 }
+
+/// [`check_store_fails_closed`] on a 4 MiB tmpfs mounted on the empty directory `dir`, grown
+/// to 64 MiB to make room; `open` opens the store at the path it is given (inside the
+/// tmpfs). Mounting needs root: elsewhere the check is skipped, saying so on standard
+/// error. The tmpfs is unmounted afterwards, also when the check fails.
+///
+/// # Panics
+/// As [`check_store_fails_closed`].
+pub fn check_store_fails_closed_on_a_small_tmpfs(
+    dir: &std::path::Path,
+    open: &dyn Fn(&std::path::Path) -> Box<dyn Store>,
+) {
+    use std::process::Command;
+    let mount = |options: &str| {
+        let mut command = Command::new("mount");
+        if !options.starts_with("remount") {
+            command.args(["-t", "tmpfs", "tmpfs"]);
+        }
+        command.args(["-o", options]).arg(dir).status().is_ok_and(|s| s.success())
+    };
+    if !mount("size=4m") {
+        eprintln!("SKIPPED: cannot mount a tmpfs here (the test needs root)");
+        return;
+    }
+    let path = dir.join("store");
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        check_store_fails_closed(&|| open(&path), &|| {
+            assert!(mount("remount,size=64m"), "cannot grow the tmpfs")
+        });
+    }));
+    let _ = Command::new("umount").arg(dir).status();
+    if let Err(panic) = result {
+        std::panic::resume_unwind(panic);
+    }
+}
