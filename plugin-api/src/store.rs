@@ -70,6 +70,18 @@ impl Batch {
     }
 }
 
+/// Whether the keys from `from` to `to` can hold no key at all: the start lies past the
+/// end, or both are the same key and either bound leaves it out. A store answers such a
+/// scan with nothing before ranging over its keys (`BTreeMap::range` panics on them).
+pub fn is_empty_range(from: Bound<&[u8]>, to: Bound<&[u8]>) -> bool {
+    match (from, to) {
+        (Bound::Included(a) | Bound::Excluded(a), Bound::Included(b) | Bound::Excluded(b)) => {
+            a > b || (a == b && !matches!((from, to), (Bound::Included(_), Bound::Included(_))))
+        }
+        _ => false,
+    }
+}
+
 /// Why a store operation failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]

@@ -34,6 +34,15 @@ pub fn check_store(store: &dyn Store) {
     assert_eq!(&limited[0].0[..], &[2], "scan must start at its lower bound");
     let ranged = store.scan("a", Bound::Excluded(&[1][..]), Bound::Included(&[3][..]), 10).expect("scan");
     assert_eq!(ranged.iter().map(|(k, _)| k[0]).collect::<Vec<_>>(), [2, 3]);
+    let one = store.scan("a", Bound::Included(&[2][..]), Bound::Included(&[2][..]), 10).expect("scan");
+    assert_eq!(one.len(), 1, "a range of one key included at both ends holds it");
+    for (from, to) in [
+        (Bound::Excluded(&[2][..]), Bound::Excluded(&[2][..])),
+        (Bound::Included(&[2][..]), Bound::Excluded(&[2][..])),
+        (Bound::Included(&[3][..]), Bound::Included(&[2][..])),
+    ] {
+        assert!(store.scan("a", from, to, 10).expect("scan").is_empty(), "{from:?}..{to:?} holds no key");
+    }
 
     assert_eq!(store.spaces().expect("spaces"), ["a", "b"]);
     let mut clear = Batch::new();

@@ -135,9 +135,7 @@ impl Store for FjallStore {
         limit: usize,
     ) -> Result<Vec<(Bytes, Bytes)>, StoreError> {
         let Some(keyspace) = self.existing(space) else { return Ok(Vec::new()) };
-        if let (Bound::Included(a) | Bound::Excluded(a), Bound::Included(b) | Bound::Excluded(b)) = (from, to)
-            && a > b
-        {
+        if linkbus_plugin_api::store::is_empty_range(from, to) {
             return Ok(Vec::new());
         }
         let mut entries = Vec::new();

@@ -592,9 +592,7 @@ impl Store for LogStore {
     ) -> Result<Vec<(Bytes, Bytes)>, StoreError> {
         let inner = self.lock();
         let Some(keys) = inner.spaces.get(space) else { return Ok(Vec::new()) };
-        if let (Bound::Included(a) | Bound::Excluded(a), Bound::Included(b) | Bound::Excluded(b)) = (from, to)
-            && (a > b || (a == b && (matches!(from, Bound::Excluded(_)) || matches!(to, Bound::Excluded(_)))))
-        {
+        if linkbus_plugin_api::store::is_empty_range(from, to) {
             return Ok(Vec::new());
         }
         let mut entries = Vec::new();

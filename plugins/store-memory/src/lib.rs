@@ -72,11 +72,10 @@ impl Store for MemoryStore {
         let Some(s) = spaces.get(space) else {
             return Ok(Vec::new());
         };
-        let range = (from.map(Bytes::copy_from_slice), to.map(Bytes::copy_from_slice));
-        if matches!((&range.0, &range.1), (Bound::Included(a) | Bound::Excluded(a), Bound::Included(b) | Bound::Excluded(b)) if a > b)
-        {
+        if linkbus_plugin_api::store::is_empty_range(from, to) {
             return Ok(Vec::new());
         }
+        let range = (from.map(Bytes::copy_from_slice), to.map(Bytes::copy_from_slice));
         Ok(s.range(range).take(limit).map(|(k, v)| (k.clone(), v.clone())).collect())
     }
 
