@@ -427,7 +427,7 @@ impl LocalQueue {
             }
             let key = front_key;
             front_key -= 1;
-            self.put_op_sharing(&mut batch, key, &mut message);
+            self.put_op(&mut batch, key, &mut message);
             entries.push(Entry { key, message, enqueued_at: now });
         }
         self.committer.write(batch);
@@ -476,7 +476,7 @@ impl LocalQueue {
         // volatile message is never written. The write is not synced here: whoever needs a
         // persistent message durable (a put's answer, a link's acknowledgement) waits for a
         // sync after it (group commit, `storage.rs`).
-        self.put_op_sharing(&mut batch, key, &mut message);
+        self.put_op(&mut batch, key, &mut message);
         batch.ops.extend(with.ops);
         self.committer.write(batch);
         levels.next_key += 1;
@@ -536,7 +536,7 @@ impl LocalQueue {
                 popped.messages.push(entry.message.clone());
                 popped.tags.push(entry.key);
                 entry.enqueued_at = now;
-                self.mark_seen(&entry, &mut batch);
+                self.mark_seen(&mut entry, &mut batch);
                 pending.push(entry);
             } else {
                 self.delete_op(&mut batch, entry.key, &entry.message);
@@ -555,15 +555,16 @@ impl LocalQueue {
 
     /// A message handed out pending is stored marked redelivered, so should the node stop
     /// before it is acknowledged, it comes back as possibly seen.
-    fn mark_seen(&self, entry: &Entry, batch: &mut Batch) {
-        // A volatile message is not stored: nothing to mark, and no copy to make.
+    fn mark_seen(&self, entry: &mut Entry, batch: &mut Batch) {
+        // A volatile message is not stored: nothing to mark.
         if !self.stored(&entry.message) {
             return;
         }
-        let mut marked = entry.message.clone();
-        marked.redelivered = true;
-        // Stored again in any case: its lifetime and enqueue time changed.
-        self.put_op(batch, entry.key, &marked);
+        // Stored again in any case (its lifetime and enqueue time changed), marked, with no
+        // copy of the message made: the entry in memory keeps its flag (a backout marks it).
+        let was = std::mem::replace(&mut entry.message.redelivered, true);
+        self.put_op(batch, entry.key, &mut entry.message);
+        entry.message.redelivered = was;
     }
 
     /// Whether `message` is kept in the store: persistent messages are, volatile ones live
@@ -576,16 +577,9 @@ impl LocalQueue {
         }
     }
 
-    /// Adds the store write of `message` under `key` (enqueued now), if it is kept there.
-    fn put_op(&self, batch: &mut Batch, key: u64, message: &Message) {
-        if self.stored(message) {
-            batch.put(&self.space, Bytes::copy_from_slice(&key.to_be_bytes()), encode_record(message));
-        }
-    }
-
-    /// [`LocalQueue::put_op`] for a message the queue is about to hold (see
-    /// [`encode_record_sharing`]).
-    fn put_op_sharing(&self, batch: &mut Batch, key: u64, message: &mut Message) {
+    /// Adds the store write of `message` under `key` (enqueued now), if it is kept there; the
+    /// message then shares its payload with the record (see [`encode_record_sharing`]).
+    fn put_op(&self, batch: &mut Batch, key: u64, message: &mut Message) {
         if self.stored(message) {
             batch.put(
                 &self.space,
