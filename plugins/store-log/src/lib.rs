@@ -101,9 +101,6 @@ struct Inner {
     /// The segment written to (the last one).
     active: u64,
     segment_bytes: u64,
-    /// All segments' lengths, and their current bytes.
-    disk: u64,
-    live: u64,
     /// Why the store is poisoned, once a write or sync failed.
     poisoned: Option<String>,
 }
@@ -171,8 +168,6 @@ impl LogStore {
             segments: BTreeMap::new(),
             active: 0,
             segment_bytes: segment_bytes.max(FRAME_HEAD as u64),
-            disk: 0,
-            live: 0,
             poisoned: None,
         };
         for (i, &number) in numbers.iter().enumerate() {
@@ -408,16 +403,14 @@ impl Inner {
         }
         let segment = self.segments.get_mut(&number).expect("inserted above");
         (segment.bytes, segment.synced) = (offset as u64, offset as u64);
-        self.disk += offset as u64;
         Ok(())
     }
 
     fn forget(&mut self, old: Option<Loc>) {
-        if let Some(old) = old {
-            if let Some(segment) = self.segments.get_mut(&old.segment) {
-                segment.live -= u64::from(old.size);
-            }
-            self.live -= u64::from(old.size);
+        if let Some(old) = old
+            && let Some(segment) = self.segments.get_mut(&old.segment)
+        {
+            segment.live -= u64::from(old.size);
         }
     }
 
@@ -434,7 +427,6 @@ impl Inner {
         if let Some(s) = self.segments.get_mut(&segment) {
             s.live += u64::from(size);
         }
-        self.live += u64::from(size);
     }
 
     fn index_delete(&mut self, space: &str, key: &[u8]) {
@@ -466,7 +458,6 @@ impl Inner {
             return Err(self.failed("write", e));
         }
         segment.bytes += frame.len() as u64;
-        self.disk += frame.len() as u64;
         Ok(offset)
     }
 
@@ -512,7 +503,6 @@ impl Inner {
                 break;
             }
             if segment.live == 0 {
-                let bytes = segment.bytes;
                 // The writes that left nothing current in it must not be lost with it.
                 self.sync()?;
                 let removed =
@@ -521,11 +511,14 @@ impl Inner {
                     return Err(self.failed("write", e));
                 }
                 self.segments.remove(&oldest);
-                self.disk -= bytes;
                 continue;
             }
             // One segment compacted per write at most, so no write waits long for it.
-            if compacted || self.disk <= 2 * self.live + 2 * self.segment_bytes {
+            if compacted {
+                break;
+            }
+            let (disk, live) = self.segments.values().fold((0, 0), |(d, l), s| (d + s.bytes, l + s.live));
+            if disk <= 2 * live + 2 * self.segment_bytes {
                 break;
             }
             self.compact(oldest)?;
