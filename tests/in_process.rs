@@ -78,3 +78,37 @@ async fn in_process_clients_put_and_take_across_a_link_with_the_sockets_rules() 
     b.shutdown().await;
     Ok(())
 }
+
+/// Messages larger than what a link hands the socket at a time (`DATA_BACKLOG_BYTES`) go out
+/// in several writes. When the socket takes each at once, no writer task reports a drain,
+/// so the link itself must go on: the 40 messages below would otherwise wait for a timer
+/// each (the 250 ms expiry sweep), 10 s or more, where they take well under a second.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_messages_cross_a_link_without_waiting_for_a_timer() -> anyhow::Result<()> {
+    const COUNT: usize = 40;
+    let dir = tempfile::tempdir()?;
+    let (a, b) = pair(dir.path()).await?;
+    let mut producer = a.client();
+    let mut consumer = b.client();
+    let to: linkbus::Address = "B:q".parse()?;
+    let started = std::time::Instant::now();
+    for i in 0..COUNT {
+        producer.put(Content::buf(to.clone(), vec![i as u8; 1 << 20])).await?;
+    }
+    let mut got = Vec::new();
+    while got.len() < COUNT && started.elapsed() < Duration::from_secs(30) {
+        got.extend(consumer.get("q", 8, Duration::from_secs(1)).await?);
+    }
+    let elapsed = started.elapsed();
+    assert_eq!(got.len(), COUNT, "all arrive");
+    for (i, m) in got.iter().enumerate() {
+        assert!(
+            m.content.payload.len() == 1 << 20 && m.content.payload.iter().all(|&x| x == i as u8),
+            "message {i} intact, in order"
+        );
+    }
+    assert!(elapsed < Duration::from_secs(8), "no message waited for a timer: {elapsed:?} for {COUNT} MiB");
+    a.shutdown().await;
+    b.shutdown().await;
+    Ok(())
+}

@@ -1,5 +1,6 @@
-//! The byte movers of a connection: a reader task and a writer task, so that reading never
-//! waits on writing; and refusing a connection with a `Close` frame.
+//! The byte movers of a connection: the link task's reads, a writer task for what the
+//! socket does not take at once (so reading never waits on writing), and refusing a
+//! connection with a `Close` frame.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -9,10 +10,14 @@ use bytes::{Bytes, BytesMut};
 use linkbus_plugin_api::Connection;
 use linkbus_proto::frame::{CloseCode, Frame};
 use linkbus_proto::secure::SecureChannel;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{Notify, mpsc};
 
-/// What a connection's tasks report to the link task.
+/// A connection's writing half: the link task writes to it directly while nothing waits for
+/// the writer task, which takes it out while it writes.
+pub(crate) type SharedWriter = Arc<std::sync::Mutex<Option<Box<dyn AsyncWrite + Send + Unpin>>>>;
+
+/// What happened on a connection: read by the link task, or reported by the writer task.
 pub(crate) enum ConnEvent {
     /// Bytes read.
     Bytes(Bytes),
@@ -31,28 +36,19 @@ pub(crate) const LET_GO_WRITE_GRACE: Duration = Duration::from_secs(5);
 /// is copied out into a buffer of its own).
 const READ_BYTES: usize = 256 * 1024;
 
-/// Reads until the connection ends, handing chunks to the link task (bounded channel, so
-/// a slow link task slows the peer down through TCP).
-pub(crate) async fn read_loop(
-    mut reader: Box<dyn AsyncRead + Send + Unpin>,
-    id: u64,
-    events: mpsc::Sender<(u64, ConnEvent)>,
-) {
-    let mut buf = BytesMut::with_capacity(READ_BYTES);
-    loop {
-        if buf.capacity() < READ_BYTES / 4 {
-            buf.reserve(READ_BYTES);
-        }
-        let event = match reader.read_buf(&mut buf).await {
-            Ok(0) => ConnEvent::Closed("connection closed by peer".into()),
-            Ok(_) => ConnEvent::Bytes(buf.split().freeze()),
-            Err(e) => ConnEvent::Closed(format!("read failed: {e}")),
-        };
-        let last = matches!(event, ConnEvent::Closed(_));
-        if events.send((id, event)).await.is_err() || last {
-            return;
-        }
+/// Reads the next chunk of `active`'s connection (never, while there is none), with the
+/// connection's id. Cancel-safe: a read that has not finished has taken nothing.
+pub(crate) async fn read_chunk(active: &mut Option<super::Active>) -> (u64, ConnEvent) {
+    let Some(active) = active else { return std::future::pending().await };
+    if active.read_buf.capacity() < READ_BYTES / 4 {
+        active.read_buf.reserve(READ_BYTES);
     }
+    let event = match active.reader.read_buf(&mut active.read_buf).await {
+        Ok(0) => ConnEvent::Closed("connection closed by peer".into()),
+        Ok(_) => ConnEvent::Bytes(active.read_buf.split().freeze()),
+        Err(e) => ConnEvent::Closed(format!("read failed: {e}")),
+    };
+    (active.id, event)
 }
 
 /// Writes what the link task sends, counting the bytes not yet written in `backlog` (the
@@ -61,7 +57,7 @@ pub(crate) async fn read_loop(
 /// `let_go_grace` ([`LET_GO_WRITE_GRACE`]) after the link let go of the connection is
 /// given up, and the socket closed.
 pub(crate) async fn write_loop(
-    mut writer: Box<dyn AsyncWrite + Send + Unpin>,
+    shared: SharedWriter,
     mut rx: mpsc::UnboundedReceiver<Vec<Bytes>>,
     backlog: Arc<AtomicUsize>,
     wake: Arc<Notify>,
@@ -77,6 +73,9 @@ pub(crate) async fn write_loop(
             chunks.append(&mut more);
         }
         let len: usize = chunks.iter().map(Bytes::len).sum();
+        // The link task writes only while nothing is counted in `backlog`, so the writer is
+        // here: taken out for this write, put back before `backlog` is uncounted.
+        let Some(mut writer) = shared.lock().ok().and_then(|mut w| w.take()) else { return };
         let write = crate::vectored::write_all(&mut writer, &mut chunks);
         let let_go = async {
             while !rx.is_closed() {
@@ -93,7 +92,10 @@ pub(crate) async fn write_loop(
                 format!("the write was unfinished {let_go_grace:?} after the link let go of the connection"),
             )),
         };
-        backlog.fetch_sub(len, Ordering::Relaxed);
+        if let Ok(mut slot) = shared.lock() {
+            *slot = Some(writer);
+        }
+        backlog.fetch_sub(len, Ordering::Release);
         if let Err(e) = result {
             // Nothing queued behind the failed write will be written: uncount it, so the
             // link task reads again and sees this connection's end.
@@ -107,7 +109,10 @@ pub(crate) async fn write_loop(
         }
         wake.notify_one();
     }
-    let _ = writer.shutdown().await;
+    let writer = shared.lock().ok().and_then(|mut w| w.take());
+    if let Some(mut writer) = writer {
+        let _ = writer.shutdown().await;
+    }
 }
 
 /// Writes a `Close` frame on a connection that will not be used (through its secure
@@ -171,7 +176,7 @@ mod tests {
         let (events_tx, mut events) = mpsc::channel(4);
         let backlog = Arc::new(AtomicUsize::new(1000));
         let task = tokio::spawn(write_loop(
-            Box::new(ours),
+            Arc::new(std::sync::Mutex::new(Some(Box::new(ours)))),
             rx,
             backlog.clone(),
             Arc::default(),

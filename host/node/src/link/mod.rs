@@ -2,9 +2,12 @@
 //! transport, the node's transmission queue for that peer, and local delivery.
 //!
 //! The task owns the session and decides nothing about the protocol: the session says which
-//! connection wins when two exist, what to resend, and what to acknowledge. The task moves
-//! bytes from a reader task and to a writer task (so reading never waits on writing), and
-//! messages from the transmission queue into the session's window. Links are permanent:
+//! connection wins when two exist, what to resend, and what to acknowledge. The task reads
+//! the connection itself, and writes to it itself what the socket takes at once while
+//! nothing waits for the connection's writer task; the rest goes to that task, so reading
+//! never waits on writing. A message crossing a quiet link thus wakes no task between the
+//! link task and the socket on either side. The task also moves messages from the
+//! transmission queue into the session's window. Links are permanent:
 //! when a connection fails, the task dials again with bounded exponential backoff (if the
 //! peer has an address), while messages keep waiting in the transmission queue.
 //!
@@ -43,10 +46,10 @@ use backoff::Backoff;
 pub use handle::LinkHandle;
 pub(crate) use handle::{Gate, Incoming};
 pub(crate) use io::refuse;
-use io::{ConnEvent, read_loop, secure_dial, write_loop};
+use io::{ConnEvent, read_chunk, secure_dial, write_loop};
 pub use transmit::CLASSES;
 
-/// Bytes handed to the writer and not yet written, twice which the link stops reading (so a
+/// Bytes handed to the writer task and not yet written, twice which the link stops reading (so a
 /// peer that sends but never reads gets no more answers queued).
 pub const WRITE_BACKLOG_BYTES_MAX: usize = 16 << 20;
 
@@ -54,6 +57,11 @@ pub const WRITE_BACKLOG_BYTES_MAX: usize = 16 << 20;
 /// writes no more packets: enough to keep the connection busy, small enough that a packet
 /// of an urgent channel is not queued behind much.
 pub const DATA_BACKLOG_BYTES: usize = 256 << 10;
+/// Writes of at most this many bytes go straight to the socket while nothing waits for the
+/// writer task (a quiet link's, where skipping the writer's wake-up shortens a round trip);
+/// a busy link's larger writes go through the writer task (writing those in the link task
+/// too let an urgent message wait longer under load, `bench w7`).
+const DIRECT_WRITE_BYTES_MAX: usize = 64 << 10;
 /// Bytes of messages a channel holds in the session not yet written, at or above which it
 /// takes no more from the transmission queue: the window bounds what travels unacknowledged,
 /// not what waits to be written, which waits in the queue (its lifetime counted there, and
@@ -73,28 +81,44 @@ struct Active {
     dialed_by_us: bool,
     /// Encrypts what the session writes, decrypts what the reader reads.
     secure: SecureChannel,
-    writer: mpsc::UnboundedSender<Vec<Bytes>>,
+    /// The connection's writing half, written to directly while `backlog` is empty.
+    writer: io::SharedWriter,
+    /// What waits for the writer task.
+    to_writer: mpsc::UnboundedSender<Vec<Bytes>>,
     /// Bytes sent to `writer` and not yet written.
     backlog: Arc<AtomicUsize>,
-    reader: tokio::task::JoinHandle<()>,
+    /// Read by the link task itself (one wake-up less per chunk than a reader task).
+    reader: Box<dyn tokio::io::AsyncRead + Send + Unpin>,
+    /// Where reads land; each chunk read is split off it.
+    read_buf: bytes::BytesMut,
 }
 
 impl Active {
-    /// Hands `chunks` to the writer in one go (one count, at most one wake-up), counted in
-    /// the backlog until written.
-    fn write(&self, chunks: Vec<Bytes>) {
+    /// Writes `chunks` to the socket at once when they are few ([`DIRECT_WRITE_BYTES_MAX`])
+    /// and nothing waits for the writer task; hands the writer what is left in one go (one
+    /// count, at most one wake-up), counted in the backlog until written.
+    ///
+    /// # Errors
+    /// The socket's, from a write at once (the connection is then done for).
+    fn write(&self, mut chunks: Vec<Bytes>) -> std::io::Result<()> {
+        let len: usize = chunks.iter().map(Bytes::len).sum();
+        if len <= DIRECT_WRITE_BYTES_MAX
+            && self.backlog.load(Ordering::Acquire) == 0
+            && let Ok(mut writer) = self.writer.try_lock()
+            && let Some(writer) = writer.as_mut()
+        {
+            crate::vectored::write_now(writer, &mut chunks)?;
+            if chunks.is_empty() {
+                return Ok(());
+            }
+        }
         let len: usize = chunks.iter().map(Bytes::len).sum();
         self.backlog.fetch_add(len, Ordering::Relaxed);
-        if self.writer.send(chunks).is_err() {
+        if self.to_writer.send(chunks).is_err() {
             // The writer is gone (its connection failed): nothing will drain these bytes.
             self.backlog.fetch_sub(len, Ordering::Relaxed);
         }
-    }
-}
-
-impl Drop for Active {
-    fn drop(&mut self) {
-        self.reader.abort();
+        Ok(())
     }
 }
 
@@ -196,18 +220,16 @@ fn skip_dedup_for_tests() -> bool {
     on
 }
 
-/// Chunks read from a connection and not yet handled, at most.
-const READ_AHEAD_CHUNKS: usize = 2;
-
 /// Runs the link for `handle.peer` until `shutdown` turns true.
 pub async fn run(node: Arc<NodeState>, handle: Arc<LinkHandle>, mut shutdown: watch::Receiver<bool>) {
     let Some(mut incoming_rx) = handle.incoming_rx.lock().ok().and_then(|mut rx| rx.take()) else {
         warn!(peer = %handle.peer.name, "Link task started twice.");
         return;
     };
-    // Read chunks waiting for this task: few, so that little received data queues ahead of
-    // an urgent message (the reader holds one more; TCP holds the rest back at the peer).
-    let (conn_tx, mut conn_rx) = mpsc::channel(READ_AHEAD_CHUNKS);
+    // Writer tasks report here that their connection failed. Reads are this task's own, one
+    // chunk at a time, so no received data queues ahead of an urgent message (TCP holds
+    // the rest back at the peer).
+    let (conn_tx, mut conn_rx) = mpsc::channel(1);
     let (dial_tx, mut dial_rx) = mpsc::channel(1);
     let links = &node.config.links;
     let mut session = Session::new(session_config(&node, &handle), Instant::now());
@@ -248,7 +270,8 @@ pub async fn run(node: Arc<NodeState>, handle: Arc<LinkHandle>, mut shutdown: wa
             _ = shutdown.changed() => break,
             Some(incoming) = incoming_rx.recv() => link.adopt(incoming, false),
             Some(result) = dial_rx.recv() => link.dialed(result),
-            Some((id, event)) = conn_rx.recv(), if reading => link.connection_event(id, event),
+            Some((id, event)) = conn_rx.recv() => link.connection_event(id, event),
+            (id, event) = read_chunk(&mut link.active), if reading => link.connection_event(id, event),
             () = link.handle.wake.notified() => {}
             () = link.drained.notified() => {}
             () = sleep_until(timeout) => link.session.handle_timeout(Instant::now()),
@@ -435,8 +458,9 @@ impl Link {
         let (writer_tx, writer_rx) = mpsc::unbounded_channel();
         let backlog = Arc::new(AtomicUsize::new(0));
         let events = self.conn_tx.clone();
+        let writer: io::SharedWriter = Arc::new(std::sync::Mutex::new(Some(connection.writer)));
         tokio::spawn(write_loop(
-            connection.writer,
+            writer.clone(),
             writer_rx,
             backlog.clone(),
             self.drained.clone(),
@@ -444,8 +468,16 @@ impl Link {
             events,
             io::LET_GO_WRITE_GRACE,
         ));
-        let reader = tokio::spawn(read_loop(connection.reader, id, self.conn_tx.clone()));
-        self.active = Some(Active { id, dialed_by_us, secure, writer: writer_tx, backlog, reader });
+        self.active = Some(Active {
+            id,
+            dialed_by_us,
+            secure,
+            writer,
+            to_writer: writer_tx,
+            backlog,
+            reader: connection.reader,
+            read_buf: bytes::BytesMut::new(),
+        });
         let now = Instant::now();
         self.session.handle_connected(now);
         if let Some(hello) = hello {
@@ -514,8 +546,10 @@ impl Link {
                 return self.drop_connection(&e.to_string());
             }
             active.secure.take_transmit(&mut out);
-            if !out.is_empty() {
-                active.write(out);
+            if !out.is_empty()
+                && let Err(e) = active.write(out)
+            {
+                self.drop_connection(&format!("write failed: {e}"));
             }
         }
     }
@@ -534,6 +568,15 @@ impl Link {
             if !progressed {
                 break;
             }
+        }
+        // What the socket took at once wakes no writer task, so nothing says it drained:
+        // with more to write, go round again (each round writes at least one packet).
+        if self.active.is_some()
+            && self.session.is_established()
+            && self.backlog() == 0
+            && self.session.unwritten() > 0
+        {
+            self.drained.notify_one();
         }
         if let Ok(mut stats) = self.handle.stats.lock() {
             *stats = *self.session.stats();
@@ -992,7 +1035,7 @@ impl Link {
             if active.secure.send(&out).is_ok()
                 && let Some(bytes) = active.secure.poll_transmit()
             {
-                active.write(vec![bytes]);
+                let _ = active.write(vec![bytes]);
             }
             drop(active);
             // Give the writer a moment to send the close frame.
