@@ -262,9 +262,10 @@ pub async fn run(node: Arc<NodeState>, handle: Arc<LinkHandle>, mut shutdown: wa
     // window is full), so their origin learns of them.
     let mut sweep = tokio::time::interval(EXPIRY_SWEEP);
     sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let (mut timeout, mut dial_at) = (Deadline::new(), Deadline::new());
     loop {
-        let timeout = link.session.poll_timeout().map(tokio::time::Instant::from_std);
-        let dial_at = link.dial_due();
+        timeout.set(link.session.poll_timeout().map(tokio::time::Instant::from_std));
+        dial_at.set(link.dial_due());
         let reading = link.backlog() < 2 * WRITE_BACKLOG_BYTES_MAX;
         tokio::select! {
             _ = shutdown.changed() => break,
@@ -274,8 +275,8 @@ pub async fn run(node: Arc<NodeState>, handle: Arc<LinkHandle>, mut shutdown: wa
             (id, event) = read_chunk(&mut link.active), if reading => link.connection_event(id, event),
             () = link.handle.wake.notified() => {}
             () = link.drained.notified() => {}
-            () = sleep_until(timeout) => link.session.handle_timeout(Instant::now()),
-            () = sleep_until(dial_at) => link.start_dial(),
+            () = timeout.wait() => link.session.handle_timeout(Instant::now()),
+            () = dial_at.wait() => link.start_dial(),
             _ = sweep.tick() => link.sweep_expired(),
         }
         let _still_stopped = link.apply_reset();
@@ -340,10 +341,37 @@ fn channel_of(message: &Message) -> u8 {
     channel_for(message.content.priority.code(), message.content.kind == Kind::File)
 }
 
-async fn sleep_until(at: Option<tokio::time::Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
+/// A timer kept across the link loop's rounds and moved only when its deadline changes: a
+/// fresh timer each round would register anew each time, and one due before the runtime's
+/// next wake-up wakes the runtime's driver (a system call) each time.
+struct Deadline {
+    sleep: std::pin::Pin<Box<tokio::time::Sleep>>,
+    at: Option<tokio::time::Instant>,
+}
+
+impl Deadline {
+    fn new() -> Self {
+        let far = tokio::time::Instant::now() + Duration::from_secs(86_400 * 365);
+        Self { sleep: Box::pin(tokio::time::sleep_until(far)), at: None }
+    }
+
+    /// Fires at `at` from now on (never, for `None`).
+    fn set(&mut self, at: Option<tokio::time::Instant>) {
+        if at != self.at {
+            if let Some(at) = at {
+                self.sleep.as_mut().reset(at);
+            }
+            self.at = at;
+        }
+    }
+
+    /// Waits until the deadline (forever while there is none). Cancel-safe.
+    async fn wait(&mut self) {
+        if self.at.is_none() {
+            return std::future::pending().await;
+        }
+        self.sleep.as_mut().await;
+        self.at = None;
     }
 }
 
