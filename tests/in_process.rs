@@ -80,9 +80,10 @@ async fn in_process_clients_put_and_take_across_a_link_with_the_sockets_rules() 
 }
 
 /// Messages larger than what a link hands the socket at a time (`DATA_BACKLOG_BYTES`) go out
-/// in several writes. When the socket takes each at once, no writer task reports a drain,
-/// so the link itself must go on: the 40 messages below would otherwise wait for a timer
-/// each (the 250 ms expiry sweep), 10 s or more, where they take well under a second.
+/// in several writes, and the link must go on after each without waiting for a timer: a
+/// form of the link task's direct writes in which nothing said the socket had taken a
+/// write made each of the 40 messages below wait for the 250 ms expiry sweep (11 s in
+/// all, where they take well under a second).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn large_messages_cross_a_link_without_waiting_for_a_timer() -> anyhow::Result<()> {
     const COUNT: usize = 40;

@@ -73,28 +73,7 @@ pub(crate) async fn write_loop(
             chunks.append(&mut more);
         }
         let len: usize = chunks.iter().map(Bytes::len).sum();
-        // The link task writes only while nothing is counted in `backlog`, so the writer is
-        // here: taken out for this write, put back before `backlog` is uncounted.
-        let Some(mut writer) = shared.lock().ok().and_then(|mut w| w.take()) else { return };
-        let write = crate::vectored::write_all(&mut writer, &mut chunks);
-        let let_go = async {
-            while !rx.is_closed() {
-                tokio::time::sleep(let_go_grace / 5).await;
-            }
-            tokio::time::sleep(let_go_grace).await;
-        };
-        // The write first: one that finishes at once never arms a timer.
-        let result = tokio::select! {
-            biased;
-            result = write => result,
-            () = let_go => Err(std::io::Error::new(
-                std::io::ErrorKind::TimedOut,
-                format!("the write was unfinished {let_go_grace:?} after the link let go of the connection"),
-            )),
-        };
-        if let Ok(mut slot) = shared.lock() {
-            *slot = Some(writer);
-        }
+        let result = write_batch(&shared, &mut chunks, &rx, let_go_grace).await;
         backlog.fetch_sub(len, Ordering::Release);
         if let Err(e) = result {
             // Nothing queued behind the failed write will be written: uncount it, so the
@@ -109,10 +88,46 @@ pub(crate) async fn write_loop(
         }
         wake.notify_one();
     }
-    let writer = shared.lock().ok().and_then(|mut w| w.take());
+    let writer = shared.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take();
     if let Some(mut writer) = writer {
         let _ = writer.shutdown().await;
     }
+}
+
+/// Writes one batch with the writer taken out of `shared` (the link task writes only while
+/// nothing is counted in the backlog, so it is there), and puts it back after a write that
+/// went well; after a failed one the connection gets no more bytes, from either task. A
+/// write still unfinished `let_go_grace` after the link let go of the connection fails.
+async fn write_batch(
+    shared: &SharedWriter,
+    chunks: &mut Vec<Bytes>,
+    rx: &mpsc::UnboundedReceiver<Vec<Bytes>>,
+    let_go_grace: Duration,
+) -> std::io::Result<()> {
+    let taken = shared.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take();
+    let Some(mut writer) = taken else {
+        return Err(std::io::Error::other("the connection's writer is gone"));
+    };
+    let write = crate::vectored::write_all(&mut writer, chunks);
+    let let_go = async {
+        while !rx.is_closed() {
+            tokio::time::sleep(let_go_grace / 5).await;
+        }
+        tokio::time::sleep(let_go_grace).await;
+    };
+    // The write first: one that finishes at once never arms a timer.
+    let result = tokio::select! {
+        biased;
+        result = write => result,
+        () = let_go => Err(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            format!("the write was unfinished {let_go_grace:?} after the link let go of the connection"),
+        )),
+    };
+    if result.is_ok() {
+        *shared.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(writer);
+    }
+    result
 }
 
 /// Writes a `Close` frame on a connection that will not be used (through its secure
@@ -175,8 +190,9 @@ mod tests {
         let (tx, rx) = mpsc::unbounded_channel();
         let (events_tx, mut events) = mpsc::channel(4);
         let backlog = Arc::new(AtomicUsize::new(1000));
+        let shared: SharedWriter = Arc::new(std::sync::Mutex::new(Some(Box::new(ours))));
         let task = tokio::spawn(write_loop(
-            Arc::new(std::sync::Mutex::new(Some(Box::new(ours)))),
+            shared.clone(),
             rx,
             backlog.clone(),
             Arc::default(),
@@ -197,9 +213,50 @@ mod tests {
         let (id, event) = events.recv().await.unwrap();
         assert!(id == 7 && matches!(&event, ConnEvent::Closed(r) if r.contains("after the link let go")));
         assert_eq!(backlog.load(Ordering::Relaxed), 0, "what was not written is uncounted");
+        assert!(shared.lock().unwrap().is_none(), "after a failed write, no task writes to it again");
         // The socket is closed: the peer reads what was written, then the end.
         let mut rest = Vec::new();
         theirs.read_to_end(&mut rest).await.unwrap();
         assert!(rest.len() < 1000 - 64);
+    }
+
+    /// The writer task writes what the link task hands it and puts the writing half back
+    /// for the link task's own writes; once the link lets go, it closes the connection.
+    #[tokio::test]
+    async fn the_writer_task_gives_the_writing_half_back_after_each_write() {
+        let (ours, mut theirs) = tokio::io::duplex(1 << 16);
+        let (tx, rx) = mpsc::unbounded_channel();
+        let (events_tx, _events) = mpsc::channel(4);
+        let backlog = Arc::new(AtomicUsize::new(5));
+        let shared: SharedWriter = Arc::new(std::sync::Mutex::new(Some(Box::new(ours))));
+        let task = tokio::spawn(write_loop(
+            shared.clone(),
+            rx,
+            backlog.clone(),
+            Arc::default(),
+            7,
+            events_tx,
+            LET_GO_WRITE_GRACE,
+        ));
+        tx.send(vec![Bytes::from_static(b"hello")]).unwrap();
+        let mut got = [0u8; 5];
+        theirs.read_exact(&mut got).await.unwrap();
+        assert_eq!(&got, b"hello");
+        let drained = async {
+            while backlog.load(Ordering::Acquire) != 0 {
+                tokio::task::yield_now().await;
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(10), drained).await.expect("the write is uncounted");
+        let mut writer = shared.lock().unwrap().take().expect("given back once the backlog is empty");
+        let mut direct = vec![Bytes::from_static(b" world")];
+        crate::vectored::write_now(&mut writer, &mut direct).unwrap();
+        assert!(direct.is_empty());
+        *shared.lock().unwrap() = Some(writer);
+        drop(tx);
+        tokio::time::timeout(Duration::from_secs(30), task).await.expect("ends").unwrap();
+        let mut rest = Vec::new();
+        theirs.read_to_end(&mut rest).await.unwrap();
+        assert_eq!(rest, b" world", "then the end: the link let go");
     }
 }

@@ -85,7 +85,7 @@ struct Active {
     writer: io::SharedWriter,
     /// What waits for the writer task.
     to_writer: mpsc::UnboundedSender<Vec<Bytes>>,
-    /// Bytes sent to `writer` and not yet written.
+    /// Bytes sent to `to_writer` and not yet written.
     backlog: Arc<AtomicUsize>,
     /// Read by the link task itself (one wake-up less per chunk than a reader task).
     reader: Box<dyn tokio::io::AsyncRead + Send + Unpin>,
