@@ -181,15 +181,22 @@ pub(crate) async fn secure_dial(
 mod tests {
     use super::*;
 
-    /// A writer whose peer reads nothing is given up once the link lets go of it (and only
-    /// then), so its task and socket do not stay.
-    #[tokio::test]
-    async fn a_write_the_peer_never_reads_is_given_up_after_the_link_lets_go() {
-        let grace = Duration::from_millis(200);
-        let (ours, mut theirs) = tokio::io::duplex(64);
-        let (tx, rx) = mpsc::unbounded_channel();
-        let (events_tx, mut events) = mpsc::channel(4);
-        let backlog = Arc::new(AtomicUsize::new(1000));
+    /// A writer task on one end of an in-memory pipe of `capacity` bytes, as the link
+    /// starts one, with `counted` bytes in its backlog.
+    struct Writer {
+        to_writer: mpsc::UnboundedSender<Vec<Bytes>>,
+        events: mpsc::Receiver<(u64, ConnEvent)>,
+        backlog: Arc<AtomicUsize>,
+        shared: SharedWriter,
+        task: tokio::task::JoinHandle<()>,
+        theirs: tokio::io::DuplexStream,
+    }
+
+    fn writer(capacity: usize, counted: usize, grace: Duration) -> Writer {
+        let (ours, theirs) = tokio::io::duplex(capacity);
+        let (to_writer, rx) = mpsc::unbounded_channel();
+        let (events_tx, events) = mpsc::channel(4);
+        let backlog = Arc::new(AtomicUsize::new(counted));
         let shared: SharedWriter = Arc::new(std::sync::Mutex::new(Some(Box::new(ours))));
         let task = tokio::spawn(write_loop(
             shared.clone(),
@@ -200,6 +207,15 @@ mod tests {
             events_tx,
             grace,
         ));
+        Writer { to_writer, events, backlog, shared, task, theirs }
+    }
+
+    /// A writer whose peer reads nothing is given up once the link lets go of it (and only
+    /// then), so its task and socket do not stay.
+    #[tokio::test]
+    async fn a_write_the_peer_never_reads_is_given_up_after_the_link_lets_go() {
+        let grace = Duration::from_millis(200);
+        let Writer { to_writer: tx, mut events, backlog, shared, task, mut theirs } = writer(64, 1000, grace);
         tx.send(vec![Bytes::from(vec![1u8; 1000])]).unwrap();
         tokio::time::sleep(3 * grace).await;
         assert!(!task.is_finished(), "a slow peer is waited for while the link holds the connection");
@@ -224,20 +240,8 @@ mod tests {
     /// for the link task's own writes; once the link lets go, it closes the connection.
     #[tokio::test]
     async fn the_writer_task_gives_the_writing_half_back_after_each_write() {
-        let (ours, mut theirs) = tokio::io::duplex(1 << 16);
-        let (tx, rx) = mpsc::unbounded_channel();
-        let (events_tx, _events) = mpsc::channel(4);
-        let backlog = Arc::new(AtomicUsize::new(5));
-        let shared: SharedWriter = Arc::new(std::sync::Mutex::new(Some(Box::new(ours))));
-        let task = tokio::spawn(write_loop(
-            shared.clone(),
-            rx,
-            backlog.clone(),
-            Arc::default(),
-            7,
-            events_tx,
-            LET_GO_WRITE_GRACE,
-        ));
+        let Writer { to_writer: tx, backlog, shared, task, mut theirs, .. } =
+            writer(1 << 16, 5, LET_GO_WRITE_GRACE);
         tx.send(vec![Bytes::from_static(b"hello")]).unwrap();
         let mut got = [0u8; 5];
         theirs.read_exact(&mut got).await.unwrap();
