@@ -157,13 +157,29 @@ impl Node {
     }
 }
 
-/// Reports results that did not come back in time, every 100 ms, until shutdown.
+/// How often, at most, results that did not come back in time are reported.
+const RESULT_TICK: Duration = Duration::from_millis(100);
+
+/// Reports results that did not come back in time, until shutdown: wakes when the earliest
+/// awaited outcome comes due (at most every [`RESULT_TICK`]) and sleeps while none is
+/// awaited, so a node that tracks no results does not wake for them.
 async fn result_timer(state: Arc<NodeState>, mut shutdown: watch::Receiver<bool>) {
-    let mut tick = tokio::time::interval(Duration::from_millis(100));
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut last = tokio::time::Instant::now();
     loop {
+        let next =
+            state.results.next_due().map(|at| tokio::time::Instant::from_std(at).max(last + RESULT_TICK));
+        let due = async {
+            match next {
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
-            _ = tick.tick() => state.time_out_results(std::time::Instant::now()),
+            () = due => {
+                last = tokio::time::Instant::now();
+                state.time_out_results(std::time::Instant::now());
+            }
+            () = state.results.earlier_due() => {}
             _ = shutdown.changed() => return,
         }
     }

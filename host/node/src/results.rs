@@ -211,6 +211,8 @@ struct Book {
 pub struct ResultBook {
     book: Mutex<Book>,
     changed: tokio::sync::Notify,
+    /// Notified when the earliest instant in `due` moved earlier.
+    earlier: tokio::sync::Notify,
     result_wait: Duration,
     pending_max: usize,
     /// Where the results of persistent messages are kept, with a durable store.
@@ -230,6 +232,7 @@ impl ResultBook {
         Self {
             book: Mutex::default(),
             changed: tokio::sync::Notify::new(),
+            earlier: tokio::sync::Notify::new(),
             result_wait,
             pending_max,
             committer: None,
@@ -281,7 +284,7 @@ impl ResultBook {
             let due_unix =
                 accepted_unix_ms.saturating_add(u64::try_from(waits.as_millis()).unwrap_or(u64::MAX));
             let deadline = now + Duration::from_millis(due_unix.saturating_sub(now_unix));
-            book.due.insert((deadline, sequence));
+            self.insert_due(&mut book, deadline, sequence);
             let tracked = Tracked {
                 results,
                 provisional: Vec::new(),
@@ -379,7 +382,7 @@ impl ResultBook {
         tracked.deadline = Some(deadline);
         // Kept from now on (the message is in its queues, whose writes went first).
         tracked.accepted_unix_ms = crate::clock::unix_ms();
-        book.due.insert((deadline, sequence));
+        self.insert_due(&mut book, deadline, sequence);
         note(&mut book, sequence);
         self.flush(&mut book);
     }
@@ -438,7 +441,27 @@ impl ResultBook {
             return;
         }
         tracked.provisional.push((slot, outcome, until));
-        book.due.insert((until, sequence));
+        self.insert_due(&mut book, until, sequence);
+    }
+
+    /// Indexes `sequence` as coming due at `at`, telling [`ResultBook::earlier_due`] when
+    /// that is the earliest instant now.
+    fn insert_due(&self, book: &mut Book, at: Instant, sequence: u64) {
+        book.due.insert((at, sequence));
+        if book.due.first() == Some(&(at, sequence)) {
+            self.earlier.notify_one();
+        }
+    }
+
+    /// When the next provisional outcome or deadline comes due, if any is awaited.
+    pub fn next_due(&self) -> Option<Instant> {
+        self.lock().due.first().map(|&(at, _)| at)
+    }
+
+    /// Returns once an outcome or deadline was added that comes due before all others
+    /// (also one added since the last call).
+    pub async fn earlier_due(&self) {
+        self.earlier.notified().await;
     }
 
     /// Makes final what came due by `now`: provisional outcomes, and open recipients past

@@ -48,6 +48,9 @@ pub struct LinkHandle {
     /// Messages waiting for the peer, one bounded FIFO per priority class, with the time
     /// they were queued (for their lifetime).
     pub(crate) queue: Mutex<TransmissionQueue>,
+    /// Set while a message that can expire may wait in `queue` (the link task sweeps
+    /// expired messages out only then).
+    pub(crate) expiring: Arc<std::sync::atomic::AtomicBool>,
     /// Notified when messages leave the queue, for puts waiting for room.
     pub(crate) room: Arc<Notify>,
     /// Wakes the link task: the queue gained a message, or a reset was requested.
@@ -108,12 +111,14 @@ impl LinkHandle {
         committer: Option<Arc<crate::storage::Committer>>,
     ) -> Self {
         let (incoming_tx, incoming_rx) = mpsc::channel(INCOMING_QUEUE_MAX);
+        let queue = TransmissionQueue::new(queue_messages_max, queue_bytes_max, forward_share);
         Self {
             record: committer.map(|c| super::state::SendRecord::new(&peer.name, c)),
             restored_sent: Mutex::new(super::state::Recovered::default()),
             peer,
             class_messages_max: queue_messages_max,
-            queue: Mutex::new(TransmissionQueue::new(queue_messages_max, queue_bytes_max, forward_share)),
+            expiring: queue.expiring(),
+            queue: Mutex::new(queue),
             room,
             wake: Notify::new(),
             incoming_tx,

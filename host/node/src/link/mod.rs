@@ -259,7 +259,8 @@ pub async fn run(node: Arc<NodeState>, handle: Arc<LinkHandle>, mut shutdown: wa
         dialing: false,
     };
     // Expired messages leave the transmission queue also while the link is down (or its
-    // window is full), so their origin learns of them.
+    // window is full), so their origin learns of them; the sweep ticks only while a message
+    // that can expire waits (a producer's enqueue wakes this task, which then sees it).
     let mut sweep = tokio::time::interval(EXPIRY_SWEEP);
     sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let (mut timeout, mut dial_at) = (Deadline::new(), Deadline::new());
@@ -277,7 +278,7 @@ pub async fn run(node: Arc<NodeState>, handle: Arc<LinkHandle>, mut shutdown: wa
             () = link.drained.notified() => {}
             () = timeout.wait() => link.session.handle_timeout(Instant::now()),
             () = dial_at.wait() => link.start_dial(),
-            _ = sweep.tick() => link.sweep_expired(),
+            _ = sweep.tick(), if link.handle.expiring.load(Ordering::Relaxed) => link.sweep_expired(),
         }
         let _still_stopped = link.apply_reset();
         link.pump();

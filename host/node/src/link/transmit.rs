@@ -12,6 +12,8 @@
 //! own traffic and the traffic it carries for others never starve each other. Order holds
 //! per origin, since one origin's messages all wait on the same side.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use linkbus_plugin_api::Message;
@@ -55,6 +57,9 @@ pub(crate) struct TransmissionQueue {
     len: usize,
     /// No message expires before this (`None`: none expires), so sweeps are cheap.
     next_expiry: Option<Instant>,
+    /// Whether `next_expiry` is set, for the link task to read without the lock: it
+    /// sweeps only while a message that can expire waits.
+    expiring: Arc<AtomicBool>,
     /// Percent of the turns relayed messages get while both kinds wait.
     forward_share: i64,
     /// Per class, relayed messages sent beyond their share (negative: behind it), in
@@ -110,6 +115,7 @@ impl TransmissionQueue {
             turn: 0,
             len: 0,
             next_expiry: None,
+            expiring: Arc::default(),
             forward_share: i64::from(forward_share.clamp(1, 99)),
             balance: [0; CLASSES],
             taken_at: None,
@@ -132,7 +138,13 @@ impl TransmissionQueue {
     fn note_expiry(&mut self, message: &Message, queued_at: Instant) {
         if let Some(at) = Self::expiry(message, queued_at) {
             self.next_expiry = Some(self.next_expiry.map_or(at, |next| next.min(at)));
+            self.expiring.store(true, Ordering::Relaxed);
         }
+    }
+
+    /// Set while a message that can expire may be waiting (read without the queue's lock).
+    pub(crate) fn expiring(&self) -> Arc<AtomicBool> {
+        self.expiring.clone()
     }
 
     /// Messages waiting, all classes together.
@@ -260,6 +272,7 @@ impl TransmissionQueue {
         }
         self.len -= gone;
         self.next_expiry = next;
+        self.expiring.store(next.is_some(), Ordering::Relaxed);
         expired
     }
 
@@ -377,14 +390,17 @@ mod tests {
     fn expired_messages_are_taken_out_of_every_class() {
         let now = Instant::now();
         let mut q = TransmissionQueue::new(10, u64::MAX, 50);
+        let expiring = q.expiring();
         let brief = |n, p| {
             let mut m = message(n, p);
             m.content.lifetime = Some(linkbus_plugin_api::Lifetime::from_ms(100));
             m
         };
-        assert!(q.push(brief(1, Priority::level(1).unwrap()), now));
         assert!(q.push(message(2, Priority::level(1).unwrap()), now));
+        assert!(!expiring.load(Ordering::Relaxed), "nothing that can expire: no sweeps");
+        assert!(q.push(brief(1, Priority::level(1).unwrap()), now));
         assert!(q.push(brief(3, Priority::SYSTEM), now));
+        assert!(expiring.load(Ordering::Relaxed));
         assert!(q.take_expired(now + std::time::Duration::from_millis(99)).is_empty());
         let gone: Vec<u64> = q
             .take_expired(now + std::time::Duration::from_millis(100))
@@ -392,6 +408,7 @@ mod tests {
             .map(|(m, _)| m.id.sequence)
             .collect();
         assert_eq!(gone, [1, 3]);
+        assert!(!expiring.load(Ordering::Relaxed), "the last one that could expire is gone");
         assert_eq!(q.len(), 1);
         assert_eq!(q.pop(|_| true).map(|(m, _, _)| m.id.sequence), Some(2));
     }
