@@ -165,17 +165,13 @@ const RESULT_TICK: Duration = Duration::from_millis(100);
 /// awaited, so a node that tracks no results does not wake for them.
 async fn result_timer(state: Arc<NodeState>, mut shutdown: watch::Receiver<bool>) {
     let mut last = tokio::time::Instant::now();
+    let mut due = link::Deadline::new();
     loop {
-        let next =
-            state.results.next_due().map(|at| tokio::time::Instant::from_std(at).max(last + RESULT_TICK));
-        let due = async {
-            match next {
-                Some(at) => tokio::time::sleep_until(at).await,
-                None => std::future::pending().await,
-            }
-        };
+        due.set(
+            state.results.next_due().map(|at| tokio::time::Instant::from_std(at).max(last + RESULT_TICK)),
+        );
         tokio::select! {
-            () = due => {
+            () = due.wait() => {
                 last = tokio::time::Instant::now();
                 state.time_out_results(std::time::Instant::now());
             }

@@ -101,7 +101,7 @@ impl Active {
     /// # Errors
     /// The socket's, from a write at once (the connection is then done for).
     fn write(&self, mut chunks: Vec<Bytes>) -> std::io::Result<()> {
-        let len: usize = chunks.iter().map(Bytes::len).sum();
+        let mut len: usize = chunks.iter().map(Bytes::len).sum();
         if len <= DIRECT_WRITE_BYTES_MAX
             && self.backlog.load(Ordering::Acquire) == 0
             && let Ok(mut writer) = self.writer.try_lock()
@@ -111,8 +111,8 @@ impl Active {
             if chunks.is_empty() {
                 return Ok(());
             }
+            len = chunks.iter().map(Bytes::len).sum();
         }
-        let len: usize = chunks.iter().map(Bytes::len).sum();
         self.backlog.fetch_add(len, Ordering::Relaxed);
         if self.to_writer.send(chunks).is_err() {
             // The writer is gone (its connection failed): nothing will drain these bytes.
@@ -342,22 +342,23 @@ fn channel_of(message: &Message) -> u8 {
     channel_for(message.content.priority.code(), message.content.kind == Kind::File)
 }
 
-/// A timer kept across the link loop's rounds and moved only when its deadline changes: a
-/// fresh timer each round would register anew each time, and one due before the runtime's
-/// next wake-up wakes the runtime's driver (a system call) each time.
-struct Deadline {
+/// A timer kept across a loop's rounds (the link loop's, the result timer's) and moved only
+/// when its deadline changes: a fresh timer each round would register anew each time, and
+/// one due before the runtime's next wake-up wakes the runtime's driver (a system call)
+/// each time.
+pub(crate) struct Deadline {
     sleep: std::pin::Pin<Box<tokio::time::Sleep>>,
     at: Option<tokio::time::Instant>,
 }
 
 impl Deadline {
-    fn new() -> Self {
+    pub(crate) fn new() -> Self {
         let far = tokio::time::Instant::now() + Duration::from_secs(86_400 * 365);
         Self { sleep: Box::pin(tokio::time::sleep_until(far)), at: None }
     }
 
     /// Fires at `at` from now on (never, for `None`).
-    fn set(&mut self, at: Option<tokio::time::Instant>) {
+    pub(crate) fn set(&mut self, at: Option<tokio::time::Instant>) {
         if at != self.at {
             if let Some(at) = at {
                 self.sleep.as_mut().reset(at);
@@ -367,7 +368,7 @@ impl Deadline {
     }
 
     /// Waits until the deadline (forever while there is none). Cancel-safe.
-    async fn wait(&mut self) {
+    pub(crate) async fn wait(&mut self) {
         if self.at.is_none() {
             return std::future::pending().await;
         }
