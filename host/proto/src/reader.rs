@@ -150,6 +150,45 @@ impl Reader {
         Ok(out)
     }
 
+    /// The bytes not yet read, without reading them.
+    pub fn ahead(&self) -> &[u8] {
+        &self.bytes
+    }
+
+    /// Passes over `n` bytes.
+    ///
+    /// # Errors
+    /// [`ReadError::Truncated`].
+    pub fn skip(&mut self, n: usize) -> Result<(), ReadError> {
+        self.need(n)?;
+        self.bytes.advance(n);
+        Ok(())
+    }
+
+    /// Reads an item of `len` bytes with `read`, its short byte fields copied as by a
+    /// [`Reader::detaching`] over just those bytes, without cutting them out first (which
+    /// moves a count of the input's owners up and down again for each item).
+    ///
+    /// # Errors
+    /// What `read` returns, [`ReadError::Truncated`], or [`ReadError::Invalid`] when `read`
+    /// took other than `len` bytes.
+    pub fn detached_item<T>(
+        &mut self,
+        len: usize,
+        read: impl FnOnce(&mut Self) -> Result<T, ReadError>,
+    ) -> Result<T, ReadError> {
+        self.need(len)?;
+        let (detach, before) = (std::mem::replace(&mut self.detach, true), self.remaining());
+        let item = read(self);
+        self.detach = detach;
+        let (item, took) = (item?, before - self.remaining());
+        if took != len {
+            let detail = format!("{len} bytes declared, {took} read");
+            return Err(ReadError::Invalid { field: "item length", detail });
+        }
+        Ok(item)
+    }
+
     /// Everything left.
     pub fn rest(&mut self) -> Bytes {
         self.bytes.split_off(0)

@@ -9,6 +9,8 @@
 //! flag u8, id u16-len, index u32, last u8), correlation id (present flag u8, u16-len),
 //! payload (u32 len). Nothing may follow the payload.
 
+use std::cell::RefCell;
+
 use bytes::{BufMut, Bytes, BytesMut};
 use linkbus_plugin_api::message::{
     CORRELATION_ID_BYTES_MAX, GROUP_ID_BYTES_MAX, HEADER_KEY_BYTES_MAX, HEADER_VALUE_BYTES_MAX, HEADERS_MAX,
@@ -467,6 +469,80 @@ fn node_name(r: &mut Reader) -> Result<NodeName, ReadError> {
     r.short_str(NodeName::new)?.map_err(|e| invalid("node name", e))
 }
 
+/// The source and the recipients this thread decoded last. Messages come in runs from one
+/// source to the same recipients (a batch, a link's stream), so names whose bytes are those
+/// of the last ones are cloned instead of read and checked again: a name is valid by its
+/// bytes alone, and cloning one held inline copies it.
+struct LastDecoded {
+    source: Option<NodeName>,
+    /// The recipients as encoded (after their count), and what they decoded to.
+    recipients: Option<(Vec<u8>, Recipients)>,
+}
+
+thread_local! {
+    static LAST_DECODED: RefCell<LastDecoded> =
+        const { RefCell::new(LastDecoded { source: None, recipients: None }) };
+}
+
+/// A message's source node name (as [`node_name`]).
+fn source_name(r: &mut Reader) -> Result<NodeName, ReadError> {
+    let last = LAST_DECODED.with_borrow(|last| {
+        let source = last.source.as_ref()?;
+        let name = source.as_str().as_bytes();
+        let ahead = r.ahead();
+        let same = ahead.first().is_some_and(|n| usize::from(*n) == name.len())
+            && ahead.get(1..=name.len()) == Some(name);
+        same.then(|| source.clone())
+    });
+    if let Some(source) = last {
+        r.skip(1 + source.as_str().len())?;
+        return Ok(source);
+    }
+    let source = node_name(r)?;
+    LAST_DECODED.with_borrow_mut(|last| last.source = Some(source.clone()));
+    Ok(source)
+}
+
+/// Bytes that `count` recipients take at the head of `ahead` (two names each, each with its
+/// u8 length), if they are all there.
+fn recipients_span(ahead: &[u8], count: usize) -> Option<usize> {
+    let mut at = 0;
+    for _ in 0..count * 2 {
+        at += 1 + usize::from(*ahead.get(at)?);
+    }
+    (at <= ahead.len()).then_some(at)
+}
+
+/// `count` recipients, each a node and a queue name.
+fn read_recipients(r: &mut Reader, count: usize) -> Result<Recipients, ReadError> {
+    let span = recipients_span(r.ahead(), count);
+    let encoded = span.and_then(|span| r.ahead().get(..span)).unwrap_or_default();
+    let last = LAST_DECODED.with_borrow(|last| {
+        // Same count and same bytes: the same names.
+        let (bytes, recipients) = last.recipients.as_ref().filter(|(b, _)| b[..] == *encoded)?;
+        let mut same = Recipients::new();
+        same.extend(recipients.iter().cloned());
+        Some((bytes.len(), same))
+    });
+    if let Some((span, recipients)) = last
+        && recipients.len() == count
+    {
+        r.skip(span)?;
+        return Ok(recipients);
+    }
+    let encoded = encoded.to_vec();
+    let mut recipients = Recipients::with_capacity(count);
+    for _ in 0..count {
+        let node = node_name(r)?;
+        let queue = r.short_str(QueueName::new)?.map_err(|e| invalid("queue name", e))?;
+        recipients.push(Address::new(node, queue));
+    }
+    if !encoded.is_empty() {
+        LAST_DECODED.with_borrow_mut(|last| last.recipients = Some((encoded, recipients.clone())));
+    }
+    Ok(recipients)
+}
+
 /// Reads a [`Content`] from `r`, leaving the reader after the payload.
 ///
 /// # Errors
@@ -494,12 +570,7 @@ pub fn read_content(r: &mut Reader) -> Result<Content, ReadError> {
     if count == 0 {
         return Err(invalid("recipients", "none"));
     }
-    let mut recipients = Recipients::with_capacity(count);
-    for _ in 0..count {
-        let node = node_name(r)?;
-        let queue = r.short_str(QueueName::new)?.map_err(|e| invalid("queue name", e))?;
-        recipients.push(Address::new(node, queue));
-    }
+    let recipients = read_recipients(r, count)?;
     let count = bounded("headers", r.u8()? as usize, HEADERS_MAX)?;
     let mut headers = Vec::with_capacity(count);
     for _ in 0..count {
@@ -554,7 +625,7 @@ pub fn decode_message(bytes: Bytes) -> Result<Message, ReadError> {
     if format != MESSAGE_FORMAT {
         return Err(invalid("message format", format));
     }
-    let source = node_name(&mut r)?;
+    let source = source_name(&mut r)?;
     let id = MessageId { source, sequence: r.u64()?, created_unix_ms: r.u64()? };
     let hop_count = r.u8()?;
     let flags = r.u8()?;
@@ -720,6 +791,39 @@ mod tests {
         assert!(matches!(decode_message(longer.freeze()), Err(ReadError::Trailing(1))));
         for cut in [0, 1, 10, bytes.len() - 1] {
             assert!(decode_message(bytes.slice(..cut)).is_err());
+        }
+    }
+
+    #[test]
+    fn names_like_the_last_ones_decode_as_their_own_bytes_say() {
+        let with = |source: &str, to: &[&str]| {
+            let mut m = sample();
+            m.id.source = NodeName::new(source).unwrap();
+            m.content.recipients = to.iter().map(|a| a.parse().unwrap()).collect();
+            m
+        };
+        // Each decoded right after the one before on this thread, which keeps the last names.
+        let runs = [
+            with("A", &["B:orders"]),
+            with("A", &["B:orders"]),
+            with("C", &["B:ordert"]),
+            with("A", &["B:orders", "C:orders"]),
+            with("A", &["B:orders"]),
+            with("Abc", &["Bcd:o"]),
+            with("A", &["B:orders"]),
+        ];
+        for m in runs {
+            assert_eq!(decode_message(message_bytes(&m)).unwrap(), m);
+        }
+        // A bad name right after a good one of the same length is still refused.
+        let bytes = message_bytes(&with("A", &["B:orders"]));
+        let queue_at = bytes.windows(6).position(|w| w == b"orders").unwrap();
+        for at in [2, queue_at] {
+            decode_message(bytes.clone()).unwrap();
+            let mut bad = BytesMut::from(&bytes[..]);
+            bad[at] = b'0';
+            let e = decode_message(bad.freeze()).unwrap_err();
+            assert!(e.to_string().contains("must start with a letter"), "{e}");
         }
     }
 

@@ -332,10 +332,7 @@ impl Request {
                     let len = r.u32()? as usize;
                     // Kept in queues: short byte fields get buffers of their own, not
                     // slices of the request.
-                    let mut item = Reader::detaching(r.bytes(len)?);
-                    let content = read_content(&mut item)?;
-                    item.finish()?;
-                    contents.push(content);
+                    contents.push(r.detached_item(len, read_content)?);
                 }
                 Self::Put { contents, timeout_ms, no_wait }
             }
@@ -709,5 +706,28 @@ mod tests {
         }
         assert!(Request::decode(PUT, Bytes::from_static(b"\xff\xff\xff\xff")).is_err());
         assert!(Request::decode(99, Bytes::new()).is_err());
+    }
+
+    #[test]
+    fn a_put_whose_item_lengths_do_not_match_their_contents_is_refused() {
+        let to: linkbus_plugin_api::Address = "B:orders".parse().unwrap();
+        let contents = vec![Content::buf(to.clone(), &b"first"[..]), Content::buf(to, &b"second"[..])];
+        let put = Request::Put { contents: contents.clone(), timeout_ms: 5, no_wait: false };
+        let mut frame = BytesMut::new();
+        put.encode(&mut frame);
+        // The body follows the frame's length and type; the first item's length follows the
+        // timeout, the no-wait flag and the count.
+        let body = frame.split_off(5);
+        let Ok(Request::Put { contents: got, .. }) = Request::decode(PUT, body.clone().freeze()) else {
+            panic!("the put as encoded is read back");
+        };
+        assert_eq!(got, contents);
+        assert!(got.iter().all(|c| c.payload.is_unique()), "short payloads have buffers of their own");
+        let declared = u32::from_be_bytes(body[13..17].try_into().unwrap());
+        for wrong in [declared - 1, declared + 1, 0] {
+            let mut body = body.clone();
+            body[13..17].copy_from_slice(&wrong.to_be_bytes());
+            assert!(Request::decode(PUT, body.freeze()).is_err(), "length {wrong} for {declared}");
+        }
     }
 }
