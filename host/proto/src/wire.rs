@@ -520,8 +520,11 @@ fn read_recipients(r: &mut Reader, count: usize) -> Result<Recipients, ReadError
     let last = LAST_DECODED.with_borrow(|last| {
         // Same count and same bytes: the same names.
         let (bytes, recipients) = last.recipients.as_ref().filter(|(b, _)| b[..] == *encoded)?;
-        let mut same = Recipients::new();
-        same.extend(recipients.iter().cloned());
+        // (One, the common case, made in place: collecting it moves it through the stack.)
+        let same = match &recipients[..] {
+            [one] => Recipients::from_buf([Address::new(one.node.clone(), one.queue.clone())]),
+            more => more.iter().cloned().collect(),
+        };
         Some((bytes.len(), same))
     });
     if let Some((span, recipients)) = last
