@@ -113,3 +113,34 @@ async fn large_messages_cross_a_link_without_waiting_for_a_timer() -> anyhow::Re
     b.shutdown().await;
     Ok(())
 }
+
+/// A batch larger than one request (by count, then by bytes) goes in several requests,
+/// each message once and in order, with one id each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_larger_than_one_request_is_put_in_order() -> anyhow::Result<()> {
+    use linkbus::client::{PUT_BATCH_BYTES_MAX, PUT_BATCH_MESSAGES_MAX};
+    let dir = tempfile::tempdir()?;
+    let (a, b) = pair(dir.path()).await?;
+    let mut producer = a.client();
+    let mut consumer = b.client();
+    let to: linkbus::Address = "B:q".parse()?;
+    let large = PUT_BATCH_BYTES_MAX / 3 - 1024;
+    let mut want: Vec<Vec<u8>> =
+        (0..2 * PUT_BATCH_MESSAGES_MAX + 7).map(|i| format!("m{i}").into_bytes()).collect();
+    want.extend((0..5u8).map(|i| vec![i; large]));
+    let contents: Vec<Content> = want.iter().map(|p| Content::buf(to.clone(), p.clone())).collect();
+    let ids = producer.put_batch(contents).await?;
+    assert_eq!(ids.len(), want.len(), "one id each");
+    assert!(ids.windows(2).all(|w| w[1].sequence == w[0].sequence + 1), "ids in order");
+    let mut got = Vec::new();
+    while got.len() < want.len() {
+        let batch = consumer.get("q", 10_000, Duration::from_secs(5)).await?;
+        assert!(!batch.is_empty(), "all arrive within the wait; got {}", got.len());
+        got.extend(batch.into_iter().map(|m| m.content.payload));
+    }
+    assert!(got.iter().zip(&want).all(|(g, w)| g[..] == w[..]), "each once, in order");
+    assert_eq!(got.len(), want.len());
+    a.shutdown().await;
+    b.shutdown().await;
+    Ok(())
+}

@@ -248,21 +248,30 @@ impl Client {
         contents: Vec<Content>,
         timeout: Duration,
     ) -> Result<Vec<MessageId>, ClientError> {
-        let mut ids = Vec::with_capacity(contents.len());
-        let mut batch = Vec::new();
-        let mut bytes = 0;
-        for content in contents {
-            let size = linkbus_proto::wire::content_encoded_len(&content);
-            if !batch.is_empty()
-                && (bytes + size > PUT_BATCH_BYTES_MAX || batch.len() >= PUT_BATCH_MESSAGES_MAX)
-            {
-                ids.extend(self.put_request(std::mem::take(&mut batch), timeout).await?);
-                bytes = 0;
+        // How many go in each request, from the sizes alone: the contents are moved once,
+        // into their request (as they came, when one request takes them all).
+        let mut counts = Vec::new();
+        let (mut count, mut bytes) = (0, 0);
+        for content in &contents {
+            let size = linkbus_proto::wire::content_encoded_len(content);
+            if count > 0 && (bytes + size > PUT_BATCH_BYTES_MAX || count >= PUT_BATCH_MESSAGES_MAX) {
+                counts.push(count);
+                (count, bytes) = (0, 0);
             }
-            bytes += size;
-            batch.push(content);
+            (count, bytes) = (count + 1, bytes + size);
         }
-        if !batch.is_empty() {
+        if counts.is_empty() {
+            return if contents.is_empty() {
+                Ok(Vec::new())
+            } else {
+                self.put_request(contents, timeout).await
+            };
+        }
+        counts.push(count);
+        let mut ids = Vec::with_capacity(contents.len());
+        let mut contents = contents.into_iter();
+        for count in counts {
+            let batch = contents.by_ref().take(count).collect();
             ids.extend(self.put_request(batch, timeout).await?);
         }
         Ok(ids)
