@@ -670,74 +670,160 @@ impl NodeState {
     ) -> Result<(Vec<u64>, u64), PutError> {
         let deadline = tokio::time::Instant::now() + timeout;
         let created_unix_ms = crate::clock::unix_ms();
-        let mut sequences = Vec::with_capacity(contents.len());
-        // The batch arrives at one instant (read again after waiting for room).
-        let mut now = Instant::now();
-        // A put that may wait keeps pace with a busy link, for a while (see `PACE_WAIT`).
-        let pace_bytes = self.config.links.queue_pace_bytes;
-        let pace_until = (!timeout.is_zero() && pace_bytes > 0)
+        let mut put = OnePut {
+            timeout,
+            deadline,
+            // The batch arrives at one instant (read again after waiting for room).
+            now: Instant::now(),
+            // A put that may wait keeps pace with a busy link, for a while (see `PACE_WAIT`).
+            pace_bytes: self.config.links.queue_pace_bytes,
+            pace_until: None,
+            sequences: Vec::with_capacity(contents.len()),
+            persistent: false,
+        };
+        put.pace_until = (!timeout.is_zero() && put.pace_bytes > 0)
             .then(|| deadline.min(tokio::time::Instant::now() + PACE_WAIT));
-        for (index, content) in contents.into_iter().enumerate() {
-            let message = self.prepare(index, content, created_unix_ms)?;
-            // Undone if the put is refused, or abandoned while it waits.
-            let tracking = self.track([&message]).map_err(|e| put_error(index, e))?;
-            // A message never waits past its lifetime.
-            let (deadline, waits) = match message.content.lifetime {
-                Some(l) if !l.is_unlimited() => {
-                    let life = std::time::Duration::from_millis(l.as_ms());
-                    (deadline.min(tokio::time::Instant::from_std(now) + life), timeout.min(life))
-                }
-                _ => (deadline, timeout),
-            };
-            let (sequence, here) = (message.id.sequence, self.results_here(&message));
-            let is_persistent = message.content.reliability == Reliability::Persistent;
-            // At most half the time the message may wait (its timeout or lifetime), so a put
-            // that was admissible when it came keeps time to find room after pacing.
-            let pace_until = pace_until.map(|until| {
-                let start = tokio::time::Instant::from_std(now);
-                until.min(start + deadline.saturating_duration_since(start) / 2)
-            });
-            loop {
-                // Made before the check, so room given up after it wakes the wait below
-                // (`notify_waiters` reaches every `Notified` made before it, polled or not).
-                let room = self.room.notified();
-                let admission = self.admission.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-                match self.admit_paced(&message, pace_until.map(|_| (pace_bytes, PACE_WAIT))) {
-                    Ok((targets, ahead)) => {
-                        // The clock is read only when a link is ahead.
-                        if let Some(until) = pace_until.filter(|_| ahead)
-                            && tokio::time::Instant::now() < until
-                        {
-                            drop(targets);
-                            drop(admission);
-                            // Woken as the link takes messages; room is checked again after.
-                            let _ = tokio::time::timeout_at(until, room).await;
-                            now = Instant::now();
-                            continue;
-                        }
-                        self.push(message, targets, now).map_err(|e| put_error(index, e))?;
-                        drop(admission);
+        let outcome = self.put_runs(contents, created_unix_ms, &mut put).await;
+        *persistent |= put.persistent;
+        outcome.map(|()| (put.sequences, created_unix_ms))
+    }
+
+    /// Puts `contents` in runs: the messages that go the same way as the one before them
+    /// (see [`same_way`]) are admitted and queued together when they can go at once, under
+    /// one check of the room and one hold of the link's queue; the others, and a run that
+    /// would have to wait, one at a time.
+    async fn put_runs(
+        &self,
+        contents: Vec<Content>,
+        created_unix_ms: u64,
+        put: &mut OnePut,
+    ) -> Result<(), PutError> {
+        let mut contents = contents.into_iter().enumerate();
+        let mut run: Vec<(usize, Message)> = Vec::new();
+        let mut carried = None;
+        loop {
+            run.extend(carried.take());
+            let mut refused = None;
+            for (index, content) in contents.by_ref() {
+                match self.prepare(index, content, created_unix_ms) {
+                    Ok(message)
+                        if run.len() < RUN_MESSAGES_MAX
+                            && run.first().is_none_or(|(_, first)| same_way(first, &message)) =>
+                    {
+                        run.push((index, message));
+                    }
+                    Ok(message) => {
+                        carried = Some((index, message));
                         break;
                     }
-                    Err((ErrorCode::Full, reason)) => {
-                        drop(admission);
-                        let waited = tokio::time::Instant::now() < deadline
-                            && tokio::time::timeout_at(deadline, room).await.is_ok();
-                        now = Instant::now();
-                        if !waited {
-                            let reason = format!("{reason}; no room within {waits:?}, not accepted");
-                            return Err(put_error(index, (ErrorCode::Full, reason)));
-                        }
+                    Err(e) => {
+                        refused = Some(e);
+                        break;
                     }
-                    Err(e) => return Err(put_error(index, e)),
                 }
             }
-            tracking.keep();
-            self.delivered_here(here);
-            *persistent |= is_persistent;
-            sequences.push(sequence);
+            if run.is_empty() {
+                return refused.map_or(Ok(()), Err);
+            }
+            if !(run.len() > 1 && self.admit_run(&mut run, put)) {
+                for (index, message) in run.drain(..) {
+                    self.put_one(index, message, put).await?;
+                }
+            }
+            if let Some(e) = refused {
+                return Err(e);
+            }
         }
-        Ok((sequences, created_unix_ms))
+    }
+
+    /// Queues all of `run` (prepared messages that go the same way, none wanting results)
+    /// when they go to one link, which has room for all of them and is not ahead; says
+    /// whether it did (and then `run` is empty). Anything else, a refusal included, is left
+    /// to [`NodeState::put_one`], which waits or says why.
+    fn admit_run(&self, run: &mut Vec<(usize, Message)>, put: &mut OnePut) -> bool {
+        let _admission = self.admission.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let Some(Ok(targets)) = run.first().map(|(_, first)| self.targets(first)) else { return false };
+        let [(link, picked)] = &targets.remote[..] else { return false };
+        let everyone = run.first().is_some_and(|(_, m)| picked.len() == m.content.recipients.len());
+        if !targets.local.is_empty() || !everyone {
+            return false;
+        }
+        let planned: Vec<(&Message, &Targets<'_>)> = run.iter().map(|(_, m)| (m, &targets)).collect();
+        let pace = put.pace_until.map(|_| (put.pace_bytes, PACE_WAIT));
+        if !matches!(self.check_room(&planned, &[], pace), Ok(false)) {
+            return false;
+        }
+        drop(planned);
+        for (_, message) in run.iter() {
+            put.sequences.push(message.id.sequence);
+            put.persistent |= message.content.reliability == Reliability::Persistent;
+        }
+        link.enqueue_checked_run(run.drain(..).map(|(_, message)| message), put.now);
+        true
+    }
+
+    /// Puts one prepared message: waits for room (up to the put's timeout, never past the
+    /// message's lifetime) and, while a link it goes to is ahead, for the link (see
+    /// `PACE_WAIT`).
+    async fn put_one(&self, index: usize, message: Message, put: &mut OnePut) -> Result<(), PutError> {
+        // Undone if the put is refused, or abandoned while it waits.
+        let tracking = self.track([&message]).map_err(|e| put_error(index, e))?;
+        // A message never waits past its lifetime.
+        let (deadline, waits) = match message.content.lifetime {
+            Some(l) if !l.is_unlimited() => {
+                let life = std::time::Duration::from_millis(l.as_ms());
+                (put.deadline.min(tokio::time::Instant::from_std(put.now) + life), put.timeout.min(life))
+            }
+            _ => (put.deadline, put.timeout),
+        };
+        let (sequence, here) = (message.id.sequence, self.results_here(&message));
+        let is_persistent = message.content.reliability == Reliability::Persistent;
+        // At most half the time the message may wait (its timeout or lifetime), so a put
+        // that was admissible when it came keeps time to find room after pacing.
+        let pace_until = put.pace_until.map(|until| {
+            let start = tokio::time::Instant::from_std(put.now);
+            until.min(start + deadline.saturating_duration_since(start) / 2)
+        });
+        loop {
+            // Made before the check, so room given up after it wakes the wait below
+            // (`notify_waiters` reaches every `Notified` made before it, polled or not).
+            let room = self.room.notified();
+            let admission = self.admission.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            match self.admit_paced(&message, pace_until.map(|_| (put.pace_bytes, PACE_WAIT))) {
+                Ok((targets, ahead)) => {
+                    // The clock is read only when a link is ahead.
+                    if let Some(until) = pace_until.filter(|_| ahead)
+                        && tokio::time::Instant::now() < until
+                    {
+                        drop(targets);
+                        drop(admission);
+                        // Woken as the link takes messages; room is checked again after.
+                        let _ = tokio::time::timeout_at(until, room).await;
+                        put.now = Instant::now();
+                        continue;
+                    }
+                    self.push(message, targets, put.now).map_err(|e| put_error(index, e))?;
+                    drop(admission);
+                    break;
+                }
+                Err((ErrorCode::Full, reason)) => {
+                    drop(admission);
+                    let waited = tokio::time::Instant::now() < deadline
+                        && tokio::time::timeout_at(deadline, room).await.is_ok();
+                    put.now = Instant::now();
+                    if !waited {
+                        let reason = format!("{reason}; no room within {waits:?}, not accepted");
+                        return Err(put_error(index, (ErrorCode::Full, reason)));
+                    }
+                }
+                Err(e) => return Err(put_error(index, e)),
+            }
+        }
+        tracking.keep();
+        self.delivered_here(here);
+        put.persistent |= is_persistent;
+        put.sequences.push(sequence);
+        Ok(())
     }
 
     /// Checks one content from a client and makes it a message.
@@ -1593,6 +1679,35 @@ fn result_event(id: &MessageId, recipient: &Address, outcome: &Outcome) -> Event
     event
 }
 
+/// Messages of one put admitted together at most (see [`NodeState::put_runs`]): enough to
+/// take the per-message checks and locks off a batch, few enough that other puts wait
+/// little for the admission lock.
+const RUN_MESSAGES_MAX: usize = 256;
+
+/// Whether `b` goes the way `a` goes: to the same recipients, in the same transmission
+/// class, neither wanting results (tracked one message at a time).
+fn same_way(a: &Message, b: &Message) -> bool {
+    !a.content.results
+        && !b.content.results
+        && a.content.recipients == b.content.recipients
+        && LinkHandle::same_class(a, b)
+}
+
+/// A put under way: its limits, and what it accepted so far.
+struct OnePut {
+    timeout: std::time::Duration,
+    deadline: tokio::time::Instant,
+    /// When the messages arrived (read again after a wait).
+    now: Instant,
+    pace_bytes: u64,
+    /// Until when a put keeps pace with a busy link (none for one that may not wait).
+    pace_until: Option<tokio::time::Instant>,
+    /// The accepted messages' sequence numbers, in order.
+    sequences: Vec<u64>,
+    /// Whether an accepted message is persistent.
+    persistent: bool,
+}
+
 fn put_error(index: usize, (code, message): (ErrorCode, String)) -> PutError {
     PutError { code, accepted: index as u32, message: format!("message {}: {message}", index + 1) }
 }
@@ -1901,6 +2016,36 @@ mod tests {
             self.flush();
             Ok(())
         }
+    }
+
+    /// A put's messages to one link go in runs, each checked and queued at once when it
+    /// fits; a run without room goes one message at a time, so as many as fit are accepted
+    /// and the refusal counts them; other messages break a run, and order holds throughout.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn runs_of_a_put_are_queued_together_and_one_at_a_time_when_they_do_not_fit() {
+        let n = node("links: { queue_messages_max: 700, queue_pace_bytes: 0 }");
+        let link = n.links.get(&NodeName::new("B").unwrap()).unwrap().clone();
+        let to = |address: &str, i: usize| Content::buf(address.parse().unwrap(), format!("m{i}"));
+        let wait = std::time::Duration::from_secs(1);
+        // 600 to B: runs of 256, 256 and 88, all fitting.
+        let (sequences, _) = n.put_waiting((0..600).map(|i| to("B:q", i)).collect(), wait).await.unwrap();
+        assert_eq!(sequences.len(), 600);
+        assert!(sequences.windows(2).all(|w| w[1] == w[0] + 1), "one id each, in order");
+        assert_eq!(link.queued(), 600);
+        // Local messages and a message wanting results end runs; each goes where it should.
+        let mut mixed: Vec<Content> = (0..5).map(|i| to("B:q", i)).collect();
+        mixed.extend((0..3).map(|i| to("A:q", i)));
+        mixed.push(to("B:q", 99).with_results());
+        mixed.extend((0..4).map(|i| to("B:q", i)));
+        let (sequences, _) = n.put_waiting(mixed, wait).await.unwrap();
+        assert!(sequences.windows(2).all(|w| w[1] > w[0]), "in the order given");
+        assert_eq!((link.queued(), n.queues.get("q").unwrap().len()), (610, 3));
+        // 200 more with room for 90: the run does not fit, so they go one at a time.
+        let e = n.put_waiting((0..200).map(|i| to("B:q", i)).collect(), std::time::Duration::ZERO).await;
+        let e = e.unwrap_err();
+        assert_eq!((e.code, e.accepted), (ErrorCode::Full, 90), "{}", e.message);
+        assert!(e.message.starts_with("message 91:"), "{}", e.message);
+        assert_eq!(link.queued(), 700);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

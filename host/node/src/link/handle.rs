@@ -237,10 +237,18 @@ impl LinkHandle {
 
     /// Queues a message whose room [`LinkHandle::has_room_for_many`] confirmed (see
     /// `TransmissionQueue::push_checked`).
-    pub fn enqueue_checked(&self, mut message: Message, now: Instant) {
+    pub fn enqueue_checked(&self, message: Message, now: Instant) {
+        self.enqueue_checked_run(std::iter::once(message), now);
+    }
+
+    /// Queues messages whose room was confirmed together, in order, under one hold of the
+    /// queue's lock.
+    pub fn enqueue_checked_run(&self, messages: impl IntoIterator<Item = Message>, now: Instant) {
         let mut queue = self.lock();
-        let key = self.record_queued(&mut message);
-        queue.push_checked(message, now, key);
+        for mut message in messages {
+            let key = self.record_queued(&mut message);
+            queue.push_checked(message, now, key);
+        }
         drop(queue);
         self.wake.notify_one();
     }
