@@ -11,7 +11,7 @@ use linkbus_plugin_api::{
     Address, Batch, Content, Lifetime, Message, MessageId, NodeName, PluginError, QueueName, Reliability,
     Store, StoreError, Transport,
 };
-use linkbus_proto::wire::{address_encoded_len, encoded_len_without_recipients};
+use linkbus_proto::wire::{address_encoded_len, encoded_len, encoded_len_without_recipients};
 use smallvec::SmallVec;
 use tracing::{debug, warn};
 
@@ -1309,6 +1309,58 @@ impl NodeState {
         self.deliver_with(message, now, Batch::new())
     }
 
+    /// Whether a message that arrived over a link may join a delivery run (see
+    /// [`NodeState::deliver_run`]): volatile (nothing to record), wanting no results, not
+    /// one of the node's own system messages.
+    pub fn may_run(message: &Message) -> bool {
+        message.content.reliability == Reliability::Volatile
+            && !message.content.results
+            && !message.content.priority.is_system()
+    }
+
+    /// Whether `b` may join the delivery run `a` started: the same recipients, as many hops.
+    pub fn runs_with(a: &Message, b: &Message) -> bool {
+        a.hop_count == b.hop_count && a.content.recipients == b.content.recipients
+    }
+
+    /// Delivers a run of messages that arrived over a link ([`NodeState::may_run`], each
+    /// [`NodeState::runs_with`] the first) at once, when their recipients are on one node
+    /// and they go to one place with room for all of them: one local queue, or the link
+    /// towards that node (a relay). Says whether
+    /// it did (`messages` is empty then); otherwise nothing was delivered, and each goes
+    /// through [`NodeState::deliver_with`], which finds each its place or dead letter.
+    pub fn deliver_run(&self, messages: &mut Vec<Message>, now: Instant) -> bool {
+        let Some(first) = messages.first() else { return true };
+        let (count, recipients) = (messages.len(), &first.content.recipients);
+        let Some(to) = recipients.first() else { return false };
+        if recipients.iter().any(|r| r.node != to.node || (r.node == *self.name() && r.queue != to.queue)) {
+            return false;
+        }
+        if &to.node == self.name() {
+            let Some(queue) = self.queues.get(&to.queue) else { return false };
+            let max = queue.config().message_bytes_max;
+            if messages.iter().any(|m| m.content.payload.len() as u64 > max) || !queue.has_room(count) {
+                return false;
+            }
+            queue.push_run(messages.drain(..), now);
+            return true;
+        }
+        if u64::from(first.hop_count) >= self.config.messages.hop_count_max {
+            return false;
+        }
+        let Ok(link) = self.link_towards(&to.node) else { return false };
+        let bytes: usize = messages.iter().map(encoded_len).sum();
+        if !link.has_room_for_many(first, count, bytes as u64) {
+            return false;
+        }
+        let onwards = messages.drain(..).map(|mut m| {
+            m.hop_count = m.hop_count.saturating_add(1);
+            m
+        });
+        link.enqueue_checked_run(onwards, now);
+        true
+    }
+
     /// Like [`NodeState::deliver`], writing `with` (a link's record of what it delivered) in
     /// the same store batch as the message's first queue, or on its own after it.
     ///
@@ -2016,6 +2068,54 @@ mod tests {
             self.flush();
             Ok(())
         }
+    }
+
+    /// A run of arrived messages goes at once to its one local queue or its one next hop
+    /// (its hop count raised) when all of it fits; anything else is left, untouched, to
+    /// the delivery of single messages.
+    #[test]
+    fn a_delivery_run_goes_at_once_where_it_all_fits_and_is_left_whole_otherwise() {
+        let text = "node: { name: A, listen: none }\npeers: [ { name: B }, { name: C } ]\n\
+                    queues: [ { name: q, queue_messages_max: 10 }, { name: r } ]\n\
+                    routes: [ { to: 'D*', via: B } ]\nsecurity: { insecure_plaintext: true }\n\
+                    plugins: { store: { kind: memory } }";
+        let n = NodeState::new(config::from_value(&config::parse_yaml(text).unwrap()).unwrap()).unwrap();
+        let arrived = |to: &[&str], count: usize| -> Vec<Message> {
+            (0..count)
+                .map(|i| {
+                    let mut content = Content::buf(to[0].parse().unwrap(), format!("m{i}"));
+                    content.recipients.extend(to[1..].iter().map(|a| a.parse().unwrap()));
+                    let mut m = n.stamp(content, 0);
+                    m.hop_count = 1;
+                    m
+                })
+                .collect()
+        };
+        let now = Instant::now();
+        let q = n.queues.get("q").unwrap().clone();
+        let mut run = arrived(&["A:q"], 8);
+        assert!(n.deliver_run(&mut run, now) && run.is_empty());
+        assert_eq!(q.len(), 8);
+        let mut run = arrived(&["A:q"], 3);
+        assert!(!n.deliver_run(&mut run, now), "no room for all three");
+        assert_eq!((run.len(), q.len()), (3, 8), "left whole");
+        let not_one_place =
+            [&["A:q", "A:r"][..], &["A:q", "B:q"], &["B:q", "C:q"], &["D1:q", "B:q"], &["A:nope"]];
+        for two_places in not_one_place {
+            let mut run = arrived(two_places, 2);
+            assert!(!n.deliver_run(&mut run, now), "{two_places:?}");
+            assert_eq!(run.len(), 2);
+        }
+        let link = n.links.get(&NodeName::new("B").unwrap()).unwrap().clone();
+        let mut run = arrived(&["D1:q", "D1:r"], 5);
+        assert!(n.deliver_run(&mut run, now) && run.is_empty());
+        assert_eq!(link.queued(), 5, "relayed to the next hop");
+        let mut run = arrived(&["B:q"], 2);
+        for m in &mut run {
+            m.hop_count = u8::try_from(n.config.messages.hop_count_max).unwrap();
+        }
+        assert!(!n.deliver_run(&mut run, now), "at the hop limit: dead letters, one by one");
+        assert_eq!(link.queued(), 5);
     }
 
     /// A put's messages to one link go in runs, each checked and queued at once when it

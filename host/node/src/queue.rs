@@ -486,6 +486,23 @@ impl LocalQueue {
         Ok(())
     }
 
+    /// Queues `messages` in order under one hold of the lock, past the queue's bound (a
+    /// link's delivery run, whose room was checked for all of them), waking waiting
+    /// consumers once.
+    pub fn push_run(&self, messages: impl IntoIterator<Item = Message>, now: Instant) {
+        let mut levels = self.lock();
+        for mut message in messages {
+            let key = levels.next_key;
+            let mut batch = Batch::new();
+            self.put_op(&mut batch, key, &mut message);
+            self.committer.write(batch);
+            levels.next_key += 1;
+            push_entry(&mut levels, self.config.order, Entry { key, message, enqueued_at: now });
+        }
+        drop(levels);
+        self.notify.notify_waiters();
+    }
+
     /// Takes messages within `limits`, dropping expired ones on the way: stops before the
     /// total encoded size would pass `total_bytes_max` (the first message is not held to
     /// it), and takes nothing when the first message is larger than `message_bytes_max`

@@ -57,6 +57,32 @@ pub const WRITE_BACKLOG_BYTES_MAX: usize = 16 << 20;
 /// writes no more packets: enough to keep the connection busy, small enough that a packet
 /// of an urgent channel is not queued behind much.
 pub const DATA_BACKLOG_BYTES: usize = 256 << 10;
+
+/// Messages delivered together at most (see `NodeState::deliver_run`).
+const RUN_MESSAGES_MAX: usize = 256;
+
+/// What one round of a session's events brought in.
+#[derive(Default)]
+struct Arrivals {
+    /// Messages that arrived one after another and may be delivered together, not yet
+    /// delivered (see `NodeState::deliver_run`).
+    messages: Vec<Message>,
+    /// Each of those messages' channel and sequence number.
+    numbers: Vec<(u8, u64)>,
+    /// Per channel, the last number delivered or skipped: what to acknowledge.
+    delivered: [Option<u64>; CHANNELS],
+    /// Whether a message the sender counts as kept came: its number is synced before the
+    /// acknowledgement.
+    persistent: bool,
+}
+
+impl Arrivals {
+    fn delivered(&mut self, channel: u8, sequence: u64) {
+        if let Some(slot) = self.delivered.get_mut(usize::from(channel)) {
+            *slot = Some(sequence);
+        }
+    }
+}
 /// Writes of at most this many bytes go straight to the socket while nothing waits for the
 /// writer task (a quiet link's, where skipping the writer's wake-up shortens a round trip);
 /// a busy link's larger writes go through the writer task (writing those in the link task
@@ -821,41 +847,103 @@ impl Link {
         }
     }
 
+    /// Takes a message that arrived: into the run of those before it when it may go with
+    /// them (see `NodeState::deliver_run`), else after delivering that run, on its own.
+    ///
+    /// # Errors
+    /// As [`Link::deliver`].
+    fn received(
+        &mut self,
+        arrivals: &mut Arrivals,
+        (channel, sequence): (u8, u64),
+        mut message: Message,
+        now: Instant,
+    ) -> Result<(), String> {
+        // The sender counts what is not volatile on the wire as kept: its number is synced
+        // before the acknowledgement, whatever the queue makes of it.
+        let kept = message.content.reliability != linkbus_plugin_api::Reliability::Volatile;
+        // Resolved once here (`deliver_with` then finds it resolved).
+        message.content.reliability = self.node.reliability_of(&message.content);
+        let runs = !kept && NodeState::may_run(&message);
+        let joins = arrivals.messages.first().is_none_or(|first| NodeState::runs_with(first, &message))
+            && arrivals.messages.len() < RUN_MESSAGES_MAX;
+        if !(runs && joins) {
+            self.deliver(arrivals, now)?;
+        }
+        if runs {
+            arrivals.messages.push(message);
+            arrivals.numbers.push((channel, sequence));
+            return Ok(());
+        }
+        let stored = message.content.reliability == linkbus_plugin_api::Reliability::Persistent;
+        arrivals.persistent |= kept || stored;
+        // A stored message and the number after it are written together.
+        let with = if stored { self.recorded.delivered(channel, sequence) } else { Batch::new() };
+        if let Err(e) = self.node.deliver_with(message, now, with) {
+            warn!(peer = self.peer(), error = %e, "Cannot take delivery; dropping the connection.");
+            return Err(e.to_string());
+        }
+        self.handle.received_total.fetch_add(1, Ordering::Relaxed);
+        arrivals.delivered(channel, sequence);
+        Ok(())
+    }
+
+    /// Delivers the run waiting in `arrivals`: together when it can
+    /// (`NodeState::deliver_run`), else one message at a time as any other; marks what was
+    /// delivered for acknowledgement.
+    ///
+    /// # Errors
+    /// Why a message could not be taken (the connection is dropped then; it and those after
+    /// it are not acknowledged).
+    fn deliver(&mut self, arrivals: &mut Arrivals, now: Instant) -> Result<(), String> {
+        if arrivals.messages.is_empty() {
+            return Ok(());
+        }
+        let together = self.node.deliver_run(&mut arrivals.messages, now);
+        let mut messages = std::mem::take(&mut arrivals.messages).into_iter();
+        let mut taken = 0u64;
+        let mut outcome = Ok(());
+        for (channel, sequence) in std::mem::take(&mut arrivals.numbers) {
+            let message = messages.next().filter(|_| !together);
+            if let Some(Err(e)) = message.map(|m| self.node.deliver_with(m, now, Batch::new())) {
+                warn!(peer = self.peer(), error = %e, "Cannot take delivery; dropping the connection.");
+                outcome = Err(e.to_string());
+                break;
+            }
+            taken += 1;
+            arrivals.delivered(channel, sequence);
+        }
+        self.handle.received_total.fetch_add(taken, Ordering::Relaxed);
+        outcome
+    }
+
     /// Returns whether anything happened that may let more work through.
     fn handle_events(&mut self) -> bool {
         let mut progressed = false;
-        let mut delivered = [None; CHANNELS];
+        let mut arrivals = Arrivals::default();
         let mut closed = None;
-        let mut persistent = false;
         let now = Instant::now();
         while let Some(event) = self.session.poll_event() {
             progressed = true;
+            if let SessionEvent::Received { channel, sequence, message } = event {
+                if let Err(e) = self.received(&mut arrivals, (channel, sequence), message, now) {
+                    closed = Some(e);
+                    break;
+                }
+                continue;
+            }
+            // Whatever else happens, after the messages that came before it.
+            if let Err(e) = self.deliver(&mut arrivals, now) {
+                closed = Some(e);
+                break;
+            }
             match event {
                 SessionEvent::Established { peer_restarted, resent, resumed_bytes, lost_by_peer } => {
                     self.established(peer_restarted, resent, resumed_bytes, lost_by_peer);
                 }
-                SessionEvent::Received { channel, sequence, mut message } => {
-                    // The sender counts what is not volatile on the wire as kept: its number
-                    // is synced before the acknowledgement, whatever the queue makes of it.
-                    persistent |= message.content.reliability != linkbus_plugin_api::Reliability::Volatile;
-                    // Resolved once here (`deliver_with` then finds it resolved).
-                    message.content.reliability = self.node.reliability_of(&message.content);
-                    let stored = message.content.reliability == linkbus_plugin_api::Reliability::Persistent;
-                    persistent |= stored;
-                    // A stored message and the number after it are written together.
-                    let with = if stored { self.recorded.delivered(channel, sequence) } else { Batch::new() };
-                    if let Err(e) = self.node.deliver_with(message, now, with) {
-                        warn!(peer = self.peer(), error = %e, "Cannot take delivery; dropping the connection.");
-                        closed = Some(e.to_string());
-                        break;
-                    }
-                    self.handle.received_total.fetch_add(1, Ordering::Relaxed);
-                    if let Some(slot) = delivered.get_mut(channel as usize) {
-                        *slot = Some(sequence);
-                    }
-                }
+                SessionEvent::Received { .. } => {}
                 SessionEvent::Skipped { channel, sequence, expired, durable } => {
-                    persistent |= durable;
+                    arrivals.persistent |= durable;
                     if let Some(id) = expired {
                         warn!(peer = self.peer(), %id, "Message expired on its way here; dropped.");
                         let text = format!("message {id} expired on its way from {}", self.peer());
@@ -863,9 +951,7 @@ impl Link {
                             Event::new(EventKind::Expired, text).with("id", id).with("peer", self.peer()),
                         );
                     }
-                    if let Some(slot) = delivered.get_mut(channel as usize) {
-                        *slot = Some(sequence);
-                    }
+                    arrivals.delivered(channel, sequence);
                 }
                 SessionEvent::Dropped { message, reason } => self.dropped(message, reason, now),
                 SessionEvent::Acked { channel, through, messages } => self.acked(channel, through, messages),
@@ -875,7 +961,12 @@ impl Link {
                 }
             }
         }
-        if !self.acknowledge(delivered, persistent, now) {
+        if closed.is_none()
+            && let Err(e) = self.deliver(&mut arrivals, now)
+        {
+            closed = Some(e);
+        }
+        if !self.acknowledge(arrivals.delivered, arrivals.persistent, now) {
             closed.get_or_insert_with(|| "store failed".to_owned());
         }
         if let Some(reason) = closed {
