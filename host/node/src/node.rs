@@ -702,14 +702,17 @@ impl NodeState {
         let mut run: Vec<(usize, Message)> = Vec::new();
         let mut carried = None;
         loop {
+            let mut bytes = 0;
             run.extend(carried.take());
             let mut refused = None;
             for (index, content) in contents.by_ref() {
                 match self.prepare(index, content, created_unix_ms) {
                     Ok(message)
                         if run.len() < RUN_MESSAGES_MAX
+                            && bytes < RUN_BYTES_MAX
                             && run.first().is_none_or(|(_, first)| same_way(first, &message)) =>
                     {
+                        bytes += message.content.payload.len();
                         run.push((index, message));
                     }
                     Ok(message) => {
@@ -1318,9 +1321,12 @@ impl NodeState {
             && !message.content.priority.is_system()
     }
 
-    /// Whether `b` may join the delivery run `a` started: the same recipients, as many hops.
+    /// Whether `b` may join the delivery run `a` started: the same recipients, as many hops,
+    /// the same transmission class (a relayed run's room is checked in one class).
     pub fn runs_with(a: &Message, b: &Message) -> bool {
-        a.hop_count == b.hop_count && a.content.recipients == b.content.recipients
+        a.hop_count == b.hop_count
+            && a.content.recipients == b.content.recipients
+            && LinkHandle::same_class(a, b)
     }
 
     /// Delivers a run of messages that arrived over a link ([`NodeState::may_run`], each
@@ -1736,6 +1742,12 @@ fn result_event(id: &MessageId, recipient: &Address, outcome: &Outcome) -> Event
 /// little for the admission lock.
 const RUN_MESSAGES_MAX: usize = 256;
 
+/// Payload bytes a run (of a put, or of deliveries from a link) gathers at most before it
+/// ends: a run's room is checked once, and a class with no bytes takes any size, so this
+/// bounds how far a run can go past a class's byte bound or its pace (see `PACE_WAIT`)
+/// where single messages would have stopped after the first.
+pub const RUN_BYTES_MAX: usize = 256 << 10;
+
 /// Whether `b` goes the way `a` goes: to the same recipients, in the same transmission
 /// class, neither wanting results (tracked one message at a time).
 fn same_way(a: &Message, b: &Message) -> bool {
@@ -2106,6 +2118,14 @@ mod tests {
             assert!(!n.deliver_run(&mut run, now), "{two_places:?}");
             assert_eq!(run.len(), 2);
         }
+        // Only messages of one class run together: a relayed run's room is checked in one.
+        let (a, mut b) = (arrived(&["D1:q"], 1).remove(0), arrived(&["D1:q"], 1).remove(0));
+        assert!(NodeState::runs_with(&a, &b));
+        b.content.priority = Priority::level(9).unwrap();
+        assert!(!NodeState::runs_with(&a, &b), "another priority");
+        b = a.clone();
+        b.hop_count += 1;
+        assert!(!NodeState::runs_with(&a, &b), "another hop count");
         let link = n.links.get(&NodeName::new("B").unwrap()).unwrap().clone();
         let mut run = arrived(&["D1:q", "D1:r"], 5);
         assert!(n.deliver_run(&mut run, now) && run.is_empty());

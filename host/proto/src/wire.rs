@@ -533,17 +533,30 @@ fn read_recipients(r: &mut Reader, count: usize) -> Result<Recipients, ReadError
         r.skip(span)?;
         return Ok(recipients);
     }
-    let encoded = encoded.to_vec();
-    let mut recipients = Recipients::with_capacity(count);
-    for _ in 0..count {
-        let node = node_name(r)?;
-        let queue = r.short_str(QueueName::new)?.map_err(|e| invalid("queue name", e))?;
-        recipients.push(Address::new(node, queue));
+    // The bytes are kept first (in the buffer of the last ones), as reading moves past
+    // them; the names follow once read, or nothing is kept.
+    let keep = !encoded.is_empty();
+    if keep {
+        LAST_DECODED.with_borrow_mut(|last| {
+            let (bytes, _) = last.recipients.get_or_insert_default();
+            bytes.clear();
+            bytes.extend_from_slice(encoded);
+        });
     }
-    if !encoded.is_empty() {
-        LAST_DECODED.with_borrow_mut(|last| last.recipients = Some((encoded, recipients.clone())));
+    let read = (0..count)
+        .map(|_| {
+            let node = node_name(r)?;
+            let queue = r.short_str(QueueName::new)?.map_err(|e| invalid("queue name", e))?;
+            Ok(Address::new(node, queue))
+        })
+        .collect::<Result<Recipients, ReadError>>();
+    if keep {
+        LAST_DECODED.with_borrow_mut(|last| match (&read, last.recipients.as_mut()) {
+            (Ok(recipients), Some((_, kept))) => kept.clone_from(recipients),
+            _ => last.recipients = None,
+        });
     }
-    Ok(recipients)
+    read
 }
 
 /// Reads a [`Content`] from `r`, leaving the reader after the payload.
@@ -828,6 +841,8 @@ mod tests {
             let e = decode_message(bad.freeze()).unwrap_err();
             assert!(e.to_string().contains("must start with a letter"), "{e}");
         }
+        // What a refused read left behind is not taken for names.
+        assert_eq!(decode_message(bytes).unwrap(), with("A", &["B:orders"]));
     }
 
     proptest! {

@@ -69,6 +69,8 @@ struct Arrivals {
     messages: Vec<Message>,
     /// Each of those messages' channel and sequence number.
     numbers: Vec<(u8, u64)>,
+    /// Their payload bytes.
+    bytes: usize,
     /// Per channel, the last number delivered or skipped: what to acknowledge.
     delivered: [Option<u64>; CHANNELS],
     /// Whether a message the sender counts as kept came: its number is synced before the
@@ -866,11 +868,13 @@ impl Link {
         message.content.reliability = self.node.reliability_of(&message.content);
         let runs = !kept && NodeState::may_run(&message);
         let joins = arrivals.messages.first().is_none_or(|first| NodeState::runs_with(first, &message))
-            && arrivals.messages.len() < RUN_MESSAGES_MAX;
+            && arrivals.messages.len() < RUN_MESSAGES_MAX
+            && arrivals.bytes < crate::node::RUN_BYTES_MAX;
         if !(runs && joins) {
             self.deliver(arrivals, now)?;
         }
         if runs {
+            arrivals.bytes += message.content.payload.len();
             arrivals.messages.push(message);
             arrivals.numbers.push((channel, sequence));
             return Ok(());
@@ -900,6 +904,7 @@ impl Link {
             return Ok(());
         }
         let together = self.node.deliver_run(&mut arrivals.messages, now);
+        arrivals.bytes = 0;
         let mut messages = std::mem::take(&mut arrivals.messages).into_iter();
         let mut taken = 0u64;
         let mut outcome = Ok(());
@@ -932,16 +937,22 @@ impl Link {
                 }
                 continue;
             }
-            // Whatever else happens, after the messages that came before it.
-            if let Err(e) = self.deliver(&mut arrivals, now) {
-                closed = Some(e);
-                break;
-            }
+            // Whatever else happens, after the messages that came before it. The event was
+            // taken from the session, so it is handled even when they could not be taken
+            // (the connection is dropped then, and nothing after them is acknowledged).
+            let taken = match self.deliver(&mut arrivals, now) {
+                Ok(()) => true,
+                Err(e) => {
+                    closed = Some(e);
+                    false
+                }
+            };
             match event {
                 SessionEvent::Established { peer_restarted, resent, resumed_bytes, lost_by_peer } => {
                     self.established(peer_restarted, resent, resumed_bytes, lost_by_peer);
                 }
                 SessionEvent::Received { .. } => {}
+                SessionEvent::Skipped { .. } if !taken => {}
                 SessionEvent::Skipped { channel, sequence, expired, durable } => {
                     arrivals.persistent |= durable;
                     if let Some(id) = expired {
@@ -959,6 +970,9 @@ impl Link {
                     closed = Some(self.closed(&error));
                     break;
                 }
+            }
+            if !taken {
+                break;
             }
         }
         if closed.is_none()
