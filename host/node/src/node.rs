@@ -670,19 +670,19 @@ impl NodeState {
     ) -> Result<(Vec<u64>, u64), PutError> {
         let deadline = tokio::time::Instant::now() + timeout;
         let created_unix_ms = crate::clock::unix_ms();
+        // A put that may wait keeps pace with a busy link, for a while (see `PACE_WAIT`).
+        let pace_bytes = self.config.links.queue_pace_bytes;
         let mut put = OnePut {
             timeout,
             deadline,
             // The batch arrives at one instant (read again after waiting for room).
             now: Instant::now(),
-            // A put that may wait keeps pace with a busy link, for a while (see `PACE_WAIT`).
-            pace_bytes: self.config.links.queue_pace_bytes,
-            pace_until: None,
+            pace_bytes,
+            pace_until: (!timeout.is_zero() && pace_bytes > 0)
+                .then(|| deadline.min(tokio::time::Instant::now() + PACE_WAIT)),
             sequences: Vec::with_capacity(contents.len()),
             persistent: false,
         };
-        put.pace_until = (!timeout.is_zero() && put.pace_bytes > 0)
-            .then(|| deadline.min(tokio::time::Instant::now() + PACE_WAIT));
         let outcome = self.put_runs(contents, created_unix_ms, &mut put).await;
         *persistent |= put.persistent;
         outcome.map(|()| (put.sequences, created_unix_ms))

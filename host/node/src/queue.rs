@@ -461,7 +461,7 @@ impl LocalQueue {
     /// As [`LocalQueue::push`].
     pub fn push_bounded_with(
         &self,
-        mut message: Message,
+        message: Message,
         now: Instant,
         max: u64,
         with: Batch,
@@ -470,17 +470,7 @@ impl LocalQueue {
         if (levels.len + levels.pending.len()) as u64 >= max {
             return Err(QueueError::Full { queue: self.config.name.clone(), max });
         }
-        let key = levels.next_key;
-        let mut batch = Batch::new();
-        // Under the lock, so the store's order of puts and deletes matches the queue's; a
-        // volatile message is never written. The write is not synced here: whoever needs a
-        // persistent message durable (a put's answer, a link's acknowledgement) waits for a
-        // sync after it (group commit, `storage.rs`).
-        self.put_op(&mut batch, key, &mut message);
-        batch.ops.extend(with.ops);
-        self.committer.write(batch);
-        levels.next_key += 1;
-        push_entry(&mut levels, self.config.order, Entry { key, message, enqueued_at: now });
+        self.push_locked(&mut levels, message, now, with);
         drop(levels);
         self.notify.notify_waiters();
         Ok(())
@@ -491,16 +481,26 @@ impl LocalQueue {
     /// consumers once.
     pub fn push_run(&self, messages: impl IntoIterator<Item = Message>, now: Instant) {
         let mut levels = self.lock();
-        for mut message in messages {
-            let key = levels.next_key;
-            let mut batch = Batch::new();
-            self.put_op(&mut batch, key, &mut message);
-            self.committer.write(batch);
-            levels.next_key += 1;
-            push_entry(&mut levels, self.config.order, Entry { key, message, enqueued_at: now });
+        for message in messages {
+            self.push_locked(&mut levels, message, now, Batch::new());
         }
         drop(levels);
         self.notify.notify_waiters();
+    }
+
+    /// Gives `message` the next key, writes it (with `with` after it) and queues it.
+    fn push_locked(&self, levels: &mut Levels, mut message: Message, now: Instant, with: Batch) {
+        let key = levels.next_key;
+        let mut batch = Batch::new();
+        // Under the lock, so the store's order of puts and deletes matches the queue's; a
+        // volatile message is never written. The write is not synced here: whoever needs a
+        // persistent message durable (a put's answer, a link's acknowledgement) waits for a
+        // sync after it (group commit, `storage.rs`).
+        self.put_op(&mut batch, key, &mut message);
+        batch.ops.extend(with.ops);
+        self.committer.write(batch);
+        levels.next_key += 1;
+        push_entry(levels, self.config.order, Entry { key, message, enqueued_at: now });
     }
 
     /// Takes messages within `limits`, dropping expired ones on the way: stops before the

@@ -472,7 +472,8 @@ fn node_name(r: &mut Reader) -> Result<NodeName, ReadError> {
 /// The source and the recipients this thread decoded last. Messages come in runs from one
 /// source to the same recipients (a batch, a link's stream), so names whose bytes are those
 /// of the last ones are cloned instead of read and checked again: a name is valid by its
-/// bytes alone, and cloning one held inline copies it.
+/// bytes alone (a clone copies a name held inline, and counts a longer queue name's
+/// shared string).
 struct LastDecoded {
     source: Option<NodeName>,
     /// The recipients as encoded (after their count), and what they decoded to.
@@ -518,7 +519,7 @@ fn read_recipients(r: &mut Reader, count: usize) -> Result<Recipients, ReadError
     let span = recipients_span(r.ahead(), count);
     let encoded = span.and_then(|span| r.ahead().get(..span)).unwrap_or_default();
     let last = LAST_DECODED.with_borrow(|last| {
-        // Same count and same bytes: the same names.
+        // The same bytes for the same count (each name carries its length): the same names.
         let (bytes, recipients) = last.recipients.as_ref().filter(|(b, _)| b[..] == *encoded)?;
         // (One, the common case, made in place: collecting it moves it through the stack.)
         let same = match &recipients[..] {
@@ -527,9 +528,7 @@ fn read_recipients(r: &mut Reader, count: usize) -> Result<Recipients, ReadError
         };
         Some((bytes.len(), same))
     });
-    if let Some((span, recipients)) = last
-        && recipients.len() == count
-    {
+    if let Some((span, recipients)) = last {
         r.skip(span)?;
         return Ok(recipients);
     }

@@ -883,10 +883,7 @@ impl Link {
         arrivals.persistent |= kept || stored;
         // A stored message and the number after it are written together.
         let with = if stored { self.recorded.delivered(channel, sequence) } else { Batch::new() };
-        if let Err(e) = self.node.deliver_with(message, now, with) {
-            warn!(peer = self.peer(), error = %e, "Cannot take delivery; dropping the connection.");
-            return Err(e.to_string());
-        }
+        self.take_one(message, with, now)?;
         self.handle.received_total.fetch_add(1, Ordering::Relaxed);
         arrivals.delivered(channel, sequence);
         Ok(())
@@ -910,9 +907,8 @@ impl Link {
         let mut outcome = Ok(());
         for (channel, sequence) in std::mem::take(&mut arrivals.numbers) {
             let message = messages.next().filter(|_| !together);
-            if let Some(Err(e)) = message.map(|m| self.node.deliver_with(m, now, Batch::new())) {
-                warn!(peer = self.peer(), error = %e, "Cannot take delivery; dropping the connection.");
-                outcome = Err(e.to_string());
+            if let Some(Err(e)) = message.map(|m| self.take_one(m, Batch::new(), now)) {
+                outcome = Err(e);
                 break;
             }
             taken += 1;
@@ -920,6 +916,17 @@ impl Link {
         }
         self.handle.received_total.fetch_add(taken, Ordering::Relaxed);
         outcome
+    }
+
+    /// Delivers one arrived message (with `with`, the link's record of it).
+    ///
+    /// # Errors
+    /// Why it could not be taken (the connection is dropped then).
+    fn take_one(&self, message: Message, with: Batch, now: Instant) -> Result<(), String> {
+        self.node.deliver_with(message, now, with).map_err(|e| {
+            warn!(peer = self.peer(), error = %e, "Cannot take delivery; dropping the connection.");
+            e.to_string()
+        })
     }
 
     /// Returns whether anything happened that may let more work through.
