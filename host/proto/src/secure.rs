@@ -450,6 +450,13 @@ impl SecureChannel {
     /// # Errors
     /// As [`SecureChannel::handle_bytes`].
     pub fn handle_received(&mut self, bytes: Bytes) -> Result<(), SecureError> {
+        if matches!(self.state, State::Secure(_)) {
+            let result = self.open_all(&bytes);
+            if result.is_err() {
+                self.state = State::Failed;
+            }
+            return result;
+        }
         if !matches!(self.state, State::Plain) || !self.inbound.is_empty() {
             return self.handle_bytes(&bytes);
         }
@@ -457,6 +464,40 @@ impl SecureChannel {
             self.passed_in.push_back(self.plaintext.split().freeze());
         }
         self.passed_in.push_back(bytes);
+        Ok(())
+    }
+
+    /// Noise transport: decrypts every whole Noise message in what was held and `bytes`,
+    /// reading them from `bytes` where they lie (only a message begun in an earlier chunk is
+    /// completed in `inbound`, and only the incomplete one at the end is kept there), into
+    /// `plaintext` sized once for all of them.
+    fn open_all(&mut self, mut bytes: &[u8]) -> Result<(), SecureError> {
+        // The plaintext is shorter than the messages it comes from.
+        self.plaintext.reserve(self.inbound.len() + bytes.len());
+        if !self.inbound.is_empty() {
+            // Take from `bytes` only what completes the held message (its length, then the
+            // rest): at most one round per byte taken, and one more.
+            loop {
+                let want = message_len(&self.inbound);
+                let (now, later) = bytes.split_at(want.saturating_sub(self.inbound.len()).min(bytes.len()));
+                self.inbound.extend_from_slice(now);
+                bytes = later;
+                if self.inbound.len() >= 2 && self.inbound.len() == message_len(&self.inbound) {
+                    break;
+                }
+                if bytes.is_empty() {
+                    return Ok(());
+                }
+            }
+            let held = self.inbound.split();
+            self.read_message(held.get(2..).unwrap_or_default())?;
+        }
+        while bytes.len() >= 2 && bytes.len() >= message_len(bytes) {
+            let (message, rest) = bytes.split_at(message_len(bytes));
+            self.read_message(message.get(2..).unwrap_or_default())?;
+            bytes = rest;
+        }
+        self.inbound.extend_from_slice(bytes);
         Ok(())
     }
 
@@ -593,6 +634,8 @@ impl SecureChannel {
                 Ok(())
             }
             State::Secure(transport) => {
+                // Room for all of it at once (growing as it goes would copy it again).
+                self.outbound.reserve(sealed_len(plaintext.len()));
                 for chunk in plaintext.chunks(PLAINTEXT_CHUNK_MAX) {
                     // Encrypted straight into the output, after room for its length.
                     let start = self.outbound.len();
@@ -647,6 +690,7 @@ impl SecureChannel {
             chunks.clear();
             return result;
         }
+        self.outbound.reserve(sealed_len(chunks.iter().map(Bytes::len).sum()));
         let mut gather = std::mem::take(&mut self.gather);
         let mut result = Ok(());
         for chunk in chunks.drain(..) {
@@ -698,6 +742,20 @@ impl SecureChannel {
 fn put_message(out: &mut BytesMut, message: &[u8]) {
     out.put_u16(u16::try_from(message.len()).expect("noise messages are at most 65535 bytes"));
     out.put_slice(message);
+}
+
+/// The whole length (with its 2-byte length) of the Noise message `head` begins: 2 while
+/// the length itself is not all there.
+fn message_len(head: &[u8]) -> usize {
+    head.get(..2)
+        .and_then(|h| <[u8; 2]>::try_from(h).ok())
+        .map_or(2, |h| 2 + usize::from(u16::from_be_bytes(h)))
+}
+
+/// What `plaintext_len` bytes take on the wire sealed: each Noise message of up to
+/// [`PLAINTEXT_CHUNK_MAX`] bytes gets a 2-byte length and a tag.
+fn sealed_len(plaintext_len: usize) -> usize {
+    plaintext_len + plaintext_len.div_ceil(PLAINTEXT_CHUNK_MAX) * (2 + TAG_BYTES)
 }
 
 fn take_message(buf: &mut BytesMut) -> Option<Bytes> {

@@ -220,3 +220,55 @@ fn passing_through_and_copying_keep_the_order_in_both_modes() {
     assert_eq!(carry_mixed(&mut noise.dialer, &mut noise.listener, &parts), want);
     assert_eq!(carry_mixed(&mut noise.listener, &mut noise.dialer, &parts), want);
 }
+
+/// An established Noise pair with `cipher`.
+fn noise_pair(cipher: Cipher) -> Ends {
+    let (a, b, psk) = keys();
+    let mut e = Ends {
+        dialer: SecureChannel::noise_dialer(cipher, &a, &b.public, &psk, 1).unwrap(),
+        listener: SecureChannel::listener(Some((&b, &psk))),
+    };
+    e.dialer.handle_bytes(&[]).unwrap();
+    pump(&mut e).unwrap();
+    assert!(e.dialer.is_established() && e.listener.is_established());
+    e
+}
+
+#[test]
+fn noise_messages_cut_anywhere_between_chunks_decrypt_alike() {
+    // Messages of many lengths, one of several Noise messages among them.
+    let parts: Vec<Vec<u8>> =
+        [1usize, 17, 300, 16 * 1024, 40_000, 5].iter().map(|&n| vec![n as u8; n]).collect();
+    let want: Vec<u8> = parts.concat();
+    // Chunks of every size from 1 byte (a length cut in half) to all of it at once, as the
+    // link reads it.
+    for step in [1usize, 2, 3, 7, 18, 19, 1000, 16 * 1024 + 17, 16 * 1024 + 18, usize::MAX] {
+        let mut e = noise_pair(Cipher::ChaChaPoly);
+        for part in &parts {
+            e.dialer.send(part).unwrap();
+        }
+        let wire = e.dialer.poll_transmit().unwrap();
+        let mut got = Vec::new();
+        for chunk in wire.chunks(step) {
+            e.listener.handle_received(Bytes::copy_from_slice(chunk)).unwrap();
+            while let Some(plain) = e.listener.take_plaintext() {
+                got.extend_from_slice(&plain);
+            }
+        }
+        assert!(got == want, "chunks of {step}: {} bytes of {}", got.len(), want.len());
+    }
+}
+
+#[test]
+fn a_tampered_message_read_in_place_ends_the_connection() {
+    let mut e = noise_pair(Cipher::AesGcm);
+    e.dialer.send(b"first").unwrap();
+    e.dialer.send(b"second").unwrap();
+    let mut wire = BytesMut::from(&e.dialer.poll_transmit().unwrap()[..]);
+    let last = wire.len() - 1;
+    wire[last] ^= 1;
+    // The first message decrypts; the second, damaged, fails the channel.
+    assert_eq!(e.listener.handle_received(wire.freeze()), Err(SecureError::Decrypt));
+    e.dialer.send(b"again").unwrap();
+    assert_eq!(e.listener.handle_received(e.dialer.poll_transmit().unwrap()), Err(SecureError::Decrypt));
+}
