@@ -867,9 +867,9 @@ impl Session {
         let Some(lane) = self.lanes.get_mut(channel as usize) else {
             return self.close(SessionError::UnknownChannel(channel));
         };
-        let (message, first) = match lane.receiver.packet(packet, now) {
+        let (message, computed, first) = match lane.receiver.packet(packet, now) {
             PacketOutcome::Partial => return,
-            PacketOutcome::Complete { message, first } => (message, first),
+            PacketOutcome::Complete { message, crc, first } => (message, crc, first),
             PacketOutcome::Duplicate { last } => {
                 if last {
                     self.stats.duplicates += 1;
@@ -882,7 +882,7 @@ impl Session {
                 return;
             }
         };
-        if crate::crc::crc32c(&message) != crc {
+        if computed.unwrap_or_else(|| crate::crc::crc32c(&message)) != crc {
             // Damaged in transit (the header was checked): ask for it again, unless a good
             // copy is already here.
             if lane.receiver.wants(sequence) {

@@ -24,6 +24,9 @@ pub(super) enum PacketOutcome {
     Complete {
         /// The message.
         message: Bytes,
+        /// The CRC-32C of an assembled message's bytes, counted as its packets came (while
+        /// they were in the cache); `None` for a message that came in one packet.
+        crc: Option<u32>,
         /// When its first packet arrived: its lifetime was counted from then.
         first: Instant,
     },
@@ -110,6 +113,8 @@ struct Assembly {
     crc: u32,
     /// Its bytes so far, in a buffer with room for all of them (up to a bound).
     bytes: Vec<u8>,
+    /// The CRC-32C of `bytes`.
+    bytes_crc: u32,
     /// When its first packet arrived (the lifetime it carries was counted from then).
     started: Instant,
 }
@@ -188,7 +193,7 @@ impl Receiver {
         let end = p.offset.saturating_add(p.bytes.len() as u64);
         let last = end == p.total;
         if p.offset == 0 && last {
-            return PacketOutcome::Complete { message: p.bytes, first: now };
+            return PacketOutcome::Complete { message: p.bytes, crc: None, first: now };
         }
         if p.sequence <= self.received_through || self.held.contains_key(&p.sequence) {
             return PacketOutcome::Duplicate { last };
@@ -210,6 +215,7 @@ impl Receiver {
                 total: p.total,
                 crc: p.crc,
                 bytes: self.recycler.buffer(room),
+                bytes_crc: 0,
                 started: now,
             });
         }
@@ -220,7 +226,9 @@ impl Receiver {
         }
         if end > have {
             let from = usize::try_from(have - p.offset).unwrap_or(usize::MAX);
-            assembly.bytes.extend_from_slice(p.bytes.get(from..).unwrap_or_default());
+            let new = p.bytes.get(from..).unwrap_or_default();
+            assembly.bytes_crc = crate::crc::crc32c_append(assembly.bytes_crc, new);
+            assembly.bytes.extend_from_slice(new);
         }
         if (assembly.bytes.len() as u64) < assembly.total {
             return PacketOutcome::Partial;
@@ -228,6 +236,7 @@ impl Receiver {
         let recycler = &self.recycler;
         self.assembly.take().map_or(PacketOutcome::Partial, |a| PacketOutcome::Complete {
             first: a.started,
+            crc: Some(a.bytes_crc),
             message: recycler.freeze(a.bytes),
         })
     }

@@ -816,6 +816,28 @@ fn a_message_just_over_the_packet_size_goes_whole() {
     assert_eq!(p.received_by_b, [1, 2]);
 }
 
+/// A message assembled from several packets is checked by the CRC its packets' bytes
+/// added up to: a byte damaged in a middle packet has it asked again, and what is
+/// delivered is what was sent.
+#[test]
+fn a_damaged_packet_of_a_long_message_has_it_asked_again() {
+    let mut p = packet_pair(1024);
+    p.connect();
+    let long = big_message(1, 5000);
+    p.a.send(1, long.clone(), None, p.now).unwrap();
+    p.a.write_pending(p.now, usize::MAX);
+    let mut wire = BytesMut::from(&p.a.poll_transmit().unwrap()[..]);
+    assert!(packets(&wire).len() > 2, "several packets");
+    // A payload byte in the second packet (past the first frame and the second's header).
+    let second = 2 * (4 + 1 + 4 + 1 + 8 + 8 + 8 + 4) + 1024 + 10;
+    wire[second] ^= 0x01;
+    p.b.handle_bytes(&wire, p.now);
+    assert_eq!(p.b.poll_event(), None, "nothing delivered");
+    assert_eq!(p.b.stats().naks_sent, 1);
+    p.pump();
+    assert_eq!(p.received_by_b, [1], "the NAK made A write it again");
+}
+
 #[test]
 fn an_urgent_message_overtakes_a_large_one_after_at_most_a_packet() {
     use crate::channel::{FILE_CHANNEL, SYSTEM_CHANNEL};
