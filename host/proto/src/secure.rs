@@ -18,7 +18,8 @@
 //!
 //! Sans-io like the rest of this crate: bytes in through [`SecureChannel::handle_bytes`]
 //! (or [`SecureChannel::handle_received`], which passes a plaintext channel's chunks on
-//! without a copy), plaintext out through [`SecureChannel::take_plaintext`], plaintext in
+//! without a copy, and decrypts a Noise channel's messages where they lie in the chunk),
+//! plaintext out through [`SecureChannel::take_plaintext`], plaintext in
 //! through [`SecureChannel::send`] (or `send_bytes` / `send_chunks`, likewise), bytes out
 //! through [`SecureChannel::poll_transmit`] (one piece) or [`SecureChannel::take_transmit`]
 //! (the pieces as they are).
@@ -445,7 +446,8 @@ impl SecureChannel {
     }
 
     /// Like [`SecureChannel::handle_bytes`], passing the chunk through without a copy once
-    /// a plaintext channel is established.
+    /// a plaintext channel is established, and decrypting a Noise transport's messages
+    /// where they lie in it.
     ///
     /// # Errors
     /// As [`SecureChannel::handle_bytes`].
@@ -472,6 +474,12 @@ impl SecureChannel {
     /// completed in `inbound`, and only the incomplete one at the end is kept there), into
     /// `plaintext` sized once for all of them.
     fn open_all(&mut self, mut bytes: &[u8]) -> Result<(), SecureError> {
+        if self.inbound.len() >= message_len(&self.inbound) {
+            // A whole message already held (the handshake's reading leaves none): read it
+            // all the general way.
+            self.inbound.extend_from_slice(bytes);
+            return self.drain();
+        }
         // The plaintext is shorter than the messages it comes from.
         self.plaintext.reserve(self.inbound.len() + bytes.len());
         if !self.inbound.is_empty() {
@@ -690,7 +698,9 @@ impl SecureChannel {
             chunks.clear();
             return result;
         }
-        self.outbound.reserve(sealed_len(chunks.iter().map(Bytes::len).sum()));
+        if matches!(self.state, State::Secure(_)) {
+            self.outbound.reserve(sealed_len(chunks.iter().map(Bytes::len).sum()));
+        }
         let mut gather = std::mem::take(&mut self.gather);
         let mut result = Ok(());
         for chunk in chunks.drain(..) {

@@ -15,7 +15,8 @@
 //!     # overtakes bulk traffic sooner on a busy link; larger ones (or 0) suit long fat
 //!     # networks: a link carries at most about `receive_buffer_bytes` per round trip, so
 //!     # 512 KiB is ample on a LAN (500 MB/s at a 1 ms round trip) but only 10 MB/s at
-//!     # 50 ms. Linux caps both at `net.core.rmem_max` / `wmem_max`.
+//!     # 50 ms. Linux caps both at `net.core.rmem_max` / `wmem_max` (on many systems
+//!     # 208 KiB) without an error: raise those too for larger buffers.
 //!     send_buffer_bytes: 0
 //!     receive_buffer_bytes: 524288
 //!     # Most bytes left unsent in a link socket before the link writes more (Linux:

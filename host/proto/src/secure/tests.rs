@@ -272,3 +272,29 @@ fn a_tampered_message_read_in_place_ends_the_connection() {
     e.dialer.send(b"again").unwrap();
     assert_eq!(e.listener.handle_received(e.dialer.poll_transmit().unwrap()), Err(SecureError::Decrypt));
 }
+
+#[test]
+fn a_message_begun_behind_the_handshake_is_completed_in_place() {
+    let (a, b, psk) = keys();
+    let mut e = Ends {
+        dialer: SecureChannel::noise_dialer(Cipher::AesGcm, &a, &b.public, &psk, 1).unwrap(),
+        listener: SecureChannel::listener(Some((&b, &psk))),
+    };
+    e.dialer.handle_bytes(&[]).unwrap();
+    e.listener.handle_bytes(&e.dialer.poll_transmit().unwrap()).unwrap();
+    e.listener.accept().unwrap();
+    // The listener's answer and its first transport message leave together.
+    e.listener.send(b"right behind the handshake").unwrap();
+    let wire = e.listener.poll_transmit().unwrap();
+    let answer = message_len(&wire);
+    // The answer and part of the message, the general way; the rest in place.
+    e.dialer.handle_bytes(&wire[..answer + 5]).unwrap();
+    assert!(e.dialer.is_established());
+    assert!(e.dialer.take_plaintext().is_none(), "nothing whole yet");
+    e.dialer.handle_received(wire.slice(answer + 5..)).unwrap();
+    assert_eq!(e.dialer.take_plaintext().unwrap(), &b"right behind the handshake"[..]);
+    // An empty chunk changes nothing; a message too short to hold a tag fails the channel.
+    e.dialer.handle_received(Bytes::new()).unwrap();
+    assert!(e.dialer.take_plaintext().is_none());
+    assert_eq!(e.dialer.handle_received(Bytes::from_static(&[0, 0])), Err(SecureError::Decrypt));
+}
