@@ -75,7 +75,7 @@ fn expiry_before_sending_fails_and_after_sending_is_reported_expired() {
     let proxy = FaultProxy::start(&b.listen_address());
     let a_yaml = format!(
         "node: {{ name: A, listen: none }}\npeers: [ {{ name: B, address: '{}' }} ]\n\
-         security: {{ insecure_plaintext: true }}\nmessages: {{ result_wait_ms: 500 }}\n\
+         security: {{ insecure_plaintext: true }}\nmessages: {{ result_wait_ms: 3000 }}\n\
          links: {{ reconnect_backoff_min_ms: 20, reconnect_backoff_max_ms: 200, ping_interval_ms: 300, pong_timeout_ms: 600 }}\n",
         proxy.address
     );
@@ -99,7 +99,8 @@ fn expiry_before_sending_fails_and_after_sending_is_reported_expired() {
 
     // The proxy swallows what crosses it: the message is sent (into the black hole) and
     // expires before it is acknowledged; after the connection is cut it would be resent, but
-    // it expired: expired.
+    // it expired: expired. (A learns it only once it has dialed again, which must happen
+    // within `result_wait_ms` of the expiry: 500 ms left too little for a loaded machine.)
     proxy.set_blackhole(false);
     a.wait_for_log("Link up.", 2, Duration::from_secs(10));
     proxy.set_blackhole(true);
