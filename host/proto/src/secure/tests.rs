@@ -118,11 +118,7 @@ fn a_wrong_cluster_key_or_an_unexpected_static_key_never_gets_through() {
 
 #[test]
 fn tampering_after_the_handshake_ends_the_connection() {
-    let (a, b, psk) = keys();
-    let mut e = Ends {
-        dialer: SecureChannel::noise_dialer(Cipher::AesGcm, &a, &b.public, &psk, 1).unwrap(),
-        listener: SecureChannel::listener(Some((&b, &psk))),
-    };
+    let mut e = ends(Cipher::AesGcm);
     pump(&mut e).unwrap();
     e.dialer.send(b"hello").unwrap();
     let mut wire = BytesMut::from(&e.dialer.poll_transmit().unwrap()[..]);
@@ -221,13 +217,18 @@ fn passing_through_and_copying_keep_the_order_in_both_modes() {
     assert_eq!(carry_mixed(&mut noise.listener, &mut noise.dialer, &parts), want);
 }
 
-/// An established Noise pair with `cipher`.
-fn noise_pair(cipher: Cipher) -> Ends {
+/// A Noise dialer and a listener that knows it, with `cipher`, before the handshake.
+fn ends(cipher: Cipher) -> Ends {
     let (a, b, psk) = keys();
-    let mut e = Ends {
+    Ends {
         dialer: SecureChannel::noise_dialer(cipher, &a, &b.public, &psk, 1).unwrap(),
         listener: SecureChannel::listener(Some((&b, &psk))),
-    };
+    }
+}
+
+/// An established Noise pair with `cipher`.
+fn noise_pair(cipher: Cipher) -> Ends {
+    let mut e = ends(cipher);
     e.dialer.handle_bytes(&[]).unwrap();
     pump(&mut e).unwrap();
     assert!(e.dialer.is_established() && e.listener.is_established());
@@ -275,11 +276,7 @@ fn a_tampered_message_read_in_place_ends_the_connection() {
 
 #[test]
 fn a_message_begun_behind_the_handshake_is_completed_in_place() {
-    let (a, b, psk) = keys();
-    let mut e = Ends {
-        dialer: SecureChannel::noise_dialer(Cipher::AesGcm, &a, &b.public, &psk, 1).unwrap(),
-        listener: SecureChannel::listener(Some((&b, &psk))),
-    };
+    let mut e = ends(Cipher::AesGcm);
     e.dialer.handle_bytes(&[]).unwrap();
     e.listener.handle_bytes(&e.dialer.poll_transmit().unwrap()).unwrap();
     e.listener.accept().unwrap();
