@@ -490,7 +490,7 @@ impl SecureChannel {
                 let (now, later) = bytes.split_at(want.saturating_sub(self.inbound.len()).min(bytes.len()));
                 self.inbound.extend_from_slice(now);
                 bytes = later;
-                if self.inbound.len() >= 2 && self.inbound.len() == message_len(&self.inbound) {
+                if self.inbound.len() == message_len(&self.inbound) {
                     break;
                 }
                 if bytes.is_empty() {
@@ -500,8 +500,7 @@ impl SecureChannel {
             let held = self.inbound.split();
             self.read_message(held.get(2..).unwrap_or_default())?;
         }
-        while bytes.len() >= 2 && bytes.len() >= message_len(bytes) {
-            let (message, rest) = bytes.split_at(message_len(bytes));
+        while let Some((message, rest)) = bytes.split_at_checked(message_len(bytes)) {
             self.read_message(message.get(2..).unwrap_or_default())?;
             bytes = rest;
         }
@@ -769,13 +768,12 @@ fn sealed_len(plaintext_len: usize) -> usize {
 }
 
 fn take_message(buf: &mut BytesMut) -> Option<Bytes> {
-    let head: [u8; 2] = buf.get(..2)?.try_into().ok()?;
-    let len = u16::from_be_bytes(head) as usize;
-    if buf.len() < 2 + len {
+    let len = message_len(buf);
+    if buf.len() < len {
         return None;
     }
     buf.advance(2);
-    Some(buf.split_to(len).freeze())
+    Some(buf.split_to(len - 2).freeze())
 }
 
 #[cfg(test)]
