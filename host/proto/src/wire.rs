@@ -201,6 +201,11 @@ pub fn join(parts: &[Bytes]) -> Bytes {
 
 /// Output for a vectored write: encoded bytes with large payloads shared between them
 /// instead of copied in.
+///
+/// Encoded bytes go into buffers of [`Chunks::BUFFER_BYTES`]; one that has no room for
+/// the next piece goes out as a chunk of its own and a fresh one is begun. (A single buffer
+/// grown as needed copies everything it holds at each growth: about one more copy of all a
+/// batch encodes.)
 #[derive(Debug, Default)]
 pub struct Chunks {
     done: Vec<Bytes>,
@@ -212,10 +217,29 @@ pub struct Chunks {
 impl Chunks {
     /// Payloads shorter than this are copied (an extra chunk costs more than the copy).
     pub const SHARE_BYTES_MIN: usize = 4096;
+    /// The size of the buffers encoded bytes are written in.
+    pub const BUFFER_BYTES: usize = 64 * 1024;
+    /// Room [`Chunks::buf`] leaves for what is encoded there: enough for any header (a
+    /// longer piece still fits, its buffer grown).
+    const HEAD_ROOM_BYTES: usize = 1024;
 
     /// Where to encode the next bytes.
     pub fn buf(&mut self) -> &mut BytesMut {
+        self.room(Self::HEAD_ROOM_BYTES);
         &mut self.current
+    }
+
+    /// Makes room for `len` more bytes in the current buffer without moving what it holds:
+    /// a buffer without room goes out as it is, and a new one begins.
+    fn room(&mut self, len: usize) {
+        if self.current.capacity() - self.current.len() >= len {
+            return;
+        }
+        if !self.current.is_empty() {
+            self.done_len += self.current.len();
+            self.done.push(self.current.split().freeze());
+        }
+        self.current = BytesMut::with_capacity(len.max(Self::BUFFER_BYTES));
     }
 
     /// Appends `bytes`: shared when large, else copied.
@@ -231,6 +255,7 @@ impl Chunks {
     pub fn share_range(&mut self, bytes: &Bytes, from: usize, to: usize) {
         let piece = bytes.get(from..to).expect("a range within the bytes");
         if piece.len() < Self::SHARE_BYTES_MIN {
+            self.room(piece.len());
             self.current.put_slice(piece);
             return;
         }
@@ -670,6 +695,31 @@ mod tests {
         let want: Vec<u8> = [&b"head"[..], &big, b"small", b"tail"].concat();
         assert_eq!(joined, want);
         assert_eq!(parts.len(), 3, "head, the shared payload, then the small one copied with the tail");
+    }
+
+    /// Many small pieces fill buffers of `BUFFER_BYTES` one after another: bytes once
+    /// written stay where they are (no buffer is grown by copying it into a larger one).
+    #[test]
+    fn chunks_never_move_what_they_hold() {
+        let mut chunks = Chunks::default();
+        chunks.buf().put_slice(b"head");
+        let first = chunks.buf().as_ptr();
+        let piece = Bytes::from(vec![7u8; 1000]);
+        let pieces = 4 * Chunks::BUFFER_BYTES / piece.len();
+        for _ in 0..pieces {
+            chunks.buf().put_slice(b"frame header");
+            chunks.share(&piece);
+        }
+        assert_eq!(chunks.len(), 4 + pieces * (12 + 1000));
+        let mut parts = Vec::new();
+        chunks.take(&mut parts);
+        assert_eq!(parts.first().map(|p| p.as_ptr()), Some(first), "the first buffer was never moved");
+        assert!(parts.len() >= 4, "{} buffers", parts.len());
+        assert!(parts.iter().all(|p| p.len() <= Chunks::BUFFER_BYTES), "each within its buffer");
+        let joined: Vec<u8> = parts.iter().flat_map(|p| p.iter().copied()).collect();
+        let mut want = b"head".to_vec();
+        (0..pieces).for_each(|_| want.extend([&b"frame header"[..], &piece].concat()));
+        assert_eq!(joined, want);
     }
 
     #[test]
