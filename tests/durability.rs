@@ -10,7 +10,7 @@ mod support;
 use std::time::Duration;
 
 use support::history::History;
-use support::soak::Soak;
+use support::soak::{Soak, soak_payload_len};
 use support::{NodeProcess, Scratch, free_port, stderr, stdout};
 
 #[test]
@@ -461,7 +461,8 @@ fn random_kills_of_either_node(soak: &mut Soak, store: &str) {
             got.push_str(&stdout(&s.run(&["get", "--node", "B", "q", "--count", "100000"])));
         }
         let count = 50 + soak.below(400);
-        let lines: String = (0..count).map(|i| format!("c{cycle:04}m{i:03} {}\n", "p".repeat(64))).collect();
+        let lines: String =
+            (0..count).map(|i| format!("c{cycle:04}m{i:03} {}\n", "p".repeat(soak_payload_len(i)))).collect();
         put_lines(&s, "B:q", &lines, "--persistent");
         all.push_str(&lines);
         std::thread::sleep(Duration::from_millis(soak.below(80)));

@@ -6,7 +6,7 @@
 mod support;
 
 use support::cluster::Cluster;
-use support::soak::Soak;
+use support::soak::{Soak, soak_payload_len};
 use support::{Scratch, stderr, stdout};
 
 #[test]
@@ -377,7 +377,8 @@ fn random_kills_in_a_chain(soak: &mut Soak, store: &str) {
             got.push_str(&stdout(&s.run(&["get", "--node", "C", "q", "--count", "100000"])));
         }
         let count = 50 + soak.below(400);
-        let lines: String = (0..count).map(|i| format!("c{cycle:04}m{i:03} {}\n", "p".repeat(64))).collect();
+        let lines: String =
+            (0..count).map(|i| format!("c{cycle:04}m{i:03} {}\n", "p".repeat(soak_payload_len(i)))).collect();
         let put = s.run_with_input(
             &["put", "--node", "A", "--to", "C:q", "--persistent", "-"],
             lines.as_bytes(),

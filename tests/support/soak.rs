@@ -33,3 +33,9 @@ impl Soak {
         self.seed % bound
     }
 }
+
+/// The payload length of message `i` of a soak's cycle: mostly short ones (copied behind
+/// their heads on a link), every fourth long enough to be shared rather than copied.
+pub fn soak_payload_len(i: u64) -> usize {
+    if i % 4 == 3 { 700 } else { 64 }
+}
