@@ -307,7 +307,7 @@ impl Session {
             ack_bounds: AckBounds::AT_ONCE,
             decoder,
             control: BytesMut::new(),
-            transmit: Chunks::default(),
+            transmit: Chunks::sharing_from(Chunks::LINK_SHARE_BYTES_MIN),
             events: VecDeque::new(),
             last_received: now,
             ping: None,

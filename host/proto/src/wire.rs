@@ -202,29 +202,53 @@ pub fn join(parts: &[Bytes]) -> Bytes {
 /// Output for a vectored write: encoded bytes with large payloads shared between them
 /// instead of copied in.
 ///
-/// Encoded bytes go into buffers of [`Chunks::BUFFER_BYTES`]; one that has no room for
-/// the next piece goes out as a chunk of its own and a fresh one is begun. (A single buffer
-/// grown as needed copies everything it holds at each growth: about one more copy of all a
-/// batch encodes.)
-#[derive(Debug, Default)]
+/// Encoded bytes go into buffers of their own: one that has no room for the next piece goes
+/// out as a chunk as it is and a fresh one begins, each twice the last, from 4 KiB up to
+/// [`Chunks::BUFFER_BYTES`]. Bytes once written never move (a single buffer grown as
+/// needed copies everything it holds at each growth).
+#[derive(Debug)]
 pub struct Chunks {
     done: Vec<Bytes>,
     /// Bytes in `done`.
     done_len: usize,
     current: BytesMut,
+    /// The size of the buffer begun last (0 before the first).
+    buffer_bytes: usize,
+    /// Pieces this long or longer are shared, shorter ones copied.
+    share_bytes_min: usize,
+}
+
+impl Default for Chunks {
+    fn default() -> Self {
+        Self::sharing_from(Self::SHARE_BYTES_MIN)
+    }
 }
 
 impl Chunks {
-    /// Payloads shorter than this are copied (an extra chunk costs more than the copy).
-    /// Longer ones are shared: at 1 KiB a link's sender then copies no payload bytes
-    /// itself (`linkbus bench w1 --size 1024`, in-process clients: a quarter more
-    /// messages/s than with 4 KiB here; at 600 B and 2 KiB no worse beyond the noise).
-    pub const SHARE_BYTES_MIN: usize = 512;
-    /// The size of the buffers encoded bytes are written in.
+    /// Payloads shorter than this are copied by default (an extra chunk costs more than the
+    /// copy); a client's requests and the node's answers use it. A link's frames share from
+    /// [`Chunks::LINK_SHARE_BYTES_MIN`].
+    pub const SHARE_BYTES_MIN: usize = 4096;
+    /// Payloads shorter than this are copied into a link's frames (and into the head of an
+    /// [`Encoded`] message), longer ones shared: at 1 KiB a link's sender then copies no
+    /// payload bytes itself (`linkbus bench w1 --size 1024`, in-process clients: about a
+    /// quarter more messages/s than sharing from 4 KiB on a 2-core VM; at 600 B and 2 KiB
+    /// no worse beyond the noise). Client answers share from 4 KiB still: an answer of a
+    /// thousand 1 KiB messages in two thousand pieces made `w7`'s urgent latency worse
+    /// (p99 over 10 ms in half the runs) and `w1` no faster.
+    pub const LINK_SHARE_BYTES_MIN: usize = 512;
+    /// The largest buffer encoded bytes are written in.
     pub const BUFFER_BYTES: usize = 64 * 1024;
-    /// Room [`Chunks::buf`] leaves for what is encoded there: enough for any header (a
-    /// longer piece still fits, its buffer grown).
+    /// The first buffer's size.
+    const FIRST_BUFFER_BYTES: usize = 4 * 1024;
+    /// Room [`Chunks::buf`] leaves for what is encoded there: enough for the usual header
+    /// (a longer one still fits, its buffer grown by copying).
     const HEAD_ROOM_BYTES: usize = 1024;
+
+    /// Empty, sharing pieces of `share_bytes_min` bytes or more.
+    pub fn sharing_from(share_bytes_min: usize) -> Self {
+        Self { done: Vec::new(), done_len: 0, current: BytesMut::new(), buffer_bytes: 0, share_bytes_min }
+    }
 
     /// Where to encode the next bytes.
     pub fn buf(&mut self) -> &mut BytesMut {
@@ -242,7 +266,8 @@ impl Chunks {
             self.done_len += self.current.len();
             self.done.push(self.current.split().freeze());
         }
-        self.current = BytesMut::with_capacity(len.max(Self::BUFFER_BYTES));
+        self.buffer_bytes = (2 * self.buffer_bytes).clamp(Self::FIRST_BUFFER_BYTES, Self::BUFFER_BYTES);
+        self.current = BytesMut::with_capacity(len.max(self.buffer_bytes));
     }
 
     /// Appends `bytes`: shared when large, else copied.
@@ -257,7 +282,7 @@ impl Chunks {
     /// When the range is out of bounds.
     pub fn share_range(&mut self, bytes: &Bytes, from: usize, to: usize) {
         let piece = bytes.get(from..to).expect("a range within the bytes");
-        if piece.len() < Self::SHARE_BYTES_MIN {
+        if piece.len() < self.share_bytes_min {
             self.room(piece.len());
             self.current.put_slice(piece);
             return;
@@ -332,7 +357,7 @@ fn reliability_code(message: &[u8]) -> Option<u8> {
 
 /// An encoded message as a link keeps it until acknowledged: everything before the
 /// payload's bytes, then the payload shared with the message rather than copied behind
-/// them (a payload under [`Chunks::SHARE_BYTES_MIN`] is copied into the head; a message
+/// them (a payload under [`Chunks::LINK_SHARE_BYTES_MIN`] is copied into the head; a message
 /// made from one buffer has it all in the head).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Encoded {
@@ -360,7 +385,7 @@ impl Encoded {
     /// `message` encoded, its head written where `place` puts its length's worth.
     fn placed(message: &Message, place: impl FnOnce(usize, &mut dyn FnMut(&mut BytesMut)) -> Bytes) -> Self {
         let payload = &message.content.payload;
-        let share = payload.len() >= Chunks::SHARE_BYTES_MIN;
+        let share = payload.len() >= Chunks::LINK_SHARE_BYTES_MIN;
         let len = message_encoded_len(message.id.source.as_str().len(), &message.content);
         let head = place(if share { len - payload.len() } else { len }, &mut |head| {
             encode_message_head(message, head);
@@ -700,30 +725,38 @@ mod tests {
         assert_eq!(parts.len(), 3, "head, the shared payload, then the small one copied with the tail");
     }
 
-    /// Many small pieces (copied, not shared) fill buffers of `BUFFER_BYTES` one after
-    /// another: bytes once written stay where they are (no buffer is grown by copying it
-    /// into a larger one).
+    /// Many small pieces (copied, not shared) fill buffers one after another, from 4 KiB
+    /// up to `BUFFER_BYTES`: bytes once written stay where they are (no buffer is grown by
+    /// copying it into a larger one), with a header before each piece or without.
     #[test]
     fn chunks_never_move_what_they_hold() {
-        let mut chunks = Chunks::default();
-        chunks.buf().put_slice(b"head");
-        let first = chunks.buf().as_ptr();
-        let piece = Bytes::from(vec![7u8; Chunks::SHARE_BYTES_MIN / 5]);
-        let pieces = 4 * Chunks::BUFFER_BYTES / (12 + piece.len());
-        for _ in 0..pieces {
-            chunks.buf().put_slice(b"frame header");
-            chunks.share(&piece);
+        for headers in [true, false] {
+            let mut chunks = Chunks::default();
+            chunks.buf().put_slice(b"head");
+            let first = chunks.buf().as_ptr();
+            let len = if headers { Chunks::SHARE_BYTES_MIN / 5 } else { Chunks::SHARE_BYTES_MIN - 1 };
+            let piece = Bytes::from(vec![7u8; len]);
+            let header: &[u8] = if headers { b"frame header" } else { b"" };
+            let pieces = 4 * Chunks::BUFFER_BYTES / (header.len() + piece.len());
+            for _ in 0..pieces {
+                if headers {
+                    chunks.buf().put_slice(header);
+                }
+                chunks.share(&piece);
+            }
+            assert_eq!(chunks.len(), 4 + pieces * (header.len() + piece.len()));
+            let mut parts = Vec::new();
+            chunks.take(&mut parts);
+            assert!(chunks.is_empty(), "take leaves nothing");
+            assert_eq!(parts.first().map(|p| p.as_ptr()), Some(first), "the first buffer was never moved");
+            assert!((5..=12).contains(&parts.len()), "{} buffers", parts.len());
+            assert!(parts.iter().all(|p| p.len() <= Chunks::BUFFER_BYTES), "each within its buffer");
+            assert!(parts.first().is_some_and(|p| p.len() <= 4096), "the first buffer is small");
+            let joined: Vec<u8> = parts.iter().flat_map(|p| p.iter().copied()).collect();
+            let mut want = b"head".to_vec();
+            (0..pieces).for_each(|_| want.extend([header, &piece].concat()));
+            assert_eq!(joined, want);
         }
-        assert_eq!(chunks.len(), 4 + pieces * (12 + piece.len()));
-        let mut parts = Vec::new();
-        chunks.take(&mut parts);
-        assert_eq!(parts.first().map(|p| p.as_ptr()), Some(first), "the first buffer was never moved");
-        assert!((4..=5).contains(&parts.len()), "{} buffers", parts.len());
-        assert!(parts.iter().all(|p| p.len() <= Chunks::BUFFER_BYTES), "each within its buffer");
-        let joined: Vec<u8> = parts.iter().flat_map(|p| p.iter().copied()).collect();
-        let mut want = b"head".to_vec();
-        (0..pieces).for_each(|_| want.extend([&b"frame header"[..], &piece].concat()));
-        assert_eq!(joined, want);
     }
 
     #[test]
@@ -814,7 +847,8 @@ mod tests {
 
     #[test]
     fn an_encoded_message_shares_a_large_payload_and_reads_as_one_buffer() {
-        for len in [0, 5, Chunks::SHARE_BYTES_MIN - 1, Chunks::SHARE_BYTES_MIN, 70_000] {
+        let link = Chunks::LINK_SHARE_BYTES_MIN;
+        for len in [0, 5, link - 1, link, Chunks::SHARE_BYTES_MIN, 70_000] {
             let mut m = sample();
             m.content.payload = Bytes::from((0..len).map(|i| i as u8).collect::<Vec<u8>>());
             let whole = message_bytes(&m);
@@ -823,7 +857,7 @@ mod tests {
             assert_eq!(encoded.to_bytes(), whole, "{len}");
             assert_eq!(encoded.crc(), crate::crc::crc32c(&whole), "{len}");
             let [head, payload] = encoded.parts();
-            if len >= Chunks::SHARE_BYTES_MIN {
+            if len >= link {
                 assert_eq!(payload.as_ptr(), m.content.payload.as_ptr(), "{len}: the payload is shared");
             } else {
                 assert!(payload.is_empty() && head.len() == whole.len(), "{len}: one buffer");
@@ -832,14 +866,13 @@ mod tests {
             let cuts = [0, 1, head.len() - 1, head.len(), head.len() + 1, whole.len() - 1, whole.len()];
             for start in cuts {
                 for end in cuts.into_iter().filter(|end| *end >= start && *end <= whole.len()) {
-                    let mut out = Chunks::default();
+                    let mut out = Chunks::sharing_from(link);
                     encoded.append_to(start, end, &mut out);
                     let mut parts = Vec::new();
                     out.take(&mut parts);
                     assert_eq!(join(&parts), &whole[start..end], "{len}: {start}..{end}");
                     let shared = parts.iter().any(|p| p.as_ptr() == payload.as_ptr());
-                    let long_payload_piece =
-                        end.saturating_sub(start.max(head.len())) >= Chunks::SHARE_BYTES_MIN;
+                    let long_payload_piece = end.saturating_sub(start.max(head.len())) >= link;
                     assert_eq!(shared, long_payload_piece && start <= head.len(), "{len}: {start}..{end}");
                 }
             }

@@ -414,7 +414,8 @@ impl InProcess {
     /// (Messages a non-pending get took are lost if the call is abandoned while it waits
     /// for the store, as on a socket whose client leaves then: calls are not cancel-safe.)
     /// A put keeps the caller's payloads as given (no copy): a caller that slices a large
-    /// buffer of its own into small payloads keeps that buffer alive while they wait.
+    /// buffer of its own into small payloads keeps that buffer alive while they wait (in a
+    /// queue, or on a link until the peer acknowledges them).
     pub(crate) async fn call(&mut self, node: &NodeState, request: Request) -> Response {
         if node.stopped.load(Ordering::Relaxed) {
             let message = format!("node {} is shut down", node.name());
