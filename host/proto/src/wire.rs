@@ -727,35 +727,43 @@ mod tests {
 
     /// Many small pieces (copied, not shared) fill buffers one after another, from 4 KiB
     /// up to `BUFFER_BYTES`: bytes once written stay where they are (no buffer is grown by
-    /// copying it into a larger one), with a header before each piece or without.
+    /// copying it into a larger one), whether they are written through `buf` (headers),
+    /// `share` (short pieces), or both in turn.
     #[test]
     fn chunks_never_move_what_they_hold() {
-        for headers in [true, false] {
+        for (headers, pieces) in [(true, true), (false, true), (true, false)] {
             let mut chunks = Chunks::default();
             chunks.buf().put_slice(b"head");
             let first = chunks.buf().as_ptr();
             let len = if headers { Chunks::SHARE_BYTES_MIN / 5 } else { Chunks::SHARE_BYTES_MIN - 1 };
-            let piece = Bytes::from(vec![7u8; len]);
+            let piece = Bytes::from(if pieces { vec![7u8; len] } else { Vec::new() });
             let header: &[u8] = if headers { b"frame header" } else { b"" };
-            let pieces = 4 * Chunks::BUFFER_BYTES / (header.len() + piece.len());
-            for _ in 0..pieces {
+            let count = 4 * Chunks::BUFFER_BYTES / (header.len() + piece.len());
+            for _ in 0..count {
                 if headers {
                     chunks.buf().put_slice(header);
                 }
-                chunks.share(&piece);
+                if pieces {
+                    chunks.share(&piece);
+                }
             }
-            assert_eq!(chunks.len(), 4 + pieces * (header.len() + piece.len()));
+            let case = format!("headers {headers}, pieces {pieces}");
+            assert_eq!(chunks.len(), 4 + count * (header.len() + piece.len()), "{case}");
             let mut parts = Vec::new();
             chunks.take(&mut parts);
-            assert!(chunks.is_empty(), "take leaves nothing");
-            assert_eq!(parts.first().map(|p| p.as_ptr()), Some(first), "the first buffer was never moved");
-            assert!((5..=12).contains(&parts.len()), "{} buffers", parts.len());
-            assert!(parts.iter().all(|p| p.len() <= Chunks::BUFFER_BYTES), "each within its buffer");
-            assert!(parts.first().is_some_and(|p| p.len() <= 4096), "the first buffer is small");
+            assert!(chunks.is_empty(), "{case}: take leaves nothing");
+            assert_eq!(
+                parts.first().map(|p| p.as_ptr()),
+                Some(first),
+                "{case}: the first buffer was never moved"
+            );
+            assert!((5..=12).contains(&parts.len()), "{case}: {} buffers", parts.len());
+            assert!(parts.iter().all(|p| p.len() <= Chunks::BUFFER_BYTES), "{case}: each within its buffer");
+            assert!(parts.first().is_some_and(|p| p.len() <= 4096), "{case}: the first buffer is small");
             let joined: Vec<u8> = parts.iter().flat_map(|p| p.iter().copied()).collect();
             let mut want = b"head".to_vec();
-            (0..pieces).for_each(|_| want.extend([header, &piece].concat()));
-            assert_eq!(joined, want);
+            (0..count).for_each(|_| want.extend([header, &piece].concat()));
+            assert_eq!(joined, want, "{case}");
         }
     }
 
