@@ -262,12 +262,17 @@ impl Chunks {
         if self.current.capacity() - self.current.len() >= len {
             return;
         }
+        self.finish_current();
+        self.buffer_bytes = (2 * self.buffer_bytes).clamp(Self::FIRST_BUFFER_BYTES, Self::BUFFER_BYTES);
+        self.current = BytesMut::with_capacity(len.max(self.buffer_bytes));
+    }
+
+    /// Moves what the current buffer holds to the chunks done (its room left for later).
+    fn finish_current(&mut self) {
         if !self.current.is_empty() {
             self.done_len += self.current.len();
             self.done.push(self.current.split().freeze());
         }
-        self.buffer_bytes = (2 * self.buffer_bytes).clamp(Self::FIRST_BUFFER_BYTES, Self::BUFFER_BYTES);
-        self.current = BytesMut::with_capacity(len.max(self.buffer_bytes));
     }
 
     /// Appends `bytes`: shared when large, else copied.
@@ -287,10 +292,7 @@ impl Chunks {
             self.current.put_slice(piece);
             return;
         }
-        if !self.current.is_empty() {
-            self.done_len += self.current.len();
-            self.done.push(self.current.split().freeze());
-        }
+        self.finish_current();
         self.done_len += piece.len();
         self.done.push(bytes.slice(from..to));
     }
@@ -314,11 +316,9 @@ impl Chunks {
 
     /// The chunks, in order, leaving this empty (its buffer kept for reuse).
     pub fn take(&mut self, into: &mut Vec<Bytes>) {
+        self.finish_current();
         self.done_len = 0;
         into.append(&mut self.done);
-        if !self.current.is_empty() {
-            into.push(self.current.split().freeze());
-        }
     }
 }
 
