@@ -11,37 +11,7 @@ fn bench_runs_every_workload_against_its_baseline() {
     let s = Scratch::new();
     let out = s.run(&["bench", "--quick", "--json"]);
     assert!(out.status.success(), "{}\n{}", stdout(&out), stderr(&out));
-    let text = stdout(&out);
-    let rows: Vec<&str> = text.lines().filter(|l| l.starts_with('w')).collect();
-    let workloads: Vec<&str> = rows.iter().filter_map(|l| l.split_whitespace().next()).collect();
-    let expected = [
-        "w1", "w1", "w1", "w1", "w1", "w1", "w1", "w1", "w2", "w2", "w2", "w2", "w3", "w3", "w4", "w5", "w5",
-        "w5", "w5", "w7",
-    ];
-    assert_eq!(workloads, expected, "{text}");
-    assert!(rows[0].contains("64 B") && rows[6].contains("1 MiB"), "{text}");
-    assert!(
-        !rows[0].contains("in-process") && rows[1].contains("64 B") && rows[1].contains("in-process clients"),
-        "{text}"
-    );
-    assert!(rows[7].contains("1 MiB") && rows[7].contains("in-process clients"), "{text}");
-    for (row, store) in rows[8..12].iter().zip(["fjall", "fjall", "log", "log"]) {
-        assert!(row.contains("puts per sync") && row.contains("fdatasync"), "{text}");
-        assert!(
-            row.contains(&format!("store {store} (against {store} syncing each record alone)")),
-            "{text}"
-        );
-    }
-    assert!(rows[9].contains("256 persistent puts per request"), "{text}");
-    assert!(rows[11].contains("256 persistent puts per request"), "{text}");
-    assert!(rows[12].contains("p50/p99/p99.9") && rows[12].contains("client socket"), "{text}");
-    assert!(rows[13].contains("p50/p99/p99.9") && rows[13].contains("Node::client"), "{text}");
-    for (row, cipher) in rows[15..19].iter().zip(["aes-256-gcm", "chacha20-poly1305"].into_iter().cycle()) {
-        assert!(row.contains(&format!("over Noise ({cipher})")), "{text}");
-    }
-    assert!(rows[15].contains("1 KiB") && rows[18].contains("64 KiB"), "{text}");
-    assert!(rows[19].contains("urgent put-to-get p50/p99/max"), "{text}");
-    assert_eq!(text.matches("\"workload\":").count(), 20, "{text}");
+    check_full_run(&stdout(&out));
     assert!(!stderr(&out).contains("WARN"), "plaintext warnings are not shown: {}", stderr(&out));
 
     let one = s.run(&["bench", "--quick", "w4"]);
@@ -53,7 +23,7 @@ fn bench_runs_every_workload_against_its_baseline() {
     let rows: Vec<String> =
         stdout(&sized).lines().filter(|l| l.starts_with('w')).map(str::to_owned).collect();
     assert!(
-        rows.len() == 2 && rows.iter().all(|r| r.contains("1 KiB")),
+        rows.len() == 3 && rows.iter().all(|r| r.contains("1 KiB")),
         "only the 1 KiB cases of w1: {rows:?}"
     );
     let rounds = s.run(&["bench", "--quick", "w1", "--size", "64", "--rounds", "3"]);
@@ -61,7 +31,7 @@ fn bench_runs_every_workload_against_its_baseline() {
     let text = stdout(&rounds);
     let rows: Vec<&str> = text.lines().filter(|l| l.starts_with('w')).collect();
     assert!(
-        rows.len() == 2 && rows.iter().all(|r| r.contains("median of 3 rounds; ratio per round")),
+        rows.len() == 3 && rows.iter().all(|r| r.contains("median of 3 rounds; ratio per round")),
         "{text}"
     );
     let odd = s.run(&["bench", "w1", "--size", "100"]);
@@ -77,4 +47,48 @@ fn bench_runs_every_workload_against_its_baseline() {
     let bad = s.run(&["bench", "w9"]);
     assert!(!bad.status.success());
     assert!(stderr(&bad).contains("w9"), "{}", stderr(&bad));
+}
+
+/// The rows of a full `--json` run: every workload's, in order, each saying what it is.
+fn check_full_run(text: &str) {
+    let rows: Vec<&str> = text.lines().filter(|l| l.starts_with('w')).collect();
+    let workloads: Vec<&str> = rows.iter().filter_map(|l| l.split_whitespace().next()).collect();
+    let expected = [
+        "w1", "w1", "w1", "w1", "w1", "w1", "w1", "w1", "w1", "w1", "w1", "w1", "w2", "w2", "w2", "w2", "w3",
+        "w3", "w4", "w5", "w5", "w5", "w5", "w7",
+    ];
+    assert_eq!(workloads, expected, "{text}");
+    assert!(rows[0].contains("64 B") && rows[9].contains("1 MiB"), "{text}");
+    assert!(
+        !rows[0].contains("in-process") && rows[1].contains("64 B") && rows[1].contains("in-process clients"),
+        "{text}"
+    );
+    assert!(rows[10].contains("1 MiB") && rows[10].contains("in-process clients"), "{text}");
+    // Each size's third row sets the client sockets' case against its socket hops alone.
+    for (row, size) in [2, 5, 8, 11].map(|i| rows[i]).iter().zip(["64 B", "1 KiB", "64 KiB", "1 MiB"]) {
+        assert!(row.contains(size) && row.contains("the client sockets' case"), "{text}");
+        assert!(
+            row.contains("(against its socket hops carrying the bytes alone: Unix socket, TCP, Unix socket)")
+        );
+        assert!(row.contains("the hops alone carry") && row.contains("x of raw TCP"), "{text}");
+    }
+    for (row, store) in rows[12..16].iter().zip(["fjall", "fjall", "log", "log"]) {
+        assert!(row.contains("puts per sync") && row.contains("fdatasync"), "{text}");
+        assert!(
+            row.contains(&format!("store {store} (against {store} syncing each record alone)")),
+            "{text}"
+        );
+    }
+    assert!(rows[13].contains("256 persistent puts per request"), "{text}");
+    assert!(rows[15].contains("256 persistent puts per request"), "{text}");
+    assert!(rows[16].contains("p50/p99/p99.9") && rows[16].contains("client socket"), "{text}");
+    assert!(rows[16].contains("its socket hops carrying the bytes alone"), "{text}");
+    assert!(rows[17].contains("p50/p99/p99.9") && rows[17].contains("Node::client"), "{text}");
+    assert!(!rows[17].contains("socket hops"), "{text}");
+    for (row, cipher) in rows[19..23].iter().zip(["aes-256-gcm", "chacha20-poly1305"].into_iter().cycle()) {
+        assert!(row.contains(&format!("over Noise ({cipher})")), "{text}");
+    }
+    assert!(rows[19].contains("1 KiB") && rows[22].contains("64 KiB"), "{text}");
+    assert!(rows[23].contains("urgent put-to-get p50/p99/max"), "{text}");
+    assert_eq!(text.matches("\"workload\":").count(), 24, "{text}");
 }

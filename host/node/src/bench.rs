@@ -6,7 +6,10 @@
 //! - `w1`: two nodes, volatile messages of 64 B, 1 KiB, 64 KiB and 1 MiB put on A and taken
 //!   on B (plaintext links), against a raw length-prefixed TCP stream of the same payloads
 //!   with buffered writes — the ceiling; once with the producer and the consumer on the
-//!   client sockets, once inside the nodes' process (`Node::client`);
+//!   client sockets, once inside the nodes' process (`Node::client`); and the client
+//!   sockets' case again against the same socket hops carrying the bytes alone (`hops`:
+//!   Unix socket, TCP, Unix socket through two forwarders), which shows how much of the
+//!   gap to raw TCP is the sockets' and how much the nodes';
 //! - `w2`: persistent 1 KiB puts, each answered after the sync that covers it, from 16
 //!   clients at once (group commit), one per request and 256 per request, on the node's
 //!   `fjall` store and on the `log` store, each against itself syncing every record on
@@ -15,7 +18,8 @@
 //!   (below saturation): A puts to `B:orders`, a client on B takes it and puts it back to
 //!   `A:orders`, where A takes it — p50, p99 and p99.9 of the round trip, against the same
 //!   ping-pong over a raw TCP connection (the ratio is round trips per second); once with
-//!   clients on the client socket, once with clients inside the nodes' process
+//!   clients on the client socket (with the round trip through the same socket hops
+//!   carrying the bytes alone in its note), once with clients inside the nodes' process
 //!   (`Node::client`, as a program embedding its node has them);
 //! - `w4`: a relay, A → B → C, volatile 1 KiB, against `w1` at 1 KiB (its socket case,
 //!   measured in the same rounds);
@@ -35,12 +39,14 @@ use std::time::{Duration, Instant};
 
 use linkbus_plugin_api::{Address, Batch, Content, Reliability};
 use linkbus_proto::secure::Cipher;
-use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader, BufWriter};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, BufWriter};
 
 use crate::Node;
 use crate::client::Client;
 use crate::config::{self, Overrides};
 use crate::demo::{DemoError, is_payload, payload};
+
+mod hops;
 
 /// The workloads, in the order they run.
 pub const WORKLOADS: [&str; 6] = ["w1", "w2", "w3", "w4", "w5", "w7"];
@@ -181,15 +187,17 @@ pub async fn run(names: &[String], scale: Scale, print: bool) -> Result<Vec<Row>
     Ok(rows)
 }
 
-/// `w1` at one size: per round, over the client sockets, raw TCP and with the clients in
-/// the nodes' process (only the link between them), side by side; `w1`'s two rows.
-async fn two_nodes(scratch: &Path, scale: Scale, size: usize, full: usize) -> Result<[Row; 2], DemoError> {
+/// `w1` at one size: per round, over the client sockets, raw TCP, with the clients in the
+/// nodes' process (only the link between them), and the socket hops the first case
+/// crosses carrying the bytes alone ([`hops`]), side by side; `w1`'s three rows.
+async fn two_nodes(scratch: &Path, scale: Scale, size: usize, full: usize) -> Result<[Row; 3], DemoError> {
     let messages = scale.messages(full);
-    let (mut through, mut raw, mut inside) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut through, mut raw, mut inside, mut bare) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for _ in 0..scale.rounds {
         through.push(through_nodes(scratch, 2, None, false, messages, size).await?);
         raw.push(raw_tcp(messages, size).await?);
         inside.push(through_nodes(scratch, 2, None, true, messages, size).await?);
+        bare.push(hops::stream(scratch, messages, size).await?);
     }
     let baseline = "raw TCP stream, buffered writes";
     let base = median(&raw);
@@ -197,7 +205,18 @@ async fn two_nodes(scratch: &Path, scale: Scale, size: usize, full: usize) -> Re
     let sockets = row("w1", case, size, median(&through), baseline, base, rounds_note(&through, &raw));
     let case = format!("A -> B, volatile, {messages} messages, in-process clients");
     let inside = row("w1", case, size, median(&inside), baseline, base, rounds_note(&inside, &raw));
-    Ok([sockets, inside])
+    let case = format!("A -> B, volatile, {messages} messages, the client sockets' case");
+    let hops_baseline = "its socket hops carrying the bytes alone: Unix socket, TCP, Unix socket";
+    let note = [
+        rounds_note(&through, &bare),
+        format!("the hops alone carry {:.2}x of raw TCP", median(&bare) / base.max(f64::MIN_POSITIVE)),
+    ]
+    .into_iter()
+    .filter(|n| !n.is_empty())
+    .collect::<Vec<_>>()
+    .join("; ");
+    let hops = row("w1", case, size, median(&through), hops_baseline, median(&bare), note);
+    Ok([sockets, inside, hops])
 }
 
 /// Per round: `w1`'s case over the client sockets (two nodes, plaintext) and each of
@@ -479,29 +498,12 @@ async fn raw_tcp(messages: usize, size: usize) -> Result<f64, DemoError> {
     let address = listener.local_addr()?;
     let reader = tokio::spawn(async move {
         let (stream, _) = listener.accept().await?;
-        let mut r = BufReader::with_capacity(256 << 10, stream);
-        let mut buf = vec![0u8; size.max(16)];
-        let mut intact = 0usize;
-        for i in 0..messages {
-            let len = r.read_u32().await? as usize;
-            if len > buf.len() {
-                buf.resize(len, 0);
-            }
-            r.read_exact(&mut buf[..len]).await?;
-            intact += usize::from(is_payload(i, size, &buf[..len]));
-        }
-        Ok::<usize, std::io::Error>(intact)
+        read_checked(stream, messages, size).await
     });
     let started = Instant::now();
     // On a task of its own, as the nodes' clients are.
     let writer = tokio::spawn(async move {
-        let mut w = BufWriter::with_capacity(256 << 10, tokio::net::TcpStream::connect(address).await?);
-        for i in 0..messages {
-            let p = payload(i, size);
-            w.write_u32(p.len() as u32).await?;
-            w.write_all(&p).await?;
-        }
-        w.flush().await
+        write_payloads(tokio::net::TcpStream::connect(address).await?, messages, size).await
     });
     writer.await.map_err(std::io::Error::other)??;
     let intact = reader.await.map_err(std::io::Error::other)??;
@@ -510,6 +512,42 @@ async fn raw_tcp(messages: usize, size: usize) -> Result<f64, DemoError> {
         return Err(DemoError::Io(std::io::Error::other(format!("raw TCP: {intact} of {messages} intact"))));
     }
     Ok(messages as f64 / elapsed.as_secs_f64().max(1e-9))
+}
+
+/// Writes `messages` numbered payloads of `size` bytes to `stream`, each after its `u32`
+/// big-endian length, in buffered writes.
+async fn write_payloads<W: AsyncWrite + Unpin>(
+    stream: W,
+    messages: usize,
+    size: usize,
+) -> std::io::Result<()> {
+    let mut w = BufWriter::with_capacity(256 << 10, stream);
+    for i in 0..messages {
+        let p = payload(i, size);
+        w.write_u32(p.len() as u32).await?;
+        w.write_all(&p).await?;
+    }
+    w.flush().await
+}
+
+/// Reads what [`write_payloads`] wrote: how many of the `messages` payloads arrived intact.
+async fn read_checked<R: AsyncRead + Unpin>(
+    stream: R,
+    messages: usize,
+    size: usize,
+) -> std::io::Result<usize> {
+    let mut r = BufReader::with_capacity(256 << 10, stream);
+    let mut buf = vec![0u8; size.max(16)];
+    let mut intact = 0usize;
+    for i in 0..messages {
+        let len = r.read_u32().await? as usize;
+        if len > buf.len() {
+            buf.resize(len, 0);
+        }
+        r.read_exact(&mut buf[..len]).await?;
+        intact += usize::from(is_payload(i, size, &buf[..len]));
+    }
+    Ok(intact)
 }
 
 /// Urgent messages a second in `w7`.
@@ -694,6 +732,14 @@ async fn ping_pong(scratch: &Path, rounds: usize, in_process: bool) -> Result<Ro
     let (raw_times, raw_per_s) = raw_ping_pong(rounds).await?;
     let [p50, p99, p999] = percentiles(&mut times);
     let [r50, r99, r999] = percentiles(&mut raw_times.clone());
+    // Over the client sockets, also the same hops carrying the bytes alone: what of the gap
+    // to raw TCP the sockets make.
+    let hops = if in_process {
+        String::new()
+    } else {
+        let [h50, h99, h999] = percentiles(&mut hops::ping_pong(scratch, rounds).await?);
+        format!("; its socket hops carrying the bytes alone {h50:.0}/{h99:.0}/{h999:.0} us")
+    };
     Ok(row(
         "w3",
         format!(
@@ -709,7 +755,7 @@ async fn ping_pong(scratch: &Path, rounds: usize, in_process: bool) -> Result<Ro
         "raw TCP ping-pong",
         raw_per_s,
         format!(
-            "round trip p50/p99/p99.9 {p50:.0}/{p99:.0}/{p999:.0} us against raw {r50:.0}/{r99:.0}/{r999:.0} us (p99 {:.1}x)",
+            "round trip p50/p99/p99.9 {p50:.0}/{p99:.0}/{p999:.0} us against raw {r50:.0}/{r99:.0}/{r999:.0} us (p99 {:.1}x){hops}",
             p99 / r99.max(1e-9)
         ),
     ))
@@ -725,30 +771,36 @@ async fn pace(started: Instant, i: usize) {
 async fn raw_ping_pong(rounds: usize) -> Result<(Vec<Duration>, f64), DemoError> {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let address = listener.local_addr()?;
-    let echo = tokio::spawn(async move {
-        let (mut stream, _) = listener.accept().await?;
+    let echoed = tokio::spawn(async move {
+        let (stream, _) = listener.accept().await?;
         stream.set_nodelay(true)?;
-        let mut buf = vec![0u8; 64];
-        for _ in 0..rounds {
-            let len = stream.read_u32().await? as usize;
-            buf.resize(len, 0);
-            stream.read_exact(&mut buf).await?;
-            stream.write_u32(len as u32).await?;
-            stream.write_all(&buf).await?;
-        }
-        Ok::<(), std::io::Error>(())
+        echo(stream, rounds).await
     });
     let mut stream = tokio::net::TcpStream::connect(address).await?;
     stream.set_nodelay(true)?;
-    let pinged = tokio::spawn(async move { raw_pings(&mut stream, rounds).await });
+    let pinged = tokio::spawn(async move { pings(&mut stream, rounds).await });
     let (times, per_s) = pinged.await.map_err(std::io::Error::other)??;
-    echo.await.map_err(std::io::Error::other)??;
+    echoed.await.map_err(std::io::Error::other)??;
     Ok((times, per_s))
 }
 
-/// The pinging end of [`raw_ping_pong`]: round-trip times and rounds per second.
-async fn raw_pings(
-    stream: &mut tokio::net::TcpStream,
+/// The echoing end of a raw ping-pong: sends each of `rounds` length-prefixed messages back.
+async fn echo<S: AsyncRead + AsyncWrite + Unpin>(mut stream: S, rounds: usize) -> std::io::Result<()> {
+    let mut buf = vec![0u8; 64];
+    for _ in 0..rounds {
+        let len = stream.read_u32().await? as usize;
+        buf.resize(len, 0);
+        stream.read_exact(&mut buf).await?;
+        stream.write_u32(len as u32).await?;
+        stream.write_all(&buf).await?;
+    }
+    Ok(())
+}
+
+/// The pinging end of a raw ping-pong (paced as `w3`'s): round-trip times and rounds per
+/// second.
+async fn pings<S: AsyncRead + AsyncWrite + Unpin>(
+    stream: &mut S,
     rounds: usize,
 ) -> Result<(Vec<Duration>, f64), DemoError> {
     let mut times = Vec::with_capacity(rounds);
