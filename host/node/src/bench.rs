@@ -37,9 +37,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use linkbus_plugin_api::{Address, Batch, Content, Reliability};
+use linkbus_plugin_api::{Address, Content};
 use linkbus_proto::secure::Cipher;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, BufWriter};
 
 use crate::Node;
 use crate::client::Client;
@@ -47,6 +46,11 @@ use crate::config::{self, Overrides};
 use crate::demo::{DemoError, is_payload, payload};
 
 mod hops;
+mod persistent;
+mod raw;
+
+use persistent::persistent_puts;
+use raw::{raw_ping_pong, raw_tcp};
 
 /// The workloads, in the order they run.
 pub const WORKLOADS: [&str; 6] = ["w1", "w2", "w3", "w4", "w5", "w7"];
@@ -491,65 +495,6 @@ async fn through_nodes(
     Ok(messages as f64 / report.elapsed.as_secs_f64().max(1e-9))
 }
 
-/// The same payloads as a raw length-prefixed TCP stream on 127.0.0.1 with buffered writes,
-/// each checked where it is read: messages per second.
-async fn raw_tcp(messages: usize, size: usize) -> Result<f64, DemoError> {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let address = listener.local_addr()?;
-    let reader = tokio::spawn(async move {
-        let (stream, _) = listener.accept().await?;
-        read_checked(stream, messages, size).await
-    });
-    let started = Instant::now();
-    // On a task of its own, as the nodes' clients are.
-    let writer = tokio::spawn(async move {
-        write_payloads(tokio::net::TcpStream::connect(address).await?, messages, size).await
-    });
-    writer.await.map_err(std::io::Error::other)??;
-    let intact = reader.await.map_err(std::io::Error::other)??;
-    let elapsed = started.elapsed();
-    if intact != messages {
-        return Err(DemoError::Io(std::io::Error::other(format!("raw TCP: {intact} of {messages} intact"))));
-    }
-    Ok(messages as f64 / elapsed.as_secs_f64().max(1e-9))
-}
-
-/// Writes `messages` numbered payloads of `size` bytes to `stream`, each after its `u32`
-/// big-endian length, in buffered writes.
-async fn write_payloads<W: AsyncWrite + Unpin>(
-    stream: W,
-    messages: usize,
-    size: usize,
-) -> std::io::Result<()> {
-    let mut w = BufWriter::with_capacity(256 << 10, stream);
-    for i in 0..messages {
-        let p = payload(i, size);
-        w.write_u32(p.len() as u32).await?;
-        w.write_all(&p).await?;
-    }
-    w.flush().await
-}
-
-/// Reads what [`write_payloads`] wrote: how many of the `messages` payloads arrived intact.
-async fn read_checked<R: AsyncRead + Unpin>(
-    stream: R,
-    messages: usize,
-    size: usize,
-) -> std::io::Result<usize> {
-    let mut r = BufReader::with_capacity(256 << 10, stream);
-    let mut buf = vec![0u8; size.max(16)];
-    let mut intact = 0usize;
-    for i in 0..messages {
-        let len = r.read_u32().await? as usize;
-        if len > buf.len() {
-            buf.resize(len, 0);
-        }
-        r.read_exact(&mut buf[..len]).await?;
-        intact += usize::from(is_payload(i, size, &buf[..len]));
-    }
-    Ok(intact)
-}
-
 /// Urgent messages a second in `w7`.
 const URGENT_RATE: u32 = 20;
 
@@ -767,66 +712,6 @@ async fn pace(started: Instant, i: usize) {
     tokio::time::sleep_until(tokio::time::Instant::from_std(due)).await;
 }
 
-/// The same ping-pong over one raw TCP connection: round-trip times and rounds per second.
-async fn raw_ping_pong(rounds: usize) -> Result<(Vec<Duration>, f64), DemoError> {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let address = listener.local_addr()?;
-    let echoed = tokio::spawn(async move {
-        let (stream, _) = listener.accept().await?;
-        stream.set_nodelay(true)?;
-        echo(stream, rounds).await
-    });
-    let mut stream = tokio::net::TcpStream::connect(address).await?;
-    stream.set_nodelay(true)?;
-    let pinged = tokio::spawn(async move { pings(&mut stream, rounds).await });
-    let (times, per_s) = pinged.await.map_err(std::io::Error::other)??;
-    echoed.await.map_err(std::io::Error::other)??;
-    Ok((times, per_s))
-}
-
-/// The echoing end of a raw ping-pong: sends each of `rounds` length-prefixed messages back.
-async fn echo<S: AsyncRead + AsyncWrite + Unpin>(mut stream: S, rounds: usize) -> std::io::Result<()> {
-    let mut buf = vec![0u8; 64];
-    for _ in 0..rounds {
-        let len = stream.read_u32().await? as usize;
-        buf.resize(len, 0);
-        stream.read_exact(&mut buf).await?;
-        stream.write_u32(len as u32).await?;
-        stream.write_all(&buf).await?;
-    }
-    Ok(())
-}
-
-/// The pinging end of a raw ping-pong (paced as `w3`'s): round-trip times and rounds per
-/// second.
-async fn pings<S: AsyncRead + AsyncWrite + Unpin>(
-    stream: &mut S,
-    rounds: usize,
-) -> Result<(Vec<Duration>, f64), DemoError> {
-    let mut times = Vec::with_capacity(rounds);
-    let mut buf = vec![0u8; 64];
-    let started = Instant::now();
-    for i in 0..rounds {
-        pace(started, i).await;
-        let sent = Instant::now();
-        let p = payload(i, 64);
-        let mut frame = Vec::with_capacity(4 + p.len());
-        frame.extend_from_slice(&(p.len() as u32).to_be_bytes());
-        frame.extend_from_slice(&p);
-        stream.write_all(&frame).await?;
-        let len = stream.read_u32().await? as usize;
-        buf.resize(len, 0);
-        stream.read_exact(&mut buf).await?;
-        if !is_payload(i, 64, &buf) {
-            return Err(DemoError::Io(std::io::Error::other(format!(
-                "raw ping-pong: round {i} came back wrong"
-            ))));
-        }
-        times.push(sent.elapsed());
-    }
-    Ok((times, rounds as f64 / started.elapsed().as_secs_f64().max(1e-9)))
-}
-
 /// p50, p99 and p99.9 of `times`, in microseconds.
 fn percentiles(times: &mut [Duration]) -> [f64; 3] {
     times.sort_unstable();
@@ -836,138 +721,6 @@ fn percentiles(times: &mut [Duration]) -> [f64; 3] {
         times.get(index).map_or(0.0, |t| t.as_secs_f64() * 1e6)
     };
     [at(0.50), at(0.99), at(0.999)]
-}
-
-/// `w2`: 16 clients putting persistent 1 KiB messages on one node for `scale.duration`,
-/// one at a time and then [`W2_BATCH`] per request, each request answered after the sync
-/// that covers it; on each of [`W2_STORES`], against the same store syncing each record
-/// alone, with the disk's raw sync rate in the note.
-async fn persistent_puts(scratch: &Path, scale: Scale) -> Result<Vec<Row>, DemoError> {
-    let dir = scratch.join("w2");
-    let duration = scale.duration;
-    let raw_dir = dir.clone();
-    let raw = tokio::task::spawn_blocking(move || raw_syncs(&raw_dir, duration))
-        .await
-        .map_err(std::io::Error::other)??;
-    let mut rows = Vec::new();
-    for store in W2_STORES {
-        let mut measured = Vec::new();
-        for batch in [1, W2_BATCH] {
-            let at = dir.join(format!("{store}-b{batch}"));
-            measured.push((batch, persistent_puts_in(&at, store, duration, batch).await?));
-        }
-        let alone_dir = dir.join(format!("{store}-alone"));
-        let alone = tokio::task::spawn_blocking(move || sync_each(store, &alone_dir, duration))
-            .await
-            .map_err(std::io::Error::other)??;
-        rows.extend(measured.into_iter().map(|(batch, (rate, per_sync))| {
-            let case = if batch == 1 {
-                format!("{W2_CLIENTS} clients, persistent puts one at a time, each answered after its sync, store {store}")
-            } else {
-                format!(
-                    "{W2_CLIENTS} clients, {batch} persistent puts per request, answered after their sync, store {store}"
-                )
-            };
-            let note = format!("{per_sync:.1} puts per sync; the disk's raw write+fdatasync rate {raw:.0}/s");
-            let baseline = format!("{store} syncing each record alone");
-            row("w2", case, 1024, rate, &baseline, alone, note)
-        }));
-    }
-    Ok(rows)
-}
-
-/// Clients putting at `w2`.
-const W2_CLIENTS: usize = 16;
-/// Puts per request in `w2`'s batched case.
-const W2_BATCH: usize = 256;
-/// The store plugins `w2` runs on: the default, and the log that writes each record once.
-const W2_STORES: [&str; 2] = ["fjall", "log"];
-
-/// One node in `dir` on the store plugin `store`, [`W2_CLIENTS`] clients putting `batch`
-/// persistent 1 KiB messages per request for `duration`: puts per second and puts per
-/// store sync.
-async fn persistent_puts_in(
-    dir: &Path,
-    store: &str,
-    duration: Duration,
-    batch: usize,
-) -> Result<(f64, f64), DemoError> {
-    let overrides = Overrides {
-        name: Some("A".into()),
-        listen: Some("none".into()),
-        data_dir: Some(dir.join("A")),
-        client_socket: Some(dir.join("A.sock")),
-        ..Overrides::default()
-    };
-    let mut tree = config::parse_yaml(&format!(
-        "queues: [ {{ name: q, order: fifo, queue_messages_max: 100000000 }} ]\nplugins: {{ store: {{ kind: {store} }} }}"
-    ))?;
-    config::apply_overrides(&mut tree, &overrides);
-    let node = Node::start(config::from_value(&tree)?).await?;
-    let put = Arc::new(AtomicU64::new(0));
-    let deadline = Instant::now() + duration;
-    let mut tasks = Vec::new();
-    for _ in 0..W2_CLIENTS {
-        let (socket, put) = (node.socket_path().to_owned(), put.clone());
-        tasks.push(tokio::spawn(async move {
-            let mut client = Client::connect(&socket).await?;
-            let to: Address = "A:q".parse().expect("valid address");
-            let content = Content::buf(to, vec![7u8; 1024]).with_reliability(Reliability::Persistent);
-            while Instant::now() < deadline {
-                let ids = client.put_batch(vec![content.clone(); batch]).await?;
-                put.fetch_add(ids.len() as u64, Ordering::Relaxed);
-            }
-            Ok::<(), crate::client::ClientError>(())
-        }));
-    }
-    let started = Instant::now();
-    let syncs_before = node.state().committer.stats.syncs.load(Ordering::Relaxed);
-    for task in tasks {
-        task.await.map_err(std::io::Error::other)??;
-    }
-    let elapsed = started.elapsed().as_secs_f64();
-    let count = put.load(Ordering::Relaxed);
-    let syncs = node.state().committer.stats.syncs.load(Ordering::Relaxed) - syncs_before;
-    node.shutdown().await;
-    Ok((count as f64 / elapsed.max(1e-9), count as f64 / syncs.max(1) as f64))
-}
-
-/// Records per second when the store plugin `store` (`fjall` or `log`) syncs each 1 KiB
-/// record on its own.
-fn sync_each(store: &str, dir: &Path, duration: Duration) -> Result<f64, DemoError> {
-    let failed = |e: linkbus_plugin_api::StoreError| DemoError::Io(std::io::Error::other(e.to_string()));
-    let store: Box<dyn linkbus_plugin_api::Store> = match store {
-        "log" => Box::new(
-            linkbus_store_log::LogStore::open(dir, linkbus_store_log::SEGMENT_MIB_DEFAULT << 20)
-                .map_err(failed)?,
-        ),
-        _ => Box::new(linkbus_store_fjall::FjallStore::open(dir).map_err(failed)?),
-    };
-    let started = Instant::now();
-    let mut written = 0u64;
-    while started.elapsed() < duration {
-        let mut batch = Batch::new();
-        batch.put("q", written.to_be_bytes().to_vec(), vec![7u8; 1024]);
-        store.write(batch, true).map_err(failed)?;
-        written += 1;
-    }
-    Ok(written as f64 / started.elapsed().as_secs_f64().max(1e-9))
-}
-
-/// 1 KiB writes to a file, each followed by `fdatasync`, per second.
-fn raw_syncs(dir: &Path, duration: Duration) -> Result<f64, DemoError> {
-    use std::io::Write;
-    std::fs::create_dir_all(dir)?;
-    let mut file = std::fs::File::create(dir.join("raw-syncs"))?;
-    let block = [7u8; 1024];
-    let started = Instant::now();
-    let mut synced = 0u64;
-    while started.elapsed() < duration {
-        file.write_all(&block)?;
-        file.sync_data()?;
-        synced += 1;
-    }
-    Ok(synced as f64 / started.elapsed().as_secs_f64().max(1e-9))
 }
 
 #[cfg(test)]

@@ -1,90 +1,152 @@
 //! The socket hops a message crosses between two nodes' socket clients, carrying the bytes
-//! alone: a Unix socket into a forwarder (node A's place), TCP to a second forwarder (node
-//! B's), a Unix socket out of it. The forwarders copy what they read, unparsed; nothing
-//! is queued, routed, acknowledged or checked on the way. What is left of `w1`'s and
-//! `w3`'s gap to raw TCP once this is taken out is the nodes' own work: a client
-//! protocol over sockets cannot go faster than its sockets.
+//! alone: a Unix socket into a forwarder (node A's place), a TCP connection of the `tcp`
+//! transport plugin with its default settings (as the nodes' link) to a second forwarder
+//! (node B's), a Unix socket out of it. The forwarders copy what they read, unparsed, in
+//! reads as large as the nodes' (64 KiB from a client socket, 256 KiB from a link);
+//! nothing is queued, routed, acknowledged or checked on the way. What is left of `w1`'s
+//! and `w3`'s gap to raw TCP once this is taken out is the nodes' own work.
 
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::sync::atomic::Ordering;
+use std::time::Duration;
 
-use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
+use linkbus_plugin_api::transport::{Connection, Transport};
+use linkbus_transport_tcp::TcpTransport;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::{UnixListener, UnixStream};
 use tokio::task::JoinSet;
 
-use super::{NEXT_SCRATCH, pings, read_checked, write_payloads};
+use super::NEXT_SCRATCH;
+use super::raw::{echo, pings, read_checked, write_payloads};
 use crate::demo::DemoError;
 
-/// What a forwarder reads at a time, each way (as the nodes' socket buffers).
-const FORWARD_BYTES: usize = 256 << 10;
+/// What a forwarder reads at a time from a client socket (as the node's client server).
+const FROM_CLIENT_BYTES: usize = 64 << 10;
+
+/// What a forwarder reads at a time from the TCP hop (as a link).
+const FROM_LINK_BYTES: usize = 256 << 10;
+
+/// Longest a run through the hops may take: a forwarder that stalls fails the run instead
+/// of hanging it.
+const RUN_TIME_MAX: Duration = Duration::from_secs(300);
 
 /// A producer's way in, through the two forwarders, to a listener at the far end.
 struct Hops {
     /// Where the producer connects (a Unix socket).
     entry: PathBuf,
-    /// Where the far end is reached (a Unix socket the second forwarder connects to).
-    exit: UnixListener,
     /// The forwarders: stopped when this drops.
     forwarders: JoinSet<std::io::Result<()>>,
 }
 
 impl Hops {
     /// Binds the entry, the TCP hop and the exit in their own directory under `scratch`,
-    /// and starts the forwarders (each serves one connection).
-    async fn start(scratch: &Path) -> Result<Self, DemoError> {
-        let dir =
-            scratch.join(format!("hops-{}", NEXT_SCRATCH.fetch_add(1, std::sync::atomic::Ordering::Relaxed)));
+    /// and starts the forwarders (each serves one connection); the hops and where the far
+    /// end is reached (a Unix socket the second forwarder connects to).
+    async fn start(scratch: &Path) -> Result<(Self, UnixListener), DemoError> {
+        let dir = scratch.join(format!("hops-{}", NEXT_SCRATCH.fetch_add(1, Ordering::Relaxed)));
         std::fs::create_dir_all(&dir)?;
         let (entry, exit_path) = (dir.join("in.sock"), dir.join("out.sock"));
         let into_first = UnixListener::bind(&entry)?;
         let exit = UnixListener::bind(&exit_path)?;
-        let between = TcpListener::bind("127.0.0.1:0").await?;
-        let second_at = between.local_addr()?;
+        let transport = TcpTransport::default();
+        let mut between = transport.listen("127.0.0.1:0").await.map_err(std::io::Error::other)?;
+        let second_at = between.local_address();
         let mut forwarders = JoinSet::new();
         forwarders.spawn(async move {
-            let (mut from, _) = into_first.accept().await?;
-            let mut to = TcpStream::connect(second_at).await?;
-            to.set_nodelay(true)?;
-            forward(&mut from, &mut to).await
+            let (from, _) = into_first.accept().await?;
+            let to = transport.connect(&second_at).await.map_err(std::io::Error::other)?;
+            let (read, write) = from.into_split();
+            forward((read, write), (to.reader, to.writer), FROM_CLIENT_BYTES, FROM_LINK_BYTES).await
         });
         forwarders.spawn(async move {
-            let (mut from, _) = between.accept().await?;
-            from.set_nodelay(true)?;
-            let mut to = UnixStream::connect(&exit_path).await?;
-            forward(&mut from, &mut to).await
+            let Connection { reader, writer, .. } = between.accept().await.map_err(std::io::Error::other)?;
+            let (read, write) = UnixStream::connect(&exit_path).await?.into_split();
+            forward((reader, writer), (read, write), FROM_LINK_BYTES, FROM_CLIENT_BYTES).await
         });
-        Ok(Self { entry, exit, forwarders })
+        Ok((Self { entry, forwarders }, exit))
+    }
+
+    /// Waits for the far end's `task`, failing as soon as a forwarder fails (the far end
+    /// would wait for it for ever) or the run takes longer than [`RUN_TIME_MAX`].
+    async fn finish<T>(&mut self, far: &mut JoinSet<std::io::Result<T>>) -> Result<T, DemoError>
+    where
+        T: Send + 'static,
+    {
+        let run = async {
+            loop {
+                tokio::select! {
+                    done = far.join_next() => {
+                        let done = done.ok_or_else(|| std::io::Error::other("the far end's task is missing"))?;
+                        return Ok(done.map_err(std::io::Error::other)??);
+                    }
+                    Some(ended) = self.forwarders.join_next() => {
+                        ended.map_err(std::io::Error::other)?.map_err(|e| {
+                            std::io::Error::new(e.kind(), format!("socket hops: a forwarder failed: {e}"))
+                        })?;
+                    }
+                }
+            }
+        };
+        tokio::time::timeout(RUN_TIME_MAX, run).await.map_err(|_| {
+            DemoError::Io(std::io::Error::other(format!("socket hops: the run took over {RUN_TIME_MAX:?}")))
+        })?
     }
 }
 
-/// Copies each way until both ends are done, as a node passes bytes on.
-async fn forward<A, B>(a: &mut A, b: &mut B) -> std::io::Result<()>
+/// Copies each way, `a` to `b` in reads of `a_bytes` and `b` to `a` in reads of `b_bytes`,
+/// until both ends are done, as a node passes bytes on.
+async fn forward<AR, AW, BR, BW>(
+    a: (AR, AW),
+    b: (BR, BW),
+    a_bytes: usize,
+    b_bytes: usize,
+) -> std::io::Result<()>
 where
-    A: AsyncRead + AsyncWrite + Unpin,
-    B: AsyncRead + AsyncWrite + Unpin,
+    AR: AsyncRead + Unpin,
+    AW: AsyncWrite + Unpin,
+    BR: AsyncRead + Unpin,
+    BW: AsyncWrite + Unpin,
 {
-    tokio::io::copy_bidirectional_with_sizes(a, b, FORWARD_BYTES, FORWARD_BYTES).await.map(|_| ())
+    let ((a_read, a_write), (b_read, b_write)) = (a, b);
+    tokio::try_join!(pipe(a_read, b_write, a_bytes), pipe(b_read, a_write, b_bytes)).map(|_| ())
+}
+
+/// Copies `from` to `to` in reads of up to `read_bytes`, then ends `to`'s writing side.
+async fn pipe<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
+    mut from: R,
+    mut to: W,
+    read_bytes: usize,
+) -> std::io::Result<()> {
+    let mut buf = vec![0u8; read_bytes];
+    loop {
+        let n = from.read(&mut buf).await?;
+        let Some(read) = buf.get(..n).filter(|read| !read.is_empty()) else {
+            return to.shutdown().await;
+        };
+        to.write_all(read).await?;
+    }
 }
 
 /// `messages` numbered payloads of `size` bytes, length-prefixed in buffered writes, through
 /// the hops, each checked at the far end: messages per second.
 ///
 /// # Errors
-/// [`DemoError`] when a socket fails or a payload arrives damaged or not at all.
+/// [`DemoError`] when a socket or a forwarder fails, a payload arrives damaged or not at
+/// all, or the run takes longer than [`RUN_TIME_MAX`].
 pub(super) async fn stream(scratch: &Path, messages: usize, size: usize) -> Result<f64, DemoError> {
-    let hops = Hops::start(scratch).await?;
-    let exit = hops.exit;
-    let reader = tokio::spawn(async move {
+    let (mut hops, exit) = Hops::start(scratch).await?;
+    let mut far = JoinSet::new();
+    far.spawn(async move {
         let (stream, _) = exit.accept().await?;
         read_checked(stream, messages, size).await
     });
-    let started = Instant::now();
-    let entry = hops.entry;
+    let started = std::time::Instant::now();
     // On a task of its own, as the nodes' clients are.
-    let writer =
-        tokio::spawn(async move { write_payloads(UnixStream::connect(&entry).await?, messages, size).await });
-    writer.await.map_err(std::io::Error::other)??;
-    let intact = reader.await.map_err(std::io::Error::other)??;
+    let mut near = JoinSet::new();
+    let entry = hops.entry.clone();
+    near.spawn(async move { write_payloads(UnixStream::connect(&entry).await?, messages, size).await });
+    hops.finish(&mut near).await?;
+    let intact = hops.finish(&mut far).await?;
     let elapsed = started.elapsed();
     if intact != messages {
         return Err(DemoError::Io(std::io::Error::other(format!(
@@ -98,23 +160,25 @@ pub(super) async fn stream(scratch: &Path, messages: usize, size: usize) -> Resu
 /// as `w3`'s: each round trip's time.
 ///
 /// # Errors
-/// [`DemoError`] when a socket fails or a payload comes back wrong.
+/// [`DemoError`] when a socket or a forwarder fails, a payload comes back wrong, or the
+/// run takes longer than [`RUN_TIME_MAX`].
 pub(super) async fn ping_pong(scratch: &Path, rounds: usize) -> Result<Vec<Duration>, DemoError> {
-    let hops = Hops::start(scratch).await?;
-    let exit = hops.exit;
-    let echo = tokio::spawn(async move {
+    let (mut hops, exit) = Hops::start(scratch).await?;
+    let mut far = JoinSet::new();
+    far.spawn(async move {
         let (stream, _) = exit.accept().await?;
-        super::echo(stream, rounds).await
+        echo(stream, rounds).await
     });
-    let mut stream = UnixStream::connect(&hops.entry).await?;
-    let pinged = tokio::spawn(async move {
-        let times = pings(&mut stream, rounds).await;
+    let mut near = JoinSet::new();
+    let entry = hops.entry.clone();
+    near.spawn(async move {
+        let mut stream = UnixStream::connect(&entry).await?;
+        let pinged = pings(&mut stream, rounds).await.map_err(std::io::Error::other);
         let _ = stream.shutdown().await;
-        times
+        pinged
     });
-    let (times, _) = pinged.await.map_err(std::io::Error::other)??;
-    echo.await.map_err(std::io::Error::other)??;
-    drop(hops.forwarders);
+    let (times, _) = hops.finish(&mut near).await?;
+    hops.finish(&mut far).await?;
     Ok(times)
 }
 
@@ -130,7 +194,26 @@ mod tests {
             assert!(rate > 0.0, "{size} B: {rate}");
         }
         let times = ping_pong(&scratch.0, 20).await.expect("ping-pong through the hops");
-        assert_eq!(times.len(), 20);
+        assert_eq!(times.len(), 20, "one time per round: {times:?}");
         assert!(times.iter().all(|t| *t > Duration::ZERO), "{times:?}");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_forwarder_that_fails_fails_the_run_instead_of_hanging_it() {
+        let scratch = super::super::Scratch::new("hops-fail").expect("scratch");
+        let (mut hops, _exit) = Hops::start(&scratch.0).await.expect("hops");
+        // The far end's socket is gone: the second forwarder cannot reach it.
+        std::fs::remove_file(hops.entry.with_file_name("out.sock")).expect("exit removed");
+        let mut near = JoinSet::new();
+        let entry = hops.entry.clone();
+        near.spawn(async move { write_payloads(UnixStream::connect(&entry).await?, 10, 64).await });
+        // A far end that would wait for ever.
+        let mut far: JoinSet<std::io::Result<()>> = JoinSet::new();
+        far.spawn(std::future::pending());
+        let failed = tokio::time::timeout(Duration::from_secs(30), hops.finish(&mut far))
+            .await
+            .expect("the run ends")
+            .expect_err("a forwarder failed");
+        assert!(failed.to_string().contains("a forwarder failed"), "{failed}");
     }
 }

@@ -1,0 +1,132 @@
+//! `w2`: persistent puts answered after the sync that covers them (group commit), against
+//! the same store syncing each record alone and the disk's raw write-and-sync rate.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use linkbus_plugin_api::{Address, Batch, Content, Reliability};
+
+use super::raw::raw_syncs;
+use super::{Row, Scale, row};
+use crate::Node;
+use crate::client::Client;
+use crate::config::{self, Overrides};
+use crate::demo::DemoError;
+
+/// `w2`: 16 clients putting persistent 1 KiB messages on one node for `scale.duration`,
+/// one at a time and then [`W2_BATCH`] per request, each request answered after the sync
+/// that covers it; on each of [`W2_STORES`], against the same store syncing each record
+/// alone, with the disk's raw sync rate in the note.
+pub(super) async fn persistent_puts(scratch: &Path, scale: Scale) -> Result<Vec<Row>, DemoError> {
+    let dir = scratch.join("w2");
+    let duration = scale.duration;
+    let raw_dir = dir.clone();
+    let raw = tokio::task::spawn_blocking(move || raw_syncs(&raw_dir, duration))
+        .await
+        .map_err(std::io::Error::other)??;
+    let mut rows = Vec::new();
+    for store in W2_STORES {
+        let mut measured = Vec::new();
+        for batch in [1, W2_BATCH] {
+            let at = dir.join(format!("{store}-b{batch}"));
+            measured.push((batch, persistent_puts_in(&at, store, duration, batch).await?));
+        }
+        let alone_dir = dir.join(format!("{store}-alone"));
+        let alone = tokio::task::spawn_blocking(move || sync_each(store, &alone_dir, duration))
+            .await
+            .map_err(std::io::Error::other)??;
+        rows.extend(measured.into_iter().map(|(batch, (rate, per_sync))| {
+            let case = if batch == 1 {
+                format!("{W2_CLIENTS} clients, persistent puts one at a time, each answered after its sync, store {store}")
+            } else {
+                format!(
+                    "{W2_CLIENTS} clients, {batch} persistent puts per request, answered after their sync, store {store}"
+                )
+            };
+            let note = format!("{per_sync:.1} puts per sync; the disk's raw write+fdatasync rate {raw:.0}/s");
+            let baseline = format!("{store} syncing each record alone");
+            row("w2", case, 1024, rate, &baseline, alone, note)
+        }));
+    }
+    Ok(rows)
+}
+
+/// Clients putting at `w2`.
+const W2_CLIENTS: usize = 16;
+/// Puts per request in `w2`'s batched case.
+const W2_BATCH: usize = 256;
+/// The store plugins `w2` runs on: the default, and the log that writes each record once.
+const W2_STORES: [&str; 2] = ["fjall", "log"];
+
+/// One node in `dir` on the store plugin `store`, [`W2_CLIENTS`] clients putting `batch`
+/// persistent 1 KiB messages per request for `duration`: puts per second and puts per
+/// store sync.
+async fn persistent_puts_in(
+    dir: &Path,
+    store: &str,
+    duration: Duration,
+    batch: usize,
+) -> Result<(f64, f64), DemoError> {
+    let overrides = Overrides {
+        name: Some("A".into()),
+        listen: Some("none".into()),
+        data_dir: Some(dir.join("A")),
+        client_socket: Some(dir.join("A.sock")),
+        ..Overrides::default()
+    };
+    let mut tree = config::parse_yaml(&format!(
+        "queues: [ {{ name: q, order: fifo, queue_messages_max: 100000000 }} ]\nplugins: {{ store: {{ kind: {store} }} }}"
+    ))?;
+    config::apply_overrides(&mut tree, &overrides);
+    let node = Node::start(config::from_value(&tree)?).await?;
+    let put = Arc::new(AtomicU64::new(0));
+    let deadline = Instant::now() + duration;
+    let mut tasks = Vec::new();
+    for _ in 0..W2_CLIENTS {
+        let (socket, put) = (node.socket_path().to_owned(), put.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut client = Client::connect(&socket).await?;
+            let to: Address = "A:q".parse().expect("valid address");
+            let content = Content::buf(to, vec![7u8; 1024]).with_reliability(Reliability::Persistent);
+            while Instant::now() < deadline {
+                let ids = client.put_batch(vec![content.clone(); batch]).await?;
+                put.fetch_add(ids.len() as u64, Ordering::Relaxed);
+            }
+            Ok::<(), crate::client::ClientError>(())
+        }));
+    }
+    let started = Instant::now();
+    let syncs_before = node.state().committer.stats.syncs.load(Ordering::Relaxed);
+    for task in tasks {
+        task.await.map_err(std::io::Error::other)??;
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    let count = put.load(Ordering::Relaxed);
+    let syncs = node.state().committer.stats.syncs.load(Ordering::Relaxed) - syncs_before;
+    node.shutdown().await;
+    Ok((count as f64 / elapsed.max(1e-9), count as f64 / syncs.max(1) as f64))
+}
+
+/// Records per second when the store plugin `store` (`fjall` or `log`) syncs each 1 KiB
+/// record on its own.
+fn sync_each(store: &str, dir: &Path, duration: Duration) -> Result<f64, DemoError> {
+    let failed = |e: linkbus_plugin_api::StoreError| DemoError::Io(std::io::Error::other(e.to_string()));
+    let store: Box<dyn linkbus_plugin_api::Store> = match store {
+        "log" => Box::new(
+            linkbus_store_log::LogStore::open(dir, linkbus_store_log::SEGMENT_MIB_DEFAULT << 20)
+                .map_err(failed)?,
+        ),
+        _ => Box::new(linkbus_store_fjall::FjallStore::open(dir).map_err(failed)?),
+    };
+    let started = Instant::now();
+    let mut written = 0u64;
+    while started.elapsed() < duration {
+        let mut batch = Batch::new();
+        batch.put("q", written.to_be_bytes().to_vec(), vec![7u8; 1024]);
+        store.write(batch, true).map_err(failed)?;
+        written += 1;
+    }
+    Ok(written as f64 / started.elapsed().as_secs_f64().max(1e-9))
+}
