@@ -2,8 +2,9 @@
 //! alone: a Unix socket into a forwarder (node A's place), a TCP connection of the `tcp`
 //! transport plugin with its default settings (as the nodes' link) to a second forwarder
 //! (node B's), a Unix socket out of it. The forwarders copy what they read, unparsed, in
-//! reads as large as the nodes' (64 KiB from a client socket, 256 KiB from a link);
-//! nothing is queued, routed, acknowledged or checked on the way. What is left of `w1`'s
+//! reads of up to 256 KiB (a link reads as much; a node reads a large request from a
+//! client socket into a buffer with room for all of it); nothing is queued, routed,
+//! acknowledged or checked on the way. What is left of `w1`'s
 //! and `w3`'s gap to raw TCP once this is taken out is the nodes' own work.
 
 use std::path::{Path, PathBuf};
@@ -20,11 +21,8 @@ use super::NEXT_SCRATCH;
 use super::raw::{echo, pings, read_checked, write_payloads};
 use crate::demo::DemoError;
 
-/// What a forwarder reads at a time from a client socket (as the node's client server).
-const FROM_CLIENT_BYTES: usize = 64 << 10;
-
-/// What a forwarder reads at a time from the TCP hop (as a link).
-const FROM_LINK_BYTES: usize = 256 << 10;
+/// What a forwarder reads at a time, each way.
+const FORWARD_BYTES: usize = 256 << 10;
 
 /// Longest a run through the hops may take: a forwarder that stalls fails the run instead
 /// of hanging it.
@@ -56,12 +54,12 @@ impl Hops {
             let (from, _) = into_first.accept().await?;
             let to = transport.connect(&second_at).await.map_err(std::io::Error::other)?;
             let (read, write) = from.into_split();
-            forward((read, write), (to.reader, to.writer), FROM_CLIENT_BYTES, FROM_LINK_BYTES).await
+            forward((read, write), (to.reader, to.writer)).await
         });
         forwarders.spawn(async move {
             let Connection { reader, writer, .. } = between.accept().await.map_err(std::io::Error::other)?;
             let (read, write) = UnixStream::connect(&exit_path).await?.into_split();
-            forward((reader, writer), (read, write), FROM_LINK_BYTES, FROM_CLIENT_BYTES).await
+            forward((reader, writer), (read, write)).await
         });
         Ok((Self { entry, forwarders }, exit))
     }
@@ -93,14 +91,8 @@ impl Hops {
     }
 }
 
-/// Copies each way, `a` to `b` in reads of `a_bytes` and `b` to `a` in reads of `b_bytes`,
-/// until both ends are done, as a node passes bytes on.
-async fn forward<AR, AW, BR, BW>(
-    a: (AR, AW),
-    b: (BR, BW),
-    a_bytes: usize,
-    b_bytes: usize,
-) -> std::io::Result<()>
+/// Copies each way until both ends are done, as a node passes bytes on.
+async fn forward<AR, AW, BR, BW>(a: (AR, AW), b: (BR, BW)) -> std::io::Result<()>
 where
     AR: AsyncRead + Unpin,
     AW: AsyncWrite + Unpin,
@@ -108,16 +100,12 @@ where
     BW: AsyncWrite + Unpin,
 {
     let ((a_read, a_write), (b_read, b_write)) = (a, b);
-    tokio::try_join!(pipe(a_read, b_write, a_bytes), pipe(b_read, a_write, b_bytes)).map(|_| ())
+    tokio::try_join!(pipe(a_read, b_write), pipe(b_read, a_write)).map(|_| ())
 }
 
-/// Copies `from` to `to` in reads of up to `read_bytes`, then ends `to`'s writing side.
-async fn pipe<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
-    mut from: R,
-    mut to: W,
-    read_bytes: usize,
-) -> std::io::Result<()> {
-    let mut buf = vec![0u8; read_bytes];
+/// Copies `from` to `to` in reads of up to [`FORWARD_BYTES`], then ends `to`'s writing side.
+async fn pipe<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(mut from: R, mut to: W) -> std::io::Result<()> {
+    let mut buf = vec![0u8; FORWARD_BYTES];
     loop {
         let n = from.read(&mut buf).await?;
         let Some(read) = buf.get(..n).filter(|read| !read.is_empty()) else {
