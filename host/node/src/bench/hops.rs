@@ -4,12 +4,12 @@
 //! (node B's), a Unix socket out of it. The forwarders copy what they read, unparsed, in
 //! reads of up to 256 KiB (a link reads as much; a node reads a large request from a
 //! client socket into a buffer with room for all of it); nothing is queued, routed,
-//! acknowledged or checked on the way. What is left of `w1`'s
-//! and `w3`'s gap to raw TCP once this is taken out is the nodes' own work.
+//! acknowledged or checked on the way. What is left of `w1`'s and `w3`'s gap to raw TCP
+//! once this is taken out is the nodes' own work.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use linkbus_plugin_api::transport::{Connection, Transport};
 use linkbus_transport_tcp::TcpTransport;
@@ -64,17 +64,18 @@ impl Hops {
         Ok((Self { entry, forwarders }, exit))
     }
 
-    /// Waits for the far end's `task`, failing as soon as a forwarder fails (the far end
-    /// would wait for it for ever) or the run takes longer than [`RUN_TIME_MAX`].
-    async fn finish<T>(&mut self, far: &mut JoinSet<std::io::Result<T>>) -> Result<T, DemoError>
+    /// Waits for the one task in `end` (the producer's or the far end's), failing as soon
+    /// as a forwarder fails (either end would wait for it for ever) or the run takes longer
+    /// than [`RUN_TIME_MAX`].
+    async fn finish<T>(&mut self, end: &mut JoinSet<std::io::Result<T>>) -> Result<T, DemoError>
     where
         T: Send + 'static,
     {
         let run = async {
             loop {
                 tokio::select! {
-                    done = far.join_next() => {
-                        let done = done.ok_or_else(|| std::io::Error::other("the far end's task is missing"))?;
+                    done = end.join_next() => {
+                        let done = done.ok_or_else(|| std::io::Error::other("socket hops: no task to wait for"))?;
                         return Ok(done.map_err(std::io::Error::other)??);
                     }
                     Some(ended) = self.forwarders.join_next() => {
@@ -99,8 +100,7 @@ where
     BR: AsyncRead + Unpin,
     BW: AsyncWrite + Unpin,
 {
-    let ((a_read, a_write), (b_read, b_write)) = (a, b);
-    tokio::try_join!(pipe(a_read, b_write), pipe(b_read, a_write)).map(|_| ())
+    tokio::try_join!(pipe(a.0, b.1), pipe(b.0, a.1)).map(|_| ())
 }
 
 /// Copies `from` to `to` in reads of up to [`FORWARD_BYTES`], then ends `to`'s writing side.
@@ -128,7 +128,7 @@ pub(super) async fn stream(scratch: &Path, messages: usize, size: usize) -> Resu
         let (stream, _) = exit.accept().await?;
         read_checked(stream, messages, size).await
     });
-    let started = std::time::Instant::now();
+    let started = Instant::now();
     // On a task of its own, as the nodes' clients are.
     let mut near = JoinSet::new();
     let entry = hops.entry.clone();
