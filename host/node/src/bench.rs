@@ -363,13 +363,32 @@ pub fn to_json(rows: &[Row]) -> String {
 pub(crate) struct Scratch(pub(crate) PathBuf);
 
 impl Scratch {
+    /// A new, empty directory under the system's temporary directory. One left there by a
+    /// run that was killed may carry this process's number (numbers are reused), with its
+    /// nodes' keys and stores in it: such a name is passed over, never reused.
     pub(crate) fn new(what: &str) -> std::io::Result<Self> {
-        let unique = NEXT_SCRATCH.fetch_add(1, Ordering::Relaxed);
-        let path = std::env::temp_dir().join(format!("linkbus-{what}-{}-{unique}", std::process::id()));
-        std::fs::create_dir_all(&path)?;
-        Ok(Self(path))
+        for _ in 0..SCRATCH_NAMES_TRIED_MAX {
+            let unique = NEXT_SCRATCH.fetch_add(1, Ordering::Relaxed);
+            let path = std::env::temp_dir().join(format!("linkbus-{what}-{}-{unique}", std::process::id()));
+            match std::fs::create_dir(&path) {
+                Ok(()) => return Ok(Self(path)),
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Err(std::io::Error::new(
+            std::io::ErrorKind::AlreadyExists,
+            format!(
+                "{SCRATCH_NAMES_TRIED_MAX} scratch directories named linkbus-{what}-{}-* already exist in {}",
+                std::process::id(),
+                std::env::temp_dir().display()
+            ),
+        ))
     }
 }
+
+/// Names a [`Scratch`] tries before it gives up.
+const SCRATCH_NAMES_TRIED_MAX: usize = 1000;
 
 static NEXT_SCRATCH: AtomicU64 = AtomicU64::new(0);
 
@@ -739,6 +758,27 @@ mod tests {
         let mut times: Vec<Duration> = (1..=1000).map(Duration::from_micros).collect();
         assert_eq!(percentiles(&mut times).map(f64::round), [500.0, 990.0, 999.0]);
         assert_eq!(size_text(1 << 20), "1 MiB");
+    }
+
+    #[test]
+    fn a_scratch_directory_left_by_a_killed_run_is_passed_over() {
+        // The names the next few scratch directories would take, left behind with a store's
+        // file in each, as a killed run with this process's number would leave them.
+        let next = NEXT_SCRATCH.load(Ordering::Relaxed);
+        let stale: Vec<PathBuf> = (next..next + 3)
+            .map(|n| std::env::temp_dir().join(format!("linkbus-stale-{}-{n}", std::process::id())))
+            .collect();
+        for dir in &stale {
+            std::fs::create_dir_all(dir).expect("stale directory");
+            std::fs::write(dir.join("left-behind"), b"old").expect("stale file");
+        }
+        let scratch = Scratch::new("stale").expect("a fresh scratch directory");
+        let entries = std::fs::read_dir(&scratch.0).expect("readable").count();
+        for dir in &stale {
+            assert_ne!(&scratch.0, dir, "a name already taken was used");
+            std::fs::remove_dir_all(dir).expect("cleaned up");
+        }
+        assert_eq!(entries, 0, "the scratch directory is empty: {}", scratch.0.display());
     }
 
     #[test]
