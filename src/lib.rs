@@ -16,7 +16,7 @@
 #![forbid(unsafe_code)]
 
 pub use linkbus_host as host;
-pub use linkbus_host::{Client, ClientError, Config, Node, StartError, client, config};
+pub use linkbus_host::{Client, ClientError, Config, Consumer, Node, StartError, client, config};
 pub use linkbus_plugin_api as plugin_api;
 pub use linkbus_plugin_api::{
     Address, Content, Lifetime, Message, MessageId, NodeName, Priority, QueueName, Reliability,

@@ -29,6 +29,10 @@ use crate::api::server::InProcess;
 use crate::node::NodeState;
 use crate::results::MessageResults;
 
+mod consumer;
+
+pub use consumer::Consumer;
+
 /// Encoded bytes [`Client::put_batch`] packs into one request at most (a larger single
 /// message goes alone).
 pub const PUT_BATCH_BYTES_MAX: usize = 1 << 20;
@@ -36,6 +40,11 @@ pub const PUT_BATCH_BYTES_MAX: usize = 1 << 20;
 pub const PUT_BATCH_MESSAGES_MAX: usize = 4096;
 /// Longest response the client accepts.
 const RESPONSE_BYTES_MAX: usize = 1 << 30;
+/// Puts made with [`Client::put_async`] whose answers the client has not read, at most:
+/// one more first reads the oldest answer. Their answers wait in the socket meanwhile, and
+/// a node that cannot write an answer reads no more requests, so they must fit there
+/// (a Unix socket holds some hundreds of small writes by default).
+pub const PUTS_UNANSWERED_MAX: usize = 64;
 
 /// Why a client call failed.
 #[derive(Debug, thiserror::Error)]
@@ -73,6 +82,10 @@ pub enum ClientError {
     /// again.
     #[error("this connection lost track of its answers (an earlier call ended without one); connect again")]
     Broken,
+    /// A [`Consumer`] was ended by an error it returned before; consume again on a new
+    /// connection.
+    #[error("this consumer has ended (an error ended it); connect again")]
+    Ended,
 }
 
 /// How long past its put timeout a put's answer may take before the outcome is unknown.
@@ -94,6 +107,12 @@ pub struct Client {
     no_wait: bool,
     /// A call ended without its answer: the stream is out of step.
     broken: bool,
+    /// Puts made with [`Client::put_async`] whose answers were not read yet (they come
+    /// before any later answer on the connection).
+    unanswered: usize,
+    /// The outcomes of puts made with [`Client::put_async`], read and not yet handed out
+    /// by [`Client::flush`].
+    outcomes: Vec<Result<MessageId, ClientError>>,
     to: To,
 }
 
@@ -153,7 +172,14 @@ impl Client {
     }
 
     fn with(to: To) -> Self {
-        Self { put_timeout: PUT_TIMEOUT_DEFAULT, no_wait: false, broken: false, to }
+        Self {
+            put_timeout: PUT_TIMEOUT_DEFAULT,
+            no_wait: false,
+            broken: false,
+            unanswered: 0,
+            outcomes: Vec::new(),
+            to,
+        }
     }
 
     /// Connects to the local node called `name` through the runtime directory.
@@ -177,17 +203,12 @@ impl Client {
                 request.encode_chunks(out);
                 out.take(parts);
                 crate::vectored::write_all(stream, parts).await?;
-                loop {
-                    if let Some((kind, body)) =
-                        split_frame(buf, RESPONSE_BYTES_MAX).map_err(ClientError::Protocol)?
-                    {
-                        break Response::decode(kind, body)
-                            .map_err(|e| ClientError::Protocol(e.to_string()))?;
-                    }
-                    if stream.read_buf(buf).await? == 0 {
-                        return Err(ClientError::Protocol("the node closed the connection".into()));
-                    }
+                // The answers to puts made without waiting come first.
+                while self.unanswered > 0 {
+                    self.outcomes.push(put_outcome(read_response(stream, buf).await?)?);
+                    self.unanswered -= 1;
                 }
+                read_response(stream, buf).await?
             }
             To::InProcess(node, connection) => connection.call(node, request).await,
         };
@@ -222,6 +243,67 @@ impl Client {
     pub async fn put(&mut self, content: Content) -> Result<MessageId, ClientError> {
         let mut ids = self.put_batch_within(vec![content], self.put_timeout).await?;
         ids.pop().ok_or_else(|| ClientError::Protocol("no id returned".into()))
+    }
+
+    /// Puts one message without waiting for the node's answer: the request is written, and
+    /// its answer read later — by [`Client::flush`], which hands out the outcomes, or
+    /// first thing by the next call (which keeps them for `flush`). A producer putting one
+    /// message at a time so pays no round trip per message. The node takes the puts in
+    /// order, each as [`Client::put`] would (the put timeout, no-wait); one refused does
+    /// not stop those after it. At most [`PUTS_UNANSWERED_MAX`] go unanswered: one more
+    /// first waits for the oldest answer. An in-process client puts at once.
+    ///
+    /// # Errors
+    /// Only for the connection ([`ClientError::Io`], [`ClientError::Broken`], or
+    /// [`ClientError::OutcomeUnknown`] when the oldest answer did not come in time): a
+    /// refusal is an outcome, handed out by `flush`.
+    pub async fn put_async(&mut self, content: Content) -> Result<(), ClientError> {
+        if self.broken {
+            return Err(ClientError::Broken);
+        }
+        let timeout_ms = self.put_timeout.as_micros().div_ceil(1000) as u64;
+        let request = Request::Put { contents: vec![content], timeout_ms, no_wait: self.no_wait };
+        let To::Socket { stream, buf, out, parts } = &mut self.to else {
+            let outcome = self.call(request).await.and_then(single_id);
+            self.outcomes.push(outcome);
+            return Ok(());
+        };
+        self.broken = true;
+        if self.unanswered >= PUTS_UNANSWERED_MAX {
+            let response = read_answer_within(stream, buf, self.put_timeout).await?;
+            self.outcomes.push(put_outcome(response)?);
+            self.unanswered -= 1;
+        }
+        request.encode_chunks(out);
+        out.take(parts);
+        crate::vectored::write_all(stream, parts).await?;
+        self.unanswered += 1;
+        self.broken = false;
+        Ok(())
+    }
+
+    /// Reads the answers of the puts made with [`Client::put_async`] and returns the
+    /// outcome of each put since the last flush, in the order they were made: its id, or
+    /// why it was refused (as [`Client::put`] would fail).
+    ///
+    /// # Errors
+    /// Only for the connection: [`ClientError::Io`], [`ClientError::Broken`], or
+    /// [`ClientError::OutcomeUnknown`] when an answer did not come within the put timeout
+    /// and [`PUT_ANSWER_MARGIN`] (the client is broken then).
+    pub async fn flush(&mut self) -> Result<Vec<Result<MessageId, ClientError>>, ClientError> {
+        if self.broken {
+            return Err(ClientError::Broken);
+        }
+        if let To::Socket { stream, buf, .. } = &mut self.to {
+            self.broken = true;
+            while self.unanswered > 0 {
+                let response = read_answer_within(stream, buf, self.put_timeout).await?;
+                self.outcomes.push(put_outcome(response)?);
+                self.unanswered -= 1;
+            }
+            self.broken = false;
+        }
+        Ok(std::mem::take(&mut self.outcomes))
     }
 
     /// Puts one message, failing at once if its queue is full.
@@ -568,5 +650,55 @@ impl Client {
     /// [`ClientError`] when the call fails.
     pub async fn status(&mut self) -> Result<String, ClientError> {
         self.text(Request::Status, "status").await
+    }
+}
+
+/// Reads the next response on a client's connection.
+///
+/// Cancel-safe: what was read stays in `buf`.
+async fn read_response(stream: &mut UnixStream, buf: &mut BytesMut) -> Result<Response, ClientError> {
+    loop {
+        if let Some((kind, body)) = split_frame(buf, RESPONSE_BYTES_MAX).map_err(ClientError::Protocol)? {
+            return Response::decode(kind, body).map_err(|e| ClientError::Protocol(e.to_string()));
+        }
+        if stream.read_buf(buf).await? == 0 {
+            return Err(ClientError::Protocol("the node closed the connection".into()));
+        }
+    }
+}
+
+/// Reads the answer of a put made with [`Client::put_async`], waiting at most as long as
+/// [`Client::put`] would.
+async fn read_answer_within(
+    stream: &mut UnixStream,
+    buf: &mut BytesMut,
+    put_timeout: Duration,
+) -> Result<Response, ClientError> {
+    tokio::time::timeout(put_timeout + PUT_ANSWER_MARGIN, read_response(stream, buf))
+        .await
+        .map_err(|_| ClientError::OutcomeUnknown(put_timeout + PUT_ANSWER_MARGIN))?
+}
+
+/// The outcome of a put of one message from its answer: its id, or the refusal.
+///
+/// # Errors
+/// [`ClientError::Protocol`] for an answer that is neither.
+fn put_outcome(response: Response) -> Result<Result<MessageId, ClientError>, ClientError> {
+    match response {
+        Response::Error { code, accepted, message } => {
+            Ok(Err(ClientError::Refused { code, accepted, message }))
+        }
+        other => single_id(other).map(Ok),
+    }
+}
+
+/// The id in the answer to a put of one message.
+fn single_id(response: Response) -> Result<MessageId, ClientError> {
+    match response {
+        Response::PutOk { source, mut sequences, created_unix_ms } if sequences.len() == 1 => {
+            let sequence = sequences.pop().unwrap_or_default();
+            Ok(MessageId { source, sequence, created_unix_ms })
+        }
+        other => Err(ClientError::Protocol(format!("unexpected answer to a put of one message: {other:?}"))),
     }
 }

@@ -53,7 +53,7 @@ use tracing::info;
 /// client sent only probes it).
 pub type ByName<K, V> = std::collections::HashMap<K, V, rustc_hash::FxBuildHasher>;
 
-pub use client::{Client, ClientError, Delivery};
+pub use client::{Client, ClientError, Consumer, Delivery};
 pub use config::Config;
 pub use node::{NodeState, StartError};
 

@@ -1,9 +1,12 @@
 //! The client protocol spoken over the node's Unix socket: strictly one response per
-//! request, in order, on each connection.
+//! request, in order, on each connection — except `Consume`, after which the node answers
+//! with `Messages` whenever the queue has some, until the connection closes or an error
+//! ends it.
 //!
 //! Every frame is a 4-byte big-endian length, a 1-byte type and a body. Requests: `Put`
 //! (a batch of contents, accepted in order), `Get` (wait up to a time for messages from a
-//! queue, acknowledged at once or handed out pending), `Ack` / `Backout` (settle pending
+//! queue, acknowledged at once or handed out pending), `Consume` (a standing `Get`: each
+//! batch pushed as it comes, acknowledged at once), `Ack` / `Backout` (settle pending
 //! messages by tag), `Results` (of messages put with results wanted, waiting for the final
 //! ones), `Subscribe` / `Unsubscribe` / `Subscriptions` (event copies to a queue), `Begin` /
 //! `Commit` / `Rollback` (a transaction on the connection), `Status`, and `LinkReset` (accept
@@ -39,6 +42,7 @@ const COMMIT: u8 = 14;
 const ROLLBACK: u8 = 15;
 const ROUTE_EXPLAIN: u8 = 16;
 const RELOAD: u8 = 17;
+const CONSUME: u8 = 18;
 const RESULTS_ANSWER: u8 = 105;
 const SETTLED: u8 = 104;
 const PUT_OK: u8 = 101;
@@ -74,6 +78,18 @@ pub enum Request {
         /// Hand the messages out pending: they leave the queue only when acknowledged, and
         /// come back if the connection ends first.
         pending: bool,
+    },
+    /// Take messages from a local queue as they come: the node answers with `Messages`
+    /// (acknowledged at once) each time the queue has some, without further requests,
+    /// until the connection closes; an `Error` (no such queue, a message over `bytes_max`)
+    /// ends it, and the connection takes requests again. Not inside a transaction.
+    Consume {
+        /// The queue's name.
+        queue: String,
+        /// Most messages in one answer.
+        count_max: u32,
+        /// Largest encoded message the caller can take (as for `Get`).
+        bytes_max: u64,
     },
     /// Describe the local queues (all, or the one named), answered with `Status` text.
     Queues {
@@ -287,6 +303,11 @@ impl Request {
                 out.put_u64(*bytes_max);
                 out.put_u8(u8::from(*pending));
             }),
+            Self::Consume { queue, count_max, bytes_max } => frame(CONSUME, out, |out| {
+                put_name(out, queue);
+                out.put_u32(*count_max);
+                out.put_u64(*bytes_max);
+            }),
             Self::Ack { queue, tags } => frame(ACK, out, |out| put_tags(out, queue, tags)),
             Self::Queues { name } => frame(QUEUES, out, |out| put_name(out, name)),
             Self::Browse { queue, count_max } => frame(BROWSE, out, |out| {
@@ -343,6 +364,7 @@ impl Request {
                 bytes_max: r.u64()?,
                 pending: r.u8()? != 0,
             },
+            CONSUME => Self::Consume { queue: r.short_string()?, count_max: r.u32()?, bytes_max: r.u64()? },
             QUEUES => Self::Queues { name: r.short_string()? },
             BROWSE => Self::Browse { queue: r.short_string()?, count_max: r.u32()? },
             ACK => {
@@ -642,6 +664,7 @@ mod tests {
             bytes_max: 9,
             pending: true,
         });
+        round_trip_request(Request::Consume { queue: "orders".into(), count_max: 100, bytes_max: u64::MAX });
         round_trip_request(Request::Status);
         round_trip_request(Request::LinkReset { peer: "B".into() });
         round_trip_request(Request::RouteExplain { destination: "C1".into() });

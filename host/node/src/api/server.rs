@@ -17,6 +17,7 @@ use crate::events::{Event, EventKind};
 use crate::node::{CommitError, NodeState, StartError};
 use crate::queue::{DEAD_LETTER_QUEUE, LocalQueue, PopLimits, SettleError};
 use linkbus_plugin_api::{Address, Reliability};
+use linkbus_proto::reader::ReadError;
 use linkbus_proto::wire::Chunks;
 
 /// Most messages one `get` returns.
@@ -306,36 +307,62 @@ pub async fn run(
     let _ = std::fs::remove_file(&path);
 }
 
+/// The next request on a client's connection; `None` when the connection or the node
+/// ends (a frame over the limit is answered with an error first).
+async fn next_request(
+    stream: &mut UnixStream,
+    buf: &mut BytesMut,
+    frame_bytes_max: usize,
+    shutdown: &mut watch::Receiver<bool>,
+) -> Option<Result<Request, ReadError>> {
+    loop {
+        let frame = match split_frame(buf, frame_bytes_max) {
+            Ok(frame) => frame,
+            Err(reason) => {
+                let response = Response::Error { code: ErrorCode::BadRequest, accepted: 0, message: reason };
+                let mut out = BytesMut::new();
+                response.encode(&mut out);
+                let _ = stream.write_all(&out).await;
+                return None;
+            }
+        };
+        if let Some((kind, body)) = frame {
+            return Some(Request::decode(kind, body));
+        }
+        tokio::select! {
+            _ = shutdown.changed() => return None,
+            read = stream.read_buf(buf) => match read {
+                Ok(0) | Err(_) => return None,
+                Ok(_) => {}
+            },
+        }
+    }
+}
+
 async fn serve(node: Arc<NodeState>, mut stream: UnixStream, mut shutdown: watch::Receiver<bool>) {
     let frame_bytes_max = node.encoded_message_bytes_max().saturating_add(1 << 20);
     let mut buf = BytesMut::with_capacity(64 * 1024);
-    let mut out = BytesMut::new();
     // A response's chunks: large payloads are shared into a vectored write, not copied.
     let (mut chunks, mut parts) = (Chunks::default(), Vec::new());
     let mut pending = PendingOnConnection::default();
     // Dropped with the connection: an open transaction is rolled back.
     let mut transaction: Option<Transaction> = None;
+    // A consumer's `Consume`, taken up again after each answer: nothing more is read.
+    let mut consuming: Option<Request> = None;
     loop {
-        let frame = match split_frame(&mut buf, frame_bytes_max) {
-            Ok(frame) => frame,
-            Err(reason) => {
-                let response = Response::Error { code: ErrorCode::BadRequest, accepted: 0, message: reason };
-                out.clear();
-                response.encode(&mut out);
-                let _ = stream.write_all(&out).await;
-                return;
-            }
+        let decoded = match &consuming {
+            Some(_) if *shutdown.borrow() => return,
+            Some(request) => Ok(request.clone()),
+            None => match next_request(&mut stream, &mut buf, frame_bytes_max, &mut shutdown).await {
+                Some(decoded) => decoded,
+                None => return,
+            },
         };
-        let Some((kind, body)) = frame else {
-            tokio::select! {
-                _ = shutdown.changed() => return,
-                read = stream.read_buf(&mut buf) => match read {
-                    Ok(0) | Err(_) => return,
-                    Ok(_) => continue,
-                },
-            }
+        let standing = match &decoded {
+            Ok(request @ Request::Consume { .. }) if transaction.is_none() => Some(request.clone()),
+            _ => None,
         };
-        let (response, taken_from) = match Request::decode(kind, body) {
+        let (response, taken_from) = match decoded {
             Ok(request) => {
                 // A get may wait long: stop it, before it takes anything, if the client leaves.
                 tokio::select! {
@@ -352,6 +379,14 @@ async fn serve(node: Arc<NodeState>, mut stream: UnixStream, mut shutdown: watch
                 (Response::Error { code: ErrorCode::BadRequest, accepted: 0, message }, None)
             }
         };
+        // A consumer goes on while its answers are messages (an error ends it); a wait
+        // that ran out without any is not answered.
+        consuming = standing.filter(|_| matches!(response, Response::Messages { .. }));
+        if consuming.is_some()
+            && matches!(&response, Response::Messages { messages, .. } if messages.is_empty())
+        {
+            continue;
+        }
         response.encode_chunks(&mut chunks);
         chunks.take(&mut parts);
         if let Err(e) = crate::vectored::write_all(&mut stream, &mut parts).await {
@@ -444,37 +479,22 @@ async fn handle(
         {
             return (tx.get(node, &queue, count_max, wait_ms, bytes_max, hand_out).await, None);
         }
+        Request::Consume { .. } if transaction.is_some() => {
+            let message = "a connection with an open transaction cannot consume: commit or roll back first";
+            return (refused(ErrorCode::BadRequest, message.into()), None);
+        }
         _ => {}
     }
     match request {
         Request::Put { contents, timeout_ms, no_wait } => {
             (put(node, contents, timeout_ms, no_wait).await, None)
         }
+        // Each answer of a consumer is a get that waits as long as any may.
+        Request::Consume { queue, count_max, bytes_max } => {
+            take(node, &queue, (count_max, GET_WAIT_MS_MAX, bytes_max, false), pending).await
+        }
         Request::Get { queue, count_max, wait_ms, bytes_max, pending: hand_out } => {
-            let q = match find_queue(node, &queue) {
-                Ok(q) => q,
-                Err(response) => return (response, None),
-            };
-            let limits = PopLimits {
-                count_max: count_max.clamp(1, GET_MESSAGES_MAX) as usize,
-                message_bytes_max: usize::try_from(bytes_max).unwrap_or(usize::MAX),
-                total_bytes_max: GET_BYTES_MAX,
-                pending: hand_out,
-            };
-            let response = get(node, &q, limits, wait_ms).await;
-            if let Response::Messages { messages, tags } = &response {
-                pending.add(&q, tags);
-                // Taking a persistent message (or marking it handed out) is durable before the
-                // consumer has it, so a crash never hands it out again unmarked.
-                let stored = messages.iter().any(|m| m.content.reliability == Reliability::Persistent);
-                if stored
-                    && node.store.durable()
-                    && let Err(e) = node.committer.sync().await
-                {
-                    return (refused(ErrorCode::Internal, format!("store failed: {e}")), Some(q));
-                }
-            }
-            (response, Some(q))
+            take(node, &queue, (count_max, wait_ms, bytes_max, hand_out), pending).await
         }
         Request::Results { source, sequences, wait_ms } => {
             (results(node, &source, &sequences, wait_ms).await, None)
@@ -500,6 +520,41 @@ async fn handle(
             (response, None)
         }
     }
+}
+
+/// Takes messages from the local queue `queue` for a get (or a consumer's answer): up to
+/// `count_max`, waiting up to `wait_ms` for the first, none encoded over `bytes_max`,
+/// handed out pending with `hand_out`; also the queue they came from.
+async fn take(
+    node: &NodeState,
+    queue: &str,
+    (count_max, wait_ms, bytes_max, hand_out): (u32, u64, u64, bool),
+    pending: &mut PendingOnConnection,
+) -> (Response, Option<Arc<LocalQueue>>) {
+    let q = match find_queue(node, queue) {
+        Ok(q) => q,
+        Err(response) => return (response, None),
+    };
+    let limits = PopLimits {
+        count_max: count_max.clamp(1, GET_MESSAGES_MAX) as usize,
+        message_bytes_max: usize::try_from(bytes_max).unwrap_or(usize::MAX),
+        total_bytes_max: GET_BYTES_MAX,
+        pending: hand_out,
+    };
+    let response = get(node, &q, limits, wait_ms).await;
+    if let Response::Messages { messages, tags } = &response {
+        pending.add(&q, tags);
+        // Taking a persistent message (or marking it handed out) is durable before the
+        // consumer has it, so a crash never hands it out again unmarked.
+        let stored = messages.iter().any(|m| m.content.reliability == Reliability::Persistent);
+        if stored
+            && node.store.durable()
+            && let Err(e) = node.committer.sync().await
+        {
+            return (refused(ErrorCode::Internal, format!("store failed: {e}")), Some(q));
+        }
+    }
+    (response, Some(q))
 }
 
 /// The queue's handle, or the error naming the missing queue.

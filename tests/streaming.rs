@@ -1,0 +1,179 @@
+//! A consumer the node pushes to (`Client::consume`) and puts that do not wait for their
+//! answers (`Client::put_async`, `Client::flush`), on a real node process and in-process:
+//! messages arrive in order without a request each; a consumer that ends takes nothing
+//! more; a missing queue, a message over the consumer's limit or an open transaction ends
+//! the consumer with the reason (the message stays); each put's outcome comes back in
+//! order, a refused one among accepted ones, also past the bound on unanswered puts.
+
+mod support;
+
+use std::time::Duration;
+
+use linkbus::host::api::protocol::ErrorCode;
+use linkbus::{Client, ClientError, Consumer, Content, MessageId};
+use support::Scratch;
+
+/// Longest any step here may take.
+const STEP: Duration = Duration::from_secs(20);
+
+/// The next `count` messages' payloads, in the order they came.
+async fn take(consumer: &mut Consumer, count: usize) -> Vec<String> {
+    let mut got = Vec::new();
+    while got.len() < count {
+        let batch = tokio::time::timeout(STEP, consumer.next()).await.expect("in time").expect("a batch");
+        assert!(!batch.is_empty(), "a consumer's batch is never empty");
+        got.extend(batch.into_iter().map(|m| String::from_utf8(m.content.payload.to_vec()).unwrap()));
+    }
+    got
+}
+
+fn texts(range: std::ops::Range<usize>) -> Vec<String> {
+    range.map(|i| format!("m{i}")).collect()
+}
+
+/// The ids of accepted puts, in order; panics on a refused one.
+fn accepted(outcomes: Vec<Result<MessageId, ClientError>>) -> Vec<MessageId> {
+    outcomes.into_iter().map(|o| o.expect("accepted")).collect()
+}
+
+#[test]
+fn a_consumer_is_pushed_each_message_in_order_and_async_puts_keep_their_order() {
+    let s = Scratch::new();
+    let a = s.start_lone("A", &["q:fifo"]);
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        let to: linkbus::Address = "A:q".parse().unwrap();
+        let mut consumer =
+            Client::connect(&a.socket).await.unwrap().consume("q", 100, u64::MAX).await.unwrap();
+        let mut producer = Client::connect(&a.socket).await.unwrap();
+        // One at a time, each waiting for its answer: each reaches the waiting consumer.
+        for text in texts(0..10) {
+            producer.put(Content::buf(to.clone(), text)).await.unwrap();
+        }
+        assert_eq!(take(&mut consumer, 10).await, texts(0..10));
+
+        // Far more puts than may go unanswered, none waiting for its answer; a call in
+        // between reads the answers owed before its own.
+        for text in texts(10..510) {
+            producer.put_async(Content::buf(to.clone(), text)).await.unwrap();
+        }
+        assert!(producer.queues("q").await.unwrap().contains('q'));
+        for text in texts(510..1000) {
+            producer.put_async(Content::buf(to.clone(), text)).await.unwrap();
+        }
+        let ids = accepted(tokio::time::timeout(STEP, producer.flush()).await.expect("in time").unwrap());
+        assert_eq!(ids.len(), 990, "one outcome per put, those read by the call in between too");
+        assert!(ids.windows(2).all(|w| w[0].sequence < w[1].sequence), "in the order of the puts");
+        assert!(producer.flush().await.unwrap().is_empty(), "each outcome is handed out once");
+        assert_eq!(take(&mut consumer, 990).await, texts(10..1000));
+
+        // The consumer took them: nothing is left for anybody else.
+        let mut other = Client::connect(&a.socket).await.unwrap();
+        assert!(other.get("q", 10, Duration::ZERO).await.unwrap().is_empty());
+    });
+}
+
+#[test]
+fn a_consumer_that_ends_takes_nothing_more() {
+    let s = Scratch::new();
+    let a = s.start_lone("A", &["q:fifo"]);
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        let consumer = Client::connect(&a.socket).await.unwrap().consume("q", 10, u64::MAX).await.unwrap();
+        drop(consumer);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let mut producer = Client::connect(&a.socket).await.unwrap();
+        producer.put(Content::buf("A:q".parse().unwrap(), "after")).await.unwrap();
+        let mut other = Client::connect(&a.socket).await.unwrap();
+        let got = other.get("q", 10, Duration::from_secs(5)).await.unwrap();
+        assert_eq!(got.len(), 1, "the ended consumer did not take it");
+    });
+}
+
+#[test]
+fn a_consumer_ends_with_the_reason_and_a_message_too_large_for_it_stays() {
+    let s = Scratch::new();
+    let a = s.start_lone("A", &["q:fifo"]);
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        let code = |e: ClientError| match e {
+            ClientError::Refused { code, message, .. } => (code, message),
+            other => panic!("refused expected: {other}"),
+        };
+        let mut missing =
+            Client::connect(&a.socket).await.unwrap().consume("nope", 10, u64::MAX).await.unwrap();
+        let (c, message) = code(missing.next().await.unwrap_err());
+        assert_eq!(c, ErrorCode::UnknownQueue, "{message}");
+        assert!(message.contains("'nope'"), "{message}");
+        assert!(matches!(missing.next().await, Err(ClientError::Ended)), "it has ended");
+
+        let mut small = Client::connect(&a.socket).await.unwrap().consume("q", 10, 200).await.unwrap();
+        let mut producer = Client::connect(&a.socket).await.unwrap();
+        producer.put(Content::buf("A:q".parse().unwrap(), vec![7u8; 1000])).await.unwrap();
+        let (c, message) =
+            code(tokio::time::timeout(STEP, small.next()).await.expect("in time").unwrap_err());
+        assert_eq!(c, ErrorCode::TooLarge, "{message}");
+        let mut other = Client::connect(&a.socket).await.unwrap();
+        assert_eq!(other.get("q", 10, Duration::ZERO).await.unwrap().len(), 1, "the message stayed");
+
+        let mut in_transaction = Client::connect(&a.socket).await.unwrap();
+        in_transaction.begin().await.unwrap();
+        let mut refused = in_transaction.consume("q", 10, u64::MAX).await.unwrap();
+        let (c, message) = code(refused.next().await.unwrap_err());
+        assert_eq!(c, ErrorCode::BadRequest, "{message}");
+        assert!(message.contains("transaction"), "{message}");
+    });
+}
+
+#[test]
+fn async_puts_hand_out_a_refusal_among_accepted_puts_in_order() {
+    let s = Scratch::new();
+    let a = s.start_lone("A", &["q:fifo"]);
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        let mut producer = Client::connect(&a.socket).await.unwrap();
+        for to in ["A:q", "A:nope", "A:q"] {
+            producer.put_async(Content::buf(to.parse().unwrap(), to)).await.unwrap();
+        }
+        let outcomes = producer.flush().await.unwrap();
+        assert_eq!(outcomes.len(), 3);
+        assert!(outcomes[0].is_ok() && outcomes[2].is_ok(), "{outcomes:?}");
+        match &outcomes[1] {
+            Err(ClientError::Refused { code: ErrorCode::UnknownQueue, message, .. }) => {
+                assert!(message.contains("'nope'"), "{message}");
+            }
+            other => panic!("the put to a missing queue was refused: {other:?}"),
+        }
+        // Puts not flushed keep their connection from consuming (their outcomes would be lost).
+        producer.put_async(Content::buf("A:q".parse().unwrap(), "x")).await.unwrap();
+        assert!(matches!(producer.consume("q", 1, u64::MAX).await, Err(ClientError::Protocol(_))));
+    });
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_process_clients_consume_and_put_without_waiting_alike() -> anyhow::Result<()> {
+    use linkbus::config::{self, Overrides};
+    let dir = tempfile::tempdir()?;
+    let overrides = Overrides {
+        name: Some("A".into()),
+        listen: Some("none".into()),
+        data_dir: Some(dir.path().join("A")),
+        client_socket: Some(dir.path().join("A.sock")),
+        ..Overrides::default()
+    };
+    let mut tree = config::parse_yaml("queues: [ { name: q, order: fifo } ]")?;
+    config::apply_overrides(&mut tree, &overrides);
+    let node = linkbus::Node::start(config::from_value(&tree)?).await?;
+    let mut consumer = node.client().consume("q", 7, u64::MAX).await?;
+    let mut producer = node.client();
+    for text in texts(0..20) {
+        producer.put_async(Content::buf("A:q".parse()?, text)).await?;
+    }
+    producer.put_async(Content::buf("A:nope".parse()?, "x")).await?;
+    let outcomes = producer.flush().await?;
+    assert_eq!(outcomes.len(), 21);
+    assert!(outcomes[..20].iter().all(Result::is_ok) && outcomes[20].is_err(), "{outcomes:?}");
+    assert_eq!(take(&mut consumer, 20).await, texts(0..20));
+    node.shutdown().await;
+    Ok(())
+}
