@@ -16,7 +16,9 @@
 //!   its own, and the disk's raw write-and-`fdatasync` rate;
 //! - `w3`: ping-pong of 64 B messages, one round trip at a time at most 1,000 a second
 //!   (below saturation): A puts to `B:orders`, a client on B takes it and puts it back to
-//!   `A:orders`, where A takes it — p50, p99 and p99.9 of the round trip, against the same
+//!   `A:orders`, where A takes it (each side with a consumer the node pushes to and puts
+//!   that do not wait for their answers, as a request/reply program has them) — p50, p99
+//!   and p99.9 of the round trip, against the same
 //!   ping-pong over a raw TCP connection (the ratio is round trips per second); once with
 //!   clients on the client socket (with the round trip through the same socket hops
 //!   carrying the bytes alone in its note), once with clients inside the nodes' process
@@ -47,10 +49,12 @@ use crate::demo::{DemoError, is_payload, payload};
 
 mod hops;
 mod persistent;
+mod ping;
 mod raw;
 
 use persistent::persistent_puts;
-use raw::{raw_ping_pong, raw_tcp};
+use ping::{PING_PONG_RATE, ping_pong};
+use raw::raw_tcp;
 
 /// The workloads, in the order they run.
 pub const WORKLOADS: [&str; 6] = ["w1", "w2", "w3", "w4", "w5", "w7"];
@@ -648,81 +652,6 @@ async fn urgent_rounds(
         times.push(sent.elapsed());
     }
     Ok(times)
-}
-
-/// Round trips of a ping-pong, at most this many a second.
-const PING_PONG_RATE: u32 = 1_000;
-
-/// `w3`: `rounds` round trips of 64 B between A and B (a client on B sends each back), one
-/// at a time and at most [`PING_PONG_RATE`] a second, against the same over raw TCP; with
-/// `in_process`, both clients are in-process clients of their nodes.
-async fn ping_pong(scratch: &Path, rounds: usize, in_process: bool) -> Result<Row, DemoError> {
-    let nodes = start_chain(scratch, &["A", "B"], None).await?;
-    let (a, b) = (&nodes[0], &nodes[1]);
-    let mut echo = if in_process { b.client() } else { Client::connect(b.socket_path()).await? };
-    let echoed = tokio::spawn(async move {
-        let back: Address = "A:orders".parse().expect("valid address");
-        for _ in 0..rounds {
-            let Some(m) = echo.get("orders", 1, Duration::from_secs(10)).await?.pop() else { break };
-            echo.put(Content::buf(back.clone(), m.content.payload)).await?;
-        }
-        Ok::<(), crate::client::ClientError>(())
-    });
-    let mut client = if in_process { a.client() } else { Client::connect(a.socket_path()).await? };
-    // On a task of its own, as the echo is (and as the raw baseline's ends are).
-    let pinged = tokio::spawn(async move {
-        let to: Address = "B:orders".parse().expect("valid address");
-        let mut times = Vec::with_capacity(rounds);
-        let started = Instant::now();
-        for i in 0..rounds {
-            pace(started, i).await;
-            let sent = Instant::now();
-            client.put(Content::buf(to.clone(), payload(i, 64))).await?;
-            let back = client.get("orders", 1, Duration::from_secs(10)).await?;
-            if !back.first().is_some_and(|m| is_payload(i, 64, &m.content.payload)) {
-                return Err(DemoError::Io(std::io::Error::other(format!(
-                    "ping-pong: round {i} came back wrong"
-                ))));
-            }
-            times.push(sent.elapsed());
-        }
-        Ok((times, rounds as f64 / started.elapsed().as_secs_f64().max(1e-9)))
-    });
-    let (mut times, per_s) = pinged.await.map_err(std::io::Error::other)??;
-    echoed.await.map_err(std::io::Error::other)??;
-    for node in nodes {
-        node.shutdown().await;
-    }
-    let (raw_times, raw_per_s) = raw_ping_pong(rounds).await?;
-    let [p50, p99, p999] = percentiles(&mut times);
-    let [r50, r99, r999] = percentiles(&mut raw_times.clone());
-    // Over the client sockets, also the same hops carrying the bytes alone: what of the gap
-    // to raw TCP the sockets make.
-    let hops = if in_process {
-        String::new()
-    } else {
-        let [h50, h99, h999] = percentiles(&mut hops::ping_pong(scratch, rounds).await?);
-        format!("; its socket hops carrying the bytes alone {h50:.0}/{h99:.0}/{h999:.0} us")
-    };
-    Ok(row(
-        "w3",
-        format!(
-            "A -> B -> A ping-pong, {}, one at a time, at most {PING_PONG_RATE}/s, {rounds} rounds",
-            if in_process {
-                "clients in the nodes' process (Node::client)"
-            } else {
-                "clients on the client socket"
-            }
-        ),
-        64,
-        per_s,
-        "raw TCP ping-pong",
-        raw_per_s,
-        format!(
-            "round trip p50/p99/p99.9 {p50:.0}/{p99:.0}/{p999:.0} us against raw {r50:.0}/{r99:.0}/{r999:.0} us (p99 {:.1}x){hops}",
-            p99 / r99.max(1e-9)
-        ),
-    ))
 }
 
 /// Waits until round `i` may start, so rounds go at most [`PING_PONG_RATE`] a second.
