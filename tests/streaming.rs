@@ -54,13 +54,16 @@ fn a_consumer_is_pushed_each_message_in_order_and_async_puts_keep_their_order() 
 
         // Far more puts than may go unanswered, none waiting for its answer; a call in
         // between reads the answers owed before its own.
-        for text in texts(10..510) {
-            producer.put_async(Content::buf(to.clone(), text)).await.unwrap();
-        }
-        assert!(producer.queues("q").await.unwrap().contains('q'));
-        for text in texts(510..1000) {
-            producer.put_async(Content::buf(to.clone(), text)).await.unwrap();
-        }
+        let puts = async {
+            for text in texts(10..510) {
+                producer.put_async(Content::buf(to.clone(), text)).await.unwrap();
+            }
+            producer.queues("q").await.expect("a call with answers owed before its own");
+            for text in texts(510..1000) {
+                producer.put_async(Content::buf(to.clone(), text)).await.unwrap();
+            }
+        };
+        tokio::time::timeout(STEP, puts).await.expect("in time");
         let ids = accepted(tokio::time::timeout(STEP, producer.flush()).await.expect("in time").unwrap());
         assert_eq!(ids.len(), 990, "one outcome per put, those read by the call in between too");
         assert!(ids.windows(2).all(|w| w[0].sequence < w[1].sequence), "in the order of the puts");
@@ -87,6 +90,7 @@ fn a_consumer_that_ends_takes_nothing_more() {
         let mut other = Client::connect(&a.socket).await.unwrap();
         let got = other.get("q", 10, Duration::from_secs(5)).await.unwrap();
         assert_eq!(got.len(), 1, "the ended consumer did not take it");
+        assert!(!got[0].redelivered && got[0].backout_count == 0, "nor took it and gave it back");
     });
 }
 
@@ -102,7 +106,8 @@ fn a_consumer_ends_with_the_reason_and_a_message_too_large_for_it_stays() {
         };
         let mut missing =
             Client::connect(&a.socket).await.unwrap().consume("nope", 10, u64::MAX).await.unwrap();
-        let (c, message) = code(missing.next().await.unwrap_err());
+        let (c, message) =
+            code(tokio::time::timeout(STEP, missing.next()).await.expect("in time").unwrap_err());
         assert_eq!(c, ErrorCode::UnknownQueue, "{message}");
         assert!(message.contains("'nope'"), "{message}");
         assert!(matches!(missing.next().await, Err(ClientError::Ended)), "it has ended");
@@ -119,7 +124,8 @@ fn a_consumer_ends_with_the_reason_and_a_message_too_large_for_it_stays() {
         let mut in_transaction = Client::connect(&a.socket).await.unwrap();
         in_transaction.begin().await.unwrap();
         let mut refused = in_transaction.consume("q", 10, u64::MAX).await.unwrap();
-        let (c, message) = code(refused.next().await.unwrap_err());
+        let (c, message) =
+            code(tokio::time::timeout(STEP, refused.next()).await.expect("in time").unwrap_err());
         assert_eq!(c, ErrorCode::BadRequest, "{message}");
         assert!(message.contains("transaction"), "{message}");
     });
@@ -135,7 +141,7 @@ fn async_puts_hand_out_a_refusal_among_accepted_puts_in_order() {
         for to in ["A:q", "A:nope", "A:q"] {
             producer.put_async(Content::buf(to.parse().unwrap(), to)).await.unwrap();
         }
-        let outcomes = producer.flush().await.unwrap();
+        let outcomes = tokio::time::timeout(STEP, producer.flush()).await.expect("in time").unwrap();
         assert_eq!(outcomes.len(), 3);
         assert!(outcomes[0].is_ok() && outcomes[2].is_ok(), "{outcomes:?}");
         match &outcomes[1] {
@@ -146,7 +152,8 @@ fn async_puts_hand_out_a_refusal_among_accepted_puts_in_order() {
         }
         // Puts not flushed keep their connection from consuming (their outcomes would be lost).
         producer.put_async(Content::buf("A:q".parse().unwrap(), "x")).await.unwrap();
-        assert!(matches!(producer.consume("q", 1, u64::MAX).await, Err(ClientError::Protocol(_))));
+        let consumed = tokio::time::timeout(STEP, producer.consume("q", 1, u64::MAX)).await.expect("in time");
+        assert!(matches!(consumed, Err(ClientError::Protocol(_))), "refused before anything is sent");
     });
 }
 
@@ -173,7 +180,21 @@ async fn in_process_clients_consume_and_put_without_waiting_alike() -> anyhow::R
     let outcomes = producer.flush().await?;
     assert_eq!(outcomes.len(), 21);
     assert!(outcomes[..20].iter().all(Result::is_ok) && outcomes[20].is_err(), "{outcomes:?}");
-    assert_eq!(take(&mut consumer, 20).await, texts(0..20));
+    let mut got = Vec::new();
+    while got.len() < 20 {
+        let batch = tokio::time::timeout(STEP, consumer.next()).await??;
+        assert!(!batch.is_empty() && batch.len() <= 7, "batches of 1 to count_max: {}", batch.len());
+        got.extend(batch.into_iter().map(|m| String::from_utf8(m.content.payload.to_vec()).unwrap()));
+    }
+    assert_eq!(got, texts(0..20));
+
+    // A node that shuts down ends its consumers, in-process and on the socket, idle as
+    // they are.
+    let mut on_socket = Client::connect(node.socket_path()).await?.consume("q", 7, u64::MAX).await?;
     node.shutdown().await;
+    let ended = tokio::time::timeout(STEP, consumer.next()).await.expect("in time");
+    assert!(ended.is_err(), "the in-process consumer ended");
+    let ended = tokio::time::timeout(STEP, on_socket.next()).await.expect("in time");
+    assert!(ended.is_err(), "the socket's consumer ended");
     Ok(())
 }

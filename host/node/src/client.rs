@@ -194,6 +194,7 @@ impl Client {
         if self.broken {
             return Err(ClientError::Broken);
         }
+        self.settle_unanswered().await?;
         // Until the answer is in: a call abandoned half way (or failed) leaves the stream
         // out of step, and the client refuses further calls rather than mix up answers.
         self.broken = true;
@@ -203,11 +204,6 @@ impl Client {
                 request.encode_chunks(out);
                 out.take(parts);
                 crate::vectored::write_all(stream, parts).await?;
-                // The answers to puts made without waiting come first.
-                while self.unanswered > 0 {
-                    self.outcomes.push(put_outcome(read_response(stream, buf).await?)?);
-                    self.unanswered -= 1;
-                }
                 read_response(stream, buf).await?
             }
             To::InProcess(node, connection) => connection.call(node, request).await,
@@ -254,7 +250,8 @@ impl Client {
     /// first waits for the oldest answer. An in-process client puts at once.
     ///
     /// # Errors
-    /// Only for the connection ([`ClientError::Io`], [`ClientError::Broken`], or
+    /// Only for the connection ([`ClientError::Io`], [`ClientError::Broken`],
+    /// [`ClientError::Protocol`] for an answer that is not a put's, or
     /// [`ClientError::OutcomeUnknown`] when the oldest answer did not come in time): a
     /// refusal is an outcome, handed out by `flush`.
     pub async fn put_async(&mut self, content: Content) -> Result<(), ClientError> {
@@ -287,23 +284,41 @@ impl Client {
     /// why it was refused (as [`Client::put`] would fail).
     ///
     /// # Errors
-    /// Only for the connection: [`ClientError::Io`], [`ClientError::Broken`], or
+    /// Only for the connection: [`ClientError::Io`], [`ClientError::Broken`],
+    /// [`ClientError::Protocol`] for an answer that is not a put's, or
     /// [`ClientError::OutcomeUnknown`] when an answer did not come within the put timeout
-    /// and [`PUT_ANSWER_MARGIN`] (the client is broken then).
+    /// and [`PUT_ANSWER_MARGIN`]. The client is broken then; the outcomes read before stay
+    /// for [`Client::take_outcomes`].
     pub async fn flush(&mut self) -> Result<Vec<Result<MessageId, ClientError>>, ClientError> {
+        self.settle_unanswered().await?;
+        Ok(self.take_outcomes())
+    }
+
+    /// The outcomes of puts made with [`Client::put_async`] whose answers were read, and
+    /// not handed out yet — also after the connection failed, to learn which of them the
+    /// node accepted.
+    pub fn take_outcomes(&mut self) -> Vec<Result<MessageId, ClientError>> {
+        std::mem::take(&mut self.outcomes)
+    }
+
+    /// Reads the answers owed to puts made with [`Client::put_async`], each within the put
+    /// timeout and [`PUT_ANSWER_MARGIN`], keeping their outcomes.
+    async fn settle_unanswered(&mut self) -> Result<(), ClientError> {
         if self.broken {
             return Err(ClientError::Broken);
         }
-        if let To::Socket { stream, buf, .. } = &mut self.to {
-            self.broken = true;
-            while self.unanswered > 0 {
-                let response = read_answer_within(stream, buf, self.put_timeout).await?;
-                self.outcomes.push(put_outcome(response)?);
-                self.unanswered -= 1;
-            }
-            self.broken = false;
+        let To::Socket { stream, buf, .. } = &mut self.to else { return Ok(()) };
+        if self.unanswered == 0 {
+            return Ok(());
         }
-        Ok(std::mem::take(&mut self.outcomes))
+        self.broken = true;
+        while self.unanswered > 0 {
+            let response = read_answer_within(stream, buf, self.put_timeout).await?;
+            self.outcomes.push(put_outcome(response)?);
+            self.unanswered -= 1;
+        }
+        self.broken = false;
+        Ok(())
     }
 
     /// Puts one message, failing at once if its queue is full.
@@ -364,6 +379,8 @@ impl Client {
         batch: Vec<Content>,
         timeout: Duration,
     ) -> Result<Vec<MessageId>, ClientError> {
+        // Answers owed to earlier puts first, each within its own time.
+        self.settle_unanswered().await?;
         // Rounded up, so a sub-millisecond timeout still waits rather than becoming a try.
         let timeout_ms = timeout.as_micros().div_ceil(1000) as u64;
         // The node answers within the timeout; past it (and a margin), the outcome is unknown.
@@ -587,6 +604,7 @@ impl Client {
     pub async fn commit(&mut self) -> Result<u32, ClientError> {
         let timeout_ms = self.put_timeout.as_millis() as u64;
         let limit = self.put_timeout + PUT_ANSWER_MARGIN;
+        self.settle_unanswered().await?;
         let Ok(answer) = tokio::time::timeout(limit, self.call(Request::Commit { timeout_ms })).await else {
             return Err(ClientError::OutcomeUnknown(limit));
         };

@@ -2,4 +2,5 @@
 //! answers it.
 
 pub mod protocol;
+mod queues;
 pub mod server;

@@ -13,6 +13,7 @@ use tokio::sync::watch;
 use tracing::{debug, warn};
 
 use super::protocol::{ErrorCode, Request, Response, split_frame};
+use super::queues::{find_queue, get, queue_request, take};
 use crate::events::{Event, EventKind};
 use crate::node::{CommitError, NodeState, StartError};
 use crate::queue::{DEAD_LETTER_QUEUE, LocalQueue, PopLimits, SettleError};
@@ -32,12 +33,12 @@ pub const GET_BYTES_MAX: usize = 64 << 20;
 /// Messages handed out pending on one client connection, by queue; whatever is left when the
 /// connection ends goes back to its queue (redelivered, backout count raised).
 #[derive(Default)]
-struct PendingOnConnection {
+pub(super) struct PendingOnConnection {
     queues: Vec<(Arc<LocalQueue>, std::collections::BTreeSet<u64>)>,
 }
 
 impl PendingOnConnection {
-    fn add(&mut self, queue: &Arc<LocalQueue>, tags: &[u64]) {
+    pub(super) fn add(&mut self, queue: &Arc<LocalQueue>, tags: &[u64]) {
         match self.queues.iter_mut().find(|(q, _)| Arc::ptr_eq(q, queue)) {
             Some((_, set)) => set.extend(tags),
             None => self.queues.push((queue.clone(), tags.iter().copied().collect())),
@@ -45,7 +46,7 @@ impl PendingOnConnection {
     }
 
     /// Settles `tags` of `queue` with `settle`, if they were all handed out here.
-    fn settle(
+    pub(super) fn settle(
         &mut self,
         queue: &Arc<LocalQueue>,
         tags: &[u64],
@@ -372,6 +373,7 @@ async fn serve(node: Arc<NodeState>, mut stream: UnixStream, mut shutdown: watch
                         debug!("Client left while its request waited.");
                         return;
                     }
+                    _ = shutdown.changed() => return,
                 }
             }
             Err(e) => {
@@ -522,75 +524,6 @@ async fn handle(
     }
 }
 
-/// Takes messages from the local queue `queue` for a get (or a consumer's answer): up to
-/// `count_max`, waiting up to `wait_ms` for the first, none encoded over `bytes_max`,
-/// handed out pending with `hand_out`; also the queue they came from.
-async fn take(
-    node: &NodeState,
-    queue: &str,
-    (count_max, wait_ms, bytes_max, hand_out): (u32, u64, u64, bool),
-    pending: &mut PendingOnConnection,
-) -> (Response, Option<Arc<LocalQueue>>) {
-    let q = match find_queue(node, queue) {
-        Ok(q) => q,
-        Err(response) => return (response, None),
-    };
-    let limits = PopLimits {
-        count_max: count_max.clamp(1, GET_MESSAGES_MAX) as usize,
-        message_bytes_max: usize::try_from(bytes_max).unwrap_or(usize::MAX),
-        total_bytes_max: GET_BYTES_MAX,
-        pending: hand_out,
-    };
-    let response = get(node, &q, limits, wait_ms).await;
-    if let Response::Messages { messages, tags } = &response {
-        pending.add(&q, tags);
-        // Taking a persistent message (or marking it handed out) is durable before the
-        // consumer has it, so a crash never hands it out again unmarked.
-        let stored = messages.iter().any(|m| m.content.reliability == Reliability::Persistent);
-        if stored
-            && node.store.durable()
-            && let Err(e) = node.committer.sync().await
-        {
-            return (refused(ErrorCode::Internal, format!("store failed: {e}")), Some(q));
-        }
-    }
-    (response, Some(q))
-}
-
-/// The queue's handle, or the error naming the missing queue.
-fn find_queue(node: &NodeState, queue: &str) -> Result<Arc<LocalQueue>, Response> {
-    let found = linkbus_plugin_api::QueueName::new(queue).ok().and_then(|name| node.queues.get(&name));
-    found.cloned().ok_or_else(|| {
-        let message = format!("queue '{queue}' does not exist on node {}", node.name());
-        Response::Error { code: ErrorCode::UnknownQueue, accepted: 0, message }
-    })
-}
-
-/// Requests about queues that neither wait nor hand messages out.
-fn queue_request(node: &NodeState, request: Request, pending: &mut PendingOnConnection) -> Response {
-    let answer = |queue: &str, f: &mut dyn FnMut(Arc<LocalQueue>) -> Response| match find_queue(node, queue) {
-        Ok(q) => f(q),
-        Err(response) => response,
-    };
-    match request {
-        Request::Queues { name } if name.is_empty() => Response::Status(queue_list(node)),
-        Request::Queues { name } => answer(&name, &mut |q| Response::Status(queue_detail(&q))),
-        Request::Browse { queue, count_max } => answer(&queue, &mut |q| {
-            let messages =
-                q.browse(count_max.clamp(1, GET_MESSAGES_MAX) as usize, GET_BYTES_MAX, Instant::now());
-            Response::Messages { messages, tags: Vec::new() }
-        }),
-        Request::Ack { queue, tags } => answer(&queue, &mut |q| pending.settle(&q, &tags, |q, t| q.ack(t))),
-        Request::Backout { queue, tags } => {
-            answer(&queue, &mut |q| pending.settle(&q, &tags, |q, t| q.backout(t, Instant::now())))
-        }
-        other => {
-            let message = format!("request {other:?} is not a queue request");
-            Response::Error { code: ErrorCode::BadRequest, accepted: 0, message }
-        }
-    }
-}
-
 fn reload(node: &NodeState) -> Response {
     match node.reload() {
         Ok(text) => Response::Status(text),
@@ -620,83 +553,6 @@ fn link_reset(node: &NodeState, peer: &str) -> Response {
     Response::Status(text)
 }
 
-async fn get(node: &NodeState, q: &LocalQueue, limits: PopLimits, wait_ms: u64) -> Response {
-    let queue = q.config().name.as_str();
-    let deadline = tokio::time::Instant::now() + Duration::from_millis(wait_ms.min(GET_WAIT_MS_MAX));
-    loop {
-        let popped = q.pop(limits, Instant::now());
-        if popped.expired > 0 {
-            debug!(queue, expired = popped.expired, "Expired messages dropped.");
-            node.emit(
-                Event::new(
-                    EventKind::Expired,
-                    format!("{} message(s) expired in queue '{queue}'", popped.expired),
-                )
-                .with("queue", queue)
-                .with("count", popped.expired),
-            );
-        }
-        if let Some(size) = popped.too_large {
-            let message = format!(
-                "the next message in queue '{queue}' has {size} bytes, over this get's limit of {}; it stays in the queue",
-                limits.message_bytes_max
-            );
-            return Response::Error { code: ErrorCode::TooLarge, accepted: 0, message };
-        }
-        if !popped.messages.is_empty() || tokio::time::Instant::now() >= deadline {
-            return Response::Messages { messages: popped.messages, tags: popped.tags };
-        }
-        q.wait(deadline).await;
-    }
-}
-
-fn queue_list(node: &NodeState) -> String {
-    use std::fmt::Write;
-    let mut queues: Vec<_> = node.queues.values().collect();
-    queues.sort_by(|a, b| a.config().name.cmp(&b.config().name));
-    let mut s = format!(
-        "{:<20} {:<9} {:>10} {:>8} {:>10} {:>10}\n",
-        "QUEUE", "ORDER", "DEPTH", "PENDING", "MAX", "OLDEST"
-    );
-    let now = Instant::now();
-    for q in queues {
-        let stats = q.stats(now);
-        let c = q.config();
-        let _ = writeln!(
-            s,
-            "{:<20} {:<9} {:>10} {:>8} {:>10} {:>10}",
-            c.name.as_str(),
-            format!("{:?}", c.order).to_lowercase(),
-            stats.by_level.iter().sum::<usize>(),
-            stats.pending,
-            c.queue_messages_max,
-            age(stats.oldest),
-        );
-    }
-    s
-}
-
-fn queue_detail(q: &LocalQueue) -> String {
-    use std::fmt::Write;
-    let stats = q.stats(Instant::now());
-    let c = q.config();
-    let mut s = String::new();
-    let _ = writeln!(s, "queue: {}", c.name);
-    let _ = writeln!(s, "order: {}", format!("{:?}", c.order).to_lowercase());
-    let _ = writeln!(s, "depth: {}", stats.by_level.iter().sum::<usize>());
-    let _ = writeln!(s, "pending (handed out, not acknowledged): {}", stats.pending);
-    let _ = writeln!(s, "limit: {} messages, {} bytes each", c.queue_messages_max, c.message_bytes_max);
-    let _ = writeln!(s, "oldest: {}", age(stats.oldest));
-    if stats.by_level.len() > 1 {
-        let _ = writeln!(s, "depth by priority:");
-        for (level, depth) in stats.by_level.iter().enumerate().rev() {
-            let name = if level > 9 { "system".to_owned() } else { level.to_string() };
-            let _ = writeln!(s, "  {name:>6}: {depth}");
-        }
-    }
-    s
-}
-
 /// The results of messages of this node, once all are final or after `wait_ms`.
 async fn results(node: &NodeState, source: &str, sequences: &[u64], wait_ms: u64) -> Response {
     if source != node.name().as_str() {
@@ -714,7 +570,7 @@ async fn results(node: &NodeState, source: &str, sequences: &[u64], wait_ms: u64
     Response::Results(node.results.wait(sequences, deadline).await)
 }
 
-fn refused(code: ErrorCode, message: String) -> Response {
+pub(super) fn refused(code: ErrorCode, message: String) -> Response {
     Response::Error { code, accepted: 0, message }
 }
 
@@ -760,10 +616,6 @@ fn subscriptions(node: &NodeState) -> String {
         let _ = writeln!(s, "{}  {}  ({from})", sub.to, kinds.join(","));
     }
     s
-}
-
-fn age(oldest: Option<Duration>) -> String {
-    oldest.map_or_else(|| "-".to_owned(), |d| format!("{:.1}s", d.as_secs_f64()))
 }
 
 fn status(node: &NodeState) -> String {

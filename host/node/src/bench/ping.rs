@@ -103,13 +103,15 @@ fn all_accepted(outcomes: Vec<Result<MessageId, ClientError>>) -> Result<(), Cli
     outcomes.into_iter().try_for_each(|outcome| outcome.map(drop))
 }
 
-/// B's side: sends each of `rounds` messages back to `A:orders` as it comes (ending
-/// early when none comes for [`ECHO_WAIT`]).
+/// B's side: sends each of `rounds` messages back to `A:orders` as it comes (failing when
+/// none comes for [`ECHO_WAIT`]).
 async fn echo(mut from: Consumer, mut back: Client, rounds: usize) -> Result<(), ClientError> {
     let to: Address = "A:orders".parse().expect("valid address");
     let mut echoed = 0;
     while echoed < rounds {
-        let Ok(batch) = tokio::time::timeout(ECHO_WAIT, from.next()).await else { break };
+        let Ok(batch) = tokio::time::timeout(ECHO_WAIT, from.next()).await else {
+            return Err(ClientError::Protocol(format!("ping-pong: nothing came back for {ECHO_WAIT:?}")));
+        };
         for m in batch? {
             back.put_async(Content::buf(to.clone(), m.content.payload)).await?;
             echoed += 1;

@@ -8,7 +8,9 @@ use tokio::net::UnixStream;
 
 use super::{Client, ClientError, To, read_response};
 use crate::api::protocol::{Request, Response};
-use crate::api::server::GET_WAIT_MS_MAX;
+
+/// How long an in-process consumer's get waits before it asks again.
+const IN_PROCESS_WAIT: Duration = Duration::from_secs(1);
 
 /// Takes the messages of one local queue as they come: over the socket, the node pushes
 /// each batch without being asked again, so a message waiting for a consumer costs no
@@ -16,9 +18,10 @@ use crate::api::server::GET_WAIT_MS_MAX;
 /// consumer's until it drops.
 ///
 /// As with [`Client::get`], messages leave the queue as they are handed out (automatic
-/// acknowledgement): those the node has written to a consumer that then ends are gone.
-/// For messages that must survive their consumer, take them with
-/// [`Client::get_pending`] and acknowledge them.
+/// acknowledgement): those the node has written to a consumer that then ends are gone —
+/// at most what the socket holds and one batch, as the node writes a batch only once the
+/// one before is in the socket. For messages that must survive their consumer, take them
+/// with [`Client::get_pending`] and acknowledge them.
 #[derive(Debug)]
 pub struct Consumer {
     to: Pushed,
@@ -75,7 +78,8 @@ impl Consumer {
     /// The next batch of messages, waiting for as long as it takes (never empty).
     ///
     /// Over the socket it is cancel-safe (a batch half read stays for the next call); an
-    /// in-process consumer's call must not be abandoned, as a `get`'s must not.
+    /// in-process consumer's call must not be abandoned, as a `get`'s must not, and ends
+    /// with [`ClientError::Refused`] once its node shuts down.
     ///
     /// # Errors
     /// [`ClientError::Refused`] when the queue does not exist or a message is over the
@@ -100,8 +104,9 @@ impl Consumer {
                     Err(e) => break Err(e),
                 }
             },
+            // A second at a time, so a node that shuts down ends it (its calls are refused).
             Pushed::InProcess { client, queue, count_max, bytes_max } => {
-                let wait = Duration::from_millis(GET_WAIT_MS_MAX);
+                let wait = IN_PROCESS_WAIT;
                 loop {
                     match client.get_request(queue, *count_max, wait, *bytes_max, false).await {
                         Ok((messages, _)) if messages.is_empty() => {}
