@@ -36,16 +36,19 @@ fn accepted(outcomes: Vec<Result<MessageId, ClientError>>) -> Vec<MessageId> {
     outcomes.into_iter().map(|o| o.expect("accepted")).collect()
 }
 
-#[test]
-fn a_consumer_is_pushed_each_message_in_order_and_async_puts_keep_their_order() {
+/// Runs `test` with the client socket of a node process `A` with queue `q`.
+fn on_a_node<F: std::future::Future<Output = ()>>(test: impl FnOnce(std::path::PathBuf) -> F) {
     let s = Scratch::new();
     let a = s.start_lone("A", &["q:fifo"]);
-    let runtime = tokio::runtime::Runtime::new().unwrap();
-    runtime.block_on(async {
+    tokio::runtime::Runtime::new().unwrap().block_on(test(a.socket.clone()));
+}
+
+#[test]
+fn a_consumer_is_pushed_each_message_in_order_and_async_puts_keep_their_order() {
+    on_a_node(|socket| async move {
         let to: linkbus::Address = "A:q".parse().unwrap();
-        let mut consumer =
-            Client::connect(&a.socket).await.unwrap().consume("q", 100, u64::MAX).await.unwrap();
-        let mut producer = Client::connect(&a.socket).await.unwrap();
+        let mut consumer = Client::connect(&socket).await.unwrap().consume("q", 100, u64::MAX).await.unwrap();
+        let mut producer = Client::connect(&socket).await.unwrap();
         // One at a time, each waiting for its answer: each reaches the waiting consumer.
         for text in texts(0..10) {
             producer.put(Content::buf(to.clone(), text)).await.unwrap();
@@ -71,23 +74,20 @@ fn a_consumer_is_pushed_each_message_in_order_and_async_puts_keep_their_order() 
         assert_eq!(take(&mut consumer, 990).await, texts(10..1000));
 
         // The consumer took them: nothing is left for anybody else.
-        let mut other = Client::connect(&a.socket).await.unwrap();
+        let mut other = Client::connect(&socket).await.unwrap();
         assert!(other.get("q", 10, Duration::ZERO).await.unwrap().is_empty());
     });
 }
 
 #[test]
 fn a_consumer_that_ends_takes_nothing_more() {
-    let s = Scratch::new();
-    let a = s.start_lone("A", &["q:fifo"]);
-    let runtime = tokio::runtime::Runtime::new().unwrap();
-    runtime.block_on(async {
-        let consumer = Client::connect(&a.socket).await.unwrap().consume("q", 10, u64::MAX).await.unwrap();
+    on_a_node(|socket| async move {
+        let consumer = Client::connect(&socket).await.unwrap().consume("q", 10, u64::MAX).await.unwrap();
         drop(consumer);
         tokio::time::sleep(Duration::from_millis(200)).await;
-        let mut producer = Client::connect(&a.socket).await.unwrap();
+        let mut producer = Client::connect(&socket).await.unwrap();
         producer.put(Content::buf("A:q".parse().unwrap(), "after")).await.unwrap();
-        let mut other = Client::connect(&a.socket).await.unwrap();
+        let mut other = Client::connect(&socket).await.unwrap();
         let got = other.get("q", 10, Duration::from_secs(5)).await.unwrap();
         assert_eq!(got.len(), 1, "the ended consumer did not take it");
         assert!(!got[0].redelivered && got[0].backout_count == 0, "nor took it and gave it back");
@@ -96,32 +96,29 @@ fn a_consumer_that_ends_takes_nothing_more() {
 
 #[test]
 fn a_consumer_ends_with_the_reason_and_a_message_too_large_for_it_stays() {
-    let s = Scratch::new();
-    let a = s.start_lone("A", &["q:fifo"]);
-    let runtime = tokio::runtime::Runtime::new().unwrap();
-    runtime.block_on(async {
+    on_a_node(|socket| async move {
         let code = |e: ClientError| match e {
             ClientError::Refused { code, message, .. } => (code, message),
             other => panic!("refused expected: {other}"),
         };
         let mut missing =
-            Client::connect(&a.socket).await.unwrap().consume("nope", 10, u64::MAX).await.unwrap();
+            Client::connect(&socket).await.unwrap().consume("nope", 10, u64::MAX).await.unwrap();
         let (c, message) =
             code(tokio::time::timeout(STEP, missing.next()).await.expect("in time").unwrap_err());
         assert_eq!(c, ErrorCode::UnknownQueue, "{message}");
         assert!(message.contains("'nope'"), "{message}");
         assert!(matches!(missing.next().await, Err(ClientError::Ended)), "it has ended");
 
-        let mut small = Client::connect(&a.socket).await.unwrap().consume("q", 10, 200).await.unwrap();
-        let mut producer = Client::connect(&a.socket).await.unwrap();
+        let mut small = Client::connect(&socket).await.unwrap().consume("q", 10, 200).await.unwrap();
+        let mut producer = Client::connect(&socket).await.unwrap();
         producer.put(Content::buf("A:q".parse().unwrap(), vec![7u8; 1000])).await.unwrap();
         let (c, message) =
             code(tokio::time::timeout(STEP, small.next()).await.expect("in time").unwrap_err());
         assert_eq!(c, ErrorCode::TooLarge, "{message}");
-        let mut other = Client::connect(&a.socket).await.unwrap();
+        let mut other = Client::connect(&socket).await.unwrap();
         assert_eq!(other.get("q", 10, Duration::ZERO).await.unwrap().len(), 1, "the message stayed");
 
-        let mut in_transaction = Client::connect(&a.socket).await.unwrap();
+        let mut in_transaction = Client::connect(&socket).await.unwrap();
         in_transaction.begin().await.unwrap();
         let mut refused = in_transaction.consume("q", 10, u64::MAX).await.unwrap();
         let (c, message) =
@@ -133,11 +130,8 @@ fn a_consumer_ends_with_the_reason_and_a_message_too_large_for_it_stays() {
 
 #[test]
 fn async_puts_hand_out_a_refusal_among_accepted_puts_in_order() {
-    let s = Scratch::new();
-    let a = s.start_lone("A", &["q:fifo"]);
-    let runtime = tokio::runtime::Runtime::new().unwrap();
-    runtime.block_on(async {
-        let mut producer = Client::connect(&a.socket).await.unwrap();
+    on_a_node(|socket| async move {
+        let mut producer = Client::connect(&socket).await.unwrap();
         for to in ["A:q", "A:nope", "A:q"] {
             producer.put_async(Content::buf(to.parse().unwrap(), to)).await.unwrap();
         }
