@@ -20,13 +20,7 @@ async fn main() -> anyhow::Result<()> {
     let clients: usize = args.next().map_or(Ok(16), |a| a.parse())?;
     let seconds: u64 = args.next().map_or(Ok(5), |a| a.parse())?;
     let scratch = std::env::temp_dir().join(format!("linkbus-persistent-puts-{}", std::process::id()));
-    let overrides = Overrides {
-        name: Some("A".into()),
-        listen: Some("none".into()),
-        data_dir: Some(scratch.join("A")),
-        client_socket: Some(scratch.join("A.sock")),
-        ..Overrides::default()
-    };
+    let overrides = Overrides::local("A", &scratch);
     let yaml = "queues: [ { name: q, order: fifo, queue_messages_max: 100000000 } ]\nmessages: { lifetime_default_s: 0 }";
     let mut tree = config::parse_yaml(yaml)?;
     config::apply_overrides(&mut tree, &overrides);

@@ -16,13 +16,7 @@ async fn main() -> anyhow::Result<()> {
     let messages: usize = args.next().map_or(Ok(50_000), |a| a.parse())?;
     let rounds: usize = args.next().map_or(Ok(2), |a| a.parse())?;
     let scratch = std::env::temp_dir().join(format!("linkbus-single-puts-{}", std::process::id()));
-    let overrides = Overrides {
-        name: Some("A".into()),
-        listen: Some("none".into()),
-        data_dir: Some(scratch.join("A")),
-        client_socket: Some(scratch.join("A.sock")),
-        ..Overrides::default()
-    };
+    let overrides = Overrides::local("A", &scratch);
     let mut tree = config::parse_yaml("queues: [ { name: q, order: fifo, queue_messages_max: 10000000 } ]")?;
     config::apply_overrides(&mut tree, &overrides);
     let node = Node::start(config::from_value(&tree)?).await?;

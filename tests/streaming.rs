@@ -155,13 +155,7 @@ fn async_puts_hand_out_a_refusal_among_accepted_puts_in_order() {
 async fn in_process_clients_consume_and_put_without_waiting_alike() -> anyhow::Result<()> {
     use linkbus::config::{self, Overrides};
     let dir = tempfile::tempdir()?;
-    let overrides = Overrides {
-        name: Some("A".into()),
-        listen: Some("none".into()),
-        data_dir: Some(dir.path().join("A")),
-        client_socket: Some(dir.path().join("A.sock")),
-        ..Overrides::default()
-    };
+    let overrides = Overrides::local("A", dir.path());
     let mut tree = config::parse_yaml("queues: [ { name: q, order: fifo } ]")?;
     config::apply_overrides(&mut tree, &overrides);
     let node = linkbus::Node::start(config::from_value(&tree)?).await?;

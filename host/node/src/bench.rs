@@ -402,6 +402,11 @@ impl Drop for Scratch {
     }
 }
 
+/// A client of `node`: over its client socket, or in-process.
+pub(crate) async fn client_of(node: &Node, in_process: bool) -> Result<Client, crate::client::ClientError> {
+    if in_process { Ok(node.client()) } else { Client::connect(node.socket_path()).await }
+}
+
 /// Starts a chain of `count` nodes (`N0` ... in a line, each dialing the next; the first
 /// routes to the last through the second, the last back through the one before it; the
 /// last has queue `orders`), over Noise links with fresh keys and `cipher` when there is

@@ -191,19 +191,14 @@ impl Client {
     }
 
     async fn call(&mut self, request: Request) -> Result<Response, ClientError> {
-        if self.broken {
-            return Err(ClientError::Broken);
-        }
-        self.settle_unanswered().await?;
+        self.settle_unanswered(0).await?;
         // Until the answer is in: a call abandoned half way (or failed) leaves the stream
         // out of step, and the client refuses further calls rather than mix up answers.
         self.broken = true;
         let response = match &mut self.to {
             To::Socket { stream, buf, out, parts } => {
                 // Large payloads are shared into a vectored write, not copied.
-                request.encode_chunks(out);
-                out.take(parts);
-                crate::vectored::write_all(stream, parts).await?;
+                send(stream, out, parts, &request).await?;
                 read_response(stream, buf).await?
             }
             To::InProcess(node, connection) => connection.call(node, request).await,
@@ -255,25 +250,16 @@ impl Client {
     /// [`ClientError::OutcomeUnknown`] when the oldest answer did not come in time): a
     /// refusal is an outcome, handed out by `flush`.
     pub async fn put_async(&mut self, content: Content) -> Result<(), ClientError> {
-        if self.broken {
-            return Err(ClientError::Broken);
-        }
-        let timeout_ms = self.put_timeout.as_micros().div_ceil(1000) as u64;
+        self.settle_unanswered(PUTS_UNANSWERED_MAX - 1).await?;
+        let timeout_ms = wait_ms(self.put_timeout);
         let request = Request::Put { contents: vec![content], timeout_ms, no_wait: self.no_wait };
-        let To::Socket { stream, buf, out, parts } = &mut self.to else {
+        let To::Socket { stream, out, parts, .. } = &mut self.to else {
             let outcome = self.call(request).await.and_then(single_id);
             self.outcomes.push(outcome);
             return Ok(());
         };
         self.broken = true;
-        if self.unanswered >= PUTS_UNANSWERED_MAX {
-            let response = read_answer_within(stream, buf, self.put_timeout).await?;
-            self.outcomes.push(put_outcome(response)?);
-            self.unanswered -= 1;
-        }
-        request.encode_chunks(out);
-        out.take(parts);
-        crate::vectored::write_all(stream, parts).await?;
+        send(stream, out, parts, &request).await?;
         self.unanswered += 1;
         self.broken = false;
         Ok(())
@@ -290,7 +276,7 @@ impl Client {
     /// and [`PUT_ANSWER_MARGIN`]. The client is broken then; the outcomes read before stay
     /// for [`Client::take_outcomes`].
     pub async fn flush(&mut self) -> Result<Vec<Result<MessageId, ClientError>>, ClientError> {
-        self.settle_unanswered().await?;
+        self.settle_unanswered(0).await?;
         Ok(self.take_outcomes())
     }
 
@@ -301,18 +287,23 @@ impl Client {
         std::mem::take(&mut self.outcomes)
     }
 
-    /// Reads the answers owed to puts made with [`Client::put_async`], each within the put
-    /// timeout and [`PUT_ANSWER_MARGIN`], keeping their outcomes.
-    async fn settle_unanswered(&mut self) -> Result<(), ClientError> {
+    /// Reads the answers owed to puts made with [`Client::put_async`] until at most `left`
+    /// are owed, each within the put timeout and [`PUT_ANSWER_MARGIN`], keeping their
+    /// outcomes.
+    ///
+    /// # Errors
+    /// [`ClientError::Broken`] for a connection out of step already, else as
+    /// [`Client::flush`].
+    async fn settle_unanswered(&mut self, left: usize) -> Result<(), ClientError> {
         if self.broken {
             return Err(ClientError::Broken);
         }
         let To::Socket { stream, buf, .. } = &mut self.to else { return Ok(()) };
-        if self.unanswered == 0 {
+        if self.unanswered <= left {
             return Ok(());
         }
         self.broken = true;
-        while self.unanswered > 0 {
+        while self.unanswered > left {
             let response = read_answer_within(stream, buf, self.put_timeout).await?;
             self.outcomes.push(put_outcome(response)?);
             self.unanswered -= 1;
@@ -380,9 +371,8 @@ impl Client {
         timeout: Duration,
     ) -> Result<Vec<MessageId>, ClientError> {
         // Answers owed to earlier puts first, each within its own time.
-        self.settle_unanswered().await?;
-        // Rounded up, so a sub-millisecond timeout still waits rather than becoming a try.
-        let timeout_ms = timeout.as_micros().div_ceil(1000) as u64;
+        self.settle_unanswered(0).await?;
+        let timeout_ms = wait_ms(timeout);
         // The node answers within the timeout; past it (and a margin), the outcome is unknown.
         let answer = tokio::time::timeout(
             timeout + PUT_ANSWER_MARGIN,
@@ -604,7 +594,7 @@ impl Client {
     pub async fn commit(&mut self) -> Result<u32, ClientError> {
         let timeout_ms = self.put_timeout.as_millis() as u64;
         let limit = self.put_timeout + PUT_ANSWER_MARGIN;
-        self.settle_unanswered().await?;
+        self.settle_unanswered(0).await?;
         let Ok(answer) = tokio::time::timeout(limit, self.call(Request::Commit { timeout_ms })).await else {
             return Err(ClientError::OutcomeUnknown(limit));
         };
@@ -669,6 +659,25 @@ impl Client {
     pub async fn status(&mut self) -> Result<String, ClientError> {
         self.text(Request::Status, "status").await
     }
+}
+
+/// A timeout in whole milliseconds for the node, rounded up, so a sub-millisecond one still
+/// waits rather than becoming a try.
+fn wait_ms(timeout: Duration) -> u64 {
+    timeout.as_micros().div_ceil(1000) as u64
+}
+
+/// Writes `request` on a client's connection (large payloads shared into a vectored
+/// write, not copied).
+async fn send(
+    stream: &mut UnixStream,
+    out: &mut Chunks,
+    parts: &mut Vec<bytes::Bytes>,
+    request: &Request,
+) -> std::io::Result<()> {
+    request.encode_chunks(out);
+    out.take(parts);
+    crate::vectored::write_all(stream, parts).await
 }
 
 /// Reads the next response on a client's connection.

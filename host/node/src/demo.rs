@@ -182,11 +182,8 @@ pub(crate) async fn deliver_through(
 ) -> Result<DemoReport, DemoError> {
     let nodes = crate::bench::start_chain(scratch, names, cipher).await?;
     let (first, last) = (&nodes[0], &nodes[nodes.len() - 1]);
-    let (mut producer, mut consumer) = if in_process {
-        (first.client(), last.client())
-    } else {
-        (Client::connect(first.socket_path()).await?, Client::connect(last.socket_path()).await?)
-    };
+    let (mut producer, mut consumer) =
+        (crate::bench::client_of(first, in_process).await?, crate::bench::client_of(last, in_process).await?);
     let to: Address = format!("{}:orders", names[names.len() - 1]).parse().expect("valid address");
     let started = Instant::now();
     // Each on a task of its own, as separate programs would be (an in-process client

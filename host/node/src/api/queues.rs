@@ -48,10 +48,12 @@ pub(super) async fn take(
     // back with the connection instead.
     let mut taken = Taken { queue: &q, messages, restore: tags.is_empty() };
     if let Err(e) = node.committer.sync().await {
-        return (refused(ErrorCode::Internal, format!("store failed: {e}")), Some(q.clone()));
+        drop(taken);
+        return (refused(ErrorCode::Internal, format!("store failed: {e}")), Some(q));
     }
     let messages = std::mem::take(&mut taken.messages);
-    (Response::Messages { messages, tags }, Some(q.clone()))
+    drop(taken);
+    (Response::Messages { messages, tags }, Some(q))
 }
 
 /// Messages taken from `queue` for a consumer that does not have them yet: with `restore`

@@ -351,24 +351,20 @@ async fn serve(node: Arc<NodeState>, mut stream: UnixStream, mut shutdown: watch
     // A consumer's `Consume`, taken up again after each answer: nothing more is read.
     let mut consuming: Option<Request> = None;
     loop {
-        let decoded = match &consuming {
+        let decoded = match consuming.take() {
             Some(_) if *shutdown.borrow() => return,
-            Some(request) => Ok(request.clone()),
+            Some(request) => Ok(request),
             None => match next_request(&mut stream, &mut buf, frame_bytes_max, &mut shutdown).await {
                 Some(decoded) => decoded,
                 None => return,
             },
-        };
-        let standing = match &decoded {
-            Ok(request @ Request::Consume { .. }) if transaction.is_none() => Some(request.clone()),
-            _ => None,
         };
         let (response, taken_from) = match decoded {
             Ok(request) => {
                 // A get may wait long: stop it, before it takes anything, if the client leaves.
                 tokio::select! {
                     biased;
-                    answer = handle(&node, request, &mut pending, &mut transaction) => answer,
+                    answer = answer(&node, request, &mut consuming, &mut pending, &mut transaction) => answer,
                     () = client_gone(&mut stream, &mut buf, frame_bytes_max) => {
                         debug!("Client left while its request waited.");
                         return;
@@ -383,7 +379,9 @@ async fn serve(node: Arc<NodeState>, mut stream: UnixStream, mut shutdown: watch
         };
         // A consumer goes on while its answers are messages (an error ends it); a wait
         // that ran out without any is not answered.
-        consuming = standing.filter(|_| matches!(response, Response::Messages { .. }));
+        if !matches!(response, Response::Messages { .. }) {
+            consuming = None;
+        }
         if consuming.is_some()
             && matches!(&response, Response::Messages { messages, .. } if messages.is_empty())
         {
@@ -462,6 +460,26 @@ impl InProcess {
     }
 }
 
+/// Answers `request` on a connection; for a get, also the queue the messages came from. A
+/// `Consume` (outside a transaction) is answered as a get that waits as long as any may,
+/// and is kept in `consuming`, to be answered again.
+async fn answer(
+    node: &NodeState,
+    request: Request,
+    consuming: &mut Option<Request>,
+    pending: &mut PendingOnConnection,
+    transaction: &mut Option<Transaction>,
+) -> (Response, Option<Arc<LocalQueue>>) {
+    if let Request::Consume { queue, count_max, bytes_max } = &request
+        && transaction.is_none()
+    {
+        let answer = take(node, queue, (*count_max, GET_WAIT_MS_MAX, *bytes_max, false), pending).await;
+        *consuming = Some(request);
+        return answer;
+    }
+    handle(node, request, pending, transaction).await
+}
+
 /// Answers one request; for a get, also the queue the messages came from.
 async fn handle(
     node: &NodeState,
@@ -490,10 +508,6 @@ async fn handle(
     match request {
         Request::Put { contents, timeout_ms, no_wait } => {
             (put(node, contents, timeout_ms, no_wait).await, None)
-        }
-        // Each answer of a consumer is a get that waits as long as any may.
-        Request::Consume { queue, count_max, bytes_max } => {
-            take(node, &queue, (count_max, GET_WAIT_MS_MAX, bytes_max, false), pending).await
         }
         Request::Get { queue, count_max, wait_ms, bytes_max, pending: hand_out } => {
             take(node, &queue, (count_max, wait_ms, bytes_max, hand_out), pending).await

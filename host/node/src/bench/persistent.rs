@@ -69,13 +69,7 @@ async fn persistent_puts_in(
     duration: Duration,
     batch: usize,
 ) -> Result<(f64, f64), DemoError> {
-    let overrides = Overrides {
-        name: Some("A".into()),
-        listen: Some("none".into()),
-        data_dir: Some(dir.join("A")),
-        client_socket: Some(dir.join("A.sock")),
-        ..Overrides::default()
-    };
+    let overrides = Overrides::local("A", dir);
     let mut tree = config::parse_yaml(&format!(
         "queues: [ {{ name: q, order: fifo, queue_messages_max: 100000000 }} ]\nplugins: {{ store: {{ kind: {store} }} }}"
     ))?;

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use linkbus_plugin_api::{Address, Content, MessageId};
 
 use super::raw::raw_ping_pong;
-use super::{Row, hops, pace, percentiles, row, start_chain};
+use super::{Row, client_of, hops, pace, percentiles, row, start_chain};
 use crate::Node;
 use crate::client::{Client, ClientError, Consumer};
 use crate::demo::{DemoError, is_payload, payload};
@@ -87,11 +87,6 @@ pub(super) async fn ping_pong(scratch: &Path, rounds: usize, in_process: bool) -
 
 /// Longest a ping-pong waits for a message to come back.
 const ECHO_WAIT: Duration = Duration::from_secs(10);
-
-/// A client of `node`: over its client socket, or in-process.
-async fn client_of(node: &Node, in_process: bool) -> Result<Client, ClientError> {
-    if in_process { Ok(node.client()) } else { Client::connect(node.socket_path()).await }
-}
 
 /// A consumer of `node`'s `orders`, one message at a time.
 async fn consumer_of(node: &Node, in_process: bool) -> Result<Consumer, ClientError> {

@@ -6,7 +6,7 @@ use bytes::BytesMut;
 use linkbus_plugin_api::Message;
 use tokio::net::UnixStream;
 
-use super::{Client, ClientError, To, read_response};
+use super::{Client, ClientError, To, read_response, send};
 use crate::api::protocol::{Request, Response};
 
 /// How long an in-process consumer's get waits before it asks again.
@@ -60,9 +60,7 @@ impl Client {
         let to = match self.to {
             To::Socket { mut stream, buf, mut out, mut parts } => {
                 let request = Request::Consume { queue: queue.to_owned(), count_max, bytes_max };
-                request.encode_chunks(&mut out);
-                out.take(&mut parts);
-                crate::vectored::write_all(&mut stream, &mut parts).await?;
+                send(&mut stream, &mut out, &mut parts, &request).await?;
                 Pushed::Socket { stream, buf }
             }
             to @ To::InProcess(..) => {

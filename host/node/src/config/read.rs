@@ -45,6 +45,21 @@ pub struct Overrides {
     pub psk_file: Option<PathBuf>,
 }
 
+impl Overrides {
+    /// A node named `name` that dials and listens to no one (`listen: none`), its data in
+    /// `dir/NAME` and its client socket at `dir/NAME.sock`: a program's own node, or a
+    /// benchmark's.
+    pub fn local(name: &str, dir: &Path) -> Self {
+        Self {
+            name: Some(name.to_owned()),
+            listen: Some("none".into()),
+            data_dir: Some(dir.join(name)),
+            client_socket: Some(dir.join(format!("{name}.sock"))),
+            ..Self::default()
+        }
+    }
+}
+
 fn one_issue(path: &str, message: impl std::fmt::Display) -> ConfigErrors {
     ConfigErrors(vec![ConfigIssue { path: path.to_owned(), message: message.to_string() }])
 }
