@@ -253,3 +253,64 @@ fn queue_defaults_decide_reliability_and_what_a_full_queue_does() {
     assert!(stderr(&second).contains("is full (1 messages) and rejects puts then"), "{}", stderr(&second));
     assert!(started.elapsed() < Duration::from_secs(5), "not waited for");
 }
+
+/// A node that shuts down answers the requests under way: a put or a commit waiting for
+/// room in a full queue is refused as not accepted (and is not there after a restart), and
+/// a get and a consumer waiting for messages are told why they end, instead of finding
+/// their connection closed with the outcome unknown.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_that_shuts_down_answers_the_requests_waiting_in_it() -> anyhow::Result<()> {
+    use linkbus::config::{self, Overrides};
+    use linkbus::host::api::protocol::ErrorCode;
+    use linkbus::{Client, ClientError, Content};
+    let dir = tempfile::tempdir()?;
+    let start = || async {
+        let mut tree = config::parse_yaml(
+            "queues: [ { name: small, queue_messages_max: 1, reliability: persistent }, { name: idle } ]",
+        )?;
+        config::apply_overrides(&mut tree, &Overrides::local("A", dir.path()));
+        anyhow::Ok(linkbus::Node::start(config::from_value(&tree)?).await?)
+    };
+    let node = start().await?;
+    let connect = || Client::connect(node.socket_path());
+    let small: linkbus::Address = "A:small".parse()?;
+    let mut producer = connect().await?;
+    producer.set_put_timeout(Duration::from_secs(60));
+    producer.put(Content::buf(small.clone(), "first")).await?;
+
+    let waiting_put = tokio::spawn(async move { producer.put(Content::buf(small, "second")).await });
+    let mut in_transaction = connect().await?;
+    in_transaction.set_put_timeout(Duration::from_secs(60));
+    in_transaction.begin().await?;
+    in_transaction.put(Content::buf("A:small".parse()?, "third")).await?;
+    let waiting_commit = tokio::spawn(async move { in_transaction.commit().await });
+    let mut getter = connect().await?;
+    let waiting_get = tokio::spawn(async move { getter.get("idle", 10, Duration::from_secs(60)).await });
+    let mut consumer = connect().await?.consume("idle", 10, u64::MAX).await?;
+    // Time for the node to read each request and start waiting.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    node.shutdown().await;
+
+    // The node's reason, for a refusal of the node's own (else what came instead).
+    let why = |outcome: Option<&ClientError>| match outcome {
+        Some(ClientError::Refused { code: ErrorCode::Internal, message, .. }) => message.clone(),
+        other => format!("not refused by the node: {other:?}"),
+    };
+    let step = Duration::from_secs(20);
+    let put = why(tokio::time::timeout(step, waiting_put).await??.as_ref().err());
+    assert!(put.contains("node A is shutting down, not accepted"), "{put}");
+    let commit = why(tokio::time::timeout(step, waiting_commit).await??.as_ref().err());
+    assert!(commit.contains("node A is shutting down, not committed"), "{commit}");
+    let get = why(tokio::time::timeout(step, waiting_get).await??.as_ref().err());
+    assert!(get.contains("node A is shutting down"), "{get}");
+    let consumed = why(tokio::time::timeout(step, consumer.next()).await?.as_ref().err());
+    assert!(consumed.contains("node A is shutting down"), "{consumed}");
+
+    // Only the accepted message was kept.
+    let node = start().await?;
+    let kept = node.client().get("small", 10, Duration::ZERO).await?;
+    let kept: Vec<&[u8]> = kept.iter().map(|m| &m.content.payload[..]).collect();
+    assert_eq!(kept, [&b"first"[..]]);
+    node.shutdown().await;
+    Ok(())
+}

@@ -140,7 +140,7 @@ impl Node {
     /// Stops every task (links send a close frame) and waits for them, at most a few seconds;
     /// then makes every store write durable.
     pub async fn shutdown(mut self) {
-        self.state.stopped.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.state.stop();
         let _ = self.shutdown.send(true);
         let drained = tokio::time::timeout(Duration::from_secs(5), async {
             while self.tasks.join_next().await.is_some() {}

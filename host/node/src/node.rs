@@ -350,7 +350,7 @@ pub struct NodeState {
     #[doc(hidden)]
     pub ack_before_sync: std::sync::atomic::AtomicBool,
     /// Set by [`crate::Node::shutdown`]: in-process clients are refused from then on.
-    pub(crate) stopped: std::sync::atomic::AtomicBool,
+    stopped: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for NodeState {
@@ -517,6 +517,32 @@ impl NodeState {
     pub fn fail(&self, reason: String) {
         tracing::error!(reason, "Store failed: the node stops acknowledging and exits.");
         self.failure.set(reason);
+    }
+
+    /// Whether the node is shutting down: a put or commit that would wait for room is
+    /// refused instead (`Node::shutdown` wakes those waiting), and no producer is paced.
+    pub(crate) fn stopping(&self) -> bool {
+        self.stopped.load(Ordering::SeqCst)
+    }
+
+    /// Waits until `room` (made before room was found missing, so a shutdown after that
+    /// wakes it) is given up or `deadline` passes: whether room came in time; `Err` with
+    /// the reason when the node is shutting down (nothing waits for room then).
+    async fn wait_for_room(
+        &self,
+        room: impl Future<Output = ()>,
+        deadline: tokio::time::Instant,
+    ) -> Result<bool, String> {
+        if self.stopping() {
+            return Err(format!("node {} is shutting down", self.name()));
+        }
+        Ok(tokio::time::Instant::now() < deadline && tokio::time::timeout_at(deadline, room).await.is_ok())
+    }
+
+    /// Stops the node taking requests: waits for room end (see [`NodeState::stopping`]).
+    pub(crate) fn stop(&self) {
+        self.stopped.store(true, Ordering::SeqCst);
+        self.room.notify_waiters();
     }
 
     /// Whether the store failed and the node is stopping (it acknowledges nothing more).
@@ -795,7 +821,8 @@ impl NodeState {
             match self.admit_paced(&message, pace_until.map(|_| (put.pace_bytes, PACE_WAIT))) {
                 Ok((targets, ahead)) => {
                     // The clock is read only when a link is ahead.
-                    if let Some(until) = pace_until.filter(|_| ahead)
+                    // A node that is stopping takes what it can at once.
+                    if let Some(until) = pace_until.filter(|_| ahead && !self.stopping())
                         && tokio::time::Instant::now() < until
                     {
                         drop(targets);
@@ -811,8 +838,9 @@ impl NodeState {
                 }
                 Err((ErrorCode::Full, reason)) => {
                     drop(admission);
-                    let waited = tokio::time::Instant::now() < deadline
-                        && tokio::time::timeout_at(deadline, room).await.is_ok();
+                    let waited = self.wait_for_room(room, deadline).await.map_err(|stopping| {
+                        put_error(index, (ErrorCode::Internal, format!("{reason}; {stopping}, not accepted")))
+                    })?;
                     put.now = Instant::now();
                     if !waited {
                         let reason = format!("{reason}; no room within {waits:?}, not accepted");
@@ -1289,8 +1317,12 @@ impl NodeState {
                 }
                 Err((ErrorCode::Full, reason)) => {
                     drop(admission);
-                    let waited = tokio::time::Instant::now() < deadline
-                        && tokio::time::timeout_at(deadline, room).await.is_ok();
+                    let waited = self.wait_for_room(room.as_mut(), deadline).await.map_err(|stopping| {
+                        CommitError::Refused((
+                            ErrorCode::Internal,
+                            format!("{reason}; {stopping}, not committed"),
+                        ))
+                    })?;
                     if !waited {
                         let reason = format!("{reason}; no room for the transaction within {timeout:?}");
                         return Err(CommitError::Refused((ErrorCode::Full, reason)));

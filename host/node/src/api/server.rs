@@ -284,19 +284,22 @@ pub async fn bind(path: &Path) -> Result<UnixListener, StartError> {
     UnixListener::bind(path).map_err(io(format!("binding {}", path.display())))
 }
 
-/// Serves clients until `shutdown` turns true, then removes the socket file.
+/// Serves clients until `shutdown` turns true; then removes the socket file and waits for
+/// the requests under way to be answered (see [`serve`]; the node bounds that wait).
 pub async fn run(
     node: Arc<NodeState>,
     listener: UnixListener,
     path: PathBuf,
     mut shutdown: watch::Receiver<bool>,
 ) {
+    let mut connections = tokio::task::JoinSet::new();
     loop {
         tokio::select! {
             _ = shutdown.changed() => break,
+            Some(_) = connections.join_next() => {}
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => {
-                    tokio::spawn(serve(node.clone(), stream, shutdown.clone()));
+                    connections.spawn(serve(node.clone(), stream, shutdown.clone()));
                 }
                 Err(e) => {
                     warn!(error = %e, "Client accept failed.");
@@ -305,7 +308,9 @@ pub async fn run(
             },
         }
     }
+    drop(listener);
     let _ = std::fs::remove_file(&path);
+    while connections.join_next().await.is_some() {}
 }
 
 /// The next request on a client's connection; `None` when the connection or the node
@@ -351,8 +356,11 @@ async fn serve(node: Arc<NodeState>, mut stream: UnixStream, mut shutdown: watch
     // A consumer's `Consume`, taken up again after each answer: nothing more is read.
     let mut consuming: Option<Request> = None;
     loop {
+        // A node that is stopping starts no other request (those under way were answered).
+        if *shutdown.borrow() {
+            return;
+        }
         let decoded = match consuming.take() {
-            Some(_) if *shutdown.borrow() => return,
             Some(request) => Ok(request),
             None => match next_request(&mut stream, &mut buf, frame_bytes_max, &mut shutdown).await {
                 Some(decoded) => decoded,
@@ -361,6 +369,9 @@ async fn serve(node: Arc<NodeState>, mut stream: UnixStream, mut shutdown: watch
         };
         let (response, taken_from) = match decoded {
             Ok(request) => {
+                // A request that waits for messages or results is told when the node stops;
+                // any other is answered (a put or commit waiting for room is refused then).
+                let waits = waits_for_others(&request);
                 // A get may wait long: stop it, before it takes anything, if the client leaves.
                 tokio::select! {
                     biased;
@@ -369,7 +380,11 @@ async fn serve(node: Arc<NodeState>, mut stream: UnixStream, mut shutdown: watch
                         debug!("Client left while its request waited.");
                         return;
                     }
-                    _ = shutdown.changed() => return,
+                    _ = shutdown.wait_for(|stopping| *stopping), if waits => {
+                        consuming = None;
+                        let message = format!("node {} is shutting down", node.name());
+                        (Response::Error { code: ErrorCode::Internal, accepted: 0, message }, None)
+                    }
                 }
             }
             Err(e) => {
@@ -401,6 +416,16 @@ async fn serve(node: Arc<NodeState>, mut stream: UnixStream, mut shutdown: watch
             debug!(error = %e, "Client connection lost.");
             return;
         }
+    }
+}
+
+/// Whether `request` may wait for what others do (messages to take, results to come back),
+/// with nothing of its own under way.
+fn waits_for_others(request: &Request) -> bool {
+    match request {
+        Request::Get { wait_ms, .. } | Request::Results { wait_ms, .. } => *wait_ms > 0,
+        Request::Consume { .. } => true,
+        _ => false,
     }
 }
 
@@ -452,7 +477,7 @@ impl InProcess {
     /// buffer of its own into small payloads keeps that buffer alive while they wait (in a
     /// queue, or on a link until the peer acknowledges them).
     pub(crate) async fn call(&mut self, node: &NodeState, request: Request) -> Response {
-        if node.stopped.load(Ordering::Relaxed) {
+        if node.stopping() {
             let message = format!("node {} is shut down", node.name());
             return Response::Error { code: ErrorCode::Internal, accepted: 0, message };
         }
