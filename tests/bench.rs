@@ -74,6 +74,7 @@ fn check_full_run(text: &str) {
     }
     for (row, store) in rows[12..16].iter().zip(["fjall", "fjall", "log", "log"]) {
         assert!(row.contains("puts per sync") && row.contains("fdatasync"), "{text}");
+        assert!(row.contains("% of what group commit allows (syncs/s x puts per sync: "), "{text}");
         assert!(
             row.contains(&format!("store {store} (against {store} syncing each record alone)")),
             "{text}"
