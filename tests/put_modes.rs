@@ -1,7 +1,10 @@
 //! Blocking put with a timeout and non-blocking try-put: each priority class of a link's
 //! transmission queue is bounded on its own (a full class never stalls another), a try-put
 //! into a full queue fails at once, a put waits for room up to its timeout and then says it
-//! was not accepted, and a waiting put goes through as soon as room appears.
+//! was not accepted, and a waiting put goes through as soon as room appears. A node that
+//! shuts down answers what is under way and what it received: waiting puts and commits
+//! are refused, waiting gets told why, acknowledgements carried out, an unread answer's
+//! messages given back to their queue.
 
 mod support;
 
@@ -256,8 +259,8 @@ fn queue_defaults_decide_reliability_and_what_a_full_queue_does() {
 
 /// A node that shuts down answers the requests under way: a put or a commit waiting for
 /// room in a full queue is refused as not accepted (and is not there after a restart), and
-/// a get and a consumer waiting for messages are told why they end, instead of finding
-/// their connection closed with the outcome unknown.
+/// a get (on the socket or in-process) and a consumer waiting for messages are told why
+/// they end, instead of finding their connection closed with the outcome unknown.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_that_shuts_down_answers_the_requests_waiting_in_it() -> anyhow::Result<()> {
     use linkbus::config::{self, Overrides};
@@ -287,6 +290,9 @@ async fn a_node_that_shuts_down_answers_the_requests_waiting_in_it() -> anyhow::
     let mut getter = connect().await?;
     let waiting_get = tokio::spawn(async move { getter.get("idle", 10, Duration::from_secs(60)).await });
     let mut consumer = connect().await?.consume("idle", 10, u64::MAX).await?;
+    let mut in_process = node.client();
+    let waiting_in_process =
+        tokio::spawn(async move { in_process.get("idle", 10, Duration::from_secs(60)).await });
     // Time for the node to read each request and start waiting.
     tokio::time::sleep(Duration::from_millis(500)).await;
     node.shutdown().await;
@@ -305,12 +311,132 @@ async fn a_node_that_shuts_down_answers_the_requests_waiting_in_it() -> anyhow::
     assert!(get.contains("node A is shutting down"), "{get}");
     let consumed = why(tokio::time::timeout(step, consumer.next()).await?.as_ref().err());
     assert!(consumed.contains("node A is shutting down"), "{consumed}");
+    let in_process = why(tokio::time::timeout(step, waiting_in_process).await??.as_ref().err());
+    assert!(in_process.contains("node A is shutting down"), "{in_process}");
 
     // Only the accepted message was kept.
     let node = start().await?;
     let kept = node.client().get("small", 10, Duration::ZERO).await?;
     let kept: Vec<&[u8]> = kept.iter().map(|m| &m.content.payload[..]).collect();
     assert_eq!(kept, [&b"first"[..]]);
+    node.shutdown().await;
+    Ok(())
+}
+
+/// Requests a node received but had not started when it shut down are answered too: an
+/// acknowledgement behind a waiting get is carried out (the message it settles is gone
+/// after a restart), and a put behind it is refused as not carried out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_received_before_a_shutdown_are_answered_and_acknowledgements_kept() -> anyhow::Result<()> {
+    use bytes::BytesMut;
+    use linkbus::Content;
+    use linkbus::config::{self, Overrides};
+    use linkbus::host::api::protocol::{ErrorCode, Request, Response, split_frame};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let dir = tempfile::tempdir()?;
+    let start = || async {
+        let mut tree =
+            config::parse_yaml("queues: [ { name: kept, reliability: persistent }, { name: idle } ]")?;
+        config::apply_overrides(&mut tree, &Overrides::local("A", dir.path()));
+        anyhow::Ok(linkbus::Node::start(config::from_value(&tree)?).await?)
+    };
+    let node = start().await?;
+    node.client().put(Content::buf("A:kept".parse()?, "taken")).await?;
+    let mut stream = tokio::net::UnixStream::connect(node.socket_path()).await?;
+    let frames = |requests: Vec<Request>| {
+        let mut out = BytesMut::new();
+        requests.iter().for_each(|r| r.encode(&mut out));
+        out
+    };
+    // The answers until the node closes the connection.
+    let mut buf = BytesMut::new();
+    let mut answers =
+        async |stream: &mut tokio::net::UnixStream, count: usize| -> anyhow::Result<Vec<Response>> {
+            let mut got = Vec::new();
+            while got.len() < count {
+                match split_frame(&mut buf, 1 << 20).map_err(anyhow::Error::msg)? {
+                    Some((kind, body)) => got.push(Response::decode(kind, body)?),
+                    None if stream.read_buf(&mut buf).await? == 0 => break,
+                    None => {}
+                }
+            }
+            Ok(got)
+        };
+    let get = |queue: &str, wait_ms, pending| Request::Get {
+        queue: queue.into(),
+        count_max: 10,
+        wait_ms,
+        bytes_max: u64::MAX,
+        pending,
+    };
+    stream.write_all(&frames(vec![get("kept", 0, true)])).await?;
+    let Some(Response::Messages { tags, .. }) = answers(&mut stream, 1).await?.pop() else {
+        panic!("the pending get's messages")
+    };
+    assert_eq!(tags.len(), 1);
+    // Sent together: a get that waits, then an acknowledgement and a put behind it.
+    let late = Request::Put {
+        contents: vec![Content::buf("A:kept".parse()?, "late")],
+        timeout_ms: 0,
+        no_wait: false,
+    };
+    let ack = Request::Ack { queue: "kept".into(), tags };
+    stream.write_all(&frames(vec![get("idle", 60_000, false), ack, late])).await?;
+    // Time for the node to read them and start waiting.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    node.shutdown().await;
+
+    let got = tokio::time::timeout(Duration::from_secs(20), answers(&mut stream, 4)).await??;
+    let refusal = |response: &Response, text: &str| matches!(response, Response::Error { code: ErrorCode::Internal, message, .. } if message.contains(text));
+    assert_eq!(got.len(), 3, "three answers, then the connection closes: {got:?}");
+    assert!(refusal(&got[0], "node A is shutting down"), "{got:?}");
+    assert!(matches!(got[1], Response::Settled(1)), "{got:?}");
+    assert!(refusal(&got[2], "node A is shutting down; request not carried out"), "{got:?}");
+
+    // The acknowledged message is gone, and the refused put was not carried out.
+    let node = start().await?;
+    let left = node.client().get("kept", 10, Duration::ZERO).await?;
+    assert!(left.is_empty(), "{left:?}");
+    node.shutdown().await;
+    Ok(())
+}
+
+/// A client that stops reading while its answer is written does not hold a node that
+/// shuts down: after a short grace the connection ends, and the messages the answer
+/// carried go back to their queue (kept across the restart, marked redelivered).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_a_client_does_not_read_at_shutdown_goes_back_to_its_queue() -> anyhow::Result<()> {
+    use bytes::BytesMut;
+    use linkbus::Content;
+    use linkbus::config::{self, Overrides};
+    use linkbus::host::api::protocol::Request;
+    use tokio::io::AsyncWriteExt;
+    let dir = tempfile::tempdir()?;
+    let start = || async {
+        let mut tree = config::parse_yaml("queues: [ { name: big, reliability: persistent } ]")?;
+        config::apply_overrides(&mut tree, &Overrides::local("A", dir.path()));
+        anyhow::Ok(linkbus::Node::start(config::from_value(&tree)?).await?)
+    };
+    let node = start().await?;
+    // Far more than a Unix socket's buffer.
+    let payload = vec![7u8; 3 << 20];
+    node.client().put(Content::buf("A:big".parse()?, payload.clone())).await?;
+    let mut stream = tokio::net::UnixStream::connect(node.socket_path()).await?;
+    let mut out = BytesMut::new();
+    Request::Get { queue: "big".into(), count_max: 1, wait_ms: 0, bytes_max: u64::MAX, pending: false }
+        .encode(&mut out);
+    stream.write_all(&out).await?;
+    // Time for the node to take the message and fill the socket; nothing is read.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let started = std::time::Instant::now();
+    tokio::time::timeout(Duration::from_secs(20), node.shutdown()).await?;
+    let took = started.elapsed();
+    drop(stream);
+
+    let node = start().await?;
+    let back = node.client().get("big", 10, Duration::ZERO).await?;
+    assert_eq!(back.len(), 1, "the message is back (shutdown took {took:?})");
+    assert!(back[0].redelivered && back[0].content.payload[..] == payload[..]);
     node.shutdown().await;
     Ok(())
 }

@@ -397,7 +397,8 @@ impl Client {
     /// result means the wait ran out.
     ///
     /// # Errors
-    /// [`ClientError::Refused`] when the queue does not exist.
+    /// [`ClientError::Refused`] when the queue does not exist, or (code `Internal`) when
+    /// the node shuts down while the get waits.
     pub async fn get(
         &mut self,
         queue: &str,
@@ -415,7 +416,8 @@ impl Client {
     /// with [`ClientError::Refused`] (code `TooLarge`, its size in the message) and stays.
     ///
     /// # Errors
-    /// [`ClientError::Refused`] when the queue does not exist or the message is too large.
+    /// [`ClientError::Refused`] when the queue does not exist, the message is too large,
+    /// or (code `Internal`) the node shuts down while the get waits.
     pub async fn get_pending(
         &mut self,
         queue: &str,
@@ -533,7 +535,8 @@ impl Client {
     ///
     /// # Errors
     /// [`ClientError::Refused`] when an id is not from this node (results are kept by the
-    /// node that accepted the message).
+    /// node that accepted the message), or (code `Internal`) when the node shuts down while
+    /// the call waits.
     pub async fn results(
         &mut self,
         ids: &[MessageId],

@@ -349,8 +349,10 @@ pub struct NodeState {
     /// The durability tests' negative control (see [`ACK_BEFORE_SYNC_ENV`]).
     #[doc(hidden)]
     pub ack_before_sync: std::sync::atomic::AtomicBool,
-    /// Set by [`crate::Node::shutdown`]: in-process clients are refused from then on.
+    /// Set by [`crate::Node::shutdown`] (see [`NodeState::stop`]).
     stopped: std::sync::atomic::AtomicBool,
+    /// Wakes what waits for others (gets, results) when the node stops.
+    stop_signal: tokio::sync::Notify,
 }
 
 impl std::fmt::Debug for NodeState {
@@ -509,6 +511,7 @@ impl NodeState {
             reloading: std::sync::Mutex::new(()),
             ack_before_sync: std::sync::atomic::AtomicBool::new(ack_before_sync()),
             stopped: std::sync::atomic::AtomicBool::new(false),
+            stop_signal: tokio::sync::Notify::new(),
         }))
     }
 
@@ -519,10 +522,24 @@ impl NodeState {
         self.failure.set(reason);
     }
 
-    /// Whether the node is shutting down: a put or commit that would wait for room is
-    /// refused instead (`Node::shutdown` wakes those waiting), and no producer is paced.
+    /// Whether the node is shutting down (see [`NodeState::stop`]).
     pub(crate) fn stopping(&self) -> bool {
         self.stopped.load(Ordering::SeqCst)
+    }
+
+    /// Completes when the node is shutting down (at once if it is): for what waits for
+    /// others, a get or a results query, to end with [`NodeState::shutting_down`].
+    pub(crate) async fn until_stopping(&self) {
+        // Made before the check: a `stop` after it wakes it.
+        let signal = self.stop_signal.notified();
+        if !self.stopping() {
+            signal.await;
+        }
+    }
+
+    /// Why a request that waited was ended by the node's shutdown.
+    pub(crate) fn shutting_down(&self) -> String {
+        format!("node {} is shutting down", self.name())
     }
 
     /// Waits until `room` (made before room was found missing, so a shutdown after that
@@ -534,15 +551,19 @@ impl NodeState {
         deadline: tokio::time::Instant,
     ) -> Result<bool, String> {
         if self.stopping() {
-            return Err(format!("node {} is shutting down", self.name()));
+            return Err(self.shutting_down());
         }
         Ok(tokio::time::Instant::now() < deadline && tokio::time::timeout_at(deadline, room).await.is_ok())
     }
 
-    /// Stops the node taking requests: waits for room end (see [`NodeState::stopping`]).
+    /// Marks the node as shutting down. From then on in-process calls are refused, a put
+    /// or commit that would wait for room is refused instead (those waiting are woken),
+    /// no producer is paced, and gets and results queries that wait end with
+    /// [`NodeState::shutting_down`]. Requests that wait for nothing finish as usual.
     pub(crate) fn stop(&self) {
         self.stopped.store(true, Ordering::SeqCst);
         self.room.notify_waiters();
+        self.stop_signal.notify_waiters();
     }
 
     /// Whether the store failed and the node is stopping (it acknowledges nothing more).

@@ -110,6 +110,8 @@ pub(super) fn queue_request(
     }
 }
 
+/// Takes what `limits` allow from `q`, waiting up to `wait_ms` for the first message; a
+/// node that shuts down ends the wait with an error.
 pub(super) async fn get(node: &NodeState, q: &LocalQueue, limits: PopLimits, wait_ms: u64) -> Response {
     let queue = q.config().name.as_str();
     let deadline = tokio::time::Instant::now() + Duration::from_millis(wait_ms.min(GET_WAIT_MS_MAX));
@@ -136,7 +138,10 @@ pub(super) async fn get(node: &NodeState, q: &LocalQueue, limits: PopLimits, wai
         if !popped.messages.is_empty() || tokio::time::Instant::now() >= deadline {
             return Response::Messages { messages: popped.messages, tags: popped.tags };
         }
-        q.wait(deadline).await;
+        tokio::select! {
+            () = q.wait(deadline) => {}
+            () = node.until_stopping() => return refused(ErrorCode::Internal, node.shutting_down()),
+        }
     }
 }
 

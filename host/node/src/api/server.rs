@@ -356,9 +356,11 @@ async fn serve(node: Arc<NodeState>, mut stream: UnixStream, mut shutdown: watch
     // A consumer's `Consume`, taken up again after each answer: nothing more is read.
     let mut consuming: Option<Request> = None;
     loop {
-        // A node that is stopping starts no other request (those under way were answered).
+        // A node that is stopping starts no other request: those under way were answered.
         if *shutdown.borrow() {
-            return;
+            let held = (&mut pending, &mut transaction);
+            return answer_at_stop(&node, &mut stream, &mut buf, frame_bytes_max, consuming.is_some(), held)
+                .await;
         }
         let decoded = match consuming.take() {
             Some(request) => Ok(request),
@@ -368,25 +370,17 @@ async fn serve(node: Arc<NodeState>, mut stream: UnixStream, mut shutdown: watch
             },
         };
         let (response, taken_from) = match decoded {
-            Ok(request) => {
-                // A request that waits for messages or results is told when the node stops;
-                // any other is answered (a put or commit waiting for room is refused then).
-                let waits = waits_for_others(&request);
-                // A get may wait long: stop it, before it takes anything, if the client leaves.
-                tokio::select! {
-                    biased;
-                    answer = answer(&node, request, &mut consuming, &mut pending, &mut transaction) => answer,
-                    () = client_gone(&mut stream, &mut buf, frame_bytes_max) => {
-                        debug!("Client left while its request waited.");
-                        return;
-                    }
-                    _ = shutdown.wait_for(|stopping| *stopping), if waits => {
-                        consuming = None;
-                        let message = format!("node {} is shutting down", node.name());
-                        (Response::Error { code: ErrorCode::Internal, accepted: 0, message }, None)
-                    }
+            // A get may wait long: stop it, before it takes anything, if the client leaves.
+            // (When the node stops, what waits for others ends with an error, and a put or
+            // commit waiting for room is refused: see `NodeState::stop`.)
+            Ok(request) => tokio::select! {
+                biased;
+                answer = answer(&node, request, &mut consuming, &mut pending, &mut transaction) => answer,
+                () = client_gone(&mut stream, &mut buf, frame_bytes_max) => {
+                    debug!("Client left while its request waited.");
+                    return;
                 }
-            }
+            },
             Err(e) => {
                 let message = format!("bad request: {e}");
                 (Response::Error { code: ErrorCode::BadRequest, accepted: 0, message }, None)
@@ -404,7 +398,14 @@ async fn serve(node: Arc<NodeState>, mut stream: UnixStream, mut shutdown: watch
         }
         response.encode_chunks(&mut chunks);
         chunks.take(&mut parts);
-        if let Err(e) = crate::vectored::write_all(&mut stream, &mut parts).await {
+        let written = tokio::select! {
+            written = crate::vectored::write_all(&mut stream, &mut parts) => written,
+            () = grace_at_stop(&mut shutdown) => Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "the node is shutting down and the client does not read",
+            )),
+        };
+        if let Err(e) = written {
             // The client is gone: messages it never received go back to the head of the queue.
             // (Pending ones go back when `pending` drops.)
             if let (Response::Messages { messages, tags }, Some(queue)) = (response, taken_from)
@@ -419,13 +420,47 @@ async fn serve(node: Arc<NodeState>, mut stream: UnixStream, mut shutdown: watch
     }
 }
 
-/// Whether `request` may wait for what others do (messages to take, results to come back),
-/// with nothing of its own under way.
-fn waits_for_others(request: &Request) -> bool {
-    match request {
-        Request::Get { wait_ms, .. } | Request::Results { wait_ms, .. } => *wait_ms > 0,
-        Request::Consume { .. } => true,
-        _ => false,
+/// How long, once the node is stopping, an answer may take to go into a client's socket:
+/// a client that does not read keeps its connection no longer (what it was to get goes
+/// back to its queue).
+const WRITE_GRACE_AT_STOP: Duration = Duration::from_secs(1);
+
+/// Completes [`WRITE_GRACE_AT_STOP`] after the node started shutting down.
+async fn grace_at_stop(shutdown: &mut watch::Receiver<bool>) {
+    if shutdown.wait_for(|stopping| *stopping).await.is_ok() {
+        tokio::time::sleep(WRITE_GRACE_AT_STOP).await;
+    } else {
+        std::future::pending::<()>().await;
+    }
+}
+
+/// Ends a connection of a node that is stopping: settles the acknowledgements and
+/// backouts already received (so what the client took stays taken), and tells a consumer
+/// and every other request received but not started why nothing more is done.
+async fn answer_at_stop(
+    node: &NodeState,
+    stream: &mut UnixStream,
+    buf: &mut BytesMut,
+    frame_bytes_max: usize,
+    consumer: bool,
+    (pending, transaction): (&mut PendingOnConnection, &mut Option<Transaction>),
+) {
+    let reason = node.shutting_down();
+    let mut out = BytesMut::new();
+    if consumer {
+        refused(ErrorCode::Internal, reason.clone()).encode(&mut out);
+    }
+    while let Ok(Some((kind, body))) = split_frame(buf, frame_bytes_max) {
+        let response = match Request::decode(kind, body) {
+            Ok(request @ (Request::Ack { .. } | Request::Backout { .. })) => {
+                handle(node, request, pending, transaction).await.0
+            }
+            _ => refused(ErrorCode::Internal, format!("{reason}; request not carried out")),
+        };
+        response.encode(&mut out);
+    }
+    if !out.is_empty() {
+        let _ = tokio::time::timeout(WRITE_GRACE_AT_STOP, stream.write_all(&out)).await;
     }
 }
 
@@ -606,7 +641,10 @@ async fn results(node: &NodeState, source: &str, sequences: &[u64], wait_ms: u64
         return Response::Error { code: ErrorCode::BadRequest, accepted: 0, message };
     }
     let deadline = tokio::time::Instant::now() + Duration::from_millis(wait_ms.min(GET_WAIT_MS_MAX));
-    Response::Results(node.results.wait(sequences, deadline).await)
+    tokio::select! {
+        results = node.results.wait(sequences, deadline) => Response::Results(results),
+        () = node.until_stopping(), if wait_ms > 0 => refused(ErrorCode::Internal, node.shutting_down()),
+    }
 }
 
 pub(super) fn refused(code: ErrorCode, message: String) -> Response {

@@ -80,8 +80,9 @@ impl Consumer {
     /// with [`ClientError::Refused`] once its node shuts down.
     ///
     /// # Errors
-    /// [`ClientError::Refused`] when the queue does not exist or a message is over the
-    /// consumer's `bytes_max`, [`ClientError::Io`] or [`ClientError::Protocol`] for the
+    /// [`ClientError::Refused`] when the queue does not exist, a message is over the
+    /// consumer's `bytes_max` or (code `Internal`) the node shuts down,
+    /// [`ClientError::Io`] or [`ClientError::Protocol`] for the
     /// connection: each ends the consumer, and later calls fail with
     /// [`ClientError::Ended`].
     pub async fn next(&mut self) -> Result<Vec<Message>, ClientError> {
