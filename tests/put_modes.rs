@@ -11,7 +11,11 @@ mod support;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
+use bytes::BytesMut;
+use linkbus::host::api::protocol::{ErrorCode, Request, Response, split_frame};
+use linkbus::{Client, ClientError, Content};
 use support::{NodeProcess, Scratch, free_port, stderr, stdout};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// A free port on 127.0.0.1 (nothing listens on it until B starts).
 /// A dialing B on a port where B starts only when a test wants it, so A's transmission
@@ -263,16 +267,12 @@ fn queue_defaults_decide_reliability_and_what_a_full_queue_does() {
 /// they end, instead of finding their connection closed with the outcome unknown.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_that_shuts_down_answers_the_requests_waiting_in_it() -> anyhow::Result<()> {
-    use linkbus::config::{self, Overrides};
-    use linkbus::host::api::protocol::ErrorCode;
-    use linkbus::{Client, ClientError, Content};
     let dir = tempfile::tempdir()?;
-    let start = || async {
-        let mut tree = config::parse_yaml(
-            "queues: [ { name: small, queue_messages_max: 1, reliability: persistent }, { name: idle } ]",
-        )?;
-        config::apply_overrides(&mut tree, &Overrides::local("A", dir.path()));
-        anyhow::Ok(linkbus::Node::start(config::from_value(&tree)?).await?)
+    let start = || {
+        node_a(
+            dir.path(),
+            "[ { name: small, queue_messages_max: 1, reliability: persistent }, { name: idle } ]",
+        )
     };
     let node = start().await?;
     let connect = || Client::connect(node.socket_path());
@@ -328,18 +328,8 @@ async fn a_node_that_shuts_down_answers_the_requests_waiting_in_it() -> anyhow::
 /// after a restart), and a put behind it is refused as not carried out.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_received_before_a_shutdown_are_answered_and_acknowledgements_kept() -> anyhow::Result<()> {
-    use bytes::BytesMut;
-    use linkbus::Content;
-    use linkbus::config::{self, Overrides};
-    use linkbus::host::api::protocol::{ErrorCode, Request, Response, split_frame};
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let dir = tempfile::tempdir()?;
-    let start = || async {
-        let mut tree =
-            config::parse_yaml("queues: [ { name: kept, reliability: persistent }, { name: idle } ]")?;
-        config::apply_overrides(&mut tree, &Overrides::local("A", dir.path()));
-        anyhow::Ok(linkbus::Node::start(config::from_value(&tree)?).await?)
-    };
+    let start = || node_a(dir.path(), "[ { name: kept, reliability: persistent }, { name: idle } ]");
     let node = start().await?;
     node.client().put(Content::buf("A:kept".parse()?, "taken")).await?;
     let mut stream = tokio::net::UnixStream::connect(node.socket_path()).await?;
@@ -406,17 +396,8 @@ async fn requests_received_before_a_shutdown_are_answered_and_acknowledgements_k
 /// carried go back to their queue (kept across the restart, marked redelivered).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_answer_a_client_does_not_read_at_shutdown_goes_back_to_its_queue() -> anyhow::Result<()> {
-    use bytes::BytesMut;
-    use linkbus::Content;
-    use linkbus::config::{self, Overrides};
-    use linkbus::host::api::protocol::Request;
-    use tokio::io::AsyncWriteExt;
     let dir = tempfile::tempdir()?;
-    let start = || async {
-        let mut tree = config::parse_yaml("queues: [ { name: big, reliability: persistent } ]")?;
-        config::apply_overrides(&mut tree, &Overrides::local("A", dir.path()));
-        anyhow::Ok(linkbus::Node::start(config::from_value(&tree)?).await?)
-    };
+    let start = || node_a(dir.path(), "[ { name: big, reliability: persistent } ]");
     let node = start().await?;
     // Far more than a Unix socket's buffer.
     let payload = vec![7u8; 3 << 20];
@@ -439,4 +420,13 @@ async fn an_answer_a_client_does_not_read_at_shutdown_goes_back_to_its_queue() -
     assert!(back[0].redelivered && back[0].content.payload[..] == payload[..]);
     node.shutdown().await;
     Ok(())
+}
+
+/// Node A in this process, its data in `dir` (kept across restarts), with the queues of
+/// the YAML `queues`.
+async fn node_a(dir: &std::path::Path, queues: &str) -> anyhow::Result<linkbus::Node> {
+    use linkbus::config::{self, Overrides};
+    let mut tree = config::parse_yaml(&format!("queues: {queues}"))?;
+    config::apply_overrides(&mut tree, &Overrides::local("A", dir));
+    Ok(linkbus::Node::start(config::from_value(&tree)?).await?)
 }

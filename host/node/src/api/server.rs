@@ -399,6 +399,7 @@ async fn serve(node: Arc<NodeState>, mut stream: UnixStream, mut shutdown: watch
         response.encode_chunks(&mut chunks);
         chunks.take(&mut parts);
         let written = tokio::select! {
+            biased;
             written = crate::vectored::write_all(&mut stream, &mut parts) => written,
             () = grace_at_stop(&mut shutdown) => Err(std::io::Error::new(
                 std::io::ErrorKind::TimedOut,
