@@ -271,7 +271,7 @@ async fn a_node_that_shuts_down_answers_the_requests_waiting_in_it() -> anyhow::
     let start = || {
         node_a(
             dir.path(),
-            "[ { name: small, queue_messages_max: 1, reliability: persistent }, { name: idle } ]",
+            "queues: [ { name: small, queue_messages_max: 1, reliability: persistent }, { name: idle } ]",
         )
     };
     let node = start().await?;
@@ -329,7 +329,7 @@ async fn a_node_that_shuts_down_answers_the_requests_waiting_in_it() -> anyhow::
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_received_before_a_shutdown_are_answered_and_acknowledgements_kept() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
-    let start = || node_a(dir.path(), "[ { name: kept, reliability: persistent }, { name: idle } ]");
+    let start = || node_a(dir.path(), "queues: [ { name: kept, reliability: persistent }, { name: idle } ]");
     let node = start().await?;
     node.client().put(Content::buf("A:kept".parse()?, "taken")).await?;
     let mut stream = tokio::net::UnixStream::connect(node.socket_path()).await?;
@@ -397,10 +397,15 @@ async fn requests_received_before_a_shutdown_are_answered_and_acknowledgements_k
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_answer_a_client_does_not_read_at_shutdown_goes_back_to_its_queue() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
-    let start = || node_a(dir.path(), "[ { name: big, reliability: persistent } ]");
+    let start = || {
+        node_a(
+            dir.path(),
+            "messages: { message_bytes_max: 33554432 }\nqueues: [ { name: big, reliability: persistent } ]",
+        )
+    };
     let node = start().await?;
-    // Far more than a Unix socket's buffer.
-    let payload = vec![7u8; 3 << 20];
+    // Far more than a Unix socket's buffers hold.
+    let payload = vec![7u8; 24 << 20];
     node.client().put(Content::buf("A:big".parse()?, payload.clone())).await?;
     let mut stream = tokio::net::UnixStream::connect(node.socket_path()).await?;
     let mut out = BytesMut::new();
@@ -422,11 +427,10 @@ async fn an_answer_a_client_does_not_read_at_shutdown_goes_back_to_its_queue() -
     Ok(())
 }
 
-/// Node A in this process, its data in `dir` (kept across restarts), with the queues of
-/// the YAML `queues`.
-async fn node_a(dir: &std::path::Path, queues: &str) -> anyhow::Result<linkbus::Node> {
+/// Node A in this process, its data in `dir` (kept across restarts), configured by `yaml`.
+async fn node_a(dir: &std::path::Path, yaml: &str) -> anyhow::Result<linkbus::Node> {
     use linkbus::config::{self, Overrides};
-    let mut tree = config::parse_yaml(&format!("queues: {queues}"))?;
+    let mut tree = config::parse_yaml(yaml)?;
     config::apply_overrides(&mut tree, &Overrides::local("A", dir));
     Ok(linkbus::Node::start(config::from_value(&tree)?).await?)
 }

@@ -353,6 +353,8 @@ pub struct NodeState {
     stopped: std::sync::atomic::AtomicBool,
     /// Wakes what waits for others (gets, results) when the node stops.
     stop_signal: tokio::sync::Notify,
+    /// When the node started shutting down.
+    stopped_at: std::sync::OnceLock<tokio::time::Instant>,
 }
 
 impl std::fmt::Debug for NodeState {
@@ -512,6 +514,7 @@ impl NodeState {
             ack_before_sync: std::sync::atomic::AtomicBool::new(ack_before_sync()),
             stopped: std::sync::atomic::AtomicBool::new(false),
             stop_signal: tokio::sync::Notify::new(),
+            stopped_at: std::sync::OnceLock::new(),
         }))
     }
 
@@ -535,6 +538,11 @@ impl NodeState {
         if !self.stopping() {
             signal.await;
         }
+    }
+
+    /// When the node started shutting down (`None` while it runs).
+    pub(crate) fn stopped_at(&self) -> Option<tokio::time::Instant> {
+        self.stopped_at.get().copied()
     }
 
     /// Why a request that waited was ended by the node's shutdown.
@@ -561,6 +569,7 @@ impl NodeState {
     /// no producer is paced, and gets and results queries that wait end with
     /// [`NodeState::shutting_down`]. Requests that wait for nothing finish as usual.
     pub(crate) fn stop(&self) {
+        let _ = self.stopped_at.set(tokio::time::Instant::now());
         self.stopped.store(true, Ordering::SeqCst);
         self.room.notify_waiters();
         self.stop_signal.notify_waiters();

@@ -115,6 +115,9 @@ pub(super) fn queue_request(
 pub(super) async fn get(node: &NodeState, q: &LocalQueue, limits: PopLimits, wait_ms: u64) -> Response {
     let queue = q.config().name.as_str();
     let deadline = tokio::time::Instant::now() + Duration::from_millis(wait_ms.min(GET_WAIT_MS_MAX));
+    // Listens (on the node's one signal) only from the first wait, and once per get.
+    let stopping = node.until_stopping();
+    tokio::pin!(stopping);
     loop {
         let popped = q.pop(limits, Instant::now());
         if popped.expired > 0 {
@@ -140,7 +143,7 @@ pub(super) async fn get(node: &NodeState, q: &LocalQueue, limits: PopLimits, wai
         }
         tokio::select! {
             () = q.wait(deadline) => {}
-            () = node.until_stopping() => return refused(ErrorCode::Internal, node.shutting_down()),
+            () = &mut stopping => return refused(ErrorCode::Internal, node.shutting_down()),
         }
     }
 }

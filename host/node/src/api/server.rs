@@ -328,7 +328,8 @@ async fn next_request(
                 let response = Response::Error { code: ErrorCode::BadRequest, accepted: 0, message: reason };
                 let mut out = BytesMut::new();
                 response.encode(&mut out);
-                let _ = stream.write_all(&out).await;
+                // The connection ends after it: a client that does not read it is not waited for.
+                let _ = tokio::time::timeout(ANSWER_GRACE, stream.write_all(&out)).await;
                 return None;
             }
         };
@@ -357,14 +358,20 @@ async fn serve(node: Arc<NodeState>, mut stream: UnixStream, mut shutdown: watch
     let mut consuming: Option<Request> = None;
     loop {
         // A node that is stopping starts no other request: those under way were answered.
-        if *shutdown.borrow() {
-            let held = (&mut pending, &mut transaction);
-            return answer_at_stop(&node, &mut stream, &mut buf, frame_bytes_max, consuming.is_some(), held)
-                .await;
+        // (A consumer between batches is told so.)
+        if node.stopping() {
+            let (first, held) = (consuming.take().map(Ok), (&mut pending, &mut transaction));
+            return answer_at_stop(&node, &mut stream, &mut buf, frame_bytes_max, first, held).await;
         }
         let decoded = match consuming.take() {
             Some(request) => Ok(request),
             None => match next_request(&mut stream, &mut buf, frame_bytes_max, &mut shutdown).await {
+                // Read as the node began to stop, or left waiting in the socket then: not
+                // started either.
+                first if node.stopping() => {
+                    let held = (&mut pending, &mut transaction);
+                    return answer_at_stop(&node, &mut stream, &mut buf, frame_bytes_max, first, held).await;
+                }
                 Some(decoded) => decoded,
                 None => return,
             },
@@ -401,7 +408,7 @@ async fn serve(node: Arc<NodeState>, mut stream: UnixStream, mut shutdown: watch
         let written = tokio::select! {
             biased;
             written = crate::vectored::write_all(&mut stream, &mut parts) => written,
-            () = grace_at_stop(&mut shutdown) => Err(std::io::Error::new(
+            () = grace_at_stop(&node) => Err(std::io::Error::new(
                 std::io::ErrorKind::TimedOut,
                 "the node is shutting down and the client does not read",
             )),
@@ -421,38 +428,40 @@ async fn serve(node: Arc<NodeState>, mut stream: UnixStream, mut shutdown: watch
     }
 }
 
-/// How long, once the node is stopping, an answer may take to go into a client's socket:
-/// a client that does not read keeps its connection no longer (what it was to get goes
-/// back to its queue).
-const WRITE_GRACE_AT_STOP: Duration = Duration::from_secs(1);
+/// How long after a node began to shut down its answers may take to go into clients'
+/// sockets: a client that does not read keeps its connection no longer (what it was to
+/// get goes back to its queue). Also how long an error that ends a connection may wait.
+const ANSWER_GRACE: Duration = Duration::from_secs(1);
 
-/// Completes [`WRITE_GRACE_AT_STOP`] after the node started shutting down.
-async fn grace_at_stop(shutdown: &mut watch::Receiver<bool>) {
-    if shutdown.wait_for(|stopping| *stopping).await.is_ok() {
-        tokio::time::sleep(WRITE_GRACE_AT_STOP).await;
-    } else {
-        std::future::pending::<()>().await;
-    }
+/// Completes [`ANSWER_GRACE`] after the node began to shut down.
+async fn grace_at_stop(node: &NodeState) {
+    node.until_stopping().await;
+    let since = node.stopped_at().unwrap_or_else(tokio::time::Instant::now);
+    tokio::time::sleep_until(since + ANSWER_GRACE).await;
 }
 
-/// Ends a connection of a node that is stopping: settles the acknowledgements and
-/// backouts already received (so what the client took stays taken), and tells a consumer
-/// and every other request received but not started why nothing more is done.
+/// Ends a connection of a node that is stopping. What the client sent that was not
+/// started (`first`, then what waits in the socket) is not carried out, except
+/// acknowledgements and backouts, so what the client took stays taken; each gets its
+/// answer, a consumer too (its `Consume` as `first`), within [`ANSWER_GRACE`].
 async fn answer_at_stop(
     node: &NodeState,
     stream: &mut UnixStream,
     buf: &mut BytesMut,
     frame_bytes_max: usize,
-    consumer: bool,
+    first: Option<Result<Request, ReadError>>,
     (pending, transaction): (&mut PendingOnConnection, &mut Option<Transaction>),
 ) {
+    // What the socket holds already (no waiting for more).
+    while buf.len() <= frame_bytes_max && matches!(stream.try_read_buf(buf), Ok(n) if n > 0) {}
     let reason = node.shutting_down();
     let mut out = BytesMut::new();
-    if consumer {
-        refused(ErrorCode::Internal, reason.clone()).encode(&mut out);
-    }
-    while let Ok(Some((kind, body))) = split_frame(buf, frame_bytes_max) {
-        let response = match Request::decode(kind, body) {
+    let rest = std::iter::from_fn(|| match split_frame(buf, frame_bytes_max) {
+        Ok(Some((kind, body))) => Some(Request::decode(kind, body)),
+        _ => None,
+    });
+    for request in first.into_iter().chain(rest) {
+        let response = match request {
             Ok(request @ (Request::Ack { .. } | Request::Backout { .. })) => {
                 handle(node, request, pending, transaction).await.0
             }
@@ -461,7 +470,8 @@ async fn answer_at_stop(
         response.encode(&mut out);
     }
     if !out.is_empty() {
-        let _ = tokio::time::timeout(WRITE_GRACE_AT_STOP, stream.write_all(&out)).await;
+        let since = node.stopped_at().unwrap_or_else(tokio::time::Instant::now);
+        let _ = tokio::time::timeout_at(since + ANSWER_GRACE, stream.write_all(&out)).await;
     }
 }
 
