@@ -349,12 +349,10 @@ pub struct NodeState {
     /// The durability tests' negative control (see [`ACK_BEFORE_SYNC_ENV`]).
     #[doc(hidden)]
     pub ack_before_sync: std::sync::atomic::AtomicBool,
-    /// Set by [`crate::Node::shutdown`] (see [`NodeState::stop`]).
-    stopped: std::sync::atomic::AtomicBool,
+    /// When [`crate::Node::shutdown`] began (see [`NodeState::stop`]).
+    stopped_at: std::sync::OnceLock<tokio::time::Instant>,
     /// Wakes what waits for others (gets, results) when the node stops.
     stop_signal: tokio::sync::Notify,
-    /// When the node started shutting down.
-    stopped_at: std::sync::OnceLock<tokio::time::Instant>,
 }
 
 impl std::fmt::Debug for NodeState {
@@ -512,9 +510,8 @@ impl NodeState {
             reload_source: std::sync::OnceLock::new(),
             reloading: std::sync::Mutex::new(()),
             ack_before_sync: std::sync::atomic::AtomicBool::new(ack_before_sync()),
-            stopped: std::sync::atomic::AtomicBool::new(false),
-            stop_signal: tokio::sync::Notify::new(),
             stopped_at: std::sync::OnceLock::new(),
+            stop_signal: tokio::sync::Notify::new(),
         }))
     }
 
@@ -527,7 +524,7 @@ impl NodeState {
 
     /// Whether the node is shutting down (see [`NodeState::stop`]).
     pub(crate) fn stopping(&self) -> bool {
-        self.stopped.load(Ordering::SeqCst)
+        self.stopped_at.get().is_some()
     }
 
     /// Completes when the node is shutting down (at once if it is): for what waits for
@@ -570,7 +567,6 @@ impl NodeState {
     /// [`NodeState::shutting_down`]. Requests that wait for nothing finish as usual.
     pub(crate) fn stop(&self) {
         let _ = self.stopped_at.set(tokio::time::Instant::now());
-        self.stopped.store(true, Ordering::SeqCst);
         self.room.notify_waiters();
         self.stop_signal.notify_waiters();
     }

@@ -470,8 +470,10 @@ async fn answer_at_stop(
         response.encode(&mut out);
     }
     if !out.is_empty() {
-        let since = node.stopped_at().unwrap_or_else(tokio::time::Instant::now);
-        let _ = tokio::time::timeout_at(since + ANSWER_GRACE, stream.write_all(&out)).await;
+        tokio::select! {
+            _ = stream.write_all(&out) => {}
+            () = grace_at_stop(node) => {}
+        }
     }
 }
 
@@ -524,8 +526,7 @@ impl InProcess {
     /// queue, or on a link until the peer acknowledges them).
     pub(crate) async fn call(&mut self, node: &NodeState, request: Request) -> Response {
         if node.stopping() {
-            let message = format!("node {} is shut down", node.name());
-            return Response::Error { code: ErrorCode::Internal, accepted: 0, message };
+            return refused(ErrorCode::Internal, format!("node {} is shut down", node.name()));
         }
         handle(node, request, &mut self.pending, &mut self.transaction).await.0
     }
