@@ -72,3 +72,47 @@ fn a_good_file_passes_and_syntax_errors_name_the_line() {
     assert!(!missing.status.success());
     assert!(stdout(&missing).contains("cannot read"), "{}", stdout(&missing));
 }
+
+/// Checked together, a cluster's files must agree on keys: a peer's public key that is not
+/// the key in that node's key file, or two different cluster keys, are named with the key
+/// to fix; the same files with the right keys pass.
+#[test]
+fn config_check_finds_a_peer_key_that_does_not_match_the_other_nodes_key_file() {
+    let s = Scratch::new();
+    let cluster = support::cluster::Cluster::write(&s, &[("A", "B")], &[]);
+    let files = |c: &support::cluster::Cluster| -> Vec<String> { c.configs.values().cloned().collect() };
+    let check = |files: &[String]| {
+        let args: Vec<&str> =
+            ["config", "check"].into_iter().chain(files.iter().map(String::as_str)).collect();
+        s.run(&args)
+    };
+    let good = check(&files(&cluster));
+    assert!(good.status.success(), "{}", stdout(&good));
+    assert!(stdout(&good).contains("cluster: ok"), "{}", stdout(&good));
+
+    // B gets a new key file; A still lists the old key.
+    let b_key = s.path().join("B.key");
+    std::fs::remove_file(&b_key).unwrap();
+    let new_key = s.keys("B");
+    let report = check(&files(&cluster));
+    assert!(!report.status.success());
+    let text = stdout(&report);
+    assert!(
+        text.contains("cluster: node A's peers[B].public_key is")
+            && text.contains(&format!("but B's key file ({}) holds the key of {new_key}", b_key.display())),
+        "{text}"
+    );
+
+    // And a second cluster key for A.
+    let other_psk = s.path().join("other.psk");
+    assert!(s.run(&["keygen", "--psk", "--out", other_psk.to_str().unwrap()]).status.success());
+    let a_yaml = std::fs::read_to_string(&cluster.configs["A"]).unwrap();
+    std::fs::write(&cluster.configs["A"], a_yaml.replace("cluster.psk", "other.psk")).unwrap();
+    let text = stdout(&check(&files(&cluster)));
+    assert!(
+        text.contains(
+            "cluster: nodes A and B link to each other but hold different cluster keys (security.psk_file)"
+        ),
+        "{text}"
+    );
+}

@@ -68,3 +68,30 @@ fn a_message_too_large_for_its_queue_is_dead_lettered_and_its_sender_told() {
     let ls = stdout(&s.run(&["dlq", "ls", "--node", "B"]));
     assert!(ls.contains("too_large") && ls.contains("to B:tiny"), "{ls}");
 }
+
+/// A burst of dead letters logs a handful of lines and one count, not a line per message
+/// (`log.repeats_max` per reason and `log.interval_ms`; the count comes out at the end of
+/// the interval, or when the node stops).
+#[test]
+fn a_burst_of_dead_letters_logs_a_count_not_a_line_each() {
+    let s = Scratch::new();
+    let (_a, mut b) = s.start_pair("", "log: { repeats_max: 3, interval_ms: 60000 }");
+    let lines: String = (0..1000).map(|i| format!("lost {i}\n")).collect();
+    let put = s.run_with_input(
+        &["put", "--node", "A", "--to", "B:missing", "-"],
+        lines.as_bytes(),
+        Duration::from_secs(60),
+    );
+    assert!(put.status.success(), "{}", stderr(&put));
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while stdout(&s.run(&["dlq", "ls", "--node", "B", "--count", "2000"])).lines().count() < 1000 {
+        assert!(std::time::Instant::now() < deadline, "all 1000 were dead-lettered");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(b.stop(), "B stops cleanly");
+    let log = b.log_text();
+    assert_eq!(log.matches("Message dead-lettered.").count(), 3, "{log}");
+    let summary =
+        log.lines().find(|l| l.contains("reason=\"message dead-lettered\"") && l.contains("more=997"));
+    assert!(summary.is_some(), "one line counts the rest:\n{log}");
+}

@@ -81,8 +81,28 @@ fn the_dialer_chooses_the_cipher_and_both_logs_name_it() {
     }
 }
 
+/// `linkbus status` of node `name`: its line for link `peer`.
+fn link_status(s: &Scratch, name: &str, peer: &str) -> String {
+    let status = stdout(&s.run(&["status", "--node", name]));
+    let line = status.lines().find(|l| l.trim_start().starts_with(&format!("{peer}:")));
+    line.unwrap_or_else(|| panic!("no link {peer} in:\n{status}")).to_owned()
+}
+
+/// Waits (bounded) until `node`'s log has a `WARN` line containing every one of `words`.
+fn warned(node: &NodeProcess, words: &[&str]) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while std::time::Instant::now() < deadline {
+        let log = node.log_text();
+        if log.lines().any(|l| l.contains("WARN") && words.iter().all(|w| l.contains(w))) {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("node {}: no warning with {words:?}:\n{}", node.name, node.log_text());
+}
+
 #[test]
-fn a_wrong_cluster_key_never_gets_a_message_through() {
+fn a_wrong_cluster_key_never_gets_a_message_through_and_both_sides_say_why() {
     let s = Scratch::new();
     let (b, _) = start_b(&s);
     let other_psk = s.path().join("other.psk");
@@ -91,9 +111,34 @@ fn a_wrong_cluster_key_never_gets_a_message_through() {
     let a = start_a(&s, &b, &format!("{dir}/A.key"), other_psk.to_str().unwrap());
     nothing_arrives(&s);
     // The cluster key enters at the end of the second handshake message (psk2): the dialer
-    // cannot complete the handshake, and B never sees a hello.
-    assert!(a.log_text().contains("handshake failed"), "{}", a.log_text());
-    assert!(b.log_text().contains("closed before its hello"), "{}", b.log_text());
+    // cannot read the answer, and B never sees a hello. Each side names the key to check.
+    warned(&a, &["Link handshake failed.", "did not decrypt", "security.psk_file"]);
+    warned(&b, &["peer=A", "closed the connection after this node's handshake answer", "security.psk_file"]);
+    let status = link_status(&s, "A", "B");
+    assert!(status.contains("down for") && status.contains("security.psk_file"), "{status}");
+    let status = link_status(&s, "B", "A");
+    assert!(status.contains("down for") && status.contains("security.psk_file"), "{status}");
+}
+
+#[test]
+fn a_wrong_public_key_for_the_listener_is_named_on_both_sides() {
+    let s = Scratch::new();
+    let (b, _) = start_b(&s);
+    let _ = s.keys("Other");
+    let dir = s.path().display().to_string();
+    // A dials B expecting Other's key.
+    let yaml = format!(
+        "node: {{ name: A, listen: none }}\npeers: [ {{ name: B, address: '{}', public_key: '{}' }} ]\n\
+         security: {{ key_file: '{dir}/A.key', psk_file: '{dir}/cluster.psk' }}\n",
+        b.listen_address(),
+        public_key_of(&s, "Other")
+    );
+    let a = s.start_node("A", &["-c", s.write("a.yaml", &yaml).to_str().unwrap()]);
+    nothing_arrives(&s);
+    warned(&a, &["Link handshake failed.", "B refused the handshake", "peers[B].public_key"]);
+    warned(&b, &["Refused connection.", "did not decrypt", "peers[].public_key"]);
+    let status = link_status(&s, "A", "B");
+    assert!(status.contains("down for") && status.contains("peers[B].public_key"), "{status}");
 }
 
 #[test]
@@ -102,9 +147,14 @@ fn an_unlisted_key_never_gets_a_message_through() {
     let (b, _) = start_b(&s);
     let _ = s.keys("Rogue");
     let dir = s.path().display().to_string();
-    let _a = start_a(&s, &b, &format!("{dir}/Rogue.key"), &format!("{dir}/cluster.psk"));
+    let a = start_a(&s, &b, &format!("{dir}/Rogue.key"), &format!("{dir}/cluster.psk"));
     nothing_arrives(&s);
-    assert!(b.log_text().contains("unknown static key"), "{}", b.log_text());
+    warned(
+        &b,
+        &["Refused connection.", "unknown static key", &public_key_of(&s, "Rogue"), "peers[].public_key"],
+    );
+    // The dialer names its own public key, for the listener's list.
+    warned(&a, &["B refused the handshake", &public_key_of(&s, "Rogue")]);
 }
 
 #[test]

@@ -7,6 +7,7 @@
 #![allow(dead_code, unreachable_pub)]
 
 pub mod cluster;
+pub mod flood;
 pub mod history;
 pub mod proxy;
 pub mod soak;

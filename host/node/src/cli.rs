@@ -921,13 +921,14 @@ pub fn config_check(files: &[PathBuf]) -> ExitCode {
             "cluster: not checked as one cluster: node {name} has more than one file (give one cluster's files)"
         );
     } else if configs.len() > 1 {
-        let problems = crate::routing::check_cluster(&configs);
+        let mut problems = crate::routing::check_cluster(&configs);
+        problems.extend(crate::security::check_cluster_keys(&configs));
         for problem in &problems {
             println!("cluster: {problem}");
         }
         if problems.is_empty() {
             println!(
-                "cluster: ok ({} nodes checked together: links listed at both ends, no routing loop)",
+                "cluster: ok ({} nodes checked together: links listed at both ends with each other's keys, one cluster key, no routing loop)",
                 configs.len()
             );
         }

@@ -17,6 +17,7 @@
 //! - [`demo`]: `linkbus demo`, three nodes in one process.
 //! - [`cli`]: the `linkbus` command line.
 //! - [`clock`]: the single wall-clock read.
+//! - [`warnings`]: repeated warnings aggregated per reason.
 #![forbid(unsafe_code)]
 
 pub mod api;
@@ -38,6 +39,7 @@ pub mod security;
 mod segmented;
 pub mod storage;
 mod vectored;
+pub mod warnings;
 
 use std::future::Future;
 use std::path::{Path, PathBuf};
@@ -102,6 +104,7 @@ impl Node {
             tasks.spawn(link::run(state.clone(), link.clone(), watch_rx.clone()));
         }
         tasks.spawn(result_timer(state.clone(), watch_rx.clone()));
+        tasks.spawn(warnings_timer(state.clone(), watch_rx.clone()));
         if state.security.mode == linkbus_proto::secure::Mode::Plaintext {
             tracing::warn!(node = %state.name(), "INSECURE: links are plaintext, unauthenticated and unencrypted (security.insecure_plaintext).");
         }
@@ -177,6 +180,24 @@ async fn result_timer(state: Arc<NodeState>, mut shutdown: watch::Receiver<bool>
             }
             () = state.results.earlier_due() => {}
             _ = shutdown.changed() => return,
+        }
+    }
+}
+
+/// Logs the summaries of repeated warnings once per interval, until shutdown.
+async fn warnings_timer(state: Arc<NodeState>, mut shutdown: watch::Receiver<bool>) {
+    let mut tick = tokio::time::interval(state.warnings.interval());
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {
+                state.warnings.flush();
+            }
+            _ = shutdown.changed() => {
+                // Not wait for the interval: what was counted is said before the node stops.
+                state.warnings.flush_all();
+                return;
+            }
         }
     }
 }

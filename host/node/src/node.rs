@@ -353,6 +353,8 @@ pub struct NodeState {
     stopped_at: std::sync::OnceLock<tokio::time::Instant>,
     /// Wakes what waits for others (gets, results) when the node stops.
     stop_signal: tokio::sync::Notify,
+    /// Repeated warnings, aggregated per reason (`log:`).
+    pub warnings: crate::warnings::Warnings,
 }
 
 impl std::fmt::Debug for NodeState {
@@ -488,6 +490,7 @@ impl NodeState {
         let recycler = Arc::new(linkbus_proto::recycle::Recycler::new(recycled_bytes_max));
         Ok(Arc::new(Self {
             recycler,
+            warnings: crate::warnings::Warnings::from_settings(config.log),
             config,
             incarnation,
             incarnation_kept,
@@ -1719,7 +1722,9 @@ impl NodeState {
             message.content.headers.push((key.into(), value));
         }
         self.dead_letter_queue().push_bounded_with(message, now, max, with)?;
-        warn!(%id, code = code.as_str(), reason, "Message dead-lettered.");
+        if self.warnings.admit(crate::warnings::reason::DEAD_LETTER) {
+            warn!(%id, code = code.as_str(), reason, "Message dead-lettered.");
+        }
         self.report(result_to.as_ref(), outcomes);
         if !event {
             self.emit(

@@ -88,6 +88,67 @@ pub fn write_key_file(path: &Path, key: &[u8; KEY_BYTES]) -> std::io::Result<()>
     writeln!(file, "{}", hex(key))
 }
 
+/// Checks the keys of one cluster's configurations against each other (`linkbus config
+/// check a.yaml b.yaml …`): every `peers[].public_key` naming a node of the set must be the
+/// public key of that node's key file, both ends of a link must agree on plaintext or Noise,
+/// and the nodes must hold the same cluster key. Returns one line per problem.
+pub fn check_cluster_keys(configs: &[Config]) -> Vec<String> {
+    let mut problems = Vec::new();
+    // Each node's own public key and cluster key, when it uses Noise and they can be read.
+    let loaded: Vec<Option<(Security, Option<[u8; KEY_BYTES]>)>> = configs
+        .iter()
+        .map(|c| {
+            let security = Security::load(c).ok()?;
+            let psk = c.security.psk_file.as_deref().and_then(|p| read_key_file(p).ok());
+            Some((security, psk))
+        })
+        .collect();
+    for (config, own) in configs.iter().zip(&loaded) {
+        let name = &config.node.name;
+        for peer in &config.peers {
+            let Some(i) = configs.iter().position(|c| c.node.name == peer.name) else { continue };
+            let (other, theirs) = (&configs[i], &loaded[i]);
+            if config.security.insecure_plaintext != other.security.insecure_plaintext {
+                let mode = |c: &Config| if c.security.insecure_plaintext { "plaintext" } else { "Noise" };
+                problems.push(format!(
+                    "node {name} links to {} with {} but {} requires {} (security.insecure_plaintext)",
+                    peer.name,
+                    mode(config),
+                    peer.name,
+                    mode(other)
+                ));
+                continue;
+            }
+            if config.security.insecure_plaintext {
+                continue;
+            }
+            let Some(actual) = theirs.as_ref().and_then(|(s, _)| s.public_key()) else { continue };
+            match peer.public_key {
+                Some(listed) if listed != actual => problems.push(format!(
+                    "node {name}'s peers[{}].public_key is {}, but {}'s key file ({}) holds the key of {}",
+                    peer.name,
+                    hex(&listed),
+                    peer.name,
+                    key_path(other).display(),
+                    hex(&actual)
+                )),
+                _ => {}
+            }
+            let psks = (own.as_ref().and_then(|o| o.1), theirs.as_ref().and_then(|t| t.1));
+            if let (Some(ours), Some(other_psk)) = psks
+                && ours != other_psk
+                && name < &peer.name
+            {
+                problems.push(format!(
+                    "nodes {name} and {} link to each other but hold different cluster keys (security.psk_file)",
+                    peer.name
+                ));
+            }
+        }
+    }
+    problems
+}
+
 impl Security {
     /// Loads what `config` asks for; every problem is reported with its YAML path.
     ///

@@ -141,6 +141,20 @@ pub enum SecureError {
     /// The Noise handshake failed: wrong cluster key, wrong static key, or damaged bytes.
     #[error("handshake failed: {0}")]
     Handshake(String),
+    /// Listener: the dialer's first handshake message did not decrypt, so the dialer does
+    /// not hold this node's public key (or is not a linkbus node at all).
+    #[error(
+        "the first handshake message did not decrypt ({0}): the dialer's peers[].public_key for this node is \
+         not this node's public key, or it is not a linkbus peer"
+    )]
+    FirstMessage(String),
+    /// Dialer: the listener's handshake answer did not decrypt. The listener read the first
+    /// message, so it holds the key the dialer expects: the cluster keys differ.
+    #[error(
+        "the peer's handshake answer did not decrypt ({0}): its cluster key differs from this node's \
+         (security.psk_file on both nodes)"
+    )]
+    Answer(String),
     /// A Noise message failed to decrypt (tampered with, or out of order).
     #[error("a message failed to decrypt")]
     Decrypt,
@@ -577,7 +591,7 @@ impl SecureChannel {
         };
         let mut payload = vec![0u8; NOISE_MESSAGE_MAX];
         let len =
-            hs.read_message(&message, &mut payload).map_err(|e| SecureError::Handshake(e.to_string()))?;
+            hs.read_message(&message, &mut payload).map_err(|e| SecureError::FirstMessage(e.to_string()))?;
         let stamp = payload.get(..len).and_then(|p| <[u8; 8]>::try_from(p).ok()).map(u64::from_be_bytes);
         let remote = hs.get_remote_static().map(to_key).transpose()?;
         let (Some(stamp), Some(remote)) = (stamp, remote) else {
@@ -614,7 +628,7 @@ impl SecureChannel {
         match std::mem::replace(&mut self.state, State::Failed) {
             State::Dialing(mut hs) => {
                 let handshake = |e: snow::Error| SecureError::Handshake(e.to_string());
-                hs.read_message(message, out).map_err(handshake)?;
+                hs.read_message(message, out).map_err(|e| SecureError::Answer(e.to_string()))?;
                 self.state = State::Secure(Box::new(hs.into_transport_mode().map_err(handshake)?));
             }
             // (Transport messages are read in `read_message`.)

@@ -302,7 +302,9 @@ pub async fn run(
                     connections.spawn(serve(node.clone(), stream, shutdown.clone()));
                 }
                 Err(e) => {
-                    warn!(error = %e, "Client accept failed.");
+                    if node.warnings.admit(crate::warnings::reason::CLIENT_ACCEPT_FAILED) {
+                        warn!(error = %e, "Client accept failed.");
+                    }
                     tokio::time::sleep(Duration::from_millis(50)).await;
                 }
             },
@@ -707,6 +709,25 @@ fn subscriptions(node: &NodeState) -> String {
     s
 }
 
+/// A link that is down: for how long, and its last error (how often, since when).
+fn down(health: &crate::link::Health) -> String {
+    let now = crate::clock::unix_ms();
+    let ago = |ms: u64| format!("{:.0} s", now.saturating_sub(ms) as f64 / 1000.0);
+    let mut text = match health.down_since_ms {
+        Some(since) => format!("down for {}", ago(since)),
+        None => "down".to_owned(),
+    };
+    if let Some(e) = &health.last_error {
+        let times = if e.count > 1 {
+            format!(", {} times since {} ago", e.count, ago(e.first_ms))
+        } else {
+            String::new()
+        };
+        text.push_str(&format!(" (last error {} ago{times}: {})", ago(e.last_ms), e.reason));
+    }
+    text
+}
+
 fn status(node: &NodeState) -> String {
     use std::fmt::Write;
     let mut s = String::new();
@@ -728,7 +749,7 @@ fn status(node: &NodeState) -> String {
         let state = match l.stopped() {
             Some(reason) => format!("STOPPED ({reason}; run `linkbus link reset {}`)", l.peer.name),
             None if l.up.load(Ordering::Relaxed) => "up".to_owned(),
-            None => "down".to_owned(),
+            None => down(&l.health()),
         };
         let stats = l.stats.lock().map(|s| *s).unwrap_or_default();
         let _ = writeln!(

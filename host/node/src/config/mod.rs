@@ -50,6 +50,24 @@ pub struct Config {
     pub security: SecuritySettings,
     /// The `EVENT` queue and who gets copies of events.
     pub events: EventSettings,
+    /// How repeated warnings are aggregated.
+    pub log: LogSettings,
+}
+
+/// `log:` — repeated warnings (a refused connection, a dead letter) are logged one by one up
+/// to `repeats_max` per reason and interval, then counted and summarised in one line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LogSettings {
+    /// Warnings of one reason logged one by one per interval.
+    pub repeats_max: u64,
+    /// The interval, in milliseconds.
+    pub interval_ms: u64,
+}
+
+impl Default for LogSettings {
+    fn default() -> Self {
+        Self { repeats_max: 5, interval_ms: 10_000 }
+    }
 }
 
 /// `events:` — the node's `EVENT` queue and subscriptions.
@@ -281,6 +299,16 @@ pub struct LinkSettings {
     pub connect_timeout_ms: u64,
     /// Time the peer's hello may take.
     pub handshake_timeout_ms: u64,
+    /// Incoming connections in the handshake that proved nothing yet (each may hold up to
+    /// 64 KiB for `handshake_timeout_ms`); beyond it the oldest of the address holding the
+    /// most is dropped.
+    pub handshakes_max: u64,
+    /// Of those, the most from one source address (an IPv6 one by its /64); beyond it that
+    /// address's oldest is dropped, so one address cannot push out others.
+    pub handshakes_per_address_max: u64,
+    /// Incoming connections in the handshake that proved one peer's key (kept apart from
+    /// the others, so no flood pushes them out); beyond it that peer's oldest is dropped.
+    pub handshakes_per_peer_max: u64,
     /// Silence after which a ping is sent.
     pub ping_interval_ms: u64,
     /// Time an unanswered ping may take before the connection is dropped.
@@ -362,6 +390,9 @@ impl Default for LinkSettings {
             reconnect_backoff_max_ms: 5_000,
             connect_timeout_ms: 5_000,
             handshake_timeout_ms: 5_000,
+            handshakes_max: 64,
+            handshakes_per_address_max: 8,
+            handshakes_per_peer_max: 4,
             ping_interval_ms: 5_000,
             pong_timeout_ms: 10_000,
         }
@@ -397,6 +428,7 @@ impl Config {
             plugins: PluginSettings::default(),
             security: SecuritySettings::default(),
             events: EventSettings::default(),
+            log: LogSettings::default(),
         }
     }
 

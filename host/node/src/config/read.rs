@@ -12,8 +12,8 @@ use linkbus_plugin_api::{
 use linkbus_proto::secure::Cipher;
 
 use super::{
-    Config, EventSettings, LinkSettings, MessageSettings, NodeSettings, PACKET_OVERHEAD_BYTES, PeerConfig,
-    PluginChoice, PluginSettings, QUEUE_MESSAGES_MAX_DEFAULT, QUOTA_MAX, QueueConfig, QueueOrder,
+    Config, EventSettings, LinkSettings, LogSettings, MessageSettings, NodeSettings, PACKET_OVERHEAD_BYTES,
+    PeerConfig, PluginChoice, PluginSettings, QUEUE_MESSAGES_MAX_DEFAULT, QUOTA_MAX, QueueConfig, QueueOrder,
     RouteConfig, SecuritySettings, Subscription, WhenFull,
 };
 
@@ -229,10 +229,11 @@ pub fn from_value(tree: &ConfigValue) -> Result<Config, ConfigErrors> {
         let plugins = read_plugins(&root);
         let security = read_security(&root);
         let events = read_events(&root);
+        let log = read_log(&root);
         root.finish();
         // Invalid parts were reported and replaced by defaults, so the relations between the
         // valid parts are still checked and every error comes out at once.
-        let config = Config { node, peers, routes, queues, messages, links, plugins, security, events };
+        let config = Config { node, peers, routes, queues, messages, links, plugins, security, events, log };
         check_relations(&config, &diag);
         config
     });
@@ -367,6 +368,17 @@ fn read_messages(root: &Section<'_>) -> MessageSettings {
     settings
 }
 
+fn read_log(root: &Section<'_>) -> LogSettings {
+    let d = LogSettings::default();
+    let Some(s) = root.section("log") else { return d };
+    let settings = LogSettings {
+        repeats_max: s.number("repeats_max", d.repeats_max, 0, u64::from(u32::MAX)),
+        interval_ms: s.number("interval_ms", d.interval_ms, 100, MS_MAX),
+    };
+    s.finish();
+    settings
+}
+
 fn read_links(root: &Section<'_>) -> LinkSettings {
     let d = LinkSettings::default();
     let Some(s) = root.section("links") else { return d };
@@ -390,6 +402,14 @@ fn read_links(root: &Section<'_>) -> LinkSettings {
         reconnect_backoff_max_ms: s.number("reconnect_backoff_max_ms", d.reconnect_backoff_max_ms, 1, MS_MAX),
         connect_timeout_ms: s.number("connect_timeout_ms", d.connect_timeout_ms, 1, MS_MAX),
         handshake_timeout_ms: s.number("handshake_timeout_ms", d.handshake_timeout_ms, 1, MS_MAX),
+        handshakes_max: s.number("handshakes_max", d.handshakes_max, 1, 1 << 20),
+        handshakes_per_address_max: s.number(
+            "handshakes_per_address_max",
+            d.handshakes_per_address_max,
+            1,
+            1 << 20,
+        ),
+        handshakes_per_peer_max: s.number("handshakes_per_peer_max", d.handshakes_per_peer_max, 1, 1 << 10),
         // A node answers at most one ping per 100 ms (throttling), so faster keepalives would
         // time out against it.
         ping_interval_ms: s.number("ping_interval_ms", d.ping_interval_ms, 100, MS_MAX),

@@ -72,6 +72,31 @@ pub struct LinkHandle {
     /// Whether the link is stopped until an operator resets it (the two ends' sequence
     /// numbers do not fit: one end's data was wiped or restored from an old copy).
     stop: Mutex<StopState>,
+    /// Since when the link is down and why its last attempt failed, for `linkbus status`
+    /// (a wrong key shows there, not only in the log).
+    health: Mutex<Health>,
+}
+
+/// Since when a link is down, and its last error; wall-clock milliseconds.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Health {
+    /// When the link went down (or the node started, for a link never up); `None` while up.
+    pub down_since_ms: Option<u64>,
+    /// The last error of a connection or attempt, while the link is down.
+    pub last_error: Option<LastError>,
+}
+
+/// A link's last error, and how often it repeated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LastError {
+    /// What failed, with the configuration key to check where one is known.
+    pub reason: String,
+    /// When this reason was first seen in a row.
+    pub first_ms: u64,
+    /// When it was last seen.
+    pub last_ms: u64,
+    /// How many times in a row.
+    pub count: u64,
 }
 
 /// See [`LinkHandle::stop`].
@@ -129,6 +154,44 @@ impl LinkHandle {
             received_total: AtomicU64::new(0),
             stats: Mutex::new(SessionStats::default()),
             stop: Mutex::new(StopState::Running),
+            health: Mutex::new(Health { down_since_ms: Some(crate::clock::unix_ms()), last_error: None }),
+        }
+    }
+
+    fn health_state(&self) -> std::sync::MutexGuard<'_, Health> {
+        self.health.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Since when the link is down, and its last error.
+    pub fn health(&self) -> Health {
+        self.health_state().clone()
+    }
+
+    /// Records why a connection or an attempt failed.
+    pub(crate) fn note_error(&self, reason: &str) {
+        let now = crate::clock::unix_ms();
+        let mut health = self.health_state();
+        match &mut health.last_error {
+            Some(last) if last.reason == reason => {
+                last.last_ms = now;
+                last.count += 1;
+            }
+            slot => {
+                *slot = Some(LastError { reason: reason.to_owned(), first_ms: now, last_ms: now, count: 1 })
+            }
+        }
+    }
+
+    /// The link is up: the last error is history.
+    pub(crate) fn note_up(&self) {
+        *self.health_state() = Health::default();
+    }
+
+    /// The link went down.
+    pub(crate) fn note_down(&self) {
+        let mut health = self.health_state();
+        if health.down_since_ms.is_none() {
+            health.down_since_ms = Some(crate::clock::unix_ms());
         }
     }
 

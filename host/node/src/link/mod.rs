@@ -42,11 +42,12 @@ use tracing::{debug, error, info, warn};
 use crate::events::{Event, EventKind};
 use crate::node::NodeState;
 use crate::results::{EXPIRED_BEFORE_SENDING, Outcome, RESULT_MESSAGE_NAME, ResultTo};
+use crate::warnings::reason;
 use backoff::Backoff;
-pub use handle::LinkHandle;
 pub(crate) use handle::{Gate, Incoming};
+pub use handle::{Health, LastError, LinkHandle};
 pub(crate) use io::refuse;
-use io::{ConnEvent, read_chunk, secure_dial, write_loop};
+use io::{ConnEvent, DialError, read_chunk, secure_dial, write_loop};
 pub use transmit::CLASSES;
 
 /// Bytes handed to the writer task and not yet written, twice which the link stops reading (so a
@@ -158,7 +159,7 @@ struct Link {
     active: Option<Active>,
     next_conn_id: u64,
     conn_tx: mpsc::Sender<(u64, ConnEvent)>,
-    dial_tx: mpsc::Sender<Result<Incoming, String>>,
+    dial_tx: mpsc::Sender<Result<Incoming, DialError>>,
     /// Woken by writers as they drain.
     drained: Arc<Notify>,
     dialing: bool,
@@ -437,11 +438,11 @@ impl Link {
             let result = async {
                 let mut connection =
                     match tokio::time::timeout(connect_timeout, node.transport.connect(&address)).await {
-                        Ok(result) => result.map_err(|e| e.to_string())?,
-                        Err(_) => return Err(format!("connect {address}: timed out")),
+                        Ok(result) => result.map_err(|e| DialError::Connect(e.to_string()))?,
+                        Err(_) => return Err(DialError::Connect(format!("connect {address}: timed out"))),
                     };
                 let channel =
-                    node.security.dialer(&peer, crate::clock::unix_ms()).map_err(|e| e.to_string())?;
+                    node.security.dialer(&peer, crate::clock::unix_ms()).map_err(DialError::Secure)?;
                 let (secure, leftover) = secure_dial(&mut connection, channel, handshake_timeout).await?;
                 Ok(Incoming { connection, hello: None, leftover, secure })
             }
@@ -450,15 +451,50 @@ impl Link {
         });
     }
 
-    fn dialed(&mut self, result: Result<Incoming, String>) {
+    fn dialed(&mut self, result: Result<Incoming, DialError>) {
         self.dialing = false;
         match result {
             Ok(incoming) => self.adopt(incoming, true),
             Err(e) => {
                 let delay = self.backoff.take();
-                debug!(peer = self.peer(), error = e, retry_ms = delay.as_millis() as u64, "Dial failed.");
+                let reason = self.dial_failure(&e);
+                self.handle.note_error(&reason);
+                if e.is_handshake() && self.node.warnings.admit(reason::HANDSHAKE_FAILED) {
+                    warn!(
+                        peer = self.peer(),
+                        reason,
+                        retry_ms = delay.as_millis() as u64,
+                        "Link handshake failed."
+                    );
+                } else {
+                    debug!(peer = self.peer(), reason, retry_ms = delay.as_millis() as u64, "Dial failed.");
+                }
                 self.next_dial = Some(tokio::time::Instant::now() + delay);
             }
+        }
+    }
+
+    /// What a failed dial means, with the configuration keys to check.
+    fn dial_failure(&self, error: &DialError) -> String {
+        let peer = self.peer();
+        let address = self.handle.peer.address.as_deref().unwrap_or("-");
+        match error {
+            DialError::Connect(e) => format!("cannot reach {peer} at {address} (peers[{peer}].address): {e}"),
+            DialError::PeerClosed => {
+                let ours = self.node.security.public_key().map(|k| linkbus_proto::secure::hex(&k));
+                format!(
+                    "{peer} refused the handshake (closed the connection without an answer): check that \
+                     peers[{peer}].public_key here is {peer}'s public key, and that {peer} lists this node's \
+                     public key ({}) among its peers; {peer}'s log names the cause",
+                    ours.as_deref().unwrap_or("none")
+                )
+            }
+            DialError::Secure(e) => format!("handshake with {peer} failed: {e}"),
+            DialError::Io(e) => format!("handshake with {peer} failed: {e}"),
+            DialError::TimedOut => format!(
+                "{peer} did not answer the handshake within links.handshake_timeout_ms ({} ms)",
+                self.node.config.links.handshake_timeout_ms
+            ),
         }
     }
 
@@ -569,6 +605,8 @@ impl Link {
         if self.active.take().is_none() {
             return;
         }
+        self.handle.note_down();
+        self.handle.note_error(reason);
         if self.handle.up.swap(false, Ordering::Relaxed) {
             info!(peer = self.peer(), reason, "Link down.");
             self.node.emit(
@@ -739,7 +777,9 @@ impl Link {
         if let (Some(record), Some(key)) = (&self.handle.record, key) {
             record.dropped(key);
         }
-        warn!(peer = self.peer(), id = %message.id, "Message expired before it was sent.");
+        if self.node.warnings.admit(reason::EXPIRED) {
+            warn!(peer = self.peer(), id = %message.id, "Message expired before it was sent.");
+        }
         self.expired(message, false);
     }
 
@@ -782,6 +822,7 @@ impl Link {
         // `links.queue_pace_bytes`).
         self.handle.lock().mark_taken(Instant::now());
         self.handle.up.store(true, Ordering::Relaxed);
+        self.handle.note_up();
         self.handle.peer_message_bytes_max.store(self.session.message_bytes_max(), Ordering::Relaxed);
     }
 
@@ -963,7 +1004,9 @@ impl Link {
                 SessionEvent::Skipped { channel, sequence, expired, durable } => {
                     arrivals.persistent |= durable;
                     if let Some(id) = expired {
-                        warn!(peer = self.peer(), %id, "Message expired on its way here; dropped.");
+                        if self.node.warnings.admit(reason::EXPIRED) {
+                            warn!(peer = self.peer(), %id, "Message expired on its way here; dropped.");
+                        }
                         let text = format!("message {id} expired on its way from {}", self.peer());
                         self.node.emit(
                             Event::new(EventKind::Expired, text).with("id", id).with("peer", self.peer()),
@@ -1116,7 +1159,9 @@ impl Link {
         let decoded = linkbus_proto::wire::decode_message(message);
         match (reason, decoded) {
             (DropReason::Expired, Ok(m)) => {
-                warn!(peer = self.peer(), id = %m.id, "Message expired before it was resent.");
+                if self.node.warnings.admit(reason::EXPIRED) {
+                    warn!(peer = self.peer(), id = %m.id, "Message expired before it was resent.");
+                }
                 self.expired(&m, true);
             }
             (DropReason::TooLargeForPeer, Ok(m)) => {
@@ -1160,7 +1205,11 @@ impl Link {
                 self.handle.stop(error.to_string());
                 self.stopped_event(error);
             }
-            error => warn!(peer = self.peer(), %error, "Link closed."),
+            error => {
+                if self.node.warnings.admit(reason::LINK_CLOSED) {
+                    warn!(peer = self.peer(), %error, "Link closed.");
+                }
+            }
         }
         error.to_string()
     }

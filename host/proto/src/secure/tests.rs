@@ -77,7 +77,7 @@ fn a_cipher_changed_on_the_way_fails_the_handshake() {
         let mut first = BytesMut::from(&dialer.poll_transmit().unwrap()[..]);
         first[5] = other.code();
         let mut listener = SecureChannel::listener(Some((&b, &psk)));
-        assert!(matches!(listener.handle_bytes(&first), Err(SecureError::Handshake(_))), "{cipher:?}");
+        assert!(matches!(listener.handle_bytes(&first), Err(SecureError::FirstMessage(_))), "{cipher:?}");
         assert_eq!(listener.identity(), None);
     }
     let mut listener = SecureChannel::listener(Some((&b, &psk)));
@@ -105,7 +105,10 @@ fn a_wrong_cluster_key_or_an_unexpected_static_key_never_gets_through() {
         dialer: SecureChannel::noise_dialer(Cipher::AesGcm, &a, &b.public, &[8u8; KEY_BYTES], 1).unwrap(),
         listener: SecureChannel::listener(Some((&b, &psk))),
     };
-    assert!(matches!(pump(&mut e), Err(SecureError::Handshake(_))), "wrong PSK");
+    assert!(
+        matches!(pump(&mut e), Err(SecureError::Answer(_))),
+        "wrong PSK: the dialer cannot read the answer"
+    );
     assert!(e.listener.take_plaintext().is_none());
 
     let c = Keypair::generate().unwrap();
@@ -113,7 +116,10 @@ fn a_wrong_cluster_key_or_an_unexpected_static_key_never_gets_through() {
         dialer: SecureChannel::noise_dialer(Cipher::AesGcm, &a, &c.public, &psk, 1).unwrap(),
         listener: SecureChannel::listener(Some((&b, &psk))),
     };
-    assert!(pump(&mut e).is_err(), "the dialer expected another listener");
+    assert!(
+        matches!(pump(&mut e), Err(SecureError::FirstMessage(_))),
+        "the dialer expected another listener, which cannot read its first message"
+    );
 }
 
 #[test]
