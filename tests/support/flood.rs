@@ -139,7 +139,7 @@ impl Flood {
                 let garbage = match kind {
                     FloodKind::Idle => false,
                     FloodKind::Garbage => true,
-                    FloodKind::Mixed => made % 2 == 0,
+                    FloodKind::Mixed => made.is_multiple_of(2),
                 };
                 if garbage {
                     let mut junk = b"LBUS\x01\x02".to_vec();

@@ -1,6 +1,6 @@
 //! The `linkbus` command line: argument definitions and what each command does.
 
-use std::io::{BufRead, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
@@ -544,43 +544,8 @@ pub async fn put(args: PutArgs) -> anyhow::Result<()> {
         };
     }
     let template = content_for(&args, Bytes::new())?;
-    let stdin = std::io::stdin().lock();
-    let mut batch = Vec::new();
-    let mut sent = 0usize;
     let mut ids = Vec::new();
-    // Ids for `linkbus result` are printed as soon as they are final: at once, or (in a
-    // transaction) after the commit.
-    let print_now = args.results && args.wait_result.is_none() && !args.transaction;
-    let mut keep = |put: Vec<MessageId>| -> std::io::Result<()> {
-        if print_now {
-            let mut out = std::io::stdout().lock();
-            put.iter().try_for_each(|id| writeln!(out, "{id}"))?;
-            out.flush()
-        } else {
-            if args.results || args.wait_result.is_some() {
-                ids.extend(put);
-            }
-            Ok(())
-        }
-    };
-    for line in stdin.split(b'\n') {
-        let mut line = line.context("reading standard input")?;
-        if line.last() == Some(&b'\r') {
-            line.pop();
-        }
-        batch.push(Content { payload: Bytes::from(line), ..template.clone() });
-        if batch.len() >= crate::client::PUT_BATCH_MESSAGES_MAX {
-            let put = client
-                .put_batch(std::mem::take(&mut batch))
-                .await
-                .with_context(|| format!("after {sent} messages"))?;
-            sent += put.len();
-            keep(put)?;
-        }
-    }
-    let put = client.put_batch(batch).await.with_context(|| format!("after {sent} messages"))?;
-    sent += put.len();
-    keep(put)?;
+    let sent = put_lines(&mut client, &args, template, &mut ids).await?;
     if args.transaction {
         client.commit().await.with_context(|| format!("committing {sent} messages"))?;
         eprintln!("put {sent} messages (committed)");
@@ -595,6 +560,133 @@ pub async fn put(args: PutArgs) -> anyhow::Result<()> {
             Ok(())
         }
     }
+}
+
+/// Puts standard input's lines, one message each, in batches; returns how many were put.
+/// The ids are printed at once or kept in `ids` (for results, or until a commit).
+async fn put_lines(
+    client: &mut crate::Client,
+    args: &PutArgs,
+    template: Content,
+    ids: &mut Vec<MessageId>,
+) -> anyhow::Result<usize> {
+    // Ids for `linkbus result` are printed as soon as they are final: at once, or (in a
+    // transaction) after the commit.
+    let print_now = args.results && args.wait_result.is_none() && !args.transaction;
+    let mut keep = |put: Vec<MessageId>| -> std::io::Result<usize> {
+        let count = put.len();
+        if print_now {
+            let mut out = std::io::stdout().lock();
+            put.iter().try_for_each(|id| writeln!(out, "{id}"))?;
+            out.flush()?;
+        } else if args.results || args.wait_result.is_some() {
+            ids.extend(put);
+        }
+        Ok(count)
+    };
+    // A line over the node's limit is refused as soon as it passes the limit, without
+    // reading (or holding) the rest of it.
+    let line_bytes_max = client.limits().await?.message_bytes_max;
+    let mut stdin = std::io::stdin().lock();
+    let (mut batch, mut sent) = (Vec::new(), 0usize);
+    loop {
+        let line = read_line_bounded(&mut stdin, line_bytes_max).context("reading standard input")?;
+        let too_long = matches!(line, Line::TooLong);
+        let full = match line {
+            Line::End => break,
+            Line::Read(mut line) => {
+                if line.last() == Some(&b'\r') {
+                    line.pop();
+                }
+                batch.push(Content { payload: Bytes::from(line), ..template.clone() });
+                batch.len() >= crate::client::PUT_BATCH_MESSAGES_MAX
+            }
+            Line::TooLong => true,
+        };
+        if full {
+            let put = client.put_batch(std::mem::take(&mut batch)).await;
+            sent += keep(put.map_err(|e| put_failure(e, sent, args.transaction))?)?;
+        }
+        if too_long {
+            let error = crate::ClientError::Refused {
+                code: crate::api::protocol::ErrorCode::TooLarge,
+                accepted: 0,
+                message: format!(
+                    "message {}: it is over the node's messages.message_bytes_max ({line_bytes_max} bytes)",
+                    sent + 1
+                ),
+            };
+            return Err(put_failure(error, sent, args.transaction));
+        }
+    }
+    let put = client.put_batch(batch).await;
+    sent += keep(put.map_err(|e| put_failure(e, sent, args.transaction))?)?;
+    Ok(sent)
+}
+
+/// A line of standard input, read up to a bound.
+enum Line {
+    /// No more input.
+    End,
+    /// A line, without its newline.
+    Read(Vec<u8>),
+    /// A line longer than the bound (plus a carriage return); read no further than that.
+    TooLong,
+}
+
+/// Reads one line of at most `bytes_max` bytes (and a carriage return before its newline),
+/// holding no more than that.
+fn read_line_bounded(input: &mut impl std::io::BufRead, bytes_max: u64) -> std::io::Result<Line> {
+    let bound = usize::try_from(bytes_max).unwrap_or(usize::MAX).saturating_add(1);
+    let mut line = Vec::new();
+    let mut any = false;
+    loop {
+        let available = input.fill_buf()?;
+        if available.is_empty() {
+            return Ok(if any { Line::Read(line) } else { Line::End });
+        }
+        any = true;
+        let (take, done) = match available.iter().position(|b| *b == b'\n') {
+            Some(at) => (at, true),
+            None => (available.len(), false),
+        };
+        if line.len() + take > bound {
+            return Ok(Line::TooLong);
+        }
+        line.extend_from_slice(&available[..take]);
+        input.consume(if done { take + 1 } else { take });
+        if done {
+            // A carriage return is not the payload's; only a longer line is too long.
+            let payload = line.len() - usize::from(line.last() == Some(&b'\r'));
+            return Ok(if payload as u64 > bytes_max { Line::TooLong } else { Line::Read(line) });
+        }
+    }
+}
+
+/// What a failed put of standard input's lines tells its user: how many lines the node
+/// accepted in all (lines 1 to N: putting them again would duplicate them) and which line
+/// was refused, and why.
+fn put_failure(error: crate::ClientError, sent: usize, transaction: bool) -> anyhow::Error {
+    let crate::ClientError::Refused { accepted, message, .. } = &error else {
+        let unknown = matches!(error, crate::ClientError::OutcomeUnknown(_));
+        let tail = if unknown { " (and the last request's messages may or may not have been)" } else { "" };
+        return anyhow::Error::new(error)
+            .context(format!("{sent} messages (lines 1-{sent}) were accepted{tail}"));
+    };
+    let accepted = sent + *accepted as usize;
+    let refused = accepted + 1;
+    let reason = message.strip_prefix(&format!("message {refused}: ")).unwrap_or(message);
+    if transaction {
+        return anyhow::anyhow!(
+            "line {refused} was refused: {reason}; nothing was committed (the transaction is rolled back)"
+        );
+    }
+    let before = match accepted {
+        0 => "no line was put".to_owned(),
+        1 => "line 1 was put".to_owned(),
+        n => format!("lines 1-{n} were put ({n} messages)"),
+    };
+    anyhow::anyhow!("{before}; line {refused} was refused: {reason}; it and the lines after it were not put")
 }
 
 /// Prints the results of `ids`, waiting up to `wait` for the final ones; fails unless every

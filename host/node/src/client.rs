@@ -88,6 +88,22 @@ pub enum ClientError {
     Ended,
 }
 
+/// A refusal of one of the requests a put of many was cut into, as a refusal of the whole
+/// put: the `earlier` contents the requests before it put count as accepted, and the refused
+/// content is numbered among all of them.
+fn counting_earlier(error: ClientError, earlier: usize) -> ClientError {
+    let ClientError::Refused { code, accepted, message } = error else { return error };
+    let earlier = u32::try_from(earlier).unwrap_or(u32::MAX);
+    let total = accepted.saturating_add(earlier);
+    // The node numbers the refused content within its request ("message N: …").
+    let reason = message.strip_prefix(&format!("message {}: ", accepted + 1)).map(str::to_owned);
+    let message = match reason {
+        Some(reason) => format!("message {}: {reason}", total.saturating_add(1)),
+        None => message,
+    };
+    ClientError::Refused { code, accepted: total, message }
+}
+
 /// How long past its put timeout a put's answer may take before the outcome is unknown.
 pub const PUT_ANSWER_MARGIN: Duration = Duration::from_secs(10);
 
@@ -113,8 +129,24 @@ pub struct Client {
     /// The outcomes of puts made with [`Client::put_async`], read and not yet handed out
     /// by [`Client::flush`].
     outcomes: Vec<Result<MessageId, ClientError>>,
+    /// The node's size limits, once asked for (see [`Client::limits`]).
+    limits: Option<NodeLimits>,
     to: To,
 }
+
+/// A node's size limits, for checking a message before sending it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NodeLimits {
+    /// Largest payload the node accepts (`messages.message_bytes_max`).
+    pub message_bytes_max: u64,
+    /// Largest request it reads (a larger one is answered `TooLarge` and dropped unread).
+    pub frame_bytes_max: u64,
+}
+
+/// Payloads up to this size are sent without asking the node's limits: every node takes
+/// requests of this size (its frame limit is at least 1.5 MiB), and answers one whose
+/// payload is over its message limit with a refusal.
+const LIMITS_UNASKED_BYTES: usize = 1 << 20;
 
 /// How a client reaches its node.
 enum To {
@@ -178,6 +210,7 @@ impl Client {
             broken: false,
             unanswered: 0,
             outcomes: Vec::new(),
+            limits: None,
             to,
         }
     }
@@ -336,6 +369,28 @@ impl Client {
         contents: Vec<Content>,
         timeout: Duration,
     ) -> Result<Vec<MessageId>, ClientError> {
+        // A payload the node would refuse is refused here, before the bytes are sent (those
+        // before it are put, as the node would).
+        if matches!(self.to, To::Socket { .. })
+            && contents.iter().any(|c| c.payload.len() > LIMITS_UNASKED_BYTES)
+        {
+            let max = self.limits().await?.message_bytes_max;
+            if let Some(index) = contents.iter().position(|c| c.payload.len() as u64 > max) {
+                let size = contents.get(index).map_or(0, |c| c.payload.len());
+                let mut before = contents;
+                before.truncate(index);
+                let put = Box::pin(self.put_batch_within(before, timeout)).await?;
+                return Err(ClientError::Refused {
+                    code: ErrorCode::TooLarge,
+                    accepted: u32::try_from(put.len()).unwrap_or(u32::MAX),
+                    message: format!(
+                        "message {}: payload of {size} bytes is over the node's messages.message_bytes_max \
+                         {max}; not sent",
+                        index + 1
+                    ),
+                });
+            }
+        }
         // How many go in each request, from the sizes alone: the contents are moved once,
         // into their request (as they came, when one request takes them all).
         let mut counts = Vec::new();
@@ -360,7 +415,10 @@ impl Client {
         let mut contents = contents.into_iter();
         for count in counts {
             let batch = contents.by_ref().take(count).collect();
-            ids.extend(self.put_request(batch, timeout).await?);
+            match self.put_request(batch, timeout).await {
+                Ok(put) => ids.extend(put),
+                Err(e) => return Err(counting_earlier(e, ids.len())),
+            }
         }
         Ok(ids)
     }
@@ -653,6 +711,24 @@ impl Client {
             Response::Status(text) => Ok(text),
             other => Err(ClientError::Protocol(format!("unexpected answer to {what}: {other:?}"))),
         }
+    }
+
+    /// The node's size limits (asked once per connection).
+    ///
+    /// # Errors
+    /// [`ClientError`] when the call fails.
+    pub async fn limits(&mut self) -> Result<NodeLimits, ClientError> {
+        if let Some(limits) = self.limits {
+            return Ok(limits);
+        }
+        let limits = match self.call(Request::Limits).await? {
+            Response::Limits { message_bytes_max, frame_bytes_max } => {
+                NodeLimits { message_bytes_max, frame_bytes_max }
+            }
+            other => return Err(ClientError::Protocol(format!("unexpected answer to limits: {other:?}"))),
+        };
+        self.limits = Some(limits);
+        Ok(limits)
     }
 
     /// The node's status: links, queues, store.

@@ -55,7 +55,7 @@ use tracing::info;
 /// client sent only probes it).
 pub type ByName<K, V> = std::collections::HashMap<K, V, rustc_hash::FxBuildHasher>;
 
-pub use client::{Client, ClientError, Consumer, Delivery};
+pub use client::{Client, ClientError, Consumer, Delivery, NodeLimits};
 pub use config::Config;
 pub use node::{NodeState, StartError};
 

@@ -10,8 +10,8 @@
 //! messages by tag), `Results` (of messages put with results wanted, waiting for the final
 //! ones), `Subscribe` / `Unsubscribe` / `Subscriptions` (event copies to a queue), `Begin` /
 //! `Commit` / `Rollback` (a transaction on the connection), `Status`, and `LinkReset` (accept
-//! a peer's sequence numbers). Responses: `PutOk` (the ids given), `Messages` (with tags when
-//! pending), `Settled`, `Results`, `Status` text, or `Error` with a code, the number of puts
+//! a peer's sequence numbers), `Limits`. Responses: `PutOk` (the ids given), `Messages` (with tags when
+//! pending), `Settled`, `Results`, `Status` text, `Limits`, or `Error` with a code, the number of puts
 //! accepted before the error, and a message. The protocol is not versioned: a client and its
 //! node come from the same build.
 
@@ -43,6 +43,8 @@ const ROLLBACK: u8 = 15;
 const ROUTE_EXPLAIN: u8 = 16;
 const RELOAD: u8 = 17;
 const CONSUME: u8 = 18;
+const LIMITS: u8 = 19;
+const LIMITS_ANSWER: u8 = 106;
 const RESULTS_ANSWER: u8 = 105;
 const SETTLED: u8 = 104;
 const PUT_OK: u8 = 101;
@@ -172,6 +174,9 @@ pub enum Request {
     /// Read the configuration file again and take up its routes (a bad file is refused and
     /// the running configuration stays). Answered with `Status` text.
     Reload,
+    /// The node's size limits, so a client refuses what would be too large before sending
+    /// it. Answered with `Limits`.
+    Limits,
 }
 
 /// What went wrong with a request.
@@ -241,6 +246,13 @@ pub enum Response {
     Results(Vec<Option<MessageResults>>),
     /// `Status` text.
     Status(String),
+    /// The node's size limits.
+    Limits {
+        /// Largest payload the node accepts (`messages.message_bytes_max`).
+        message_bytes_max: u64,
+        /// Largest request frame it reads; a larger one is answered `TooLarge` and dropped.
+        frame_bytes_max: u64,
+    },
     /// The request failed.
     Error {
         /// The cause.
@@ -333,6 +345,7 @@ impl Request {
             Self::LinkReset { peer } => frame(LINK_RESET, out, |out| put_name(out, peer)),
             Self::RouteExplain { destination } => frame(ROUTE_EXPLAIN, out, |out| put_name(out, destination)),
             Self::Reload => frame(RELOAD, out, |_| {}),
+            Self::Limits => frame(LIMITS, out, |_| {}),
         }
     }
 
@@ -394,6 +407,7 @@ impl Request {
             LINK_RESET => Self::LinkReset { peer: r.short_string()? },
             ROUTE_EXPLAIN => Self::RouteExplain { destination: r.short_string()? },
             RELOAD => Self::Reload,
+            LIMITS => Self::Limits,
             other => return Err(ReadError::Invalid { field: "request type", detail: other.to_string() }),
         };
         r.finish()?;
@@ -438,6 +452,10 @@ impl Response {
                 results.iter().for_each(|r| put_results(out, r.as_ref()));
             }),
             Self::Status(text) => frame(STATUS_TEXT, out, |out| out.put_slice(text.as_bytes())),
+            Self::Limits { message_bytes_max, frame_bytes_max } => frame(LIMITS_ANSWER, out, |out| {
+                out.put_u64(*message_bytes_max);
+                out.put_u64(*frame_bytes_max);
+            }),
             Self::Error { code, accepted, message } => frame(ERROR, out, |out| {
                 out.put_u16(*code as u16);
                 out.put_u32(*accepted);
@@ -489,6 +507,7 @@ impl Response {
                 Self::Results(results)
             }
             STATUS_TEXT => Self::Status(String::from_utf8_lossy(&r.rest()).into_owned()),
+            LIMITS_ANSWER => Self::Limits { message_bytes_max: r.u64()?, frame_bytes_max: r.u64()? },
             ERROR => {
                 let code = ErrorCode::from_u16(r.u16()?);
                 let accepted = r.u32()?;

@@ -315,8 +315,16 @@ pub async fn run(
     while connections.join_next().await.is_some() {}
 }
 
+/// The largest request frame a client may send: the largest encoded message and 1 MiB for
+/// the rest of the request.
+fn client_frame_bytes_max(node: &NodeState) -> usize {
+    node.encoded_message_bytes_max().saturating_add(1 << 20)
+}
+
 /// The next request on a client's connection; `None` when the connection or the node
-/// ends (a frame over the limit is answered with an error first).
+/// ends. A frame over the limit is answered with `TooLarge` and read past without being
+/// kept (so the client, which writes it whole before reading, gets the answer rather than
+/// a broken pipe); a frame of length zero ends the connection after an error answer.
 async fn next_request(
     stream: &mut UnixStream,
     buf: &mut BytesMut,
@@ -324,6 +332,20 @@ async fn next_request(
     shutdown: &mut watch::Receiver<bool>,
 ) -> Option<Result<Request, ReadError>> {
     loop {
+        if let Some(len) = oversized(buf, frame_bytes_max) {
+            let message = format!(
+                "request of {len} bytes is over this node's client limit of {frame_bytes_max} bytes \
+                 (messages.message_bytes_max plus the envelope and 1 MiB); not read"
+            );
+            let response = Response::Error { code: ErrorCode::TooLarge, accepted: 0, message };
+            let mut out = BytesMut::new();
+            response.encode(&mut out);
+            if tokio::time::timeout(ANSWER_GRACE, stream.write_all(&out)).await.is_err() {
+                return None;
+            }
+            skip(stream, buf, 4 + len as u64, shutdown).await?;
+            continue;
+        }
         let frame = match split_frame(buf, frame_bytes_max) {
             Ok(frame) => frame,
             Err(reason) => {
@@ -349,7 +371,7 @@ async fn next_request(
 }
 
 async fn serve(node: Arc<NodeState>, mut stream: UnixStream, mut shutdown: watch::Receiver<bool>) {
-    let frame_bytes_max = node.encoded_message_bytes_max().saturating_add(1 << 20);
+    let frame_bytes_max = client_frame_bytes_max(&node);
     let mut buf = BytesMut::with_capacity(64 * 1024);
     // A response's chunks: large payloads are shared into a vectored write, not copied.
     let (mut chunks, mut parts) = (Chunks::default(), Vec::new());
@@ -428,6 +450,38 @@ async fn serve(node: Arc<NodeState>, mut stream: UnixStream, mut shutdown: watch
             return;
         }
     }
+}
+
+/// The declared length of the frame at the head of `buf` when it is over `frame_bytes_max`.
+fn oversized(buf: &BytesMut, frame_bytes_max: usize) -> Option<usize> {
+    let prefix: [u8; 4] = buf.get(..4)?.try_into().ok()?;
+    let len = u32::from_be_bytes(prefix) as usize;
+    (len > frame_bytes_max).then_some(len)
+}
+
+/// Reads past `bytes` bytes of the connection (those in `buf` first) without keeping them;
+/// `None` when the connection or the node ends first.
+async fn skip(
+    stream: &mut UnixStream,
+    buf: &mut BytesMut,
+    bytes: u64,
+    shutdown: &mut watch::Receiver<bool>,
+) -> Option<()> {
+    let held = (buf.len() as u64).min(bytes);
+    bytes::Buf::advance(buf, held as usize);
+    let mut left = bytes - held;
+    let mut sink = vec![0u8; 64 * 1024];
+    while left > 0 {
+        let want = sink.len().min(usize::try_from(left).unwrap_or(usize::MAX));
+        tokio::select! {
+            _ = shutdown.changed() => return None,
+            read = stream.read(&mut sink[..want]) => match read {
+                Ok(0) | Err(_) => return None,
+                Ok(n) => left -= n as u64,
+            },
+        }
+    }
+    Some(())
 }
 
 /// How long after a node began to shut down its answers may take to go into clients'
@@ -596,6 +650,13 @@ async fn handle(
         Request::LinkReset { peer } => (link_reset(node, &peer), None),
         Request::RouteExplain { destination } => (route_explain(node, &destination), None),
         Request::Reload => (reload(node), None),
+        Request::Limits => (
+            Response::Limits {
+                message_bytes_max: node.config.messages.message_bytes_max,
+                frame_bytes_max: client_frame_bytes_max(node) as u64,
+            },
+            None,
+        ),
         other => {
             let settles = matches!(other, Request::Ack { .. } | Request::Backout { .. });
             let response = queue_request(node, other, pending);
