@@ -494,3 +494,37 @@ fn random_kills_of_either_node(soak: &mut Soak, store: &str) {
     assert!(history.is_clean(), "{history:?}");
     drop((a, b));
 }
+
+/// A receiver stopped cleanly records the numbers of the volatile messages it delivered
+/// too: after a restart it expects exactly the next ones, its sender logs no loss (only a
+/// crash forgets them, as above), and nothing comes twice.
+#[test]
+fn a_receiver_stopped_cleanly_restarts_where_it_was() {
+    let s = Scratch::new();
+    let pair = Pair::new(&s, "");
+    let mut b = pair.start_b(&s);
+    let a = pair.start_a(&s);
+    put_lines(&s, "B:q", "p1\n", "--persistent");
+    let volatile: String = (1..=50).map(|n| format!("v{n}\n")).collect();
+    put_lines(&s, "B:q", &volatile, "--volatile");
+    assert_eq!(take_from_b(&s, 51), format!("p1\n{volatile}"));
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !stdout(&s.run(&["status", "--node", "A"])).contains("acked 51,") {
+        assert!(std::time::Instant::now() < deadline, "A never heard B acknowledge all 51");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(b.stop(), "B stops cleanly");
+
+    let mut b = pair.start_b(&s);
+    a.wait_for_log("Link up.", 2, Duration::from_secs(20));
+    put_lines(&s, "B:q", "p2\n", "--persistent");
+    assert_eq!(take_from_b(&s, 1), "p2\n", "the link goes on, nothing comes twice");
+    assert!(!a.log_text().contains("lost the receive numbers"), "{}", a.log_text());
+    assert!(
+        a.log_text().contains("lost_by_peer=0") || !a.log_text().contains("lost_by_peer="),
+        "{}",
+        a.log_text()
+    );
+    b.kill();
+    drop(a);
+}

@@ -80,8 +80,93 @@ fn a_client_subscription_copies_results_to_a_queue_on_another_node_until_it_ends
         (["--kinds", "all", "--to", "C:ops"], "no route to node 'C'"),
         (["--kinds", "all", "--to", "A:EVENT"], "already gets every event"),
         (["--kinds", "all", "--to", "A:nothing"], "queue 'nothing' does not exist on node A"),
+        // On a peer: the peer is asked, and says so.
+        (
+            ["--kinds", "all", "--to", "B:nothing"],
+            "queue 'nothing' does not exist on node B; B:nothing not subscribed",
+        ),
     ] {
         let out = s.run(&[&["events", "subscribe", "--node", "A"][..], &args[..]].concat());
         assert!(!out.status.success() && stderr(&out).contains(error), "{args:?}: {}", stderr(&out));
     }
+}
+
+/// `linkbus events --follow` reads copies: two operators following both see every event,
+/// and the events stay in the queue; `--take` takes them.
+#[test]
+fn followers_each_see_every_event_and_only_take_takes_them() {
+    let s = Scratch::new();
+    let (_a, _b) = s.start_pair("", "queues: [ { name: orders } ]");
+    let follow = || {
+        s.command(&["events", "--node", "B", "--follow"])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap()
+    };
+    let (one, two) = (follow(), follow());
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(s.run(&["put", "--node", "A", "--to", "B:missing", "x"]).status.success());
+    let _ = events_until(&s, "B", "dead_letter");
+    std::thread::sleep(Duration::from_millis(500));
+    let mut outputs = Vec::new();
+    for mut child in [one, two] {
+        let _ = child.kill();
+        let out = child.wait_with_output().unwrap();
+        outputs.push(String::from_utf8_lossy(&out.stdout).into_owned());
+    }
+    for out in &outputs {
+        assert!(
+            out.contains("dead_letter") && out.contains("link_up"),
+            "each follower saw every event:\n{out}"
+        );
+    }
+    let kept = stdout(&s.run(&["events", "--node", "B"]));
+    assert!(kept.contains("dead_letter"), "reading took nothing: {kept}");
+    let taken = stdout(&s.run(&["events", "--node", "B", "--take"]));
+    assert!(taken.contains("dead_letter"), "{taken}");
+    assert_eq!(stdout(&s.run(&["events", "--node", "B"])), "", "taken");
+}
+
+/// A subscription of a queue on a peer made while the link is down cannot be checked: it is
+/// accepted with a note, and the copies the peer cannot queue are counted there (by origin
+/// and queue, in `linkbus status`) and logged, not silently lost.
+#[test]
+fn copies_for_a_missing_queue_on_a_peer_are_counted_there() {
+    let s = Scratch::new();
+    let (a_key, b_key) = (s.keys("A"), s.keys("B"));
+    let port = support::free_port();
+    let a_yaml = format!(
+        "node: {{ name: A, listen: none }}\npeers: [ {{ name: B, address: '127.0.0.1:{port}', public_key: '{b_key}' }} ]\n{}\n",
+        s.security_yaml("A")
+    );
+    let _a = s.start_node("A", &["-c", s.write("a.yaml", &a_yaml).to_str().unwrap()]);
+    // B is not up: the subscription is accepted unconfirmed.
+    let sub =
+        s.run(&["events", "subscribe", "--node", "A", "--kinds", "link_up,link_down", "--to", "B:ghost"]);
+    assert!(sub.status.success(), "{}", stderr(&sub));
+    assert!(
+        stdout(&sub).contains("B:ghost subscribed (not confirmed: the link towards B is down"),
+        "{}",
+        stdout(&sub)
+    );
+    let b_yaml = format!(
+        "node: {{ name: B, listen: '127.0.0.1:{port}' }}\npeers: [ {{ name: A, public_key: '{a_key}' }} ]\n{}\n",
+        s.security_yaml("B")
+    );
+    let b = s.start_node("B", &["-c", s.write("b.yaml", &b_yaml).to_str().unwrap()]);
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let status = stdout(&s.run(&["status", "--node", "B"]));
+        if status.contains("from A to B:ghost:") {
+            assert!(
+                status.contains("last queue_missing (queue 'ghost' does not exist on node B)"),
+                "{status}"
+            );
+            break;
+        }
+        assert!(Instant::now() < deadline, "no count of dropped copies on B:\n{status}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    b.wait_for_log("Event copy dropped.", 1, Duration::from_secs(5));
 }

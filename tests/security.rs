@@ -81,11 +81,13 @@ fn the_dialer_chooses_the_cipher_and_both_logs_name_it() {
     }
 }
 
-/// `linkbus status` of node `name`: its line for link `peer`.
+/// `linkbus status` of node `name`: its lines for link `peer`.
 fn link_status(s: &Scratch, name: &str, peer: &str) -> String {
     let status = stdout(&s.run(&["status", "--node", name]));
-    let line = status.lines().find(|l| l.trim_start().starts_with(&format!("{peer}:")));
-    line.unwrap_or_else(|| panic!("no link {peer} in:\n{status}")).to_owned()
+    let mut lines = status.lines().skip_while(|l| !l.trim_start().starts_with(&format!("{peer}:")));
+    let line = lines.next().unwrap_or_else(|| panic!("no link {peer} in:\n{status}"));
+    // A link that is down has its details on the next line.
+    format!("{line}\n{}", lines.next().unwrap_or_default())
 }
 
 /// Waits (bounded) until `node`'s log has a `WARN` line containing every one of `words`.

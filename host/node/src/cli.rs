@@ -145,6 +145,10 @@ pub struct EventsArgs {
     /// Keep waiting for new events until interrupted.
     #[arg(long)]
     pub follow: bool,
+    /// Take the events (acknowledged once printed) instead of reading copies: they leave
+    /// the queue, so nobody else sees them.
+    #[arg(long)]
+    pub take: bool,
     /// Manage subscriptions instead.
     #[command(subcommand)]
     pub command: Option<EventsCommand>,
@@ -791,8 +795,9 @@ pub async fn queue(command: QueueCommand) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Runs `linkbus events`: each event as `unix-ms kind text`, taken (and acknowledged once
-/// printed) from the node's `EVENT` queue.
+/// Runs `linkbus events`: each event of the node's `EVENT` queue as `unix-ms kind text`,
+/// read as copies (the queue keeps them; `--follow` waits for new ones), or with `--take`
+/// taken and acknowledged once printed.
 ///
 /// # Errors
 /// When the node cannot be reached or output fails.
@@ -814,17 +819,34 @@ pub async fn events(args: EventsArgs) -> anyhow::Result<()> {
     }
     let mut client = args.target.connect().await?;
     let mut out = std::io::stdout().lock();
+    let wait = if args.follow { Duration::from_secs(60) } else { Duration::ZERO };
+    let print = |out: &mut std::io::StdoutLock<'_>, m: &linkbus_plugin_api::Message| -> std::io::Result<()> {
+        let kind = m.content.header(crate::events::EVENT_KIND_HEADER).unwrap_or("event");
+        writeln!(out, "{} {kind} {}", m.id.created_unix_ms, String::from_utf8_lossy(&m.content.payload))
+    };
+    if !args.take {
+        // Copies: every operator following sees every event, and the queue keeps them.
+        let mut after = 0;
+        loop {
+            let events = client.follow(EVENT_QUEUE, after, 1000, wait).await?;
+            if events.is_empty() && !args.follow {
+                return Ok(());
+            }
+            for (key, m) in &events {
+                print(&mut out, m)?;
+                after = *key;
+            }
+            out.flush()?;
+        }
+    }
     loop {
-        let wait = if args.follow { Duration::from_secs(60) } else { Duration::ZERO };
         let events = client.get_pending(EVENT_QUEUE, 1000, wait, u64::MAX).await?;
         if events.is_empty() && !args.follow {
             return Ok(());
         }
         let mut tags = Vec::with_capacity(events.len());
         for e in events {
-            let m = &e.message;
-            let kind = m.content.header(crate::events::EVENT_KIND_HEADER).unwrap_or("event");
-            writeln!(out, "{} {kind} {}", m.id.created_unix_ms, String::from_utf8_lossy(&m.content.payload))?;
+            print(&mut out, &e.message)?;
             tags.push(e.tag);
         }
         out.flush()?;

@@ -549,6 +549,27 @@ impl Client {
         }
     }
 
+    /// Copies of up to `count_max` messages that came into `queue` after the one with key
+    /// `after` (0: from the first), without taking them, oldest first, each with its key
+    /// (the next call's `after`); waits up to `wait` for the first. Several clients can
+    /// follow one queue, each seeing every message.
+    ///
+    /// # Errors
+    /// [`ClientError::Refused`] when the queue does not exist.
+    pub async fn follow(
+        &mut self,
+        queue: &str,
+        after: u64,
+        count_max: u32,
+        wait: Duration,
+    ) -> Result<Vec<(u64, Message)>, ClientError> {
+        let request = Request::Follow { queue: queue.to_owned(), after, count_max, wait_ms: wait_ms(wait) };
+        match self.call(request).await? {
+            Response::Messages { messages, tags } => Ok(tags.into_iter().zip(messages).collect()),
+            other => Err(ClientError::Protocol(format!("unexpected answer to follow: {other:?}"))),
+        }
+    }
+
     /// A table of the node's queues (`name` empty), or one queue's details: depth per
     /// priority, pending messages, age of the oldest.
     ///

@@ -12,9 +12,9 @@
 use std::fmt;
 use std::ops::Bound;
 use std::str::FromStr;
-use std::sync::RwLock;
+use std::sync::{Mutex, RwLock};
 
-use linkbus_plugin_api::{Address, Batch, Store, StoreError};
+use linkbus_plugin_api::{Address, Batch, NodeName, Store, StoreError};
 
 /// Header naming an event message's kind.
 pub const EVENT_KIND_HEADER: &str = "linkbus.event";
@@ -120,6 +120,84 @@ pub struct Subscription {
     pub to: Address,
     /// Made by a client (kept in the store), not declared in the configuration.
     pub from_client: bool,
+}
+
+/// Distinct (origin, queue) pairs whose dropped event copies are counted one by one; the
+/// rest are counted together.
+const DROPPED_PAIRS_MAX: usize = 256;
+
+/// Event copies that were dropped (no such queue, no room, no way there), counted per node
+/// that raised them and queue they were for, with the last reason: shown by `linkbus
+/// status` (and, for this node's own subscriptions, `linkbus events ls`).
+#[derive(Debug, Default)]
+pub struct DroppedCopies {
+    /// Every copy dropped, whether or not its pair is known.
+    total: std::sync::atomic::AtomicU64,
+    pairs: Mutex<Vec<Dropped>>,
+}
+
+/// Copies of one origin's events for one queue that were dropped.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Dropped {
+    /// The node that raised the events; `None` for the pairs beyond the counted ones.
+    pub origin: Option<NodeName>,
+    /// The queue they were for (`None` likewise).
+    pub to: Option<Address>,
+    /// How many.
+    pub count: u64,
+    /// The last one's dead-letter code and reason.
+    pub last: (String, String),
+}
+
+impl DroppedCopies {
+    /// Counts a dropped copy (in the total only; see [`DroppedCopies::count`]).
+    pub fn count_one(&self) {
+        self.total.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Every copy dropped.
+    pub fn total(&self) -> u64 {
+        self.total.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Counts a dropped copy of `origin`'s events for `to`.
+    pub fn count(&self, origin: &NodeName, to: &Address, code: &str, reason: &str) {
+        let mut pairs = self.pairs.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let known = pairs.iter().position(|d| d.origin.as_ref() == Some(origin) && d.to.as_ref() == Some(to));
+        let index = match known {
+            Some(i) => i,
+            None if pairs.len() < DROPPED_PAIRS_MAX => {
+                let (origin, to) = (Some(origin.clone()), Some(to.clone()));
+                pairs.push(Dropped { origin, to, count: 0, last: Default::default() });
+                pairs.len() - 1
+            }
+            None => match pairs.iter().position(|d| d.origin.is_none()) {
+                Some(i) => i,
+                None => {
+                    pairs.push(Dropped { origin: None, to: None, count: 0, last: Default::default() });
+                    pairs.len() - 1
+                }
+            },
+        };
+        if let Some(d) = pairs.get_mut(index) {
+            d.count += 1;
+            d.last = (code.to_owned(), reason.to_owned());
+        }
+    }
+
+    /// Every count, in the order first seen.
+    pub fn all(&self) -> Vec<Dropped> {
+        self.pairs.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+    }
+
+    /// The count of `origin`'s copies for `to`.
+    pub fn of(&self, origin: &NodeName, to: &Address) -> u64 {
+        let pairs = self.pairs.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        pairs
+            .iter()
+            .find(|d| d.origin.as_ref() == Some(origin) && d.to.as_ref() == Some(to))
+            .map_or(0, |d| d.count)
+    }
 }
 
 /// The subscriptions in force: those of the configuration, then those clients made, which

@@ -325,7 +325,8 @@ pub struct NodeState {
     /// room.
     room: Arc<tokio::sync::Notify>,
     /// Event copies dropped because their queue or link had no room.
-    pub events_dropped: AtomicU64,
+    /// (In all, and per node that raised them and queue they were for.)
+    pub events_dropped: crate::events::DroppedCopies,
     /// The results of this node's messages that asked for them.
     pub results: ResultBook,
     /// Result messages to other nodes dropped because their way had no room.
@@ -503,7 +504,7 @@ impl NodeState {
             security,
             next_sequence,
             room,
-            events_dropped: AtomicU64::new(0),
+            events_dropped: crate::events::DroppedCopies::default(),
             results,
             results_dropped: AtomicU64::new(0),
             subscriptions,
@@ -1448,6 +1449,9 @@ impl NodeState {
             return Ok(());
         }
         let targets = self.delivery_targets(&message);
+        if is_probe(&message) && !targets.is_empty() {
+            return self.answer_probe(&message, &targets, with);
+        }
         let forwards = self.forward_targets(&message);
         // An event message that cannot be stored is dropped: events never hold a link up.
         let event = message.content.kind == linkbus_plugin_api::Kind::Event;
@@ -1496,9 +1500,8 @@ impl NodeState {
                         Outcome::Delivered,
                     ));
                 }
-                Err((_, reason, _)) if event => {
-                    self.events_dropped.fetch_add(1, Ordering::Relaxed);
-                    tracing::debug!(id = %id, reason, "Event message dropped.");
+                Err((code, reason, failed)) if event => {
+                    self.event_copy_dropped(&id.source, &failed, code, &reason);
                     self.committer.write(with_this);
                 }
                 Err((code, reason, failed)) => {
@@ -1622,17 +1625,87 @@ impl NodeState {
             content.recipients.iter().cloned().chain(subscribers).collect();
         for to in targets {
             let mut copy = content.clone();
-            copy.recipients = smallvec::smallvec![to];
+            copy.recipients = smallvec::smallvec![to.clone()];
             // The node's own message: system priority allowed, only its fields checked.
             if copy.validate().is_err() {
-                self.events_dropped.fetch_add(1, Ordering::Relaxed);
+                self.events_dropped.count_one();
                 continue;
             }
             let message = self.stamp(copy, crate::clock::unix_ms());
-            if let Err((_, reason)) = self.dispatch_own(message, now) {
-                self.events_dropped.fetch_add(1, Ordering::Relaxed);
+            if let Err((code, reason)) = self.dispatch_own(message, now) {
+                self.events_dropped.count_one();
+                let code = if code == ErrorCode::NoRoute { "no_route" } else { "not_sent" };
+                self.events_dropped.count(self.name(), &to, code, &reason);
                 tracing::debug!(kind = %event.kind, reason, "Event copy dropped.");
             }
+        }
+    }
+
+    /// Counts (per origin and queue, for `linkbus status`) and logs, aggregated, an event
+    /// copy that could not be stored here or sent on: events never hold a link up, so it is
+    /// dropped, but never silently.
+    fn event_copy_dropped(&self, origin: &NodeName, failed: &[Address], code: DeadLetterCode, reason: &str) {
+        self.events_dropped.count_one();
+        for to in failed {
+            self.events_dropped.count(origin, to, code.as_str(), reason);
+        }
+        if self.warnings.admit(crate::warnings::reason::EVENT_COPY_DROPPED) {
+            warn!(from = %origin, code = code.as_str(), reason, "Event copy dropped.");
+        }
+    }
+
+    /// Answers a probe (see [`NodeState::probe_queue`]) for its recipients here: each as
+    /// delivered when its queue could take a message, or failed with why; nothing is queued.
+    fn answer_probe(
+        &self,
+        message: &Message,
+        targets: &[Result<&Arc<LocalQueue>, Failed>],
+        with: Batch,
+    ) -> Result<(), QueueError> {
+        let mut outcomes = Vec::new();
+        for target in targets {
+            match target {
+                Ok(queue) => outcomes.push((
+                    Address::new(self.name().clone(), queue.config().name.clone()),
+                    Outcome::Delivered,
+                )),
+                Err((code, reason, failed)) => {
+                    outcomes
+                        .extend(failed.iter().map(|to| (to.clone(), Outcome::failed(code.as_str(), reason))));
+                }
+            }
+        }
+        let result_to = ResultTo::of(message).filter(|to| &to.id.source != self.name());
+        self.report(result_to.as_ref(), outcomes);
+        self.committer.write(with);
+        Ok(())
+    }
+
+    /// Asks the node of queue `to` (another node) whether it has the queue: a probe message
+    /// goes there like any message and is answered by a result, without queueing anything.
+    /// Waits up to `wait` for the answer.
+    pub async fn probe_queue(&self, to: &Address, wait: std::time::Duration) -> Probe {
+        let mut content = Content::buf(to.clone(), bytes::Bytes::new())
+            .with_results()
+            .with_reliability(Reliability::Volatile)
+            .with_lifetime(Lifetime::from_ms(u64::try_from(wait.as_millis()).unwrap_or(u64::MAX).max(1)));
+        content.kind = linkbus_plugin_api::Kind::Event;
+        content.name = PROBE_NAME.to_owned();
+        let sequences = match self.put_waiting(vec![content], std::time::Duration::ZERO).await {
+            Ok((sequences, _)) => sequences,
+            Err(e) => return Probe::Unknown(e.message),
+        };
+        let deadline = tokio::time::Instant::now() + wait;
+        let results = self.results.wait(&sequences, deadline).await;
+        let outcome =
+            results.into_iter().flatten().flat_map(|r| r.recipients).find_map(|(_, outcome)| outcome);
+        match outcome {
+            Some(Outcome::Delivered) => Probe::Exists,
+            Some(Outcome::Failed { code, reason }) if code == DeadLetterCode::QueueMissing.as_str() => {
+                Probe::Missing(reason)
+            }
+            Some(other) => Probe::Unknown(format!("{to}: {other}")),
+            None => Probe::Unknown(format!("node {} did not answer within {} s", to.node, wait.as_secs())),
         }
     }
 
@@ -1776,6 +1849,28 @@ pub const ACK_BEFORE_SYNC_ENV: &str = "LINKBUS_TEST_ACK_BEFORE_SYNC";
 fn ack_before_sync() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| cfg!(debug_assertions) && std::env::var_os(ACK_BEFORE_SYNC_ENV).is_some())
+}
+
+/// The name of a probe message: an event asking a queue's node whether it has the queue.
+pub const PROBE_NAME: &str = "linkbus.probe";
+
+/// What a probe of a queue on another node found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Probe {
+    /// The queue's node has it.
+    Exists,
+    /// The queue's node does not have it; its reason.
+    Missing(String),
+    /// No clear answer (the node did not answer in time, or the probe could not go).
+    Unknown(String),
+}
+
+/// Whether `message` is a probe ([`NodeState::probe_queue`]).
+fn is_probe(message: &Message) -> bool {
+    message.content.kind == linkbus_plugin_api::Kind::Event
+        && message.content.name == PROBE_NAME
+        && message.content.results
+        && message.content.payload.is_empty()
 }
 
 /// Whether `message` is a result message from another node (only nodes send the system

@@ -311,6 +311,43 @@ impl LocalQueue {
         out
     }
 
+    /// Like [`LocalQueue::browse`], but only messages that came in after the one with
+    /// queue key `after` (0: from the first), oldest first, each with its key: a cursor
+    /// for following a queue without taking from it.
+    pub fn browse_after(
+        &self,
+        after: u64,
+        count_max: usize,
+        bytes_max: usize,
+        now: Instant,
+    ) -> Vec<(u64, Message)> {
+        let levels = self.lock();
+        let mut newer: Vec<&Entry> = levels.levels.iter().flatten().filter(|e| e.key > after).collect();
+        newer.sort_unstable_by_key(|e| e.key);
+        let mut out = Vec::new();
+        let mut bytes = 0usize;
+        for e in newer {
+            let elapsed = now.saturating_duration_since(e.enqueued_at).as_millis() as u64;
+            let Some(left) = e.message.content.lifetime.unwrap_or(Lifetime::UNLIMITED).after(elapsed) else {
+                continue;
+            };
+            let size = linkbus_proto::wire::encoded_len(&e.message);
+            if out.len() >= count_max || (!out.is_empty() && bytes + size > bytes_max) {
+                break;
+            }
+            bytes += size;
+            let mut message = e.message.clone();
+            message.content.lifetime = Some(left);
+            out.push((e.key, message));
+        }
+        out
+    }
+
+    /// A wakeup for the next push; enable it before looking, so none is missed between.
+    pub fn pushed(&self) -> tokio::sync::futures::Notified<'_> {
+        self.notify.notified()
+    }
+
     /// Depth per level, pending count and the age of the oldest waiting message.
     pub fn stats(&self, now: Instant) -> QueueStats {
         let levels = self.lock();

@@ -27,6 +27,8 @@ pub(crate) mod reason {
     pub(crate) const EXPIRED: &str = "message expired on a link";
     /// A client connection could not be accepted.
     pub(crate) const CLIENT_ACCEPT_FAILED: &str = "client accept failed";
+    /// An event copy that could not be stored or sent on was dropped.
+    pub(crate) const EVENT_COPY_DROPPED: &str = "event copy dropped";
     /// A link's connection closed with an error.
     pub(crate) const LINK_CLOSED: &str = "link closed with an error";
 }

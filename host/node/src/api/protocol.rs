@@ -5,7 +5,8 @@
 //!
 //! Every frame is a 4-byte big-endian length, a 1-byte type and a body. Requests: `Put`
 //! (a batch of contents, accepted in order), `Get` (wait up to a time for messages from a
-//! queue, acknowledged at once or handed out pending), `Consume` (a standing `Get`: each
+//! queue, acknowledged at once or handed out pending), `Follow` (copies of what came into a
+//! queue after a key, without taking it), `Consume` (a standing `Get`: each
 //! batch pushed as it comes, acknowledged at once), `Ack` / `Backout` (settle pending
 //! messages by tag), `Results` (of messages put with results wanted, waiting for the final
 //! ones), `Subscribe` / `Unsubscribe` / `Subscriptions` (event copies to a queue), `Begin` /
@@ -44,6 +45,7 @@ const ROUTE_EXPLAIN: u8 = 16;
 const RELOAD: u8 = 17;
 const CONSUME: u8 = 18;
 const LIMITS: u8 = 19;
+const FOLLOW: u8 = 20;
 const LIMITS_ANSWER: u8 = 106;
 const RESULTS_ANSWER: u8 = 105;
 const SETTLED: u8 = 104;
@@ -104,6 +106,19 @@ pub enum Request {
         queue: String,
         /// Most messages.
         count_max: u32,
+    },
+    /// Copies of the messages that came into a queue after the one with key `after` (0:
+    /// all), without taking them, waiting up to `wait_ms` for the first; answered with
+    /// `Messages` whose tags are the messages' keys (the next `after`).
+    Follow {
+        /// The queue.
+        queue: String,
+        /// Key of the last message seen.
+        after: u64,
+        /// Most messages.
+        count_max: u32,
+        /// How long to wait for one.
+        wait_ms: u64,
     },
     /// Acknowledge pending messages handed out on this connection.
     Ack {
@@ -326,6 +341,12 @@ impl Request {
                 put_name(out, queue);
                 out.put_u32(*count_max);
             }),
+            Self::Follow { queue, after, count_max, wait_ms } => frame(FOLLOW, out, |out| {
+                put_name(out, queue);
+                out.put_u64(*after);
+                out.put_u32(*count_max);
+                out.put_u64(*wait_ms);
+            }),
             Self::Backout { queue, tags } => frame(BACKOUT, out, |out| put_tags(out, queue, tags)),
             Self::Results { source, sequences, wait_ms } => frame(RESULTS, out, |out| {
                 put_tags(out, source, sequences);
@@ -380,6 +401,12 @@ impl Request {
             CONSUME => Self::Consume { queue: r.short_string()?, count_max: r.u32()?, bytes_max: r.u64()? },
             QUEUES => Self::Queues { name: r.short_string()? },
             BROWSE => Self::Browse { queue: r.short_string()?, count_max: r.u32()? },
+            FOLLOW => Self::Follow {
+                queue: r.short_string()?,
+                after: r.u64()?,
+                count_max: r.u32()?,
+                wait_ms: r.u64()?,
+            },
             ACK => {
                 let (queue, tags) = read_tags(&mut r)?;
                 Self::Ack { queue, tags }
@@ -670,7 +697,7 @@ mod tests {
     }
 
     #[test]
-    fn requests_and_responses_round_trip() {
+    fn requests_round_trip() {
         round_trip_request(Request::Put {
             contents: vec![Content::buf("B:q".parse().unwrap(), "x"); 3],
             timeout_ms: 7,
@@ -692,6 +719,12 @@ mod tests {
         round_trip_request(Request::Backout { queue: "orders".into(), tags: vec![] });
         round_trip_request(Request::Queues { name: String::new() });
         round_trip_request(Request::Browse { queue: "DLQ".into(), count_max: 10 });
+        round_trip_request(Request::Follow {
+            queue: "EVENT".into(),
+            after: 7,
+            count_max: 10,
+            wait_ms: 60_000,
+        });
         round_trip_request(Request::Subscribe {
             to: "B:ops".into(),
             kinds: vec!["result".into(), "link_up".into()],
@@ -702,6 +735,11 @@ mod tests {
         round_trip_request(Request::Commit { timeout_ms: 12 });
         round_trip_request(Request::Rollback);
         round_trip_request(Request::Results { source: "A".into(), sequences: vec![1, u64::MAX], wait_ms: 3 });
+        round_trip_request(Request::Limits);
+    }
+
+    #[test]
+    fn responses_round_trip() {
         let message = Message {
             id: linkbus_plugin_api::MessageId {
                 source: NodeName::new("A").unwrap(),
@@ -717,6 +755,7 @@ mod tests {
             Response::Error { code: ErrorCode::NoRoute, accepted: 2, message: "no route".into() },
             Response::Messages { messages: vec![message], tags: vec![77] },
             Response::Settled(3),
+            Response::Limits { message_bytes_max: 4 << 20, frame_bytes_max: 5 << 20 },
             Response::Results(vec![
                 None,
                 Some(MessageResults {

@@ -110,6 +110,43 @@ pub(super) fn queue_request(
     }
 }
 
+/// Copies of what came into `queue` after key `after`, without taking it; waits up to
+/// `wait_ms` for the first. The answer's tags are the messages' keys.
+pub(super) async fn follow(
+    node: &NodeState,
+    queue: &str,
+    after: u64,
+    count_max: u32,
+    wait_ms: u64,
+) -> Response {
+    let Some(q) = node.queues.get(queue).cloned() else {
+        let message = format!("queue '{queue}' does not exist on node {}", node.name());
+        return Response::Error { code: ErrorCode::UnknownQueue, accepted: 0, message };
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(wait_ms.min(GET_WAIT_MS_MAX));
+    let stopping = node.until_stopping();
+    tokio::pin!(stopping);
+    loop {
+        let pushed = q.pushed();
+        tokio::pin!(pushed);
+        pushed.as_mut().enable();
+        let found = q.browse_after(
+            after,
+            count_max.clamp(1, GET_MESSAGES_MAX) as usize,
+            GET_BYTES_MAX,
+            Instant::now(),
+        );
+        if !found.is_empty() || tokio::time::Instant::now() >= deadline {
+            let (tags, messages) = found.into_iter().unzip();
+            return Response::Messages { messages, tags };
+        }
+        tokio::select! {
+            _ = tokio::time::timeout_at(deadline, pushed) => {}
+            () = &mut stopping => return refused(ErrorCode::Internal, node.shutting_down()),
+        }
+    }
+}
+
 /// Takes what `limits` allow from `q`, waiting up to `wait_ms` for the first message; a
 /// node that shuts down ends the wait with an error.
 pub(super) async fn get(node: &NodeState, q: &LocalQueue, limits: PopLimits, wait_ms: u64) -> Response {

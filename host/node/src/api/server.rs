@@ -643,7 +643,10 @@ async fn handle(
         Request::Results { source, sequences, wait_ms } => {
             (results(node, &source, &sequences, wait_ms).await, None)
         }
-        Request::Subscribe { to, kinds } => (subscribe(node, &to, &kinds), None),
+        Request::Subscribe { to, kinds } => (subscribe(node, &to, &kinds).await, None),
+        Request::Follow { queue, after, count_max, wait_ms } => {
+            (super::queues::follow(node, &queue, after, count_max, wait_ms).await, None)
+        }
         Request::Unsubscribe { to } => (unsubscribe(node, &to), None),
         Request::Subscriptions => (Response::Status(subscriptions(node)), None),
         Request::Status => (Response::Status(status(node)), None),
@@ -726,7 +729,7 @@ pub(super) fn refused(code: ErrorCode, message: String) -> Response {
     Response::Error { code, accepted: 0, message }
 }
 
-fn subscribe(node: &NodeState, to: &str, kinds: &[String]) -> Response {
+async fn subscribe(node: &NodeState, to: &str, kinds: &[String]) -> Response {
     let to: Address = match to.parse() {
         Ok(to) => to,
         Err(e) => return refused(ErrorCode::Invalid, format!("'{to}': {e}")),
@@ -741,11 +744,40 @@ fn subscribe(node: &NodeState, to: &str, kinds: &[String]) -> Response {
             },
         }
     }
+    // A queue on another node: ask that node whether it has it (when it can answer now).
+    let mut note = String::new();
+    let link_up = node.link_towards(&to.node).map(|l| l.up.load(Ordering::Relaxed));
+    if &to.node != node.name() && !parsed.is_empty() && link_up == Ok(false) {
+        note = format!(
+            " (not confirmed: the link towards {} is down; copies that cannot be handed over are counted \
+             in `linkbus events ls` here and in `linkbus status` on {})",
+            to.node, to.node
+        );
+    }
+    if &to.node != node.name() && !parsed.is_empty() && link_up == Ok(true) {
+        match node.probe_queue(&to, SUBSCRIBE_PROBE_WAIT).await {
+            crate::node::Probe::Exists => {}
+            crate::node::Probe::Missing(reason) => {
+                return refused(ErrorCode::UnknownQueue, format!("{reason}; {to} not subscribed"));
+            }
+            crate::node::Probe::Unknown(why) => {
+                note = format!(
+                    " (not confirmed: {why}; copies that cannot be handed over are counted in `linkbus \
+                     events ls` here and in `linkbus status` on {})",
+                    to.node
+                );
+            }
+        }
+    }
     match node.subscribe(&to, &parsed) {
-        Ok(()) => Response::Status(format!("{to} subscribed\n")),
+        Ok(()) => Response::Status(format!("{to} subscribed{note}\n")),
         Err((code, message)) => refused(code, message),
     }
 }
+
+/// How long a subscription of a queue on another node waits for that node to say whether
+/// it has the queue.
+const SUBSCRIBE_PROBE_WAIT: Duration = Duration::from_secs(5);
 
 fn unsubscribe(node: &NodeState, to: &str) -> Response {
     let to: Address = match to.parse() {
@@ -765,7 +797,9 @@ fn subscriptions(node: &NodeState) -> String {
     for sub in node.subscriptions.all() {
         let kinds: Vec<&str> = sub.kinds.iter().map(|k| k.as_str()).collect();
         let from = if sub.from_client { "client" } else { "configuration" };
-        let _ = writeln!(s, "{}  {}  ({from})", sub.to, kinds.join(","));
+        let dropped = node.events_dropped.of(node.name(), &sub.to);
+        let dropped = if dropped > 0 { format!("  {dropped} copies dropped here") } else { String::new() };
+        let _ = writeln!(s, "{}  {}  ({from}){dropped}", sub.to, kinds.join(","));
     }
     s
 }
@@ -778,6 +812,9 @@ fn down(health: &crate::link::Health) -> String {
         Some(since) => format!("down for {}", ago(since)),
         None => "down".to_owned(),
     };
+    if health.last_error.is_none() {
+        text.push_str(" (no error: waiting for the peer to connect, or for a message to send)");
+    }
     if let Some(e) = &health.last_error {
         let times = if e.count > 1 {
             format!(", {} times since {} ago", e.count, ago(e.first_ms))
@@ -810,7 +847,7 @@ fn status(node: &NodeState) -> String {
         let state = match l.stopped() {
             Some(reason) => format!("STOPPED ({reason}; run `linkbus link reset {}`)", l.peer.name),
             None if l.up.load(Ordering::Relaxed) => "up".to_owned(),
-            None => down(&l.health()),
+            None => "down".to_owned(),
         };
         let stats = l.stats.lock().map(|s| *s).unwrap_or_default();
         let _ = writeln!(
@@ -829,8 +866,18 @@ fn status(node: &NodeState) -> String {
             stats.resumed_bytes,
             stats.expired_on_the_way,
         );
+        if l.stopped().is_none() && !l.up.load(Ordering::Relaxed) {
+            let _ = writeln!(s, "    {}", down(&l.health()));
+        }
     }
-    let _ = writeln!(s, "events dropped (no room): {}", node.events_dropped.load(Ordering::Relaxed));
+    let _ = writeln!(s, "events dropped: {}", node.events_dropped.total());
+    for d in node.events_dropped.all() {
+        let (origin, to) = match (&d.origin, &d.to) {
+            (Some(origin), Some(to)) => (origin.to_string(), to.to_string()),
+            _ => ("other nodes".to_owned(), "other queues".to_owned()),
+        };
+        let _ = writeln!(s, "  from {origin} to {to}: {}, last {} ({})", d.count, d.last.0, d.last.1);
+    }
     let _ = writeln!(
         s,
         "results: {} messages waiting for theirs; result messages dropped (no room): {}",

@@ -178,6 +178,10 @@ struct Link {
     /// Per channel, where the heads of the messages handed to the session are written
     /// (acknowledgements come in order within a channel, so a buffer's heads go together).
     heads: [Heads; CHANNELS],
+    /// Per channel, the last number delivered here under the peer's current incarnation:
+    /// recorded at a clean stop, so a restart does not take volatile messages' numbers for
+    /// a loss (only a crash forgets them).
+    delivered_through: [Option<u64>; CHANNELS],
 }
 
 fn session_config(node: &NodeState, handle: &LinkHandle) -> SessionConfig {
@@ -275,6 +279,7 @@ pub async fn run(node: Arc<NodeState>, handle: Arc<LinkHandle>, mut shutdown: wa
         sent,
         acked_recorded,
         unsynced: false,
+        delivered_through: [None; CHANNELS],
         heads: Default::default(),
         next_dial: handle.peer.address.as_ref().map(|_| tokio::time::Instant::now()),
         backoff: Backoff::new(links.reconnect_backoff_min_ms, links.reconnect_backoff_max_ms),
@@ -786,6 +791,10 @@ impl Link {
     /// The handshake completed: the records follow its numbers, and the link is up (logged,
     /// and raised as an event).
     fn established(&mut self, peer_restarted: bool, resent: usize, resumed_bytes: u64, lost_by_peer: u64) {
+        if peer_restarted {
+            // Its numbers start again: those delivered under its old incarnation mean nothing.
+            self.delivered_through = [None; CHANNELS];
+        }
         // The records of a renumbering go to the store as one batch.
         let node = self.node.clone();
         let hold = node.committer.hold();
@@ -799,8 +808,8 @@ impl Link {
             warn!(
                 peer = self.peer(),
                 lost_by_peer,
-                "The peer lost the receive numbers of volatile messages it had acknowledged (its machine \
-                 crashed?); they go again as skips."
+                "The peer lost the receive numbers of volatile messages it had acknowledged (it crashed, \
+                 or its data was restored); they go again as skips."
             );
         }
         let renegotiations = self.session.stats().renegotiations;
@@ -1056,6 +1065,9 @@ impl Link {
                 .fail(format!("store sync failed before acknowledging messages from {}: {e}", self.peer()));
             return false;
         }
+        for (seen, through) in self.delivered_through.iter_mut().zip(delivered) {
+            *seen = through.or(*seen);
+        }
         for (channel, through) in delivered.into_iter().enumerate() {
             if let Some(through) = through.filter(|_| !hold_acks_for_tests()) {
                 self.session.handle_delivered(channel as u8, through, now);
@@ -1219,6 +1231,9 @@ impl Link {
         // was delivered here (it would arrive twice after a restart).
         self.session.flush_acks();
         self.write_transmit();
+        // Every number delivered here is recorded (the node syncs the store last), the
+        // volatile messages' too: a clean restart expects exactly the next ones.
+        self.recorded.batch_delivered(&self.node, &self.delivered_through);
         if let Some(mut active) = self.active.take() {
             let mut out = BytesMut::new();
             Frame::Close { code: CloseCode::Shutdown as u16, reason: "node shutting down".into() }
