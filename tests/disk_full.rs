@@ -1,7 +1,10 @@
-//! A full disk (a small tmpfs, mounted by the test when it runs as root): persistent puts
-//! fail with an error naming the cause, nothing unsynced is acknowledged, the node stops with
-//! an error exit, and once there is room again it restarts with exactly the messages it
-//! acknowledged. Skipped, saying so, where it cannot mount.
+//! A disk running out of room (a small tmpfs, mounted by the test when it runs as root).
+//! Below `node.data_free_bytes_min` the node stays up: persistent puts are refused with the
+//! reason, volatile traffic and the client API go on, a link takes no persistent message
+//! from its peer (which keeps it), and everything resumes by itself once there is room.
+//! With the check off, a write that fails on a full disk still stops the node, and after a
+//! restart with room exactly the acknowledged messages are there. Skipped, saying so, where
+//! it cannot mount.
 
 mod support;
 
@@ -37,19 +40,10 @@ impl Drop for Tmpfs {
     }
 }
 
-#[test]
-fn a_full_disk_refuses_persistent_puts_and_loses_nothing_acknowledged() {
-    let s = Scratch::new();
-    let Some(disk) = Tmpfs::mount(&s.path().join("disk"), "4m") else {
-        eprintln!("SKIPPED: cannot mount a tmpfs here (the test needs root)");
-        return;
-    };
-    let data = disk.0.join("A");
-    let args = ["--name", "A", "--listen", "none", "--queue", "q:fifo", "--data-dir", data.to_str().unwrap()];
-    let mut a = s.start_node("A", &args);
-    // Random text, so the store cannot compress it away: 64 KiB per message.
+/// Random text, so the store cannot compress it away: 64 KiB per message.
+fn payloads() -> impl FnMut() -> String {
     let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
-    let mut payload = || -> String {
+    move || {
         (0..65_536)
             .map(|_| {
                 seed ^= seed << 13;
@@ -58,7 +52,27 @@ fn a_full_disk_refuses_persistent_puts_and_loses_nothing_acknowledged() {
                 char::from(b'a' + (seed % 26) as u8)
             })
             .collect()
+    }
+}
+
+#[test]
+fn with_the_check_off_a_full_disk_stops_the_node_and_loses_nothing_acknowledged() {
+    let s = Scratch::new();
+    let Some(disk) = Tmpfs::mount(&s.path().join("disk"), "4m") else {
+        eprintln!("SKIPPED: cannot mount a tmpfs here (the test needs root)");
+        return;
     };
+    let data = disk.0.join("A");
+    // The check is off: the store itself meets the full disk.
+    let yaml = format!(
+        "node: {{ name: A, listen: none, data_dir: '{}', data_free_bytes_min: 0 }}\nqueues: [ {{ name: q, order: fifo }} ]\n",
+        data.display()
+    );
+    let config = s.write("a.yaml", &yaml);
+    let args = ["-c", config.to_str().unwrap()];
+    let mut a = s.start_node("A", &args);
+    // Random text, so the store cannot compress it away: 64 KiB per message.
+    let mut payload = payloads();
     let (mut acknowledged, mut refusal) = (Vec::new(), None);
     for _ in 0..300 {
         let text = payload();
@@ -89,4 +103,101 @@ fn a_full_disk_refuses_persistent_puts_and_loses_nothing_acknowledged() {
     assert!(got.len() >= acknowledged.len(), "lost: {} acknowledged, {} back", acknowledged.len(), got.len());
     assert_eq!(got[..acknowledged.len()], acknowledged[..], "in order, intact");
     assert!(got.len() <= acknowledged.len() + 1, "at most the refused one besides (its outcome was unknown)");
+}
+
+/// Puts 64 KiB persistent messages to `to` through `node` until one is refused; returns
+/// those accepted and the refusal.
+fn fill(s: &Scratch, node: &str, to: &str, payload: &mut impl FnMut() -> String) -> (Vec<String>, String) {
+    let mut acknowledged = Vec::new();
+    for _ in 0..400 {
+        let text = payload();
+        let put = s.run(&["put", "--node", node, "--to", to, "--persistent", "--timeout", "0s", &text]);
+        if !put.status.success() {
+            return (acknowledged, stderr(&put));
+        }
+        acknowledged.push(text);
+    }
+    panic!("400 messages of 64 KiB fit")
+}
+
+#[test]
+fn a_disk_short_of_room_refuses_persistent_puts_keeps_volatile_traffic_and_resumes() {
+    let s = Scratch::new();
+    let Some(disk) = Tmpfs::mount(&s.path().join("disk"), "24m") else {
+        eprintln!("SKIPPED: cannot mount a tmpfs here (the test needs root)");
+        return;
+    };
+    let yaml = format!(
+        "node: {{ name: A, listen: none, data_dir: '{}', data_free_bytes_min: 12582912 }}\n\
+         queues: [ {{ name: q, order: fifo }} ]\n",
+        disk.0.join("A").display()
+    );
+    let a = s.start_node("A", &["-c", s.write("a.yaml", &yaml).to_str().unwrap()]);
+    let mut payload = payloads();
+    let (acknowledged, refusal) = fill(&s, "A", "A:q", &mut payload);
+    assert!(!acknowledged.is_empty());
+    assert!(
+        refusal.contains("the disk is nearly full") && refusal.contains("node.data_free_bytes_min"),
+        "{refusal}"
+    );
+    // The node is up: status says why, volatile messages go on.
+    let status = stdout(&s.run(&["status", "--node", "A"]));
+    assert!(status.contains("disk: SHORT: the disk is nearly full"), "{status}");
+    let volatile = s.run(&["put", "--node", "A", "--to", "A:q", "--volatile", "light"]);
+    assert!(volatile.status.success(), "{}", stderr(&volatile));
+
+    // Room again: persistent puts are taken, without a restart.
+    assert!(disk.resize("64m"), "remount with room");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let late = payload();
+    while !s.run(&["put", "--node", "A", "--to", "A:q", "--persistent", &late]).status.success() {
+        assert!(std::time::Instant::now() < deadline, "persistent puts resume");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let get =
+        s.run(&["get", "--node", "A", "q", "--count", "1000", "--wait", "1s", "--max-bytes", "100000000"]);
+    let got: Vec<String> = stdout(&get).lines().map(str::to_owned).collect();
+    let mut expected = acknowledged;
+    expected.push("light".to_owned());
+    expected.push(late);
+    assert_eq!(got.len(), expected.len(), "nothing lost, nothing twice");
+    assert!(got == expected, "in order, intact");
+    assert!(a.log_text().contains("There is room on the disk again"), "{}", a.log_text());
+    assert!(!a.log_text().contains("Node failed"), "{}", a.log_text());
+}
+
+#[test]
+fn a_receiver_short_of_room_leaves_persistent_messages_with_the_sender_and_takes_volatile_ones() {
+    let s = Scratch::new();
+    let Some(disk) = Tmpfs::mount(&s.path().join("disk"), "24m") else {
+        eprintln!("SKIPPED: cannot mount a tmpfs here (the test needs root)");
+        return;
+    };
+    let b_extra = "queues: [ { name: q, order: fifo } ]\nlinks: { reconnect_backoff_max_ms: 500 }\n";
+    let b_node = format!("data_dir: '{}', data_free_bytes_min: 12582912", disk.0.join("B").display());
+    let (a, b) = s.start_pair_with_node("links: { reconnect_backoff_max_ms: 500 }", b_extra, &b_node);
+    let mut payload = payloads();
+    // B's own puts use up its room.
+    let (mut on_b, refusal) = fill(&s, "B", "B:q", &mut payload);
+    assert!(refusal.contains("the disk is nearly full"), "{refusal}");
+    // A persistent message from A is accepted at A and waits there; a volatile one arrives.
+    let kept = payload();
+    let put = s.run(&["put", "--node", "A", "--to", "B:q", "--persistent", &kept]);
+    assert!(put.status.success(), "{}", stderr(&put));
+    std::thread::sleep(Duration::from_secs(1));
+    let put = s.run(&["put", "--node", "A", "--to", "B:q", "--volatile", "light"]);
+    assert!(put.status.success(), "{}", stderr(&put));
+    b.wait_for_log("Persistent delivery refused; the peer keeps it.", 1, Duration::from_secs(10));
+    let status = stdout(&s.run(&["status", "--node", "A"]));
+    assert!(status.contains("takes no persistent message now"), "A says why B does not take it:\n{status}");
+
+    assert!(disk.resize("64m"), "remount with room");
+    on_b.push(kept);
+    let got = s.take_all("B", "q", on_b.len() + 1, Duration::from_secs(30));
+    let got: Vec<&str> = got.lines().collect();
+    assert_eq!(got.len(), on_b.len() + 1, "nothing lost, nothing twice");
+    assert!(got.contains(&"light"), "the volatile message arrived");
+    let persistent: Vec<&str> = got.iter().copied().filter(|l| *l != "light").collect();
+    assert!(persistent == on_b.iter().map(String::as_str).collect::<Vec<_>>(), "in order, intact");
+    assert!(!a.log_text().contains("Node failed") && !b.log_text().contains("Node failed"));
 }

@@ -130,6 +130,28 @@ impl Scratch {
 
     /// Like [`Scratch::start_pair`]; `secure: false` makes both links plaintext.
     pub fn start_pair_with(&self, a_extra: &str, b_extra: &str, secure: bool) -> (NodeProcess, NodeProcess) {
+        self.start_pair_full(a_extra, b_extra, secure, "")
+    }
+
+    /// Like [`Scratch::start_pair`], with more keys (`b_node`, YAML flow-map entries) in B's
+    /// `node:` section.
+    pub fn start_pair_with_node(
+        &self,
+        a_extra: &str,
+        b_extra: &str,
+        b_node: &str,
+    ) -> (NodeProcess, NodeProcess) {
+        self.start_pair_full(a_extra, b_extra, true, b_node)
+    }
+
+    fn start_pair_full(
+        &self,
+        a_extra: &str,
+        b_extra: &str,
+        secure: bool,
+        b_node: &str,
+    ) -> (NodeProcess, NodeProcess) {
+        let b_node = if b_node.is_empty() { String::new() } else { format!(", {b_node}") };
         let (a_key, b_key) =
             if secure { (self.keys("A"), self.keys("B")) } else { (String::new(), String::new()) };
         let security = |name: &str| {
@@ -141,7 +163,7 @@ impl Scratch {
         };
         let key = |k: &str| if secure { format!(", public_key: '{k}'") } else { String::new() };
         let b_yaml = format!(
-            "node: {{ name: B, listen: 127.0.0.1:0 }}\npeers: [ {{ name: A{} }} ]\n{}\n{b_extra}\n",
+            "node: {{ name: B, listen: 127.0.0.1:0{b_node} }}\npeers: [ {{ name: A{} }} ]\n{}\n{b_extra}\n",
             key(&a_key),
             security("B")
         );

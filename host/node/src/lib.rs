@@ -18,6 +18,7 @@
 //! - [`cli`]: the `linkbus` command line.
 //! - [`clock`]: the single wall-clock read.
 //! - [`warnings`]: repeated warnings aggregated per reason.
+//! - [`disk`]: room on the disk; persistent messages wait for it.
 #![forbid(unsafe_code)]
 
 pub mod api;
@@ -27,6 +28,7 @@ pub mod client;
 pub mod clock;
 pub mod config;
 pub mod demo;
+pub mod disk;
 pub mod events;
 pub mod link;
 pub mod listener;
@@ -105,6 +107,7 @@ impl Node {
         }
         tasks.spawn(result_timer(state.clone(), watch_rx.clone()));
         tasks.spawn(warnings_timer(state.clone(), watch_rx.clone()));
+        tasks.spawn(disk_timer(state.clone(), watch_rx.clone()));
         if state.security.mode == linkbus_proto::secure::Mode::Plaintext {
             tracing::warn!(node = %state.name(), "INSECURE: links are plaintext, unauthenticated and unencrypted (security.insecure_plaintext).");
         }
@@ -198,6 +201,18 @@ async fn warnings_timer(state: Arc<NodeState>, mut shutdown: watch::Receiver<boo
                 state.warnings.flush_all();
                 return;
             }
+        }
+    }
+}
+
+/// Reads the disk's free space every [`disk::CHECK_INTERVAL`], until shutdown.
+async fn disk_timer(state: Arc<NodeState>, mut shutdown: watch::Receiver<bool>) {
+    let mut tick = tokio::time::interval(disk::CHECK_INTERVAL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => state.disk.check(),
+            _ = shutdown.changed() => return,
         }
     }
 }

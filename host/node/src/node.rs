@@ -356,6 +356,8 @@ pub struct NodeState {
     stop_signal: tokio::sync::Notify,
     /// Repeated warnings, aggregated per reason (`log:`).
     pub warnings: crate::warnings::Warnings,
+    /// Room on the disk (`node.data_free_bytes_min`): persistent messages wait for it.
+    pub disk: crate::disk::DiskRoom,
 }
 
 impl std::fmt::Debug for NodeState {
@@ -455,22 +457,7 @@ impl NodeState {
                 .map_err(|source| StartError::Io { what: "store thread".into(), source })?,
         );
         let queues = open_queues(&config, store.as_ref(), &committer, &room, now)?;
-        let links: ByName<NodeName, Arc<LinkHandle>> = config
-            .peers
-            .iter()
-            .map(|p| {
-                (
-                    p.name.clone(),
-                    Arc::new(LinkHandle::new(
-                        p.clone(),
-                        (config.links.queue_messages_max, config.links.queue_bytes_max),
-                        u8::try_from(config.links.forward_share).unwrap_or(50),
-                        room.clone(),
-                        store.durable().then(|| committer.clone()),
-                    )),
-                )
-            })
-            .collect();
+        let links = link_handles(&config, store.durable().then(|| committer.clone()), &room);
         if incarnation_kept {
             restore_sending(&links, &routing, store.as_ref(), now)?;
         }
@@ -492,6 +479,7 @@ impl NodeState {
         Ok(Arc::new(Self {
             recycler,
             warnings: crate::warnings::Warnings::from_settings(config.log),
+            disk: disk_room(&config, store.as_ref()),
             config,
             incarnation,
             incarnation_kept,
@@ -625,6 +613,9 @@ impl NodeState {
         content.validate().map_err(|e| (ErrorCode::Invalid, e.to_string()))?;
         if content.priority.is_system() {
             return Err((ErrorCode::Invalid, "the system priority is reserved for the node".into()));
+        }
+        if self.reliability_of(content) == Reliability::Persistent {
+            self.disk.admit(content.payload.len() as u64).map_err(|reason| (ErrorCode::Busy, reason))?;
         }
         let size = content.payload.len() as u64;
         let max = self.config.messages.message_bytes_max;
@@ -1849,6 +1840,26 @@ pub const ACK_BEFORE_SYNC_ENV: &str = "LINKBUS_TEST_ACK_BEFORE_SYNC";
 fn ack_before_sync() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| cfg!(debug_assertions) && std::env::var_os(ACK_BEFORE_SYNC_ENV).is_some())
+}
+
+/// One link handle per configured peer; `committer` when the store keeps anything.
+fn link_handles(
+    config: &Config,
+    committer: Option<Arc<crate::storage::Committer>>,
+    room: &Arc<tokio::sync::Notify>,
+) -> ByName<NodeName, Arc<LinkHandle>> {
+    let class = (config.links.queue_messages_max, config.links.queue_bytes_max);
+    let share = u8::try_from(config.links.forward_share).unwrap_or(50);
+    let handle = |p: &crate::config::PeerConfig| {
+        Arc::new(LinkHandle::new(p.clone(), class, share, room.clone(), committer.clone()))
+    };
+    config.peers.iter().map(|p| (p.name.clone(), handle(p))).collect()
+}
+
+/// Room on the disk for a store that keeps anything (a memory store needs none).
+fn disk_room(config: &Config, store: &dyn Store) -> crate::disk::DiskRoom {
+    let min = if store.durable() { config.node.data_free_bytes_min } else { 0 };
+    crate::disk::DiskRoom::new(config.node.data_dir.clone(), min)
 }
 
 /// The name of a probe message: an event asking a queue's node whether it has the queue.

@@ -29,6 +29,8 @@ pub(crate) mod reason {
     pub(crate) const CLIENT_ACCEPT_FAILED: &str = "client accept failed";
     /// An event copy that could not be stored or sent on was dropped.
     pub(crate) const EVENT_COPY_DROPPED: &str = "event copy dropped";
+    /// A persistent delivery refused while the disk is short of room.
+    pub(crate) const STORE_SHORT: &str = "persistent delivery refused: disk short of room";
     /// A link's connection closed with an error.
     pub(crate) const LINK_CLOSED: &str = "link closed with an error";
 }

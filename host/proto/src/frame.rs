@@ -169,6 +169,9 @@ pub enum CloseCode {
     UnknownPeer = 3,
     /// A second connection to the same peer; this one loses.
     Duplicate = 4,
+    /// The node cannot take what the peer sends now (its store is nearly full): the peer
+    /// keeps it and sends it again after reconnecting.
+    Busy = 5,
 }
 
 /// Why bytes could not be decoded into a frame. The connection must be closed.

@@ -840,6 +840,7 @@ fn status(node: &NodeState) -> String {
         node.committer.stats.syncs.load(Ordering::Relaxed),
         node.committer.stats.waiters.load(Ordering::Relaxed)
     );
+    let _ = writeln!(s, "disk: {}", node.disk.describe());
     let _ = writeln!(s, "links:");
     let mut links: Vec<_> = node.links.values().collect();
     links.sort_by(|a, b| a.peer.name.cmp(&b.peer.name));

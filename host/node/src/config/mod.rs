@@ -107,6 +107,10 @@ pub struct NodeSettings {
     pub client_socket: Option<PathBuf>,
     /// Directory for the store and other state.
     pub data_dir: PathBuf,
+    /// Free bytes the data directory's file system must keep: below it persistent messages
+    /// are refused (puts, commits, deliveries from links) until a quarter more is free again;
+    /// 0 turns the check off.
+    pub data_free_bytes_min: u64,
 }
 
 /// `peers[]:` — one neighbour.
@@ -351,6 +355,7 @@ impl Default for NodeSettings {
             listen: Some("127.0.0.1:7400".into()),
             client_socket: None,
             data_dir: PathBuf::from("linkbus-data"),
+            data_free_bytes_min: 64 << 20,
         }
     }
 }

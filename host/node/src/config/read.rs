@@ -253,8 +253,9 @@ fn read_node(root: &Section<'_>) -> NodeSettings {
     let client_socket = s.string("client_socket").map(PathBuf::from);
     let name = name.unwrap_or(d.name);
     let data_dir = s.string("data_dir").map_or_else(|| super::default_data_dir(&name), PathBuf::from);
+    let data_free_bytes_min = s.number("data_free_bytes_min", d.data_free_bytes_min, 0, BYTES_MAX);
     s.finish();
-    NodeSettings { name, listen, client_socket, data_dir }
+    NodeSettings { name, listen, client_socket, data_dir, data_free_bytes_min }
 }
 
 fn read_peers(root: &Section<'_>) -> Vec<PeerConfig> {

@@ -182,6 +182,8 @@ struct Link {
     /// recorded at a clean stop, so a restart does not take volatile messages' numbers for
     /// a loss (only a crash forgets them).
     delivered_through: [Option<u64>; CHANNELS],
+    /// Why this node refused a persistent delivery, for the `Close` that follows.
+    busy: Option<String>,
 }
 
 fn session_config(node: &NodeState, handle: &LinkHandle) -> SessionConfig {
@@ -280,6 +282,7 @@ pub async fn run(node: Arc<NodeState>, handle: Arc<LinkHandle>, mut shutdown: wa
         acked_recorded,
         unsynced: false,
         delivered_through: [None; CHANNELS],
+        busy: None,
         heads: Default::default(),
         next_dial: handle.peer.address.as_ref().map(|_| tokio::time::Instant::now()),
         backoff: Backoff::new(links.reconnect_backoff_min_ms, links.reconnect_backoff_max_ms),
@@ -930,6 +933,14 @@ impl Link {
             return Ok(());
         }
         let stored = message.content.reliability == linkbus_plugin_api::Reliability::Persistent;
+        if (kept || stored)
+            && let Err(reason) = self.node.disk.admit(message.content.payload.len() as u64)
+        {
+            // What came before is delivered (and acknowledged); this one and those after
+            // stay with the peer, which sends them again when it reconnects.
+            self.deliver(arrivals, now)?;
+            return Err(self.refuse_busy(&reason));
+        }
         arrivals.persistent |= kept || stored;
         // A stored message and the number after it are written together.
         let with = if stored { self.recorded.delivered(channel, sequence) } else { Batch::new() };
@@ -937,6 +948,30 @@ impl Link {
         self.handle.received_total.fetch_add(1, Ordering::Relaxed);
         arrivals.delivered(channel, sequence);
         Ok(())
+    }
+
+    /// Notes that this node cannot take what the peer sends now: the connection is dropped
+    /// after a `Close` with code `Busy` (written after the acknowledgements of what was
+    /// taken). Returns the reason.
+    fn refuse_busy(&mut self, reason: &str) -> String {
+        let reason = format!("{} takes no persistent message now: {reason}", self.node.name());
+        if self.node.warnings.admit(reason::STORE_SHORT) {
+            warn!(peer = self.peer(), reason, "Persistent delivery refused; the peer keeps it.");
+        }
+        self.busy = Some(reason.clone());
+        reason
+    }
+
+    /// Writes a `Close` frame on the connection, if there is one.
+    fn send_close(&mut self, code: CloseCode, reason: String) {
+        let Some(active) = self.active.as_mut() else { return };
+        let mut out = BytesMut::new();
+        Frame::Close { code: code as u16, reason }.encode(&mut out);
+        if active.secure.send(&out).is_ok()
+            && let Some(bytes) = active.secure.poll_transmit()
+        {
+            let _ = active.write(vec![bytes]);
+        }
     }
 
     /// Delivers the run waiting in `arrivals`: together when it can
@@ -1044,6 +1079,9 @@ impl Link {
         }
         if let Some(reason) = closed {
             self.write_transmit();
+            if let Some(busy) = self.busy.take() {
+                self.send_close(CloseCode::Busy, busy);
+            }
             self.drop_connection(&reason);
         }
         progressed
@@ -1234,16 +1272,9 @@ impl Link {
         // Every number delivered here is recorded (the node syncs the store last), the
         // volatile messages' too: a clean restart expects exactly the next ones.
         self.recorded.batch_delivered(&self.node, &self.delivered_through);
-        if let Some(mut active) = self.active.take() {
-            let mut out = BytesMut::new();
-            Frame::Close { code: CloseCode::Shutdown as u16, reason: "node shutting down".into() }
-                .encode(&mut out);
-            if active.secure.send(&out).is_ok()
-                && let Some(bytes) = active.secure.poll_transmit()
-            {
-                let _ = active.write(vec![bytes]);
-            }
-            drop(active);
+        if self.active.is_some() {
+            self.send_close(CloseCode::Shutdown, "node shutting down".into());
+            self.active = None;
             // Give the writer a moment to send the close frame.
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
