@@ -941,7 +941,10 @@ impl NodeState {
         content.headers.push((RESULT_FOR_HEADER.into(), to.id.to_string()));
         if let Err(e) = content.validate() {
             self.results_dropped.fetch_add(1, Ordering::Relaxed);
-            return warn!(id = %to.id, error = %e, "Result message not valid; dropped.");
+            if self.warnings.admit(crate::warnings::reason::BAD_RESULT) {
+                warn!(id = %to.id, error = %e, "Result message not valid; dropped.");
+            }
+            return;
         }
         let message = self.stamp(content, crate::clock::unix_ms());
         if let Err((_, reason)) = self.dispatch_own(message, Instant::now()) {
@@ -988,12 +991,16 @@ impl NodeState {
                     if recipient.node == message.id.source || outcome != Outcome::Delivered {
                         self.record_result(&id, &recipient, outcome);
                     } else {
-                        warn!(from = %message.id.source, %recipient, "Delivery reported by another node than the recipient's; ignored.");
+                        if self.warnings.admit(crate::warnings::reason::BAD_RESULT) {
+                            warn!(from = %message.id.source, %recipient, "Delivery reported by another node than the recipient's; ignored.");
+                        }
                     }
                 }
             }
             (about, outcomes) => {
-                warn!(from = %message.id.source, ?about, error = ?outcomes.err(), "Result message not for this node's messages or unreadable; dropped.");
+                if self.warnings.admit(crate::warnings::reason::BAD_RESULT) {
+                    warn!(from = %message.id.source, ?about, error = ?outcomes.err(), "Result message not for this node's messages or unreadable; dropped.");
+                }
             }
         }
     }

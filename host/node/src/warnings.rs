@@ -31,6 +31,9 @@ pub(crate) mod reason {
     pub(crate) const EVENT_COPY_DROPPED: &str = "event copy dropped";
     /// A persistent delivery refused while the disk is short of room.
     pub(crate) const STORE_SHORT: &str = "persistent delivery refused: disk short of room";
+    /// A result message (or a message given back by the session) that cannot be read or
+    /// is not believed.
+    pub(crate) const BAD_RESULT: &str = "unreadable or unbelieved message";
     /// A link's connection closed with an error.
     pub(crate) const LINK_CLOSED: &str = "link closed with an error";
 }

@@ -598,7 +598,9 @@ impl Link {
             ConnEvent::Bytes(bytes) => {
                 let Some(active) = self.active.as_mut() else { return };
                 if let Err(e) = active.secure.handle_received(bytes) {
-                    warn!(peer = self.peer(), error = %e, "Secure channel failed.");
+                    if self.node.warnings.admit(reason::LINK_CLOSED) {
+                        warn!(peer = self.peer(), error = %e, "Secure channel failed.");
+                    }
                     return self.drop_connection(&e.to_string());
                 }
                 while let Some(plain) = self.active.as_mut().and_then(|a| a.secure.take_plaintext()) {
@@ -646,7 +648,9 @@ impl Link {
         self.session.take_transmit(&mut out);
         if let Some(active) = &mut self.active {
             if let Err(e) = active.secure.send_chunks(&mut out) {
-                warn!(peer = self.handle.peer.name.as_str(), error = %e, "Secure channel failed.");
+                if self.node.warnings.admit(reason::LINK_CLOSED) {
+                    warn!(peer = self.handle.peer.name.as_str(), error = %e, "Secure channel failed.");
+                }
                 return self.drop_connection(&e.to_string());
             }
             active.secure.take_transmit(&mut out);
@@ -897,7 +901,9 @@ impl Link {
     fn dead_letter_local(&self, message: linkbus_plugin_api::Message, reason: &str, now: Instant) {
         let failed = self.recipients_here(&message).collect();
         let why = crate::node::DeadLetter { code: crate::queue::DeadLetterCode::TooLarge, reason, failed };
-        if let Err(e) = self.node.dead_letter(message, why, now) {
+        if let Err(e) = self.node.dead_letter(message, why, now)
+            && self.node.warnings.admit(reason::DEAD_LETTER)
+        {
             warn!(peer = self.peer(), error = %e, "Dead-letter queue refused a message; it is lost.");
         }
     }
@@ -1009,7 +1015,9 @@ impl Link {
     /// Why it could not be taken (the connection is dropped then).
     fn take_one(&self, message: Message, with: Batch, now: Instant) -> Result<(), String> {
         self.node.deliver_with(message, now, with).map_err(|e| {
-            warn!(peer = self.peer(), error = %e, "Cannot take delivery; dropping the connection.");
+            if self.node.warnings.admit(reason::LINK_CLOSED) {
+                warn!(peer = self.peer(), error = %e, "Cannot take delivery; dropping the connection.");
+            }
             e.to_string()
         })
     }
@@ -1218,7 +1226,11 @@ impl Link {
                 let reason = format!("message is larger than peer {}'s message limit", self.peer());
                 self.dead_letter_local(m, &reason, now);
             }
-            (_, Err(e)) => warn!(peer = self.peer(), error = %e, "Dropped message does not decode."),
+            (_, Err(e)) => {
+                if self.node.warnings.admit(reason::BAD_RESULT) {
+                    warn!(peer = self.peer(), error = %e, "Dropped message does not decode.");
+                }
+            }
         }
     }
 
