@@ -154,7 +154,8 @@ impl Flood {
                     let _ = stream.write(&junk);
                 }
                 kept.push_back(stream);
-                if kept.len() > 2000 {
+                // Under the common limit of 1,024 open files (the node drops them sooner).
+                if kept.len() > 800 {
                     kept.pop_front();
                 }
             }

@@ -615,9 +615,9 @@ async fn put_lines(
             let error = crate::ClientError::Refused {
                 code: crate::api::protocol::ErrorCode::TooLarge,
                 accepted: 0,
+                // Numbered within its put (of none), as the node numbers a refusal.
                 message: format!(
-                    "message {}: it is over the node's messages.message_bytes_max ({line_bytes_max} bytes)",
-                    sent + 1
+                    "message 1: it is over the node's messages.message_bytes_max ({line_bytes_max} bytes)"
                 ),
             };
             return Err(put_failure(error, sent, args.transaction));
@@ -671,15 +671,22 @@ fn read_line_bounded(input: &mut impl std::io::BufRead, bytes_max: u64) -> std::
 /// accepted in all (lines 1 to N: putting them again would duplicate them) and which line
 /// was refused, and why.
 fn put_failure(error: crate::ClientError, sent: usize, transaction: bool) -> anyhow::Error {
-    let crate::ClientError::Refused { accepted, message, .. } = &error else {
-        let unknown = matches!(error, crate::ClientError::OutcomeUnknown(_));
+    use crate::ClientError;
+    let (in_call, error) = match error {
+        ClientError::PartlyAccepted { accepted, source } => (accepted as usize, *source),
+        other => (0, other),
+    };
+    let ClientError::Refused { accepted, message, .. } = &error else {
+        let sent = sent + in_call;
+        let unknown = matches!(error, ClientError::OutcomeUnknown(_) | ClientError::Io(_));
         let tail = if unknown { " (and the last request's messages may or may not have been)" } else { "" };
         return anyhow::Error::new(error)
             .context(format!("{sent} messages (lines 1-{sent}) were accepted{tail}"));
     };
+    // The refused one is numbered within its put.
+    let reason = message.strip_prefix(&format!("message {}: ", accepted + 1)).unwrap_or(message);
     let accepted = sent + *accepted as usize;
     let refused = accepted + 1;
-    let reason = message.strip_prefix(&format!("message {refused}: ")).unwrap_or(message);
     if transaction {
         return anyhow::anyhow!(
             "line {refused} was refused: {reason}; nothing was committed (the transaction is rolled back)"

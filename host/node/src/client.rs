@@ -82,6 +82,16 @@ pub enum ClientError {
     /// again.
     #[error("this connection lost track of its answers (an earlier call ended without one); connect again")]
     Broken,
+    /// A put of many contents went in several requests: the first `accepted` contents
+    /// were accepted, then a later request failed as `source` says (a refusal comes as
+    /// [`ClientError::Refused`] counting all of them instead).
+    #[error("{accepted} messages were accepted, then: {source}")]
+    PartlyAccepted {
+        /// Contents accepted by the requests before the one that failed.
+        accepted: u32,
+        /// How that one failed.
+        source: Box<ClientError>,
+    },
     /// A [`Consumer`] was ended by an error it returned before; consume again on a new
     /// connection.
     #[error("this consumer has ended (an error ended it); connect again")]
@@ -92,11 +102,19 @@ pub enum ClientError {
 /// put: the `earlier` contents the requests before it put count as accepted, and the refused
 /// content is numbered among all of them.
 fn counting_earlier(error: ClientError, earlier: usize) -> ClientError {
-    let ClientError::Refused { code, accepted, message } = error else { return error };
     let earlier = u32::try_from(earlier).unwrap_or(u32::MAX);
+    let ClientError::Refused { code, accepted, message } = error else {
+        // Any other failure after some were accepted says so, so nobody puts them twice.
+        return if earlier == 0 {
+            error
+        } else {
+            ClientError::PartlyAccepted { accepted: earlier, source: Box::new(error) }
+        };
+    };
     let total = accepted.saturating_add(earlier);
     // The node numbers the refused content within its request ("message N: …").
-    let reason = message.strip_prefix(&format!("message {}: ", accepted + 1)).map(str::to_owned);
+    let reason =
+        message.strip_prefix(&format!("message {}: ", accepted.saturating_add(1))).map(str::to_owned);
     let message = match reason {
         Some(reason) => format!("message {}: {reason}", total.saturating_add(1)),
         None => message,
@@ -356,7 +374,8 @@ impl Client {
 
     /// Puts many messages with few round trips (see [`PUT_BATCH_BYTES_MAX`]); they are
     /// accepted in order, and on a refusal those before it stay accepted (the error's
-    /// `accepted` counts them within the failing request).
+    /// `accepted` counts them, across the requests the put went in; another failure after
+    /// some were accepted is [`ClientError::PartlyAccepted`]).
     ///
     /// # Errors
     /// As [`Client::put`].
@@ -827,5 +846,29 @@ fn single_id(response: Response) -> Result<MessageId, ClientError> {
             Ok(MessageId { source, sequence, created_unix_ms })
         }
         other => Err(ClientError::Protocol(format!("unexpected answer to a put of one message: {other:?}"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A refusal in a later request of a put counts the contents the requests before it
+    /// put and numbers the refused one among all; any other failure after some were put
+    /// says how many.
+    #[test]
+    fn a_failure_part_way_through_a_put_counts_what_earlier_requests_put() {
+        let refused =
+            ClientError::Refused { code: ErrorCode::Full, accepted: 5, message: "message 6: full".into() };
+        match counting_earlier(refused, 100) {
+            ClientError::Refused { accepted: 105, message, .. } => assert_eq!(message, "message 106: full"),
+            other => panic!("{other:?}"),
+        }
+        let unknown = ClientError::OutcomeUnknown(Duration::from_secs(1));
+        assert!(matches!(
+            counting_earlier(unknown, 100),
+            ClientError::PartlyAccepted { accepted: 100, source } if matches!(*source, ClientError::OutcomeUnknown(_))
+        ));
+        assert!(matches!(counting_earlier(ClientError::Broken, 0), ClientError::Broken), "nothing earlier");
     }
 }

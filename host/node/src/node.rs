@@ -1282,8 +1282,8 @@ impl NodeState {
         // Undone if the commit fails, or is abandoned while it waits.
         let mut tracking = self.track(&messages).map_err(CommitError::Refused)?;
         // Known before the puts move into their queues.
-        let (count, persistent_puts) =
-            (messages.len(), messages.iter().any(|m| m.content.reliability == Reliability::Persistent));
+        let count = messages.len();
+        let persistent_puts = self.disk_room_for(&messages).map_err(CommitError::Refused)?;
         let credit: Vec<(&Arc<LocalQueue>, usize)> = gets.iter().map(|(q, tags)| (q, tags.len())).collect();
         let deadline = tokio::time::Instant::now() + timeout;
         loop {
@@ -1630,6 +1630,15 @@ impl NodeState {
                 continue;
             }
             let message = self.stamp(copy, crate::clock::unix_ms());
+            if &to.node == self.name()
+                && to.queue.as_str() == EVENT_QUEUE
+                && let Some(events) = self.queues.get(EVENT_QUEUE)
+            {
+                // A log: followers read it without taking, so the oldest make room.
+                for _ in 0..events.drop_oldest_for(1) {
+                    self.events_dropped.count_one();
+                }
+            }
             if let Err((code, reason)) = self.dispatch_own(message, now) {
                 self.events_dropped.count_one();
                 let code = if code == ErrorCode::NoRoute { "no_route" } else { "not_sent" };
@@ -1637,6 +1646,20 @@ impl NodeState {
                 tracing::debug!(kind = %event.kind, reason, "Event copy dropped.");
             }
         }
+    }
+
+    /// Whether `messages` hold a persistent one, when the disk has room for them (see
+    /// [`crate::disk`]).
+    ///
+    /// # Errors
+    /// `Busy`, with why, when the node is short of room for a persistent one.
+    fn disk_room_for(&self, messages: &[Message]) -> Result<bool, (ErrorCode, String)> {
+        let persistent = messages.iter().any(|m| m.content.reliability == Reliability::Persistent);
+        if persistent {
+            let bytes = messages.iter().map(|m| m.content.payload.len() as u64).sum();
+            self.disk.admit(bytes).map_err(|reason| (ErrorCode::Busy, reason))?;
+        }
+        Ok(persistent)
     }
 
     /// Counts (per origin and queue, for `linkbus status`) and logs, aggregated, an event

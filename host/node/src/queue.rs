@@ -323,7 +323,10 @@ impl LocalQueue {
     ) -> Vec<(u64, Message)> {
         let levels = self.lock();
         let mut newer: Vec<&Entry> = levels.levels.iter().flatten().filter(|e| e.key > after).collect();
-        newer.sort_unstable_by_key(|e| e.key);
+        // One level (a `fifo` queue, as `EVENT` is) is in key order already.
+        if levels.levels.iter().filter(|l| !l.is_empty()).count() > 1 {
+            newer.sort_unstable_by_key(|e| e.key);
+        }
         let mut out = Vec::new();
         let mut bytes = 0usize;
         for e in newer {
@@ -341,6 +344,28 @@ impl LocalQueue {
             out.push((e.key, message));
         }
         out
+    }
+
+    /// Drops the oldest waiting messages that the store does not hold (of the lowest level
+    /// first) until `count` more fit, for a queue read as a log (the node's `EVENT` queue,
+    /// which followers read without taking). Returns how many were dropped.
+    pub fn drop_oldest_for(&self, count: usize) -> usize {
+        let mut levels = self.lock();
+        let max = usize::try_from(self.config.queue_messages_max).unwrap_or(usize::MAX);
+        let mut dropped = 0;
+        while levels.len + levels.pending.len() + count > max {
+            let Some(level) =
+                levels.levels.iter_mut().find(|l| l.front().is_some_and(|e| !self.stored(&e.message)))
+            else {
+                break;
+            };
+            if level.pop_front().is_none() {
+                break;
+            }
+            levels.len -= 1;
+            dropped += 1;
+        }
+        dropped
     }
 
     /// A wakeup for the next push; enable it before looking, so none is missed between.
@@ -822,6 +847,35 @@ mod tests {
             f.push(message(n, p, 60_000), now).unwrap();
         }
         assert_eq!(sequences(&f.pop(PopLimits::auto(10), now)), [1, 2, 3]);
+    }
+
+    /// A queue read as a log (`EVENT`) makes room by dropping its oldest volatile
+    /// messages; followers read what came after a key, in order, without taking it.
+    #[test]
+    fn a_log_drops_its_oldest_and_followers_read_after_a_key() {
+        let q = queue(QueueOrder::Fifo, 3, Arc::new(MemoryStore::new()));
+        let now = Instant::now();
+        let volatile = |n| {
+            let mut m = message(n, 4, 60_000);
+            m.content.reliability = Reliability::Volatile;
+            m
+        };
+        for n in 1..=5 {
+            q.drop_oldest_for(1);
+            q.push(volatile(n), now).unwrap();
+        }
+        let all = q.browse_after(0, 10, usize::MAX, now);
+        let seen: Vec<u64> = all.iter().map(|(_, m)| m.id.sequence).collect();
+        assert_eq!(seen, [3, 4, 5], "the oldest two made room");
+        let after = all.first().map(|(key, _)| *key).unwrap();
+        let newer: Vec<u64> =
+            q.browse_after(after, 10, usize::MAX, now).iter().map(|(_, m)| m.id.sequence).collect();
+        assert_eq!(newer, [4, 5]);
+        assert_eq!(q.len(), 3, "reading took nothing");
+        // A stored message is never dropped that way.
+        let p = queue(QueueOrder::Fifo, 1, Arc::new(MemoryStore::new()));
+        p.push(message(1, 4, 60_000), now).unwrap();
+        assert_eq!(p.drop_oldest_for(1), 0);
     }
 
     #[test]

@@ -250,13 +250,15 @@ async fn transact(node: &NodeState, request: Request, transaction: &mut Option<T
     }
 }
 
-/// Completes when the client closes its connection (or sends more than a frame while a
-/// request waits); bytes of a pipelined request are kept in `buf` for later.
+/// Completes when the client closes its connection while a request waits; bytes of a
+/// pipelined request are kept in `buf` for later, up to a frame's worth (then it stops
+/// reading ahead, and the request in `buf` is answered in its turn: refused when over the
+/// limit).
 async fn client_gone(stream: &mut UnixStream, buf: &mut BytesMut, frame_bytes_max: usize) {
     loop {
         match stream.read_buf(buf).await {
             Ok(0) | Err(_) => return,
-            Ok(_) if buf.len() > frame_bytes_max => return,
+            Ok(_) if buf.len() > frame_bytes_max => return std::future::pending().await,
             Ok(_) => {}
         }
     }

@@ -73,7 +73,8 @@ impl Default for LogSettings {
 /// `events:` — the node's `EVENT` queue and subscriptions.
 #[derive(Debug, Clone, PartialEq)]
 pub struct EventSettings {
-    /// Most events the `EVENT` queue holds; newer ones are dropped while it is full.
+    /// Most events the `EVENT` queue holds; when it is full the oldest are dropped (it is
+    /// read as a log: `linkbus events` reads copies).
     pub queue_messages_max: u64,
     /// Queues that get a copy of chosen kinds of events.
     pub subscriptions: Vec<Subscription>,

@@ -184,7 +184,14 @@ struct Link {
     delivered_through: [Option<u64>; CHANNELS],
     /// Why this node refused a persistent delivery, for the `Close` that follows.
     busy: Option<String>,
+    /// After a `Busy` close, either way: no dial before then (the backoff resets whenever
+    /// a message goes through, and volatile ones do).
+    redial_not_before: Option<tokio::time::Instant>,
 }
+
+/// How long a link whose peer (or itself) took no persistent message waits before it
+/// connects again.
+const BUSY_REDIAL: Duration = Duration::from_secs(1);
 
 fn session_config(node: &NodeState, handle: &LinkHandle) -> SessionConfig {
     let links = &node.config.links;
@@ -283,6 +290,7 @@ pub async fn run(node: Arc<NodeState>, handle: Arc<LinkHandle>, mut shutdown: wa
         unsynced: false,
         delivered_through: [None; CHANNELS],
         busy: None,
+        redial_not_before: None,
         heads: Default::default(),
         next_dial: handle.peer.address.as_ref().map(|_| tokio::time::Instant::now()),
         backoff: Backoff::new(links.reconnect_backoff_min_ms, links.reconnect_backoff_max_ms),
@@ -493,7 +501,9 @@ impl Link {
                 format!(
                     "{peer} refused the handshake (closed the connection without an answer): check that \
                      peers[{peer}].public_key here is {peer}'s public key, and that {peer} lists this node's \
-                     public key ({}) among its peers; {peer}'s log names the cause",
+                     public key ({}) among its peers (else the clocks differ by more than \
+                     security.clock_skew_max_s, or {peer} is flooded with connections); {peer}'s log names \
+                     the cause",
                     ours.as_deref().unwrap_or("none")
                 )
             }
@@ -629,7 +639,8 @@ impl Link {
         }
         self.session.handle_disconnected();
         if self.handle.peer.address.is_some() {
-            self.next_dial = Some(tokio::time::Instant::now() + self.backoff.take());
+            let after = tokio::time::Instant::now() + self.backoff.take();
+            self.next_dial = Some(self.redial_not_before.take().map_or(after, |busy| busy.max(after)));
         }
     }
 
@@ -1089,6 +1100,7 @@ impl Link {
             self.write_transmit();
             if let Some(busy) = self.busy.take() {
                 self.send_close(CloseCode::Busy, busy);
+                self.redial_not_before = Some(tokio::time::Instant::now() + BUSY_REDIAL);
             }
             self.drop_connection(&reason);
         }
@@ -1234,8 +1246,18 @@ impl Link {
         }
     }
 
-    fn closed(&self, error: &SessionError) -> String {
+    fn closed(&mut self, error: &SessionError) -> String {
         match error {
+            SessionError::PeerClosed { code, reason } if *code == CloseCode::Busy as u16 => {
+                // Its messages wait here; asking again at once would only be refused again.
+                self.redial_not_before = Some(tokio::time::Instant::now() + BUSY_REDIAL);
+                if self.node.warnings.admit(reason::STORE_SHORT) {
+                    warn!(
+                        peer = self.peer(),
+                        reason, "The peer takes no persistent message now; they wait here."
+                    );
+                }
+            }
             SessionError::PeerClosed { code, reason } if *code == CloseCode::Shutdown as u16 => {
                 info!(peer = self.peer(), reason, "Peer closed the link.");
             }

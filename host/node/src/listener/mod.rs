@@ -159,8 +159,14 @@ async fn open(
         }
         if let Some((key, stamp)) = secure.identity() {
             let peer = identify(node, &key, stamp)?;
-            if let Some(eviction) = slot.identified(&peer) {
-                log_eviction(node, &eviction);
+            match slot.identified(&peer, stamp) {
+                Ok(Some(eviction)) => log_eviction(node, &eviction),
+                Ok(None) => {}
+                Err(pool::Replayed) => {
+                    // Not the peer's failure: its own handshake is under way.
+                    let reason = format!("replayed handshake from {peer} (the same one is under way)");
+                    return Err(refusal(reason, CloseCode::ProtocolError, None));
+                }
             }
             secure.accept().map_err(|e| refusal(e.to_string(), CloseCode::ProtocolError, None))?;
             if let Some(bytes) = secure.poll_transmit() {

@@ -84,8 +84,8 @@ struct Inner {
     next_id: u64,
     /// In order of arrival.
     anonymous: VecDeque<Waiting>,
-    /// In order of identification.
-    identified: VecDeque<(NodeName, Waiting)>,
+    /// In order of identification, with the handshake's clock reading.
+    identified: VecDeque<(NodeName, u64, Waiting)>,
     /// Recent connections per source.
     rates: HashMap<String, Rate>,
 }
@@ -186,25 +186,35 @@ impl HandshakePool {
 }
 
 impl Slot {
-    /// The connection proved it is `peer`: it leaves the anonymous pool. Returns an
-    /// eviction when the peer already had its most identified connections (the oldest went).
-    pub(crate) fn identified(&self, peer: &NodeName) -> Option<Eviction> {
+    /// The connection proved it is `peer`, with a handshake stamped `stamp`: it leaves the
+    /// anonymous pool. Returns an eviction when the peer already had its most identified
+    /// connections (the oldest went), or `Err` when a connection with the same handshake is
+    /// already here (a replay of it: refuse this one, so a replay never pushes out the
+    /// genuine one).
+    pub(crate) fn identified(&self, peer: &NodeName, stamp: u64) -> Result<Option<Eviction>, Replayed> {
         let mut inner = self.pool.lock();
-        let i = inner.anonymous.iter().position(|w| w.id == self.id)?;
-        let waiting = inner.anonymous.remove(i)?;
+        if inner.identified.iter().any(|(p, s, _)| p == peer && *s == stamp) {
+            return Err(Replayed);
+        }
+        let Some(i) = inner.anonymous.iter().position(|w| w.id == self.id) else { return Ok(None) };
+        let Some(waiting) = inner.anonymous.remove(i) else { return Ok(None) };
         let mut evicted = None;
-        let of_peer = inner.identified.iter().filter(|(p, _)| p == peer).count();
+        let of_peer = inner.identified.iter().filter(|(p, _, _)| p == peer).count();
         if of_peer >= self.pool.limits.per_peer_max
-            && let Some(j) = inner.identified.iter().position(|(p, _)| p == peer)
-            && let Some((_, w)) = inner.identified.remove(j)
+            && let Some(j) = inner.identified.iter().position(|(p, _, _)| p == peer)
+            && let Some((_, _, w)) = inner.identified.remove(j)
         {
             abort(w);
             evicted = Some(Eviction::Peer(peer.clone()));
         }
-        inner.identified.push_back((peer.clone(), waiting));
-        evicted
+        inner.identified.push_back((peer.clone(), stamp, waiting));
+        Ok(evicted)
     }
 }
+
+/// A handshake with the same peer and clock reading as one already in the pool.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct Replayed;
 
 impl Drop for Slot {
     fn drop(&mut self) {
@@ -212,7 +222,7 @@ impl Drop for Slot {
         // Only the own entry, never its task: dropping the slot ends the task anyway.
         if let Some(i) = inner.anonymous.iter().position(|w| w.id == self.id) {
             inner.anonymous.remove(i);
-        } else if let Some(i) = inner.identified.iter().position(|(_, w)| w.id == self.id) {
+        } else if let Some(i) = inner.identified.iter().position(|(_, _, w)| w.id == self.id) {
             inner.identified.remove(i);
         }
     }
@@ -282,7 +292,7 @@ mod tests {
     async fn a_full_pool_pushes_out_the_busiest_address_and_spares_identified_connections() {
         let pool = HandshakePool::new(limits());
         let (peer, _) = admit(&pool, "10.0.0.2:4000");
-        assert_eq!(peer.identified(&NodeName::new("B").unwrap()), None);
+        assert_eq!(peer.identified(&NodeName::new("B").unwrap(), 1), Ok(None));
         let mut kept = Vec::new();
         for i in 0..40 {
             let (slot, evicted) = admit(&pool, &format!("10.0.1.{}:1", i % 4));
@@ -312,7 +322,7 @@ mod tests {
             assert!(!evicted.iter().any(|e| *e == Eviction::Full("10.0.0.2".into())), "the peer's stays");
             kept.push(slot);
         }
-        assert!(peer.identified(&NodeName::new("B").unwrap()).is_none());
+        assert_eq!(peer.identified(&NodeName::new("B").unwrap(), 1), Ok(None));
         assert_eq!(pool.counts(), (63, 1), "it was still there to be identified");
     }
 
@@ -323,15 +333,28 @@ mod tests {
         let (one, _) = admit(&pool, "10.0.0.2:1");
         let (two, _) = admit(&pool, "10.0.0.2:2");
         let (three, _) = admit(&pool, "10.0.0.2:3");
-        assert_eq!(one.identified(&b), None);
-        assert_eq!(two.identified(&b), None);
-        assert_eq!(three.identified(&b), Some(Eviction::Peer(b.clone())));
+        assert_eq!(one.identified(&b, 1), Ok(None));
+        assert_eq!(two.identified(&b, 2), Ok(None));
+        assert_eq!(three.identified(&b, 3), Ok(Some(Eviction::Peer(b.clone()))));
         assert_eq!(pool.counts(), (0, 2));
         drop(three);
         drop(one);
         assert_eq!(pool.counts(), (0, 1), "an evicted slot's drop takes nothing else");
         drop(two);
         assert_eq!(pool.counts(), (0, 0));
+    }
+
+    #[tokio::test]
+    async fn a_replayed_handshake_never_pushes_out_the_genuine_one() {
+        let pool = HandshakePool::new(limits());
+        let b = NodeName::new("B").unwrap();
+        let (genuine, _) = admit(&pool, "10.0.0.2:1");
+        assert_eq!(genuine.identified(&b, 7), Ok(None));
+        for port in 0..10 {
+            let (replay, _) = admit(&pool, &format!("10.0.0.66:{port}"));
+            assert_eq!(replay.identified(&b, 7), Err(Replayed));
+        }
+        assert_eq!(pool.counts().1, 1, "the genuine one is still there");
     }
 
     #[test]
