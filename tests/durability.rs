@@ -345,6 +345,21 @@ fn volatile_messages_across_receiver_crashes_may_be_lost_but_never_duplicated() 
     assert_eq!((history.duplicated, history.reordered, history.corrupted), (0, 0, 0), "{history:?}");
 }
 
+/// A puts one persistent message and 50 volatile ones to B:q, B's client takes them, and
+/// B's acknowledgement of all 51 reaches A (else A would still hold the volatile ones and
+/// send them again as they are, not as skips).
+fn one_persistent_then_fifty_volatile_acknowledged(s: &Scratch) {
+    put_lines(s, "B:q", "p1\n", "--persistent");
+    let volatile: String = (1..=50).map(|n| format!("v{n}\n")).collect();
+    put_lines(s, "B:q", &volatile, "--volatile");
+    assert_eq!(take_from_b(s, 51), format!("p1\n{volatile}"));
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !stdout(&s.run(&["status", "--node", "A"])).contains("acked 51,") {
+        assert!(std::time::Instant::now() < deadline, "A never heard B acknowledge all 51");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// A receiver does not record the numbers of volatile messages (only those of persistent
 /// ones, synced), so when it restarts it expects numbers it had acknowledged: its sender,
 /// which knows they were volatile, sends them again as skips — nothing delivered twice, no
@@ -356,17 +371,7 @@ fn a_receiver_restarted_behind_volatile_numbers_gets_them_as_skips() {
     let pair = Pair::new(&s, "");
     let mut b = pair.start_b(&s);
     let a = pair.start_a(&s);
-    put_lines(&s, "B:q", "p1\n", "--persistent");
-    let volatile: String = (1..=50).map(|n| format!("v{n}\n")).collect();
-    put_lines(&s, "B:q", &volatile, "--volatile");
-    assert_eq!(take_from_b(&s, 51), format!("p1\n{volatile}"));
-    // B's acknowledgement of all 51 must reach A before B dies (else A still holds the
-    // volatile ones and sends them again as they are, not as skips).
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while !stdout(&s.run(&["status", "--node", "A"])).contains("acked 51,") {
-        assert!(std::time::Instant::now() < deadline, "A never heard B acknowledge all 51");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    one_persistent_then_fifty_volatile_acknowledged(&s);
     b.kill();
 
     let mut b = pair.start_b(&s);
@@ -504,15 +509,7 @@ fn a_receiver_stopped_cleanly_restarts_where_it_was() {
     let pair = Pair::new(&s, "");
     let mut b = pair.start_b(&s);
     let a = pair.start_a(&s);
-    put_lines(&s, "B:q", "p1\n", "--persistent");
-    let volatile: String = (1..=50).map(|n| format!("v{n}\n")).collect();
-    put_lines(&s, "B:q", &volatile, "--volatile");
-    assert_eq!(take_from_b(&s, 51), format!("p1\n{volatile}"));
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while !stdout(&s.run(&["status", "--node", "A"])).contains("acked 51,") {
-        assert!(std::time::Instant::now() < deadline, "A never heard B acknowledge all 51");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    one_persistent_then_fifty_volatile_acknowledged(&s);
     assert!(b.stop(), "B stops cleanly");
 
     let mut b = pair.start_b(&s);

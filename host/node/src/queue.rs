@@ -292,23 +292,8 @@ impl LocalQueue {
     /// (expired ones are skipped; lifetimes are what is left now).
     pub fn browse(&self, count_max: usize, bytes_max: usize, now: Instant) -> Vec<Message> {
         let levels = self.lock();
-        let mut out = Vec::new();
-        let mut bytes = 0usize;
-        for e in levels.levels.iter().rev().flatten() {
-            let elapsed = now.saturating_duration_since(e.enqueued_at).as_millis() as u64;
-            let Some(left) = e.message.content.lifetime.unwrap_or(Lifetime::UNLIMITED).after(elapsed) else {
-                continue;
-            };
-            let size = linkbus_proto::wire::encoded_len(&e.message);
-            if out.len() >= count_max || (!out.is_empty() && bytes + size > bytes_max) {
-                break;
-            }
-            bytes += size;
-            let mut message = e.message.clone();
-            message.content.lifetime = Some(left);
-            out.push(message);
-        }
-        out
+        let entries = levels.levels.iter().rev().flatten();
+        copies(entries, count_max, bytes_max, now).into_iter().map(|(_, m)| m).collect()
     }
 
     /// Like [`LocalQueue::browse`], but only messages that came in after the one with
@@ -327,23 +312,7 @@ impl LocalQueue {
         if levels.levels.iter().filter(|l| !l.is_empty()).count() > 1 {
             newer.sort_unstable_by_key(|e| e.key);
         }
-        let mut out = Vec::new();
-        let mut bytes = 0usize;
-        for e in newer {
-            let elapsed = now.saturating_duration_since(e.enqueued_at).as_millis() as u64;
-            let Some(left) = e.message.content.lifetime.unwrap_or(Lifetime::UNLIMITED).after(elapsed) else {
-                continue;
-            };
-            let size = linkbus_proto::wire::encoded_len(&e.message);
-            if out.len() >= count_max || (!out.is_empty() && bytes + size > bytes_max) {
-                break;
-            }
-            bytes += size;
-            let mut message = e.message.clone();
-            message.content.lifetime = Some(left);
-            out.push((e.key, message));
-        }
-        out
+        copies(newer, count_max, bytes_max, now)
     }
 
     /// Drops the oldest waiting messages that the store does not hold (of the lowest level
@@ -685,6 +654,33 @@ impl LocalQueue {
         }
         let _ = tokio::time::timeout_at(deadline, notified).await;
     }
+}
+
+/// Copies of up to `count_max` of `entries` (and of `bytes_max` encoded bytes, at least
+/// one), with their keys, skipping expired ones; lifetimes are what is left at `now`.
+fn copies<'a>(
+    entries: impl IntoIterator<Item = &'a Entry>,
+    count_max: usize,
+    bytes_max: usize,
+    now: Instant,
+) -> Vec<(u64, Message)> {
+    let mut out = Vec::new();
+    let mut bytes = 0usize;
+    for e in entries {
+        let elapsed = now.saturating_duration_since(e.enqueued_at).as_millis() as u64;
+        let Some(left) = e.message.content.lifetime.unwrap_or(Lifetime::UNLIMITED).after(elapsed) else {
+            continue;
+        };
+        let size = linkbus_proto::wire::encoded_len(&e.message);
+        if out.len() >= count_max || (!out.is_empty() && bytes + size > bytes_max) {
+            break;
+        }
+        bytes += size;
+        let mut message = e.message.clone();
+        message.content.lifetime = Some(left);
+        out.push((e.key, message));
+    }
+    out
 }
 
 fn level_of(order: QueueOrder, message: &Message) -> usize {
