@@ -108,7 +108,7 @@ impl Event {
 
 /// Store space of the subscriptions made by clients (key: the queue address, value: the
 /// kinds, comma-separated).
-const SUBSCRIPTIONS_SPACE: &str = "subscriptions";
+pub(crate) const SUBSCRIPTIONS_SPACE: &str = "subscriptions";
 
 /// One subscription in force: its kinds, its queue, and whether a client made it (else the
 /// configuration declares it).
@@ -205,6 +205,8 @@ impl DroppedCopies {
 #[derive(Debug)]
 pub struct Subscriptions {
     list: RwLock<Vec<Subscription>>,
+    /// See [`Subscriptions::changes`].
+    changes: tokio::sync::Mutex<()>,
 }
 
 impl Subscriptions {
@@ -237,7 +239,7 @@ impl Subscriptions {
                 }
             }
         }
-        Ok(Self { list: RwLock::new(list) })
+        Ok(Self { list: RwLock::new(list), changes: tokio::sync::Mutex::new(()) })
     }
 
     /// Removes (from the store too) the client subscriptions whose queue `check` refuses,
@@ -280,14 +282,25 @@ impl Subscriptions {
         self.read().clone()
     }
 
-    /// Subscribes `to` (checked by the caller) to `kinds`, replacing the kinds of a client
-    /// subscription of the same queue; recorded in `store` (synced) first.
+    /// Client subscription changes one at a time: each is planned, written by the store
+    /// thread and synced, then applied (the list's lock is never held across the sync, so
+    /// events never wait for it).
+    pub fn changes(&self) -> &tokio::sync::Mutex<()> {
+        &self.changes
+    }
+
+    /// The store write that subscribes `to` (checked by the caller) to `kinds`, replacing
+    /// the kinds of a client subscription of the same queue, and the kinds as kept; apply
+    /// them with [`Subscriptions::apply_subscribe`] once the write is durable.
     ///
     /// # Errors
-    /// A reason when the configuration already subscribes that queue, or the store fails.
-    pub fn subscribe(&self, to: &Address, kinds: &[EventKind], store: &dyn Store) -> Result<(), String> {
-        let mut list = self.list.write().unwrap_or_else(std::sync::PoisonError::into_inner);
-        if list.iter().any(|s| &s.to == to && !s.from_client) {
+    /// A reason when the configuration already subscribes that queue.
+    pub fn plan_subscribe(
+        &self,
+        to: &Address,
+        kinds: &[EventKind],
+    ) -> Result<(Batch, Vec<EventKind>), String> {
+        if self.read().iter().any(|s| &s.to == to && !s.from_client) {
             return Err(format!(
                 "{to} is subscribed in the configuration (events.subscriptions); change it there"
             ));
@@ -300,19 +313,23 @@ impl Subscriptions {
         let value = if kinds.len() == EventKind::ALL.len() { "all".to_owned() } else { names.join(",") };
         let mut batch = Batch::new();
         batch.put(SUBSCRIPTIONS_SPACE, to.to_string().into_bytes(), value.into_bytes());
-        store.write(batch, true).map_err(|e| format!("store: {e}"))?;
-        list.retain(|s| &s.to != to);
-        list.push(Subscription { kinds, to: to.clone(), from_client: true });
-        Ok(())
+        Ok((batch, kinds))
     }
 
-    /// Ends the client subscription of `to`.
+    /// Puts in force what [`Subscriptions::plan_subscribe`] planned.
+    pub fn apply_subscribe(&self, to: &Address, kinds: Vec<EventKind>) {
+        let mut list = self.list.write().unwrap_or_else(std::sync::PoisonError::into_inner);
+        list.retain(|s| &s.to != to);
+        list.push(Subscription { kinds, to: to.clone(), from_client: true });
+    }
+
+    /// The store write that ends the client subscription of `to`; apply it with
+    /// [`Subscriptions::apply_unsubscribe`] once the write is durable.
     ///
     /// # Errors
-    /// A reason when there is none (or the configuration declares it), or the store fails.
-    pub fn unsubscribe(&self, to: &Address, store: &dyn Store) -> Result<(), String> {
-        let mut list = self.list.write().unwrap_or_else(std::sync::PoisonError::into_inner);
-        match list.iter().find(|s| &s.to == to) {
+    /// A reason when there is none (or the configuration declares it).
+    pub fn plan_unsubscribe(&self, to: &Address) -> Result<Batch, String> {
+        match self.read().iter().find(|s| &s.to == to) {
             None => return Err(format!("{to} has no subscription")),
             Some(s) if !s.from_client => {
                 return Err(format!(
@@ -323,15 +340,37 @@ impl Subscriptions {
         }
         let mut batch = Batch::new();
         batch.delete(SUBSCRIPTIONS_SPACE, to.to_string().into_bytes());
-        store.write(batch, true).map_err(|e| format!("store: {e}"))?;
-        list.retain(|s| &s.to != to);
-        Ok(())
+        Ok(batch)
+    }
+
+    /// Ends what [`Subscriptions::plan_unsubscribe`] planned.
+    pub fn apply_unsubscribe(&self, to: &Address) {
+        self.list.write().unwrap_or_else(std::sync::PoisonError::into_inner).retain(|s| &s.to != to);
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What the node does (with its store thread): plan, write synced, apply.
+    fn subscribe(
+        subs: &Subscriptions,
+        to: &Address,
+        kinds: &[EventKind],
+        store: &dyn Store,
+    ) -> Result<(), String> {
+        let (batch, kinds) = subs.plan_subscribe(to, kinds)?;
+        store.write(batch, true).map_err(|e| e.to_string())?;
+        subs.apply_subscribe(to, kinds);
+        Ok(())
+    }
+
+    fn unsubscribe(subs: &Subscriptions, to: &Address, store: &dyn Store) -> Result<(), String> {
+        store.write(subs.plan_unsubscribe(to)?, true).map_err(|e| e.to_string())?;
+        subs.apply_unsubscribe(to);
+        Ok(())
+    }
 
     #[test]
     fn client_subscriptions_are_stored_and_config_ones_are_left_alone() {
@@ -344,28 +383,30 @@ mod tests {
             path: "events.subscriptions[0]".into(),
         }];
         let subs = Subscriptions::load(&config, &store).unwrap();
-        assert!(subs.subscribe(&audit, &[EventKind::Result], &store).unwrap_err().contains("configuration"));
-        subs.subscribe(&ops, &[EventKind::Result, EventKind::LinkDown, EventKind::Result], &store).unwrap();
+        assert!(
+            subscribe(&subs, &audit, &[EventKind::Result], &store).unwrap_err().contains("configuration")
+        );
+        subscribe(&subs, &ops, &[EventKind::Result, EventKind::LinkDown, EventKind::Result], &store).unwrap();
         assert_eq!(subs.targets(EventKind::Result), std::slice::from_ref(&ops));
         assert_eq!(subs.targets(EventKind::LinkUp), std::slice::from_ref(&audit));
         // Subscribing again replaces the kinds.
-        subs.subscribe(&ops, &[EventKind::Expired], &store).unwrap();
+        subscribe(&subs, &ops, &[EventKind::Expired], &store).unwrap();
         assert!(subs.targets(EventKind::Result).is_empty());
 
         // What a client made is read back from the store; the configuration's is not stored.
         let again = Subscriptions::load(&config, &store).unwrap();
         assert_eq!(again.all(), subs.all());
-        assert!(again.unsubscribe(&audit, &store).unwrap_err().contains("configuration"));
-        again.unsubscribe(&ops, &store).unwrap();
-        assert!(again.unsubscribe(&ops, &store).unwrap_err().contains("no subscription"));
+        assert!(unsubscribe(&again, &audit, &store).unwrap_err().contains("configuration"));
+        unsubscribe(&again, &ops, &store).unwrap();
+        assert!(unsubscribe(&again, &ops, &store).unwrap_err().contains("no subscription"));
         assert_eq!(Subscriptions::load(&config, &store).unwrap().all().len(), 1);
 
         // `all` stays `all`; a queue gone from reach, or now subscribed by the configuration,
         // is removed at the next start.
-        subs.subscribe(&ops, &EventKind::ALL, &store).unwrap();
+        subscribe(&subs, &ops, &EventKind::ALL, &store).unwrap();
         assert!(store.get(SUBSCRIPTIONS_SPACE, b"B:ops").unwrap().is_some_and(|v| &v[..] == b"all"));
         let gone: Address = "C:gone".parse().unwrap();
-        subs.subscribe(&gone, &[EventKind::Result], &store).unwrap();
+        subscribe(&subs, &gone, &[EventKind::Result], &store).unwrap();
         let mut config = config.to_vec();
         config.push(crate::config::Subscription {
             kinds: vec![EventKind::LinkUp],

@@ -1736,7 +1736,7 @@ impl NodeState {
     /// # Errors
     /// When `to` is not a queue here or on a peer, is this node's `EVENT` queue, is
     /// subscribed by the configuration, or the store fails.
-    pub fn subscribe(&self, to: &Address, kinds: &[EventKind]) -> Result<(), (ErrorCode, String)> {
+    pub async fn subscribe(&self, to: &Address, kinds: &[EventKind]) -> Result<(), (ErrorCode, String)> {
         if kinds.is_empty() {
             return Err((ErrorCode::Invalid, "no event kinds given".into()));
         }
@@ -1746,10 +1746,32 @@ impl NodeState {
             |q| self.queues.contains_key(q),
             |n| self.link_towards(n).is_ok(),
         )?;
-        self.subscriptions.subscribe(to, kinds, self.store.as_ref()).map_err(|e| {
-            let code = if e.starts_with("store:") { ErrorCode::Internal } else { ErrorCode::Invalid };
-            (code, e)
-        })
+        // Invariant: the store is written by its own thread only; the list's lock is not
+        // held while the write is synced, so events never wait for it.
+        let _one_at_a_time = self.subscriptions.changes().lock().await;
+        let (batch, kinds) =
+            self.subscriptions.plan_subscribe(to, kinds).map_err(|e| (ErrorCode::Invalid, e))?;
+        self.write_synced(batch).await?;
+        self.subscriptions.apply_subscribe(to, kinds);
+        Ok(())
+    }
+
+    /// Ends the client subscription of `to`; kept in the store.
+    ///
+    /// # Errors
+    /// When there is none, the configuration declares it, or the store fails.
+    pub async fn unsubscribe(&self, to: &Address) -> Result<(), (ErrorCode, String)> {
+        let _one_at_a_time = self.subscriptions.changes().lock().await;
+        let batch = self.subscriptions.plan_unsubscribe(to).map_err(|e| (ErrorCode::Invalid, e))?;
+        self.write_synced(batch).await?;
+        self.subscriptions.apply_unsubscribe(to);
+        Ok(())
+    }
+
+    /// Hands `batch` to the store thread and waits for the sync that covers it.
+    async fn write_synced(&self, batch: Batch) -> Result<(), (ErrorCode, String)> {
+        self.committer.write(batch);
+        self.committer.sync().await.map_err(|e| (ErrorCode::Internal, format!("store: {e}")))
     }
 
     /// Whether the dead-letter queue has room for `copies` more messages.
@@ -2279,6 +2301,73 @@ mod tests {
             self.flush();
             Ok(())
         }
+    }
+
+    /// A memory store that records which thread wrote or synced it.
+    #[derive(Default)]
+    struct ThreadStore {
+        inner: linkbus_store_memory::MemoryStore,
+        writers: std::sync::Mutex<Vec<String>>,
+    }
+
+    impl ThreadStore {
+        fn note(&self) {
+            let name = std::thread::current().name().unwrap_or("unnamed").to_owned();
+            self.writers.lock().unwrap().push(name);
+        }
+    }
+
+    impl Store for ThreadStore {
+        fn durable(&self) -> bool {
+            true
+        }
+        fn write(&self, batch: Batch, sync: bool) -> Result<(), StoreError> {
+            self.note();
+            self.inner.write(batch, sync)
+        }
+        fn get(&self, space: &str, key: &[u8]) -> Result<Option<bytes::Bytes>, StoreError> {
+            self.inner.get(space, key)
+        }
+        fn scan(
+            &self,
+            space: &str,
+            from: std::ops::Bound<&[u8]>,
+            to: std::ops::Bound<&[u8]>,
+            limit: usize,
+        ) -> Result<Vec<(bytes::Bytes, bytes::Bytes)>, StoreError> {
+            self.inner.scan(space, from, to, limit)
+        }
+        fn spaces(&self) -> Result<Vec<String>, StoreError> {
+            self.inner.spaces()
+        }
+        fn sync(&self) -> Result<(), StoreError> {
+            self.note();
+            self.inner.sync()
+        }
+    }
+
+    /// Client subscriptions are written (and synced) by the store thread, never by the
+    /// request that makes them, and are in force once that returns.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn subscriptions_are_written_by_the_store_thread_only() {
+        let text = "node: { name: A, listen: none }\nqueues: [ { name: q }, { name: ops } ]\n\
+                    security: { insecure_plaintext: true }\nplugins: { store: { kind: memory } }";
+        let mut tree = config::parse_yaml(text).unwrap();
+        config::apply_overrides(&mut tree, &Overrides::default());
+        let config = config::from_value(&tree).unwrap();
+        let transport = build_plugins(&config).unwrap().0;
+        let store = Arc::new(ThreadStore::default());
+        let n = NodeState::with_plugins(config, transport, store.clone()).unwrap();
+        store.writers.lock().unwrap().clear();
+        let ops: Address = "A:ops".parse().unwrap();
+        n.subscribe(&ops, &[EventKind::Expired]).await.unwrap();
+        assert_eq!(n.subscriptions.targets(EventKind::Expired), std::slice::from_ref(&ops));
+        assert!(store.inner.get(crate::events::SUBSCRIPTIONS_SPACE, b"A:ops").unwrap().is_some());
+        n.unsubscribe(&ops).await.unwrap();
+        assert!(n.subscriptions.targets(EventKind::Expired).is_empty());
+        assert!(store.inner.get(crate::events::SUBSCRIPTIONS_SPACE, b"A:ops").unwrap().is_none());
+        let writers = store.writers.lock().unwrap().clone();
+        assert!(!writers.is_empty() && writers.iter().all(|w| w == "linkbus-store"), "{writers:?}");
     }
 
     /// A run of arrived messages goes at once to its one local queue or its one next hop

@@ -649,7 +649,7 @@ async fn handle(
         Request::Follow { queue, after, count_max, wait_ms } => {
             (super::queues::follow(node, &queue, after, count_max, wait_ms).await, None)
         }
-        Request::Unsubscribe { to } => (unsubscribe(node, &to), None),
+        Request::Unsubscribe { to } => (unsubscribe(node, &to).await, None),
         Request::Subscriptions => (Response::Status(subscriptions(node)), None),
         Request::Status => (Response::Status(status(node)), None),
         Request::LinkReset { peer } => (link_reset(node, &peer), None),
@@ -771,7 +771,7 @@ async fn subscribe(node: &NodeState, to: &str, kinds: &[String]) -> Response {
             }
         }
     }
-    match node.subscribe(&to, &parsed) {
+    match node.subscribe(&to, &parsed).await {
         Ok(()) => Response::Status(format!("{to} subscribed{note}\n")),
         Err((code, message)) => refused(code, message),
     }
@@ -781,14 +781,14 @@ async fn subscribe(node: &NodeState, to: &str, kinds: &[String]) -> Response {
 /// it has the queue.
 const SUBSCRIBE_PROBE_WAIT: Duration = Duration::from_secs(5);
 
-fn unsubscribe(node: &NodeState, to: &str) -> Response {
+async fn unsubscribe(node: &NodeState, to: &str) -> Response {
     let to: Address = match to.parse() {
         Ok(to) => to,
         Err(e) => return refused(ErrorCode::Invalid, format!("'{to}': {e}")),
     };
-    match node.subscriptions.unsubscribe(&to, node.store.as_ref()) {
+    match node.unsubscribe(&to).await {
         Ok(()) => Response::Status(format!("{to} unsubscribed\n")),
-        Err(message) => refused(ErrorCode::Invalid, message),
+        Err((code, message)) => refused(code, message),
     }
 }
 
