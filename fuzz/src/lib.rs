@@ -161,8 +161,8 @@ pub fn yaml_config(data: &[u8]) {
 }
 
 /// Inputs worth starting from, per target: real traffic and real files, made by the code
-/// itself (`corpus/` holds them; `cargo test -p linkbus-fuzz -- --ignored write_seeds`
-/// writes them again).
+/// itself (`corpus/` holds them; `cargo run -p linkbus-fuzz --example write_seeds` writes
+/// them again).
 pub fn seeds() -> Vec<(&'static str, String, Vec<u8>)> {
     let mut seeds = Vec::new();
     for (name, bytes) in link_seeds() {
@@ -334,6 +334,20 @@ fn client_seeds() -> Vec<(String, Vec<u8>)> {
     seeds
 }
 
+/// Writes [`seeds`] into `root/TARGET/seed-NAME`; returns how many.
+///
+/// # Errors
+/// When a directory or file cannot be written.
+pub fn write_seeds(root: &std::path::Path) -> std::io::Result<usize> {
+    let seeds = seeds();
+    for (target, name, bytes) in &seeds {
+        let dir = root.join(target);
+        std::fs::create_dir_all(&dir)?;
+        std::fs::write(dir.join(format!("seed-{name}")), bytes)?;
+    }
+    Ok(seeds.len())
+}
+
 fn seed_yaml_with_errors() -> String {
     "node: { name: 1bad, listen: 'localhost' }\npeers:\n  - { name: B, address: 'nope' }\n\
      queues:\n  - { name: a }\n  - { name: a, order: lifo }\nlinks: { ping_interval_ms: 0 }\n\
@@ -394,15 +408,15 @@ mod tests {
         assert!(b.is_established());
     }
 
-    /// Regenerates the seed files (run by hand when a format changes).
+    /// Every seed the code makes has its file in the corpus, so the corpus starts from the
+    /// formats as they are (`cargo run -p linkbus-fuzz --example write_seeds` writes them
+    /// again when a format changes).
     #[test]
-    #[ignore = "writes corpus/; run by hand"]
-    fn write_seeds() {
+    fn every_seed_is_in_the_corpus() {
         let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("corpus");
-        for (target, name, bytes) in seeds() {
-            let dir = root.join(target);
-            std::fs::create_dir_all(&dir).unwrap();
-            std::fs::write(dir.join(format!("seed-{name}")), bytes).unwrap();
+        for (target, name, _) in seeds() {
+            let path = root.join(target).join(format!("seed-{name}"));
+            assert!(path.exists(), "{} is missing: run the write_seeds example", path.display());
         }
     }
 
