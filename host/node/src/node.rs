@@ -2237,15 +2237,22 @@ mod tests {
         assert_eq!(reasons, ["queue 'missing' does not exist on node A", "no route to node 'C'"]);
     }
 
-    /// A store that loses what was not synced when it "crashes".
+    /// A store that loses what was not synced when it "crashes", and records which thread
+    /// wrote or synced it.
     #[derive(Default)]
     struct CrashStore {
         live: linkbus_store_memory::MemoryStore,
         synced: linkbus_store_memory::MemoryStore,
         unsynced: std::sync::Mutex<Vec<Batch>>,
+        writers: std::sync::Mutex<Vec<String>>,
     }
 
     impl CrashStore {
+        fn note_writer(&self) {
+            let name = std::thread::current().name().unwrap_or("unnamed").to_owned();
+            self.writers.lock().unwrap().push(name);
+        }
+
         fn flush(&self) {
             for batch in self.unsynced.lock().unwrap().drain(..) {
                 self.synced.write(batch, true).unwrap();
@@ -2275,6 +2282,7 @@ mod tests {
             true
         }
         fn write(&self, batch: Batch, sync: bool) -> Result<(), StoreError> {
+            self.note_writer();
             self.live.write(batch.clone(), false)?;
             self.unsynced.lock().unwrap().push(batch);
             if sync {
@@ -2298,51 +2306,9 @@ mod tests {
             self.live.spaces()
         }
         fn sync(&self) -> Result<(), StoreError> {
+            self.note_writer();
             self.flush();
             Ok(())
-        }
-    }
-
-    /// A memory store that records which thread wrote or synced it.
-    #[derive(Default)]
-    struct ThreadStore {
-        inner: linkbus_store_memory::MemoryStore,
-        writers: std::sync::Mutex<Vec<String>>,
-    }
-
-    impl ThreadStore {
-        fn note(&self) {
-            let name = std::thread::current().name().unwrap_or("unnamed").to_owned();
-            self.writers.lock().unwrap().push(name);
-        }
-    }
-
-    impl Store for ThreadStore {
-        fn durable(&self) -> bool {
-            true
-        }
-        fn write(&self, batch: Batch, sync: bool) -> Result<(), StoreError> {
-            self.note();
-            self.inner.write(batch, sync)
-        }
-        fn get(&self, space: &str, key: &[u8]) -> Result<Option<bytes::Bytes>, StoreError> {
-            self.inner.get(space, key)
-        }
-        fn scan(
-            &self,
-            space: &str,
-            from: std::ops::Bound<&[u8]>,
-            to: std::ops::Bound<&[u8]>,
-            limit: usize,
-        ) -> Result<Vec<(bytes::Bytes, bytes::Bytes)>, StoreError> {
-            self.inner.scan(space, from, to, limit)
-        }
-        fn spaces(&self) -> Result<Vec<String>, StoreError> {
-            self.inner.spaces()
-        }
-        fn sync(&self) -> Result<(), StoreError> {
-            self.note();
-            self.inner.sync()
         }
     }
 
@@ -2356,16 +2322,22 @@ mod tests {
         config::apply_overrides(&mut tree, &Overrides::default());
         let config = config::from_value(&tree).unwrap();
         let transport = build_plugins(&config).unwrap().0;
-        let store = Arc::new(ThreadStore::default());
+        let store = Arc::new(CrashStore::default());
         let n = NodeState::with_plugins(config, transport, store.clone()).unwrap();
         store.writers.lock().unwrap().clear();
         let ops: Address = "A:ops".parse().unwrap();
         n.subscribe(&ops, &[EventKind::Expired]).await.unwrap();
         assert_eq!(n.subscriptions.targets(EventKind::Expired), std::slice::from_ref(&ops));
-        assert!(store.inner.get(crate::events::SUBSCRIPTIONS_SPACE, b"A:ops").unwrap().is_some());
+        assert!(
+            store.after_crash().get(crate::events::SUBSCRIPTIONS_SPACE, b"A:ops").unwrap().is_some(),
+            "synced"
+        );
         n.unsubscribe(&ops).await.unwrap();
         assert!(n.subscriptions.targets(EventKind::Expired).is_empty());
-        assert!(store.inner.get(crate::events::SUBSCRIPTIONS_SPACE, b"A:ops").unwrap().is_none());
+        assert!(
+            store.after_crash().get(crate::events::SUBSCRIPTIONS_SPACE, b"A:ops").unwrap().is_none(),
+            "synced"
+        );
         let writers = store.writers.lock().unwrap().clone();
         assert!(!writers.is_empty() && writers.iter().all(|w| w == "linkbus-store"), "{writers:?}");
     }
