@@ -89,9 +89,10 @@ impl DiskRoom {
         self.min.saturating_add(self.min / 4)
     }
 
-    /// Counts `bytes` about to be written for a persistent message; reads the free space
-    /// at once when a quarter of the minimum went by since the last reading. Returns why
-    /// the node cannot take it, when it is short of room.
+    /// Counts `bytes` about to be admitted (a caller that does not know yet whether they
+    /// are persistent counts them anyway: a reading too many costs a microsecond); reads the
+    /// free space at once when a quarter of the minimum went by since the last reading.
+    /// Returns why the node cannot take a persistent message, when it is short of room.
     pub fn admit(&self, bytes: u64) -> Result<(), String> {
         if self.min == 0 {
             return Ok(());

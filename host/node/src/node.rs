@@ -614,8 +614,11 @@ impl NodeState {
         if content.priority.is_system() {
             return Err((ErrorCode::Invalid, "the system priority is reserved for the node".into()));
         }
-        if self.reliability_of(content) == Reliability::Persistent {
-            self.disk.admit(content.payload.len() as u64).map_err(|reason| (ErrorCode::Busy, reason))?;
+        // Perf: the queue lookup that resolves the reliability is made only when short of room.
+        if let Err(reason) = self.disk.admit(content.payload.len() as u64)
+            && self.reliability_of(content) == Reliability::Persistent
+        {
+            return Err((ErrorCode::Busy, reason));
         }
         let size = content.payload.len() as u64;
         let max = self.config.messages.message_bytes_max;
