@@ -3,7 +3,6 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
@@ -12,12 +11,13 @@ use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::watch;
 use tracing::{debug, warn};
 
+use super::admin;
 use super::protocol::{ErrorCode, Request, Response, split_frame};
 use super::queues::{find_queue, get, queue_request, take};
 use crate::events::{Event, EventKind};
 use crate::node::{CommitError, NodeState, StartError};
-use crate::queue::{DEAD_LETTER_QUEUE, LocalQueue, PopLimits, SettleError};
-use linkbus_plugin_api::{Address, Reliability};
+use crate::queue::{LocalQueue, PopLimits, SettleError};
+use linkbus_plugin_api::Reliability;
 use linkbus_proto::reader::ReadError;
 use linkbus_proto::wire::Chunks;
 
@@ -643,18 +643,18 @@ async fn handle(
             take(node, &queue, (count_max, wait_ms, bytes_max, hand_out), pending).await
         }
         Request::Results { source, sequences, wait_ms } => {
-            (results(node, &source, &sequences, wait_ms).await, None)
+            (admin::results(node, &source, &sequences, wait_ms).await, None)
         }
-        Request::Subscribe { to, kinds } => (subscribe(node, &to, &kinds).await, None),
+        Request::Subscribe { to, kinds } => (admin::subscribe(node, &to, &kinds).await, None),
         Request::Follow { queue, after, count_max, wait_ms } => {
             (super::queues::follow(node, &queue, after, count_max, wait_ms).await, None)
         }
-        Request::Unsubscribe { to } => (unsubscribe(node, &to).await, None),
-        Request::Subscriptions => (Response::Status(subscriptions(node)), None),
-        Request::Status => (Response::Status(status(node)), None),
-        Request::LinkReset { peer } => (link_reset(node, &peer), None),
-        Request::RouteExplain { destination } => (route_explain(node, &destination), None),
-        Request::Reload => (reload(node), None),
+        Request::Unsubscribe { to } => (admin::unsubscribe(node, &to).await, None),
+        Request::Subscriptions => (Response::Status(admin::subscriptions(node)), None),
+        Request::Status => (Response::Status(admin::status(node)), None),
+        Request::LinkReset { peer } => (admin::link_reset(node, &peer), None),
+        Request::RouteExplain { destination } => (admin::route_explain(node, &destination), None),
+        Request::Reload => (admin::reload(node), None),
         Request::Limits => (
             Response::Limits {
                 message_bytes_max: node.config.messages.message_bytes_max,
@@ -678,221 +678,6 @@ async fn handle(
     }
 }
 
-fn reload(node: &NodeState) -> Response {
-    match node.reload() {
-        Ok(text) => Response::Status(text),
-        Err(message) => Response::Error { code: ErrorCode::Invalid, accepted: 0, message },
-    }
-}
-
-fn route_explain(node: &NodeState, destination: &str) -> Response {
-    match linkbus_plugin_api::NodeName::new(destination) {
-        Ok(name) => Response::Status(node.routing.explain(&name).iter().map(|l| format!("{l}\n")).collect()),
-        Err(e) => Response::Error { code: ErrorCode::Invalid, accepted: 0, message: e.to_string() },
-    }
-}
-
-fn link_reset(node: &NodeState, peer: &str) -> Response {
-    let found = linkbus_plugin_api::NodeName::new(peer).ok().and_then(|name| node.links.get(&name));
-    let Some(link) = found else {
-        let message = format!("node {} has no link to '{peer}'", node.name());
-        return Response::Error { code: ErrorCode::NoRoute, accepted: 0, message };
-    };
-    let text = match link.request_reset() {
-        Some(reason) => format!(
-            "link to {peer} restarted (it was stopped: {reason}); the next handshake takes its sequence numbers as they are\n"
-        ),
-        None => format!("link to {peer} is not stopped; nothing to reset\n"),
-    };
-    Response::Status(text)
-}
-
-/// The results of messages of this node, once all are final or after `wait_ms`.
-async fn results(node: &NodeState, source: &str, sequences: &[u64], wait_ms: u64) -> Response {
-    if source != node.name().as_str() {
-        let message = format!(
-            "the results of messages from {source} are kept by node {source}, not by {}",
-            node.name()
-        );
-        return Response::Error { code: ErrorCode::BadRequest, accepted: 0, message };
-    }
-    if sequences.len() > GET_MESSAGES_MAX as usize {
-        let message = format!("at most {GET_MESSAGES_MAX} messages per results request");
-        return Response::Error { code: ErrorCode::BadRequest, accepted: 0, message };
-    }
-    let deadline = tokio::time::Instant::now() + Duration::from_millis(wait_ms.min(GET_WAIT_MS_MAX));
-    tokio::select! {
-        results = node.results.wait(sequences, deadline) => Response::Results(results),
-        () = node.until_stopping(), if wait_ms > 0 => refused(ErrorCode::Internal, node.shutting_down()),
-    }
-}
-
 pub(super) fn refused(code: ErrorCode, message: String) -> Response {
     Response::Error { code, accepted: 0, message }
-}
-
-async fn subscribe(node: &NodeState, to: &str, kinds: &[String]) -> Response {
-    let to: Address = match to.parse() {
-        Ok(to) => to,
-        Err(e) => return refused(ErrorCode::Invalid, format!("'{to}': {e}")),
-    };
-    let mut parsed = Vec::new();
-    for kind in kinds {
-        match kind.as_str() {
-            "all" => parsed.extend(EventKind::ALL),
-            k => match k.parse::<EventKind>() {
-                Ok(kind) => parsed.push(kind),
-                Err(e) => return refused(ErrorCode::Invalid, e),
-            },
-        }
-    }
-    // A queue on another node: ask that node whether it has it (when it can answer now).
-    let mut note = String::new();
-    let link_up = node.link_towards(&to.node).map(|l| l.up.load(Ordering::Relaxed));
-    if &to.node != node.name() && !parsed.is_empty() && link_up == Ok(false) {
-        note = format!(
-            " (not confirmed: the link towards {} is down; copies that cannot be handed over are counted \
-             in `linkbus events ls` here and in `linkbus status` on {})",
-            to.node, to.node
-        );
-    }
-    if &to.node != node.name() && !parsed.is_empty() && link_up == Ok(true) {
-        match node.probe_queue(&to, SUBSCRIBE_PROBE_WAIT).await {
-            crate::node::Probe::Exists => {}
-            crate::node::Probe::Missing(reason) => {
-                return refused(ErrorCode::UnknownQueue, format!("{reason}; {to} not subscribed"));
-            }
-            crate::node::Probe::Unknown(why) => {
-                note = format!(
-                    " (not confirmed: {why}; copies that cannot be handed over are counted in `linkbus \
-                     events ls` here and in `linkbus status` on {})",
-                    to.node
-                );
-            }
-        }
-    }
-    match node.subscribe(&to, &parsed).await {
-        Ok(()) => Response::Status(format!("{to} subscribed{note}\n")),
-        Err((code, message)) => refused(code, message),
-    }
-}
-
-/// How long a subscription of a queue on another node waits for that node to say whether
-/// it has the queue.
-const SUBSCRIBE_PROBE_WAIT: Duration = Duration::from_secs(5);
-
-async fn unsubscribe(node: &NodeState, to: &str) -> Response {
-    let to: Address = match to.parse() {
-        Ok(to) => to,
-        Err(e) => return refused(ErrorCode::Invalid, format!("'{to}': {e}")),
-    };
-    match node.unsubscribe(&to).await {
-        Ok(()) => Response::Status(format!("{to} unsubscribed\n")),
-        Err((code, message)) => refused(code, message),
-    }
-}
-
-/// One line per subscription: queue, kinds, where it comes from.
-fn subscriptions(node: &NodeState) -> String {
-    use std::fmt::Write;
-    let mut s = String::new();
-    for sub in node.subscriptions.all() {
-        let kinds: Vec<&str> = sub.kinds.iter().map(|k| k.as_str()).collect();
-        let from = if sub.from_client { "client" } else { "configuration" };
-        let dropped = node.events_dropped.of(node.name(), &sub.to);
-        let dropped = if dropped > 0 { format!("  {dropped} copies dropped here") } else { String::new() };
-        let _ = writeln!(s, "{}  {}  ({from}){dropped}", sub.to, kinds.join(","));
-    }
-    s
-}
-
-/// A link that is down: for how long, and its last error (how often, since when).
-fn down(health: &crate::link::Health) -> String {
-    let now = crate::clock::unix_ms();
-    let ago = |ms: u64| format!("{:.0} s", now.saturating_sub(ms) as f64 / 1000.0);
-    let mut text = match health.down_since_ms {
-        Some(since) => format!("down for {}", ago(since)),
-        None => "down".to_owned(),
-    };
-    if health.last_error.is_none() {
-        text.push_str(" (no error: waiting for the peer to connect, or for a message to send)");
-    }
-    if let Some(e) = &health.last_error {
-        let times = if e.count > 1 {
-            format!(", {} times since {} ago", e.count, ago(e.first_ms))
-        } else {
-            String::new()
-        };
-        text.push_str(&format!(" (last error {} ago{times}: {})", ago(e.last_ms), e.reason));
-    }
-    text
-}
-
-fn status(node: &NodeState) -> String {
-    use std::fmt::Write;
-    let mut s = String::new();
-    let _ = writeln!(s, "node: {}", node.name());
-    let _ = writeln!(
-        s,
-        "store: {} (durable: {}); {} writes in {} batches, {} synced for {} waiters",
-        node.config.plugins.store.kind,
-        node.store.durable(),
-        node.committer.stats.writes.load(Ordering::Relaxed),
-        node.committer.stats.batches.load(Ordering::Relaxed),
-        node.committer.stats.syncs.load(Ordering::Relaxed),
-        node.committer.stats.waiters.load(Ordering::Relaxed)
-    );
-    let _ = writeln!(s, "disk: {}", node.disk.describe());
-    let _ = writeln!(s, "links:");
-    let mut links: Vec<_> = node.links.values().collect();
-    links.sort_by(|a, b| a.peer.name.cmp(&b.peer.name));
-    for l in links {
-        let state = match l.stopped() {
-            Some(reason) => format!("STOPPED ({reason}; run `linkbus link reset {}`)", l.peer.name),
-            None if l.up.load(Ordering::Relaxed) => "up".to_owned(),
-            None => "down".to_owned(),
-        };
-        let stats = l.stats.lock().map(|s| *s).unwrap_or_default();
-        let _ = writeln!(
-            s,
-            "  {}: {state}, queued {}, acked {}, received {}; renegotiations {}, resent {}, retransmit timeouts {}, naks sent {}, naks received {}, duplicates {}, resumed bytes {}, expired on the way {}",
-            l.peer.name,
-            l.queued(),
-            l.acked_total.load(Ordering::Relaxed),
-            l.received_total.load(Ordering::Relaxed),
-            stats.renegotiations,
-            stats.resent,
-            stats.retransmit_timeouts,
-            stats.naks_sent,
-            stats.naks_received,
-            stats.duplicates,
-            stats.resumed_bytes,
-            stats.expired_on_the_way,
-        );
-        if l.stopped().is_none() && !l.up.load(Ordering::Relaxed) {
-            let _ = writeln!(s, "    {}", down(&l.health()));
-        }
-    }
-    let _ = writeln!(s, "events dropped: {}", node.events_dropped.total());
-    for d in node.events_dropped.all() {
-        let (origin, to) = match (&d.origin, &d.to) {
-            (Some(origin), Some(to)) => (origin.to_string(), to.to_string()),
-            _ => ("other nodes".to_owned(), "other queues".to_owned()),
-        };
-        let _ = writeln!(s, "  from {origin} to {to}: {}, last {} ({})", d.count, d.last.0, d.last.1);
-    }
-    let _ = writeln!(
-        s,
-        "results: {} messages waiting for theirs; result messages dropped (no room): {}",
-        node.results.pending(),
-        node.results_dropped.load(Ordering::Relaxed)
-    );
-    let _ = writeln!(s, "queues:");
-    let mut queues: Vec<_> = node.queues.values().collect();
-    queues.sort_by(|a, b| a.config().name.cmp(&b.config().name));
-    for q in queues {
-        let kind = if q.config().name.as_str() == DEAD_LETTER_QUEUE { " (dead letters)" } else { "" };
-        let _ = writeln!(s, "  {}: {} messages{kind}", q.config().name, q.len());
-    }
-    s
 }
