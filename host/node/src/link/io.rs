@@ -149,65 +149,6 @@ pub(crate) fn refuse(connection: Connection, secure: Option<SecureChannel>, code
     });
 }
 
-/// Why dialing a peer failed; the handshake failures are what a wrong key looks like.
-#[derive(Debug)]
-pub(crate) enum DialError {
-    /// The connection could not be made (the peer is down, or unreachable).
-    Connect(String),
-    /// The peer closed the connection before answering the handshake: it refused it.
-    PeerClosed,
-    /// The handshake failed on this side.
-    Secure(linkbus_proto::secure::SecureError),
-    /// Reading or writing failed during the handshake.
-    Io(String),
-    /// No answer within `links.handshake_timeout_ms`.
-    TimedOut,
-}
-
-impl DialError {
-    /// Whether the failure came from the handshake (a wrong key or cluster key), not from
-    /// reaching the peer.
-    pub(crate) fn is_handshake(&self) -> bool {
-        matches!(self, Self::PeerClosed | Self::Secure(_) | Self::TimedOut)
-    }
-}
-
-/// Dialer: runs the secure channel's handshake on a fresh connection; returns the channel
-/// and any plaintext that arrived with the last handshake bytes.
-///
-/// # Errors
-/// A [`DialError`] when the handshake fails, the peer closes, or `timeout` passes.
-pub(crate) async fn secure_dial(
-    connection: &mut Connection,
-    mut channel: SecureChannel,
-    timeout: std::time::Duration,
-) -> Result<(SecureChannel, BytesMut), DialError> {
-    let handshake = async {
-        if let Some(bytes) = channel.poll_transmit() {
-            connection
-                .writer
-                .write_all(&bytes)
-                .await
-                .map_err(|e| DialError::Io(format!("write failed: {e}")))?;
-        }
-        let mut buf = vec![0u8; 16 * 1024];
-        while !channel.is_established() {
-            let n = connection
-                .reader
-                .read(&mut buf)
-                .await
-                .map_err(|e| DialError::Io(format!("read failed: {e}")))?;
-            if n == 0 {
-                return Err(DialError::PeerClosed);
-            }
-            channel.handle_bytes(buf.get(..n).unwrap_or_default()).map_err(DialError::Secure)?;
-        }
-        let leftover = channel.take_plaintext().map(BytesMut::from).unwrap_or_default();
-        Ok((channel, leftover))
-    };
-    tokio::time::timeout(timeout, handshake).await.map_err(|_| DialError::TimedOut)?
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

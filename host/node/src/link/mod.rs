@@ -19,6 +19,7 @@
 //! writes stall) until the writer drains.
 
 mod backoff;
+mod dial;
 mod handle;
 mod io;
 pub(crate) mod state;
@@ -44,10 +45,11 @@ use crate::node::NodeState;
 use crate::results::{EXPIRED_BEFORE_SENDING, Outcome, RESULT_MESSAGE_NAME, ResultTo};
 use crate::warnings::reason;
 use backoff::Backoff;
+use dial::DialError;
 pub(crate) use handle::{Gate, Incoming};
 pub use handle::{Health, LastError, LinkHandle};
 pub(crate) use io::refuse;
-use io::{ConnEvent, DialError, read_chunk, secure_dial, write_loop};
+use io::{ConnEvent, read_chunk, write_loop};
 pub use transmit::CLASSES;
 
 /// Bytes handed to the writer task and not yet written, twice which the link stops reading (so a
@@ -429,91 +431,6 @@ impl Link {
 
     fn backlog(&self) -> usize {
         self.active.as_ref().map_or(0, |a| a.backlog.load(Ordering::Relaxed))
-    }
-
-    fn dial_due(&self) -> Option<tokio::time::Instant> {
-        if self.active.is_some() || self.dialing || self.handle.stopped().is_some() {
-            return None;
-        }
-        let wanted = self.handle.peer.permanent || self.handle.queued() > 0 || self.session.in_flight() > 0;
-        self.next_dial.filter(|_| wanted)
-    }
-
-    fn start_dial(&mut self) {
-        let Some(address) = self.handle.peer.address.clone() else { return };
-        self.dialing = true;
-        let node = self.node.clone();
-        let peer = self.handle.peer.name.clone();
-        let tx = self.dial_tx.clone();
-        let links = &self.node.config.links;
-        let (connect_timeout, handshake_timeout) = (
-            Duration::from_millis(links.connect_timeout_ms),
-            Duration::from_millis(links.handshake_timeout_ms),
-        );
-        tokio::spawn(async move {
-            let result = async {
-                let mut connection =
-                    match tokio::time::timeout(connect_timeout, node.transport.connect(&address)).await {
-                        Ok(result) => result.map_err(|e| DialError::Connect(e.to_string()))?,
-                        Err(_) => return Err(DialError::Connect(format!("connect {address}: timed out"))),
-                    };
-                let channel =
-                    node.security.dialer(&peer, crate::clock::unix_ms()).map_err(DialError::Secure)?;
-                let (secure, leftover) = secure_dial(&mut connection, channel, handshake_timeout).await?;
-                Ok(Incoming { connection, hello: None, leftover, secure })
-            }
-            .await;
-            let _ = tx.send(result).await;
-        });
-    }
-
-    fn dialed(&mut self, result: Result<Incoming, DialError>) {
-        self.dialing = false;
-        match result {
-            Ok(incoming) => self.adopt(incoming, true),
-            Err(e) => {
-                let delay = self.backoff.take();
-                let reason = self.dial_failure(&e);
-                self.handle.note_error(&reason);
-                if e.is_handshake() && self.node.warnings.admit(reason::HANDSHAKE_FAILED) {
-                    warn!(
-                        peer = self.peer(),
-                        reason,
-                        retry_ms = delay.as_millis() as u64,
-                        "Link handshake failed."
-                    );
-                } else {
-                    debug!(peer = self.peer(), reason, retry_ms = delay.as_millis() as u64, "Dial failed.");
-                }
-                self.next_dial = Some(tokio::time::Instant::now() + delay);
-            }
-        }
-    }
-
-    /// What a failed dial means, with the configuration keys to check.
-    fn dial_failure(&self, error: &DialError) -> String {
-        let peer = self.peer();
-        let address = self.handle.peer.address.as_deref().unwrap_or("-");
-        match error {
-            DialError::Connect(e) => format!("cannot reach {peer} at {address} (peers[{peer}].address): {e}"),
-            DialError::PeerClosed => {
-                let ours = self.node.security.public_key().map(|k| linkbus_proto::secure::hex(&k));
-                format!(
-                    "{peer} refused the handshake (closed the connection without an answer): check that \
-                     peers[{peer}].public_key here is {peer}'s public key, and that {peer} lists this node's \
-                     public key ({}) among its peers (else the clocks differ by more than \
-                     security.clock_skew_max_s, or {peer} is flooded with connections); {peer}'s log names \
-                     the cause",
-                    ours.as_deref().unwrap_or("none")
-                )
-            }
-            DialError::Secure(e) => format!("handshake with {peer} failed: {e}"),
-            DialError::Io(e) => format!("handshake with {peer} failed: {e}"),
-            DialError::TimedOut => format!(
-                "{peer} did not answer the handshake within links.handshake_timeout_ms ({} ms)",
-                self.node.config.links.handshake_timeout_ms
-            ),
-        }
     }
 
     /// Takes up an operator's reset of a stopped link: the next handshake takes the peer's
