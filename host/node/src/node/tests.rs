@@ -255,18 +255,25 @@ impl Store for CrashStore {
     }
 }
 
-/// Client subscriptions are written (and synced) by the store thread, never by the
-/// request that makes them, and are in force once that returns.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn subscriptions_are_written_by_the_store_thread_only() {
-    let text = "node: { name: A, listen: none }\nqueues: [ { name: q }, { name: ops } ]\n\
-                security: { insecure_plaintext: true }\nplugins: { store: { kind: memory } }";
-    let mut tree = config::parse_yaml(text).unwrap();
+/// Node A (no peers, `queues` YAML) on a [`CrashStore`].
+fn crash_store_node(queues: &str) -> (Arc<NodeState>, Arc<CrashStore>) {
+    let text = format!(
+        "node: {{ name: A, listen: none }}\n{queues}\nsecurity: {{ insecure_plaintext: true }}\n\
+         plugins: {{ store: {{ kind: memory }} }}"
+    );
+    let mut tree = config::parse_yaml(&text).unwrap();
     config::apply_overrides(&mut tree, &Overrides::default());
     let config = config::from_value(&tree).unwrap();
     let transport = build_plugins(&config).unwrap().0;
     let store = Arc::new(CrashStore::default());
-    let n = NodeState::with_plugins(config, transport, store.clone()).unwrap();
+    (NodeState::with_plugins(config, transport, store.clone()).unwrap(), store)
+}
+
+/// Client subscriptions are written (and synced) by the store thread, never by the
+/// request that makes them, and are in force once that returns.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn subscriptions_are_written_by_the_store_thread_only() {
+    let (n, store) = crash_store_node("queues: [ { name: q }, { name: ops } ]");
     store.writers.lock().unwrap().clear();
     let ops: Address = "A:ops".parse().unwrap();
     n.subscribe(&ops, &[EventKind::Expired]).await.unwrap();
@@ -374,14 +381,7 @@ async fn runs_of_a_put_are_queued_together_and_one_at_a_time_when_they_do_not_fi
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acknowledged_persistent_puts_survive_a_crash_and_the_negative_control_loses_them() {
     for ack_before_sync in [false, true] {
-        let text = "node: { name: A, listen: none }\nqueues: [ { name: q } ]\nsecurity: { insecure_plaintext: true }\n\
-                    plugins: { store: { kind: memory } }";
-        let mut tree = config::parse_yaml(text).unwrap();
-        config::apply_overrides(&mut tree, &Overrides::default());
-        let config = config::from_value(&tree).unwrap();
-        let transport = build_plugins(&config).unwrap().0;
-        let store = Arc::new(CrashStore::default());
-        let n = NodeState::with_plugins(config, transport, store.clone()).unwrap();
+        let (n, store) = crash_store_node("queues: [ { name: q } ]");
         n.ack_before_sync.store(ack_before_sync, Ordering::Relaxed);
         for i in 0..50 {
             let content = Content::buf("A:q".parse().unwrap(), format!("m{i}"))
