@@ -25,7 +25,16 @@ pub fn linkbus_bin() -> &'static Path {
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
         let root = Path::new(env!("CARGO_MANIFEST_DIR"));
         let status = Command::new(cargo)
-            .args(["build", "--quiet", "-p", "linkbus-host", "--bin", "linkbus"])
+            .args([
+                "build",
+                "--quiet",
+                "-p",
+                "linkbus-host",
+                "--features",
+                "fault-injection",
+                "--bin",
+                "linkbus",
+            ])
             .current_dir(root)
             .status()
             .expect("cargo runs");

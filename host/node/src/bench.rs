@@ -489,7 +489,7 @@ const LINK_UP_WAIT: Duration = Duration::from_secs(10);
 /// messages put before would wait in a queue the link then drains in one burst).
 async fn wait_until_linked(nodes: &[Node]) -> Result<(), DemoError> {
     let deadline = Instant::now() + LINK_UP_WAIT;
-    let all_up = || nodes.iter().all(|n| n.state().links.values().all(|l| l.up.load(Ordering::Relaxed)));
+    let all_up = || nodes.iter().all(|n| n.state().links().all(|l| l.up.load(Ordering::Relaxed)));
     while !all_up() {
         if Instant::now() > deadline {
             return Err(DemoError::Io(std::io::Error::other(format!(

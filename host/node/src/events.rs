@@ -242,16 +242,10 @@ impl Subscriptions {
         Ok(Self { list: RwLock::new(list), changes: tokio::sync::Mutex::new(()) })
     }
 
-    /// Removes (from the store too) the client subscriptions whose queue `check` refuses,
-    /// saying why in the log: a queue or peer dropped from the configuration since.
-    ///
-    /// # Errors
-    /// When the store fails.
-    pub fn remove_unreachable(
-        &self,
-        store: &dyn Store,
-        check: impl Fn(&Address) -> Result<(), String>,
-    ) -> Result<(), StoreError> {
+    /// Removes the client subscriptions whose queue `check` refuses, saying why in the log
+    /// (a queue or peer dropped from the configuration since); returns the store batch that
+    /// forgets them, for the store thread to write.
+    pub fn remove_unreachable(&self, check: impl Fn(&Address) -> Result<(), String>) -> Batch {
         let mut list = self.list.write().unwrap_or_else(std::sync::PoisonError::into_inner);
         let mut batch = Batch::new();
         list.retain(|s| match check(&s.to) {
@@ -262,10 +256,7 @@ impl Subscriptions {
             }
             _ => true,
         });
-        if !batch.is_empty() {
-            store.write(batch, true)?;
-        }
-        Ok(())
+        batch
     }
 
     fn read(&self) -> std::sync::RwLockReadGuard<'_, Vec<Subscription>> {
@@ -414,12 +405,9 @@ mod tests {
             path: "p".into(),
         });
         let again = Subscriptions::load(&config, &store).unwrap();
-        again
-            .remove_unreachable(
-                &store,
-                |to| if to.node.as_str() == "C" { Err("no peer".into()) } else { Ok(()) },
-            )
-            .unwrap();
+        let forget = again
+            .remove_unreachable(|to| if to.node.as_str() == "C" { Err("no peer".into()) } else { Ok(()) });
+        store.write(forget, true).unwrap();
         assert!(again.all().iter().all(|s| !s.from_client), "{:?}", again.all());
         assert!(store.scan(SUBSCRIPTIONS_SPACE, Bound::Unbounded, Bound::Unbounded, 10).unwrap().is_empty());
     }

@@ -30,6 +30,8 @@ pub mod config;
 pub mod demo;
 pub mod disk;
 pub mod events;
+mod faults;
+pub mod flow;
 pub mod link;
 pub mod listener;
 pub mod node;
@@ -59,6 +61,7 @@ pub type ByName<K, V> = std::collections::HashMap<K, V, rustc_hash::FxBuildHashe
 
 pub use client::{Client, ClientError, Consumer, Delivery, NodeLimits};
 pub use config::Config;
+pub use flow::{Refusal, RefusalCode, Stage, StageFactory};
 pub use node::{NodeState, StartError};
 
 // The linker drops a crate nothing names, and its plugin registrations with it.
@@ -94,29 +97,29 @@ impl Node {
         let (shutdown, watch_rx) = watch::channel(false);
         let mut tasks = JoinSet::new();
         let mut listen_address = None;
-        if let Some(address) = &state.config.node.listen {
-            let listener = state.transport.listen(address).await?;
+        if let Some(address) = &state.config().node.listen {
+            let listener = state.transport().listen(address).await?;
             listen_address = Some(listener.local_address());
             tasks.spawn(listener::run(state.clone(), listener, watch_rx.clone()));
         }
         let socket_path = state.socket_path();
         let client_listener = api::server::bind(&socket_path).await?;
         tasks.spawn(api::server::run(state.clone(), client_listener, socket_path.clone(), watch_rx.clone()));
-        for link in state.links.values() {
+        for link in state.links() {
             tasks.spawn(link::run(state.clone(), link.clone(), watch_rx.clone()));
         }
         tasks.spawn(result_timer(state.clone(), watch_rx.clone()));
         tasks.spawn(warnings_timer(state.clone(), watch_rx.clone()));
         tasks.spawn(disk_timer(state.clone(), watch_rx.clone()));
-        if state.security.mode == linkbus_proto::secure::Mode::Plaintext {
+        if state.security().mode == linkbus_proto::secure::Mode::Plaintext {
             tracing::warn!(node = %state.name(), "INSECURE: links are plaintext, unauthenticated and unencrypted (security.insecure_plaintext).");
         }
         info!(
             node = %state.name(),
             listen = listen_address.as_deref().unwrap_or("-"),
             socket = %socket_path.display(),
-            peers = state.links.len(),
-            queues = state.config.queues.len(),
+            peers = state.links().count(),
+            queues = state.config().queues.len(),
             "Node started."
         );
         Ok(Self { state, shutdown, tasks, listen_address, socket_path })
@@ -156,7 +159,7 @@ impl Node {
             self.tasks.abort_all();
         }
         // What was written (gets, acknowledgements, backouts) is on disk before the process ends.
-        if let Err(e) = self.state.committer.sync().await {
+        if let Err(e) = self.state.committer().sync().await {
             tracing::error!(error = %e, "Final store sync failed.");
         }
         info!(node = %self.state.name(), "Node stopped.");
@@ -174,14 +177,14 @@ async fn result_timer(state: Arc<NodeState>, mut shutdown: watch::Receiver<bool>
     let mut due = link::Deadline::new();
     loop {
         due.set(
-            state.results.next_due().map(|at| tokio::time::Instant::from_std(at).max(last + RESULT_TICK)),
+            state.results().next_due().map(|at| tokio::time::Instant::from_std(at).max(last + RESULT_TICK)),
         );
         tokio::select! {
             () = due.wait() => {
                 last = tokio::time::Instant::now();
                 state.time_out_results(std::time::Instant::now());
             }
-            () = state.results.earlier_due() => {}
+            () = state.results().earlier_due() => {}
             _ = shutdown.changed() => return,
         }
     }
@@ -189,16 +192,16 @@ async fn result_timer(state: Arc<NodeState>, mut shutdown: watch::Receiver<bool>
 
 /// Logs the summaries of repeated warnings once per interval, until shutdown.
 async fn warnings_timer(state: Arc<NodeState>, mut shutdown: watch::Receiver<bool>) {
-    let mut tick = tokio::time::interval(state.warnings.interval());
+    let mut tick = tokio::time::interval(state.warnings().interval());
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             _ = tick.tick() => {
-                state.warnings.flush();
+                state.warnings().flush();
             }
             _ = shutdown.changed() => {
                 // Not wait for the interval: what was counted is said before the node stops.
-                state.warnings.flush_all();
+                state.warnings().flush_all();
                 return;
             }
         }
@@ -211,7 +214,7 @@ async fn disk_timer(state: Arc<NodeState>, mut shutdown: watch::Receiver<bool>) 
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
-            _ = tick.tick() => state.disk.check(),
+            _ = tick.tick() => state.disk().check(),
             _ = shutdown.changed() => return,
         }
     }
@@ -256,7 +259,7 @@ async fn run_with(
     let mut node = Node::start(config).await?;
     let state = node.state.clone();
     if let Some(source) = source {
-        let _ = state.reload_source.set(source);
+        let _ = state.set_reload_source(source);
     }
     let reloads = async {
         let Some(hangup) = hangup.as_mut() else { return std::future::pending().await };

@@ -24,56 +24,11 @@ use crate::config::{QueueConfig, QueueOrder};
 use crate::segmented::Segmented;
 use crate::storage::Committer;
 
-/// The dead-letter queue every node has: messages that could not be delivered, with the
-/// reason in the `linkbus.dead_letter_reason` header.
-pub const DEAD_LETTER_QUEUE: &str = "DLQ";
 /// The node's event queue (see [`crate::events`]).
 pub const EVENT_QUEUE: &str = "EVENT";
-/// Header naming why a message was dead-lettered, for people.
-pub const DEAD_LETTER_REASON_HEADER: &str = "linkbus.dead_letter_reason";
-/// Header with the [`DeadLetterCode`] of a dead-lettered message, for programs.
-pub const DEAD_LETTER_CODE_HEADER: &str = "linkbus.dead_letter_code";
-/// Header listing (comma-separated) the recipients a dead-lettered message could not reach.
-pub const DEAD_LETTER_RECIPIENTS_HEADER: &str = "linkbus.dead_letter_recipients";
-
-/// Why a message went to the dead-letter queue: a stable code, in the
-/// `linkbus.dead_letter_code` header.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DeadLetterCode {
-    /// No link or route reaches a recipient's node (or it arrived at the wrong node).
-    NoRoute,
-    /// It crossed more relays than allowed.
-    HopLimit,
-    /// The sender may not send there.
-    NotAuthorised,
-    /// A filter rejected it.
-    FilterRejected,
-    /// It is larger than a queue or a peer takes.
-    TooLarge,
-    /// A recipient queue does not exist.
-    QueueMissing,
-    /// A recipient queue was full.
-    QueueFull,
-}
-
-impl DeadLetterCode {
-    /// The code as written in the header.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::NoRoute => "no_route",
-            Self::HopLimit => "hop_limit",
-            Self::NotAuthorised => "not_authorised",
-            Self::FilterRejected => "filter_rejected",
-            Self::TooLarge => "too_large",
-            Self::QueueMissing => "queue_missing",
-            Self::QueueFull => "queue_full",
-        }
-    }
-}
-
 /// Whether `name` belongs to the node rather than to users' configuration.
 pub fn is_reserved(name: &QueueName) -> bool {
-    matches!(name.as_str(), DEAD_LETTER_QUEUE | EVENT_QUEUE)
+    matches!(name.as_str(), crate::flow::dead_letter::DEAD_LETTER_QUEUE | EVENT_QUEUE)
 }
 
 /// Why a message was not queued.
@@ -505,6 +460,15 @@ impl LocalQueue {
         drop(levels);
         self.notify.notify_waiters();
         Ok(())
+    }
+
+    /// Queues `message` past the queue's bound (its room was checked before), writing
+    /// `with` in the same store batch (after the message).
+    pub(crate) fn push_past_bound(&self, message: Message, now: Instant, with: Batch) {
+        let mut levels = self.lock();
+        self.push_locked(&mut levels, message, now, with);
+        drop(levels);
+        self.notify.notify_waiters();
     }
 
     /// Queues `messages` in order under one hold of the lock, past the queue's bound (a

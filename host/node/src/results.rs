@@ -710,6 +710,16 @@ pub fn parse_id(text: &str) -> Result<MessageId, String> {
     Ok(MessageId { source, sequence, created_unix_ms: 0 })
 }
 
+/// Whether `message` is a result message from another node (only nodes send the system
+/// priority).
+pub(crate) fn is_result_message(message: &Message) -> bool {
+    message.content.kind == linkbus_plugin_api::Kind::Event
+        && message.content.priority.is_system()
+        && message.content.name == RESULT_MESSAGE_NAME
+        && message.content.header(RESULT_FOR_HEADER).is_some()
+        && message.content.recipients.iter().all(|to| to.queue.as_str() == crate::queue::EVENT_QUEUE)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

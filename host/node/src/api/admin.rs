@@ -10,8 +10,8 @@ use linkbus_plugin_api::Address;
 use super::protocol::{ErrorCode, Response};
 use super::server::{GET_MESSAGES_MAX, GET_WAIT_MS_MAX, refused};
 use crate::events::EventKind;
+use crate::flow::dead_letter::DEAD_LETTER_QUEUE;
 use crate::node::NodeState;
-use crate::queue::DEAD_LETTER_QUEUE;
 
 pub(super) fn reload(node: &NodeState) -> Response {
     match node.reload() {
@@ -22,13 +22,15 @@ pub(super) fn reload(node: &NodeState) -> Response {
 
 pub(super) fn route_explain(node: &NodeState, destination: &str) -> Response {
     match linkbus_plugin_api::NodeName::new(destination) {
-        Ok(name) => Response::Status(node.routing.explain(&name).iter().map(|l| format!("{l}\n")).collect()),
+        Ok(name) => {
+            Response::Status(node.routing().explain(&name).iter().map(|l| format!("{l}\n")).collect())
+        }
         Err(e) => Response::Error { code: ErrorCode::Invalid, accepted: 0, message: e.to_string() },
     }
 }
 
 pub(super) fn link_reset(node: &NodeState, peer: &str) -> Response {
-    let found = linkbus_plugin_api::NodeName::new(peer).ok().and_then(|name| node.links.get(&name));
+    let found = linkbus_plugin_api::NodeName::new(peer).ok().and_then(|name| node.link(&name));
     let Some(link) = found else {
         let message = format!("node {} has no link to '{peer}'", node.name());
         return Response::Error { code: ErrorCode::NoRoute, accepted: 0, message };
@@ -57,7 +59,7 @@ pub(super) async fn results(node: &NodeState, source: &str, sequences: &[u64], w
     }
     let deadline = tokio::time::Instant::now() + Duration::from_millis(wait_ms.min(GET_WAIT_MS_MAX));
     tokio::select! {
-        results = node.results.wait(sequences, deadline) => Response::Results(results),
+        results = node.results().wait(sequences, deadline) => Response::Results(results),
         () = node.until_stopping(), if wait_ms > 0 => refused(ErrorCode::Internal, node.shutting_down()),
     }
 }
@@ -104,7 +106,7 @@ pub(super) async fn subscribe(node: &NodeState, to: &str, kinds: &[String]) -> R
     }
     match node.subscribe(&to, &parsed).await {
         Ok(()) => Response::Status(format!("{to} subscribed{note}\n")),
-        Err((code, message)) => refused(code, message),
+        Err(refusal) => refused(refusal.code.into(), refusal.reason),
     }
 }
 
@@ -119,7 +121,7 @@ pub(super) async fn unsubscribe(node: &NodeState, to: &str) -> Response {
     };
     match node.unsubscribe(&to).await {
         Ok(()) => Response::Status(format!("{to} unsubscribed\n")),
-        Err((code, message)) => refused(code, message),
+        Err(refusal) => refused(refusal.code.into(), refusal.reason),
     }
 }
 
@@ -127,10 +129,10 @@ pub(super) async fn unsubscribe(node: &NodeState, to: &str) -> Response {
 pub(super) fn subscriptions(node: &NodeState) -> String {
     use std::fmt::Write;
     let mut s = String::new();
-    for sub in node.subscriptions.all() {
+    for sub in node.subscriptions().all() {
         let kinds: Vec<&str> = sub.kinds.iter().map(|k| k.as_str()).collect();
         let from = if sub.from_client { "client" } else { "configuration" };
-        let dropped = node.events_dropped.of(node.name(), &sub.to);
+        let dropped = node.events_dropped().of(node.name(), &sub.to);
         let dropped = if dropped > 0 { format!("  {dropped} copies dropped here") } else { String::new() };
         let _ = writeln!(s, "{}  {}  ({from}){dropped}", sub.to, kinds.join(","));
     }
@@ -166,16 +168,16 @@ pub(super) fn status(node: &NodeState) -> String {
     let _ = writeln!(
         s,
         "store: {} (durable: {}); {} writes in {} batches, {} synced for {} waiters",
-        node.config.plugins.store.kind,
-        node.store.durable(),
-        node.committer.stats.writes.load(Ordering::Relaxed),
-        node.committer.stats.batches.load(Ordering::Relaxed),
-        node.committer.stats.syncs.load(Ordering::Relaxed),
-        node.committer.stats.waiters.load(Ordering::Relaxed)
+        node.config().plugins.store.kind,
+        node.store().durable(),
+        node.committer().stats.writes.load(Ordering::Relaxed),
+        node.committer().stats.batches.load(Ordering::Relaxed),
+        node.committer().stats.syncs.load(Ordering::Relaxed),
+        node.committer().stats.waiters.load(Ordering::Relaxed)
     );
-    let _ = writeln!(s, "disk: {}", node.disk.describe());
+    let _ = writeln!(s, "disk: {}", node.disk().describe());
     let _ = writeln!(s, "links:");
-    let mut links: Vec<_> = node.links.values().collect();
+    let mut links: Vec<_> = node.links().collect();
     links.sort_by(|a, b| a.peer.name.cmp(&b.peer.name));
     for l in links {
         let state = match l.stopped() {
@@ -204,8 +206,8 @@ pub(super) fn status(node: &NodeState) -> String {
             let _ = writeln!(s, "    {}", down(&l.health()));
         }
     }
-    let _ = writeln!(s, "events dropped: {}", node.events_dropped.total());
-    for d in node.events_dropped.all() {
+    let _ = writeln!(s, "events dropped: {}", node.events_dropped().total());
+    for d in node.events_dropped().all() {
         let (origin, to) = match (&d.origin, &d.to) {
             (Some(origin), Some(to)) => (origin.to_string(), to.to_string()),
             _ => ("other nodes".to_owned(), "other queues".to_owned()),
@@ -215,11 +217,11 @@ pub(super) fn status(node: &NodeState) -> String {
     let _ = writeln!(
         s,
         "results: {} messages waiting for theirs; result messages dropped (no room): {}",
-        node.results.pending(),
-        node.results_dropped.load(Ordering::Relaxed)
+        node.results().pending(),
+        node.results_dropped()
     );
     let _ = writeln!(s, "queues:");
-    let mut queues: Vec<_> = node.queues.values().collect();
+    let mut queues: Vec<_> = node.queues().collect();
     queues.sort_by(|a, b| a.config().name.cmp(&b.config().name));
     for q in queues {
         let kind = if q.config().name.as_str() == DEAD_LETTER_QUEUE { " (dead letters)" } else { "" };

@@ -40,14 +40,14 @@ pub(super) async fn take(
     // Taking a persistent message (or marking it handed out) is durable before the
     // consumer has it, so a crash never hands it out again unmarked.
     let stored = messages.iter().any(|m| m.content.reliability == Reliability::Persistent);
-    if !(stored && node.store.durable()) {
+    if !(stored && node.store().durable()) {
         return (Response::Messages { messages, tags }, Some(q));
     }
     // Until the consumer has them, taken messages go back to the queue if the sync fails
     // or the wait for it is abandoned (the client left, the node stops). Pending ones go
     // back with the connection instead.
     let mut taken = Taken { queue: &q, messages, restore: tags.is_empty() };
-    if let Err(e) = node.committer.sync().await {
+    if let Err(e) = node.committer().sync().await {
         drop(taken);
         return (refused(ErrorCode::Internal, format!("store failed: {e}")), Some(q));
     }
@@ -74,7 +74,7 @@ impl Drop for Taken<'_> {
 
 /// The queue's handle, or the error naming the missing queue.
 pub(super) fn find_queue(node: &NodeState, queue: &str) -> Result<Arc<LocalQueue>, Response> {
-    let found = linkbus_plugin_api::QueueName::new(queue).ok().and_then(|name| node.queues.get(&name));
+    let found = linkbus_plugin_api::QueueName::new(queue).ok().and_then(|name| node.queue(&name));
     found.cloned().ok_or_else(|| {
         let message = format!("queue '{queue}' does not exist on node {}", node.name());
         Response::Error { code: ErrorCode::UnknownQueue, accepted: 0, message }
@@ -119,7 +119,7 @@ pub(super) async fn follow(
     count_max: u32,
     wait_ms: u64,
 ) -> Response {
-    let Some(q) = node.queues.get(queue).cloned() else {
+    let Some(q) = node.queue(queue).cloned() else {
         let message = format!("queue '{queue}' does not exist on node {}", node.name());
         return Response::Error { code: ErrorCode::UnknownQueue, accepted: 0, message };
     };
@@ -187,7 +187,7 @@ pub(super) async fn get(node: &NodeState, q: &LocalQueue, limits: PopLimits, wai
 
 fn queue_list(node: &NodeState) -> String {
     use std::fmt::Write;
-    let mut queues: Vec<_> = node.queues.values().collect();
+    let mut queues: Vec<_> = node.queues().collect();
     queues.sort_by(|a, b| a.config().name.cmp(&b.config().name));
     let mut s = format!(
         "{:<20} {:<9} {:>10} {:>8} {:>10} {:>10}\n",

@@ -15,7 +15,8 @@ use super::admin;
 use super::protocol::{ErrorCode, Request, Response, split_frame};
 use super::queues::{find_queue, get, queue_request, take};
 use crate::events::{Event, EventKind};
-use crate::node::{CommitError, NodeState, StartError};
+use crate::flow::{CommitError, Origin, Refusal, RefusalCode};
+use crate::node::{NodeState, StartError};
 use crate::queue::{LocalQueue, PopLimits, SettleError};
 use linkbus_plugin_api::Reliability;
 use linkbus_proto::reader::ReadError;
@@ -117,10 +118,12 @@ impl Transaction {
         self.puts.len() + self.got
     }
 
-    /// Checks and stamps the contents now; they are queued at commit.
+    /// Checks and stamps the contents now (through the origin stages); they are queued at
+    /// commit.
     fn put(
         &mut self,
         node: &NodeState,
+        origin: &mut Origin,
         contents: Vec<linkbus_plugin_api::Content>,
         no_wait: bool,
     ) -> Response {
@@ -129,31 +132,33 @@ impl Transaction {
             return refused(ErrorCode::Invalid, message);
         }
         let created_unix_ms = crate::clock::unix_ms();
-        let mut sequences = Vec::with_capacity(contents.len());
-        for (index, content) in contents.into_iter().enumerate() {
-            let accepted = index as u32;
-            let bytes = linkbus_proto::wire::content_encoded_len(&content);
-            if self.count() >= TRANSACTION_MESSAGES_MAX || self.put_bytes + bytes > TRANSACTION_BYTES_MAX {
-                let message = format!(
-                    "message {}: a transaction holds at most {TRANSACTION_MESSAGES_MAX} messages and {TRANSACTION_BYTES_MAX} bytes of encoded puts",
-                    index + 1
-                );
-                return Response::Error { code: ErrorCode::TooLarge, accepted, message };
+        let sizes: Vec<usize> = contents.iter().map(linkbus_proto::wire::content_encoded_len).collect();
+        let mut bytes = self.put_bytes;
+        let mut fits = contents.len();
+        for (index, size) in sizes.iter().enumerate() {
+            bytes += size;
+            if self.count() + index >= TRANSACTION_MESSAGES_MAX || bytes > TRANSACTION_BYTES_MAX {
+                fits = index;
+                break;
             }
-            match node.prepare_in_transaction(content, created_unix_ms) {
-                Ok(message) => {
-                    self.put_bytes += bytes;
-                    sequences.push(message.id.sequence);
-                    self.puts.push(message);
-                }
-                Err((code, message)) => {
-                    return Response::Error {
-                        code,
-                        accepted,
-                        message: format!("message {}: {message}", index + 1),
-                    };
-                }
-            }
+        }
+        let mut contents = contents;
+        let over = fits < contents.len();
+        contents.truncate(fits);
+        let (messages, refused) = origin.prepare(node, contents, created_unix_ms);
+        let sequences: Vec<u64> = messages.iter().map(|m| m.id.sequence).collect();
+        let accepted = messages.len();
+        self.put_bytes += sizes.iter().take(accepted).sum::<usize>();
+        self.puts.extend(messages);
+        if let Some(e) = refused {
+            return Response::Error { code: e.code.into(), accepted: e.accepted, message: e.message };
+        }
+        if over {
+            let message = format!(
+                "message {}: a transaction holds at most {TRANSACTION_MESSAGES_MAX} messages and {TRANSACTION_BYTES_MAX} bytes of encoded puts",
+                accepted + 1
+            );
+            return Response::Error { code: ErrorCode::TooLarge, accepted: accepted as u32, message };
         }
         Response::PutOk { source: node.name().clone(), sequences, created_unix_ms }
     }
@@ -219,17 +224,17 @@ async fn transact(node: &NodeState, request: Request, transaction: &mut Option<T
             let count = tx.count();
             // A commit abandoned while it waits (the client left) drops `tx`: rolled back.
             // The puts move into the commit (a commit that fails drops them, as a rollback).
-            match node.commit(std::mem::take(&mut tx.puts), &gets, timeout).await {
+            match crate::flow::origin::commit(node, std::mem::take(&mut tx.puts), &gets, timeout).await {
                 Ok(()) => {
                     // Acknowledged by the commit: nothing left to give back.
                     tx.gets.queues.clear();
                     Response::Settled(count as u32)
                 }
-                Err(CommitError::Refused((code, reason))) => {
-                    if matches!(code, ErrorCode::Full | ErrorCode::Rejected) {
+                Err(CommitError::Refused(Refusal { code, reason })) => {
+                    if matches!(code, RefusalCode::Full | RefusalCode::Rejected) {
                         node.emit(Event::new(EventKind::QueueFull, reason.clone()).with("reason", &reason));
                     }
-                    refused(code, format!("transaction rolled back: {reason}"))
+                    refused(code.into(), format!("transaction rolled back: {reason}"))
                 }
                 Err(CommitError::Partly(reason)) => {
                     // What was not acknowledged goes back when `tx` drops.
@@ -304,7 +309,7 @@ pub async fn run(
                     connections.spawn(serve(node.clone(), stream, shutdown.clone()));
                 }
                 Err(e) => {
-                    if node.warnings.admit(crate::warnings::reason::CLIENT_ACCEPT_FAILED) {
+                    if node.warnings().admit(crate::warnings::reason::CLIENT_ACCEPT_FAILED) {
                         warn!(error = %e, "Client accept failed.");
                     }
                     tokio::time::sleep(Duration::from_millis(50)).await;
@@ -377,17 +382,16 @@ async fn serve(node: Arc<NodeState>, mut stream: UnixStream, mut shutdown: watch
     let mut buf = BytesMut::with_capacity(64 * 1024);
     // A response's chunks: large payloads are shared into a vectored write, not copied.
     let (mut chunks, mut parts) = (Chunks::default(), Vec::new());
-    let mut pending = PendingOnConnection::default();
     // Dropped with the connection: an open transaction is rolled back.
-    let mut transaction: Option<Transaction> = None;
+    let mut held = Held::default();
     // A consumer's `Consume`, taken up again after each answer: nothing more is read.
     let mut consuming: Option<Request> = None;
     loop {
         // A node that is stopping starts no other request: those under way were answered.
         // (A consumer between batches is told so.)
         if node.stopping() {
-            let (first, held) = (consuming.take().map(Ok), (&mut pending, &mut transaction));
-            return answer_at_stop(&node, &mut stream, &mut buf, frame_bytes_max, first, held).await;
+            let first = consuming.take().map(Ok);
+            return answer_at_stop(&node, &mut stream, &mut buf, frame_bytes_max, first, &mut held).await;
         }
         let decoded = match consuming.take() {
             Some(request) => Ok(request),
@@ -395,8 +399,8 @@ async fn serve(node: Arc<NodeState>, mut stream: UnixStream, mut shutdown: watch
                 // Read as the node began to stop, or left waiting in the socket then: not
                 // started either.
                 first if node.stopping() => {
-                    let held = (&mut pending, &mut transaction);
-                    return answer_at_stop(&node, &mut stream, &mut buf, frame_bytes_max, first, held).await;
+                    return answer_at_stop(&node, &mut stream, &mut buf, frame_bytes_max, first, &mut held)
+                        .await;
                 }
                 Some(decoded) => decoded,
                 None => return,
@@ -408,7 +412,7 @@ async fn serve(node: Arc<NodeState>, mut stream: UnixStream, mut shutdown: watch
             // commit waiting for room is refused: see `NodeState::stop`.)
             Ok(request) => tokio::select! {
                 biased;
-                answer = answer(&node, request, &mut consuming, &mut pending, &mut transaction) => answer,
+                answer = answer(&node, request, &mut consuming, &mut held) => answer,
                 () = client_gone(&mut stream, &mut buf, frame_bytes_max) => {
                     debug!("Client left while its request waited.");
                     return;
@@ -508,7 +512,7 @@ async fn answer_at_stop(
     buf: &mut BytesMut,
     frame_bytes_max: usize,
     first: Option<Result<Request, ReadError>>,
-    (pending, transaction): (&mut PendingOnConnection, &mut Option<Transaction>),
+    held: &mut Held,
 ) {
     // What the socket holds already (no waiting for more).
     while buf.len() <= frame_bytes_max && matches!(stream.try_read_buf(buf), Ok(n) if n > 0) {}
@@ -521,7 +525,7 @@ async fn answer_at_stop(
     for request in first.into_iter().chain(rest) {
         let response = match request {
             Ok(request @ (Request::Ack { .. } | Request::Backout { .. })) => {
-                handle(node, request, pending, transaction).await.0
+                handle(node, request, held).await.0
             }
             _ => refused(ErrorCode::Internal, format!("{reason}; request not carried out")),
         };
@@ -538,6 +542,7 @@ async fn answer_at_stop(
 /// A put outside a transaction.
 async fn put(
     node: &NodeState,
+    origin: &mut Origin,
     contents: Vec<linkbus_plugin_api::Content>,
     timeout_ms: u64,
     no_wait: bool,
@@ -553,15 +558,17 @@ async fn put(
     }
     let timeout_ms = if no_wait { 0 } else { timeout_ms };
     let timeout = Duration::from_millis(timeout_ms.min(PUT_WAIT_MS_MAX));
-    match node.put_waiting(contents, timeout).await {
-        Ok((sequences, created_unix_ms)) => {
-            Response::PutOk { source: node.name().clone(), sequences, created_unix_ms }
-        }
+    match origin.put(node, contents, timeout).await {
+        Ok(accepted) => Response::PutOk {
+            source: node.name().clone(),
+            sequences: accepted.sequences,
+            created_unix_ms: accepted.created_unix_ms,
+        },
         Err(e) => {
-            if matches!(e.code, ErrorCode::Full | ErrorCode::Rejected) {
+            if matches!(e.code, RefusalCode::Full | RefusalCode::Rejected) {
                 node.emit(Event::new(EventKind::QueueFull, e.message.clone()).with("reason", &e.message));
             }
-            Response::Error { code: e.code, accepted: e.accepted, message: e.message }
+            Response::Error { code: e.code.into(), accepted: e.accepted, message: e.message }
         }
     }
 }
@@ -571,8 +578,16 @@ async fn put(
 /// with the client, like a closed connection.
 #[derive(Default)]
 pub(crate) struct InProcess {
+    held: Held,
+}
+
+/// What a client connection holds on the node: messages taken pending, an open
+/// transaction, and where its puts enter (its origin stages). Dropped with the connection.
+#[derive(Default)]
+struct Held {
     pending: PendingOnConnection,
     transaction: Option<Transaction>,
+    origin: Origin,
 }
 
 impl InProcess {
@@ -586,7 +601,7 @@ impl InProcess {
         if node.stopping() {
             return refused(ErrorCode::Internal, format!("node {} is shut down", node.name()));
         }
-        handle(node, request, &mut self.pending, &mut self.transaction).await.0
+        handle(node, request, &mut self.held).await.0
     }
 }
 
@@ -597,32 +612,28 @@ async fn answer(
     node: &NodeState,
     request: Request,
     consuming: &mut Option<Request>,
-    pending: &mut PendingOnConnection,
-    transaction: &mut Option<Transaction>,
+    held: &mut Held,
 ) -> (Response, Option<Arc<LocalQueue>>) {
     if let Request::Consume { queue, count_max, bytes_max } = &request
-        && transaction.is_none()
+        && held.transaction.is_none()
     {
-        let answer = take(node, queue, (*count_max, GET_WAIT_MS_MAX, *bytes_max, false), pending).await;
+        let answer =
+            take(node, queue, (*count_max, GET_WAIT_MS_MAX, *bytes_max, false), &mut held.pending).await;
         *consuming = Some(request);
         return answer;
     }
-    handle(node, request, pending, transaction).await
+    handle(node, request, held).await
 }
 
 /// Answers one request; for a get, also the queue the messages came from.
-async fn handle(
-    node: &NodeState,
-    request: Request,
-    pending: &mut PendingOnConnection,
-    transaction: &mut Option<Transaction>,
-) -> (Response, Option<Arc<LocalQueue>>) {
+async fn handle(node: &NodeState, request: Request, held: &mut Held) -> (Response, Option<Arc<LocalQueue>>) {
+    let Held { pending, transaction, origin } = held;
     match request {
         Request::Begin | Request::Commit { .. } | Request::Rollback => {
             return (transact(node, request, transaction).await, None);
         }
         Request::Put { contents, no_wait, .. } if let Some(tx) = transaction.as_mut() => {
-            return (tx.put(node, contents, no_wait), None);
+            return (tx.put(node, origin, contents, no_wait), None);
         }
         Request::Get { queue, count_max, wait_ms, bytes_max, pending: hand_out }
             if let Some(tx) = transaction.as_mut() =>
@@ -637,7 +648,7 @@ async fn handle(
     }
     match request {
         Request::Put { contents, timeout_ms, no_wait } => {
-            (put(node, contents, timeout_ms, no_wait).await, None)
+            (put(node, origin, contents, timeout_ms, no_wait).await, None)
         }
         Request::Get { queue, count_max, wait_ms, bytes_max, pending: hand_out } => {
             take(node, &queue, (count_max, wait_ms, bytes_max, hand_out), pending).await
@@ -657,7 +668,7 @@ async fn handle(
         Request::Reload => (admin::reload(node), None),
         Request::Limits => (
             Response::Limits {
-                message_bytes_max: node.config.messages.message_bytes_max,
+                message_bytes_max: node.config().messages.message_bytes_max,
                 frame_bytes_max: client_frame_bytes_max(node) as u64,
             },
             None,
@@ -668,8 +679,8 @@ async fn handle(
             // A settled message stays settled across a crash.
             if settles
                 && matches!(response, Response::Settled(n) if n > 0)
-                && node.store.durable()
-                && let Err(e) = node.committer.sync().await
+                && node.store().durable()
+                && let Err(e) = node.committer().sync().await
             {
                 return (refused(ErrorCode::Internal, format!("store failed: {e}")), None);
             }

@@ -100,13 +100,13 @@ async fn persistent_puts_in(
         }));
     }
     let started = Instant::now();
-    let syncs_before = node.state().committer.stats.syncs.load(Ordering::Relaxed);
+    let syncs_before = node.state().committer().stats.syncs.load(Ordering::Relaxed);
     for task in tasks {
         task.await.map_err(std::io::Error::other)??;
     }
     let elapsed = started.elapsed().as_secs_f64();
     let count = put.load(Ordering::Relaxed);
-    let syncs = node.state().committer.stats.syncs.load(Ordering::Relaxed) - syncs_before;
+    let syncs = node.state().committer().stats.syncs.load(Ordering::Relaxed) - syncs_before;
     node.shutdown().await;
     Ok((count as f64 / elapsed.max(1e-9), count as f64 / syncs.max(1) as f64))
 }

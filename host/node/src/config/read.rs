@@ -586,7 +586,7 @@ fn check_relations(config: &Config, diag: &Diagnostics) {
         let path = format!("{}.to", sub.path);
         if sub.to.node == config.node.name {
             let local = config.queues.iter().any(|q| q.name == sub.to.queue);
-            if !local && sub.to.queue.as_str() != crate::queue::DEAD_LETTER_QUEUE {
+            if !local && sub.to.queue.as_str() != crate::flow::dead_letter::DEAD_LETTER_QUEUE {
                 diag.error(path, format!("queue '{}' is not declared on this node", sub.to.queue));
             }
         } else if !config.peers.iter().any(|p| p.name == sub.to.node)

@@ -87,7 +87,7 @@ impl Link {
         let node = self.node.clone();
         let peer = self.handle.peer.name.clone();
         let tx = self.dial_tx.clone();
-        let links = &self.node.config.links;
+        let links = &self.node.config().links;
         let (connect_timeout, handshake_timeout) = (
             Duration::from_millis(links.connect_timeout_ms),
             Duration::from_millis(links.handshake_timeout_ms),
@@ -95,12 +95,12 @@ impl Link {
         tokio::spawn(async move {
             let result = async {
                 let mut connection =
-                    match tokio::time::timeout(connect_timeout, node.transport.connect(&address)).await {
+                    match tokio::time::timeout(connect_timeout, node.transport().connect(&address)).await {
                         Ok(result) => result.map_err(|e| DialError::Connect(e.to_string()))?,
                         Err(_) => return Err(DialError::Connect(format!("connect {address}: timed out"))),
                     };
                 let channel =
-                    node.security.dialer(&peer, crate::clock::unix_ms()).map_err(DialError::Secure)?;
+                    node.security().dialer(&peer, crate::clock::unix_ms()).map_err(DialError::Secure)?;
                 let (secure, leftover) = secure_dial(&mut connection, channel, handshake_timeout).await?;
                 Ok(Incoming { connection, hello: None, leftover, secure })
             }
@@ -117,7 +117,7 @@ impl Link {
                 let delay = self.backoff.take();
                 let reason = self.dial_failure(&e);
                 self.handle.note_error(&reason);
-                if e.is_handshake() && self.node.warnings.admit(reason::HANDSHAKE_FAILED) {
+                if e.is_handshake() && self.node.warnings().admit(reason::HANDSHAKE_FAILED) {
                     warn!(
                         peer = self.peer(),
                         reason,
@@ -139,7 +139,7 @@ impl Link {
         match error {
             DialError::Connect(e) => format!("cannot reach {peer} at {address} (peers[{peer}].address): {e}"),
             DialError::PeerClosed => {
-                let ours = self.node.security.public_key().map(|k| linkbus_proto::secure::hex(&k));
+                let ours = self.node.security().public_key().map(|k| linkbus_proto::secure::hex(&k));
                 format!(
                     "{peer} refused the handshake (closed the connection without an answer): check that \
                      peers[{peer}].public_key here is {peer}'s public key, and that {peer} lists this node's \
@@ -153,7 +153,7 @@ impl Link {
             DialError::Io(e) => format!("handshake with {peer} failed: {e}"),
             DialError::TimedOut => format!(
                 "{peer} did not answer the handshake within links.handshake_timeout_ms ({} ms)",
-                self.node.config.links.handshake_timeout_ms
+                self.node.config().links.handshake_timeout_ms
             ),
         }
     }

@@ -41,6 +41,9 @@ use tokio::sync::{Notify, mpsc, watch};
 use tracing::{debug, error, info, warn};
 
 use crate::events::{Event, EventKind};
+use crate::flow::inbound::{Arrival, Inbound};
+use crate::flow::origin::{RUN_BYTES_MAX, RUN_MESSAGES_MAX};
+use crate::flow::{DeadLetter, DeadLetterCode};
 use crate::node::NodeState;
 use crate::results::{EXPIRED_BEFORE_SENDING, Outcome, RESULT_MESSAGE_NAME, ResultTo};
 use crate::warnings::reason;
@@ -61,15 +64,11 @@ pub const WRITE_BACKLOG_BYTES_MAX: usize = 16 << 20;
 /// of an urgent channel is not queued behind much.
 pub const DATA_BACKLOG_BYTES: usize = 256 << 10;
 
-/// Messages delivered together at most (see `NodeState::deliver_run`).
-const RUN_MESSAGES_MAX: usize = 256;
-
 /// What one round of a session's events brought in.
 #[derive(Default)]
 struct Arrivals {
-    /// Messages that arrived one after another and may be delivered together, not yet
-    /// delivered (see `NodeState::deliver_run`).
-    messages: Vec<Message>,
+    /// Messages that arrived and are not yet handed to the node, with the link's records.
+    messages: Vec<Arrival>,
     /// Each of those messages' channel and sequence number.
     numbers: Vec<(u8, u64)>,
     /// Their payload bytes.
@@ -169,6 +168,8 @@ struct Link {
     backoff: Backoff,
     /// What the store holds about the peer's numbers.
     recorded: state::Recorded,
+    /// Where arrivals enter the node (this link's relay and delivery stages).
+    inbound: Inbound,
     /// Per channel, the numbers of the messages recorded as sent and not yet acknowledged.
     sent: Vec<std::collections::BTreeSet<u64>>,
     /// Per channel, the highest number acknowledged for a persistent message, as recorded.
@@ -196,13 +197,13 @@ struct Link {
 const BUSY_REDIAL: Duration = Duration::from_secs(1);
 
 fn session_config(node: &NodeState, handle: &LinkHandle) -> SessionConfig {
-    let links = &node.config.links;
+    let links = &node.config().links;
     SessionConfig {
         local: node.name().clone(),
         peer: handle.peer.name.clone(),
-        incarnation: node.incarnation,
-        run: node.run,
-        durable: node.store.durable(),
+        incarnation: node.incarnation().0,
+        run: node.run_id(),
+        durable: node.store().durable(),
         frame_bytes_max: links.frame_bytes_max as usize,
         message_bytes_max: node.encoded_message_bytes_max(),
         packet_bytes_max: links.packet_bytes_max as usize,
@@ -216,8 +217,8 @@ fn session_config(node: &NodeState, handle: &LinkHandle) -> SessionConfig {
         pong_timeout: Duration::from_millis(links.pong_timeout_ms),
         handshake_timeout: Duration::from_millis(links.handshake_timeout_ms),
         ack_delay: Duration::from_millis(links.ack_delay_ms),
-        recycler: node.recycler.clone(),
-        skip_dedup_for_tests: skip_dedup_for_tests(),
+        recycler: node.recycler().clone(),
+        skip_dedup_for_tests: crate::faults::skip_dedup(),
     }
 }
 
@@ -236,34 +237,6 @@ fn channel_weights(links: &crate::config::LinkSettings) -> [u32; CHANNELS] {
     weights
 }
 
-/// The environment variable that turns on the test-only negative control of the fault tests
-/// (duplicates delivered instead of dropped). Logged loudly; never set it in production.
-pub const SKIP_DEDUP_ENV: &str = "LINKBUS_TEST_SKIP_DEDUP";
-
-/// Test-only (debug builds): store what arrives but never acknowledge it, so a test can
-/// crash a receiver that holds messages its peer still waits on. Release builds ignore it.
-pub const HOLD_ACKS_ENV: &str = "LINKBUS_TEST_HOLD_ACKS";
-
-fn hold_acks_for_tests() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| {
-        let on = cfg!(debug_assertions) && std::env::var_os(HOLD_ACKS_ENV).is_some_and(|v| v == "1");
-        if on {
-            warn!("{HOLD_ACKS_ENV}=1: nothing received is acknowledged (test-only).");
-        }
-        on
-    })
-}
-
-fn skip_dedup_for_tests() -> bool {
-    // Only debug builds honour it: a release binary always detects duplicates.
-    let on = cfg!(debug_assertions) && std::env::var_os(SKIP_DEDUP_ENV).is_some_and(|v| v == "1");
-    if on {
-        warn!("{SKIP_DEDUP_ENV}=1: duplicate detection is OFF (test-only negative control).");
-    }
-    on
-}
-
 /// Runs the link for `handle.peer` until `shutdown` turns true.
 pub async fn run(node: Arc<NodeState>, handle: Arc<LinkHandle>, mut shutdown: watch::Receiver<bool>) {
     let Some(mut incoming_rx) = handle.incoming_rx.lock().ok().and_then(|mut rx| rx.take()) else {
@@ -275,7 +248,7 @@ pub async fn run(node: Arc<NodeState>, handle: Arc<LinkHandle>, mut shutdown: wa
     // the rest back at the peer).
     let (conn_tx, mut conn_rx) = mpsc::channel(1);
     let (dial_tx, mut dial_rx) = mpsc::channel(1);
-    let links = &node.config.links;
+    let links = &node.config().links;
     let mut session = Session::new(session_config(&node, &handle), Instant::now());
     let recorded = match state::Recorded::load(&node, &handle.peer.name, &mut session) {
         Ok(recorded) => recorded,
@@ -287,6 +260,7 @@ pub async fn run(node: Arc<NodeState>, handle: Arc<LinkHandle>, mut shutdown: wa
     let mut link = Link {
         session,
         recorded,
+        inbound: Inbound::new(&node, &handle.peer.name),
         sent,
         acked_recorded,
         unsynced: false,
@@ -341,7 +315,7 @@ fn restore_sent(
     session: &mut Session,
 ) -> (Vec<std::collections::BTreeSet<u64>>, Vec<u64>) {
     let mut sent = vec![std::collections::BTreeSet::new(); CHANNELS];
-    if handle.record.is_none() || !node.incarnation_kept {
+    if handle.record.is_none() || !node.incarnation().1 {
         return (sent, vec![0; CHANNELS]);
     }
     let recovered = handle.restored_sent.lock().map(|mut r| std::mem::take(&mut *r)).unwrap_or_default();
@@ -525,7 +499,7 @@ impl Link {
             ConnEvent::Bytes(bytes) => {
                 let Some(active) = self.active.as_mut() else { return };
                 if let Err(e) = active.secure.handle_received(bytes) {
-                    if self.node.warnings.admit(reason::LINK_CLOSED) {
+                    if self.node.warnings().admit(reason::LINK_CLOSED) {
                         warn!(peer = self.peer(), error = %e, "Secure channel failed.");
                     }
                     return self.drop_connection(&e.to_string());
@@ -567,7 +541,7 @@ impl Link {
     /// other writers' waiting with it).
     fn write_transmit(&mut self) {
         if std::mem::take(&mut self.unsynced)
-            && let Err(e) = self.node.committer.sync_blocking()
+            && let Err(e) = self.node.committer().sync_blocking()
         {
             self.node.fail(format!("store failed while recording messages for {}: {e}", self.peer()));
             return self.drop_connection("store failed");
@@ -576,7 +550,7 @@ impl Link {
         self.session.take_transmit(&mut out);
         if let Some(active) = &mut self.active {
             if let Err(e) = active.secure.send_chunks(&mut out) {
-                if self.node.warnings.admit(reason::LINK_CLOSED) {
+                if self.node.warnings().admit(reason::LINK_CLOSED) {
                     warn!(peer = self.handle.peer.name.as_str(), error = %e, "Secure channel failed.");
                 }
                 return self.drop_connection(&e.to_string());
@@ -717,7 +691,7 @@ impl Link {
         if let (Some(record), Some(key)) = (&self.handle.record, key) {
             record.dropped(key);
         }
-        if self.node.warnings.admit(reason::EXPIRED) {
+        if self.node.warnings().admit(reason::EXPIRED) {
             warn!(peer = self.peer(), id = %message.id, "Message expired before it was sent.");
         }
         self.expired(message, false);
@@ -732,7 +706,7 @@ impl Link {
         }
         // The records of a renumbering go to the store as one batch.
         let node = self.node.clone();
-        let hold = node.committer.hold();
+        let hold = node.committer().hold();
         self.recorded.established(&self.node, &self.session);
         self.rerecord_sent();
         self.record_acked();
@@ -776,7 +750,7 @@ impl Link {
     fn expired(&self, message: &linkbus_plugin_api::Message, sent: bool) {
         if message.content.kind == linkbus_plugin_api::Kind::Event {
             if message.content.name == RESULT_MESSAGE_NAME {
-                self.node.results_dropped.fetch_add(1, Ordering::Relaxed);
+                self.node.count_result_dropped();
             }
             return;
         }
@@ -828,19 +802,20 @@ impl Link {
     /// Dead-letters a message of ours too large for the peer (its recipients there failed).
     fn dead_letter_local(&self, message: linkbus_plugin_api::Message, reason: &str, now: Instant) {
         let failed = self.recipients_here(&message).collect();
-        let why = crate::node::DeadLetter { code: crate::queue::DeadLetterCode::TooLarge, reason, failed };
-        if let Err(e) = self.node.dead_letter(message, why, now)
-            && self.node.warnings.admit(reason::DEAD_LETTER)
+        let why = DeadLetter { code: DeadLetterCode::TooLarge, reason, failed };
+        if let Err(e) = crate::flow::dead_letter::put_bounded(&self.node, message, why, now)
+            && self.node.warnings().admit(reason::DEAD_LETTER)
         {
             warn!(peer = self.peer(), error = %e, "Dead-letter queue refused a message; it is lost.");
         }
     }
 
-    /// Takes a message that arrived: into the run of those before it when it may go with
-    /// them (see `NodeState::deliver_run`), else after delivering that run, on its own.
+    /// Takes a message that arrived into this round's arrivals, which the node takes
+    /// together before any other event of the round, at its end, or once they reach a
+    /// run's bounds.
     ///
     /// # Errors
-    /// As [`Link::deliver`].
+    /// As [`Link::deliver`]; or the node takes no persistent message now (short of disk).
     fn received(
         &mut self,
         arrivals: &mut Arrivals,
@@ -851,24 +826,11 @@ impl Link {
         // The sender counts what is not volatile on the wire as kept: its number is synced
         // before the acknowledgement, whatever the queue makes of it.
         let kept = message.content.reliability != linkbus_plugin_api::Reliability::Volatile;
-        // Resolved once here (`deliver_with` then finds it resolved).
+        // Resolved once here (origins resolve it; one that did not gets it resolved here).
         message.content.reliability = self.node.reliability_of(&message.content);
-        let runs = !kept && NodeState::may_run(&message);
-        let joins = arrivals.messages.first().is_none_or(|first| NodeState::runs_with(first, &message))
-            && arrivals.messages.len() < RUN_MESSAGES_MAX
-            && arrivals.bytes < crate::node::RUN_BYTES_MAX;
-        if !(runs && joins) {
-            self.deliver(arrivals, now)?;
-        }
-        if runs {
-            arrivals.bytes += message.content.payload.len();
-            arrivals.messages.push(message);
-            arrivals.numbers.push((channel, sequence));
-            return Ok(());
-        }
         let stored = message.content.reliability == linkbus_plugin_api::Reliability::Persistent;
         if (kept || stored)
-            && let Err(reason) = self.node.disk.admit(message.content.payload.len() as u64)
+            && let Err(reason) = self.node.disk().admit(message.content.payload.len() as u64)
         {
             // What came before is delivered (and acknowledged); this one and those after
             // stay with the peer, which sends them again when it reconnects.
@@ -877,10 +839,13 @@ impl Link {
         }
         arrivals.persistent |= kept || stored;
         // A stored message and the number after it are written together.
-        let with = if stored { self.recorded.delivered(channel, sequence) } else { Batch::new() };
-        self.take_one(message, with, now)?;
-        self.handle.received_total.fetch_add(1, Ordering::Relaxed);
-        arrivals.delivered(channel, sequence);
+        let record = if stored { self.recorded.delivered(channel, sequence) } else { Batch::new() };
+        arrivals.bytes += message.content.payload.len();
+        arrivals.messages.push(Arrival { message, record });
+        arrivals.numbers.push((channel, sequence));
+        if arrivals.messages.len() >= RUN_MESSAGES_MAX || arrivals.bytes >= RUN_BYTES_MAX {
+            self.deliver(arrivals, now)?;
+        }
         Ok(())
     }
 
@@ -889,7 +854,7 @@ impl Link {
     /// taken). Returns the reason.
     fn refuse_busy(&mut self, reason: &str) -> String {
         let reason = format!("{} takes no persistent message now: {reason}", self.node.name());
-        if self.node.warnings.admit(reason::STORE_SHORT) {
+        if self.node.warnings().admit(reason::STORE_SHORT) {
             warn!(peer = self.peer(), reason, "Persistent delivery refused; the peer keeps it.");
         }
         self.busy = Some(reason.clone());
@@ -908,9 +873,8 @@ impl Link {
         }
     }
 
-    /// Delivers the run waiting in `arrivals`: together when it can
-    /// (`NodeState::deliver_run`), else one message at a time as any other; marks what was
-    /// delivered for acknowledgement.
+    /// Hands the node what waits in `arrivals` (see `flow::inbound`); marks what it took
+    /// for acknowledgement.
     ///
     /// # Errors
     /// Why a message could not be taken (the connection is dropped then; it and those after
@@ -919,31 +883,14 @@ impl Link {
         if arrivals.messages.is_empty() {
             return Ok(());
         }
-        let together = self.node.deliver_run(&mut arrivals.messages, now);
         arrivals.bytes = 0;
-        let mut messages = std::mem::take(&mut arrivals.messages).into_iter();
-        let mut taken = 0u64;
-        let mut outcome = Ok(());
-        for (channel, sequence) in std::mem::take(&mut arrivals.numbers) {
-            let message = messages.next().filter(|_| !together);
-            if let Some(Err(e)) = message.map(|m| self.take_one(m, Batch::new(), now)) {
-                outcome = Err(e);
-                break;
-            }
-            taken += 1;
+        let (taken, outcome) = self.inbound.take(&self.node, std::mem::take(&mut arrivals.messages), now);
+        for (channel, sequence) in std::mem::take(&mut arrivals.numbers).into_iter().take(taken) {
             arrivals.delivered(channel, sequence);
         }
-        self.handle.received_total.fetch_add(taken, Ordering::Relaxed);
-        outcome
-    }
-
-    /// Delivers one arrived message (with `with`, the link's record of it).
-    ///
-    /// # Errors
-    /// Why it could not be taken (the connection is dropped then).
-    fn take_one(&self, message: Message, with: Batch, now: Instant) -> Result<(), String> {
-        self.node.deliver_with(message, now, with).map_err(|e| {
-            if self.node.warnings.admit(reason::LINK_CLOSED) {
+        self.handle.received_total.fetch_add(taken as u64, Ordering::Relaxed);
+        outcome.map_err(|e| {
+            if self.node.warnings().admit(reason::LINK_CLOSED) {
                 warn!(peer = self.peer(), error = %e, "Cannot take delivery; dropping the connection.");
             }
             e.to_string()
@@ -984,7 +931,7 @@ impl Link {
                 SessionEvent::Skipped { channel, sequence, expired, durable } => {
                     arrivals.persistent |= durable;
                     if let Some(id) = expired {
-                        if self.node.warnings.admit(reason::EXPIRED) {
+                        if self.node.warnings().admit(reason::EXPIRED) {
                             warn!(peer = self.peer(), %id, "Message expired on its way here; dropped.");
                         }
                         let text = format!("message {id} expired on its way from {}", self.peer());
@@ -1044,7 +991,7 @@ impl Link {
             *seen = through.or(*seen);
         }
         for (channel, through) in delivered.into_iter().enumerate() {
-            if let Some(through) = through.filter(|_| !hold_acks_for_tests()) {
+            if let Some(through) = through.filter(|_| !crate::faults::hold_acks()) {
                 self.session.handle_delivered(channel as u8, through, now);
                 self.backoff.reset();
             }
@@ -1060,7 +1007,7 @@ impl Link {
             self.sent.get(channel as usize).and_then(|s| s.first()).is_some_and(|first| *first <= through);
         if forgets {
             let node = self.node.clone();
-            let hold = node.committer.hold();
+            let hold = node.committer().hold();
             self.forget_sent(channel, through);
             self.record_acked();
             drop(hold);
@@ -1135,7 +1082,7 @@ impl Link {
         if self.node.is_failing() {
             return Err(linkbus_plugin_api::StoreError::Poisoned("the node is stopping".into()));
         }
-        if persistent { self.node.committer.sync_blocking() } else { Ok(()) }
+        if persistent { self.node.committer().sync_blocking() } else { Ok(()) }
     }
 
     fn dropped(&self, message: Bytes, reason: DropReason, now: Instant) {
@@ -1146,7 +1093,7 @@ impl Link {
         let decoded = linkbus_proto::wire::decode_message(message);
         match (reason, decoded) {
             (DropReason::Expired, Ok(m)) => {
-                if self.node.warnings.admit(reason::EXPIRED) {
+                if self.node.warnings().admit(reason::EXPIRED) {
                     warn!(peer = self.peer(), id = %m.id, "Message expired before it was resent.");
                 }
                 self.expired(&m, true);
@@ -1156,7 +1103,7 @@ impl Link {
                 self.dead_letter_local(m, &reason, now);
             }
             (_, Err(e)) => {
-                if self.node.warnings.admit(reason::BAD_RESULT) {
+                if self.node.warnings().admit(reason::BAD_RESULT) {
                     warn!(peer = self.peer(), error = %e, "Dropped message does not decode.");
                 }
             }
@@ -1168,7 +1115,7 @@ impl Link {
             SessionError::PeerClosed { code, reason } if *code == CloseCode::Busy as u16 => {
                 // Its messages wait here; asking again at once would only be refused again.
                 self.redial_not_before = Some(tokio::time::Instant::now() + BUSY_REDIAL);
-                if self.node.warnings.admit(reason::STORE_SHORT) {
+                if self.node.warnings().admit(reason::STORE_SHORT) {
                     warn!(
                         peer = self.peer(),
                         reason, "The peer takes no persistent message now; they wait here."
@@ -1207,7 +1154,7 @@ impl Link {
                 self.stopped_event(error);
             }
             error => {
-                if self.node.warnings.admit(reason::LINK_CLOSED) {
+                if self.node.warnings().admit(reason::LINK_CLOSED) {
                     warn!(peer = self.peer(), %error, "Link closed.");
                 }
             }

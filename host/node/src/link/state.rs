@@ -49,13 +49,13 @@ impl Recorded {
     /// link, so the node stops and says which.
     pub(super) fn load(node: &NodeState, peer: &NodeName, session: &mut Session) -> Result<Self, String> {
         let mut recorded =
-            Self { space: format!("link.{peer}"), durable: node.store.durable(), peer_incarnation: None };
+            Self { space: format!("link.{peer}"), durable: node.store().durable(), peer_incarnation: None };
         if !recorded.durable {
             return Ok(recorded);
         }
         let space = recorded.space.clone();
         let read_u64 = |key: &[u8]| -> Result<Option<u64>, String> {
-            let Some(value) = node.store.get(&space, key).map_err(|e| format!("{space}: {e}"))? else {
+            let Some(value) = node.store().get(&space, key).map_err(|e| format!("{space}: {e}"))? else {
                 return Ok(None);
             };
             let bytes: [u8; 8] = value.as_ref().try_into().map_err(|_| {
@@ -85,7 +85,7 @@ impl Recorded {
         for channel in 0..CHANNELS as u8 {
             batch.put(&self.space, expected_key(channel), 1u64.to_be_bytes().to_vec());
         }
-        node.committer.write(batch);
+        node.committer().write(batch);
         self.peer_incarnation = Some(incarnation);
     }
 
@@ -111,7 +111,7 @@ impl Recorded {
                 batch.put(&self.space, expected_key(channel as u8), (through + 1).to_be_bytes().to_vec());
             }
         }
-        node.committer.write(batch);
+        node.committer().write(batch);
     }
 }
 

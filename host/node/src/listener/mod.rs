@@ -30,7 +30,7 @@ use pool::{Eviction, HandshakePool, PoolLimits, Slot};
 
 /// Accepts connections until `shutdown` turns true.
 pub async fn run(node: Arc<NodeState>, mut listener: Box<dyn Listener>, mut shutdown: watch::Receiver<bool>) {
-    let links = &node.config.links;
+    let links = &node.config().links;
     let pool = HandshakePool::new(PoolLimits {
         anonymous_max: usize::try_from(links.handshakes_max).unwrap_or(usize::MAX),
         per_address_max: usize::try_from(links.handshakes_per_address_max).unwrap_or(usize::MAX),
@@ -51,7 +51,7 @@ pub async fn run(node: Arc<NodeState>, mut listener: Box<dyn Listener>, mut shut
                     }
                 }
                 Err(e) => {
-                    if node.warnings.admit(reason::ACCEPT_FAILED) {
+                    if node.warnings().admit(reason::ACCEPT_FAILED) {
                         warn!(error = %e, "Accept failed.");
                     }
                     tokio::time::sleep(Duration::from_millis(50)).await;
@@ -62,10 +62,10 @@ pub async fn run(node: Arc<NodeState>, mut listener: Box<dyn Listener>, mut shut
 }
 
 fn log_eviction(node: &NodeState, eviction: &Eviction) {
-    if !node.warnings.admit(reason::HANDSHAKE_EVICTED) {
+    if !node.warnings().admit(reason::HANDSHAKE_EVICTED) {
         return;
     }
-    let links = &node.config.links;
+    let links = &node.config().links;
     match eviction {
         Eviction::Address(source) => warn!(
             %source,
@@ -121,7 +121,7 @@ async fn open(
     slot: &Slot,
 ) -> Result<Opening, Refusal> {
     let mut secure =
-        node.security.listener().map_err(|e| refusal(e.to_string(), CloseCode::ProtocolError, None))?;
+        node.security().listener().map_err(|e| refusal(e.to_string(), CloseCode::ProtocolError, None))?;
     let mut decoder = FrameDecoder::new(frame_bytes_max);
     let mut proven: Option<(NodeName, u64)> = None;
     let of_peer = |r: Refusal, proven: &Option<(NodeName, u64)>| Refusal {
@@ -184,7 +184,7 @@ async fn open(
 /// The configured peer whose static key the first handshake message proved, if its clock
 /// reading is fresh.
 fn identify(node: &NodeState, key: &[u8; 32], stamp: u64) -> Result<NodeName, Refusal> {
-    let Some(peer) = node.security.identify(key).cloned() else {
+    let Some(peer) = node.security().identify(key).cloned() else {
         let reason = format!(
             "unknown static key {}: no peers[].public_key of this node is that key (add the dialer \
              there if it is a peer)",
@@ -196,7 +196,7 @@ fn identify(node: &NodeState, key: &[u8; 32], stamp: u64) -> Result<NodeName, Re
         peer: Some(peer.clone()),
         ..refusal(reason, CloseCode::ProtocolError, None)
     };
-    match node.security.check_fresh(&peer, stamp, crate::clock::unix_ms()) {
+    match node.security().check_fresh(&peer, stamp, crate::clock::unix_ms()) {
         Ok(()) => Ok(peer.clone()),
         Err(crate::security::Stale::Replayed) => Err(fail(format!("replayed handshake from {peer}"))),
         Err(crate::security::Stale::Ahead { by_ms, max_s }) => Err(fail(format!(
@@ -221,7 +221,7 @@ fn closed_early(proven: Option<&(NodeName, u64)>) -> Refusal {
 }
 
 async fn handshake(node: Arc<NodeState>, mut connection: Connection, slot: Slot) {
-    let links = &node.config.links;
+    let links = &node.config().links;
     let timeout = Duration::from_millis(links.handshake_timeout_ms);
     // Only a hello is expected; bound what a stranger can make us buffer.
     let limit = (links.frame_bytes_max as usize).min(64 * 1024);
@@ -232,7 +232,7 @@ async fn handshake(node: Arc<NodeState>, mut connection: Connection, slot: Slot)
             log_refusal(&node, &address, None, &r.reason, r.peer.as_ref());
             // Before the channel is up, a Noise listener tells a stranger nothing but a
             // wrong preamble or mode (the reason could name a peer).
-            let silent = node.security.mode == Mode::Noise && r.secure.is_none() && !r.preamble;
+            let silent = node.security().mode == Mode::Noise && r.secure.is_none() && !r.preamble;
             if silent {
                 return;
             }
@@ -252,10 +252,10 @@ async fn handshake(node: Arc<NodeState>, mut connection: Connection, slot: Slot)
         log_refusal(&node, &address, Some(&hello.from), &r.0, peer);
         return refuse(connection, Some(secure), r.1, &r.0);
     }
-    let Some(link) = NodeName::new(&hello.from).ok().and_then(|name| node.links.get(&name)) else { return };
+    let Some(link) = NodeName::new(&hello.from).ok().and_then(|name| node.link(&name)) else { return };
     if let Some((peer, stamp)) = &proven {
         // Only now, with a hello decrypted under the session keys, does the stamp count.
-        node.security.record_handshake(peer, *stamp);
+        node.security().record_handshake(peer, *stamp);
     }
     info!(%address, peer = hello.from, "Accepted connection.");
     link.offer(Incoming { connection, hello: Some(hello), leftover, secure });
@@ -264,12 +264,12 @@ async fn handshake(node: Arc<NodeState>, mut connection: Connection, slot: Slot)
 /// Logs a refusal, aggregated: a configured peer's failures under their own reason (so a
 /// flood of strangers cannot hide them) and recorded as its link's last error.
 fn log_refusal(node: &NodeState, address: &str, from: Option<&str>, why: &str, peer: Option<&NodeName>) {
-    if let Some(link) = peer.and_then(|p| node.links.get(p)) {
+    if let Some(link) = peer.and_then(|p| node.link(p)) {
         link.note_error(why);
-        if node.warnings.admit(reason::HANDSHAKE_FAILED) {
+        if node.warnings().admit(reason::HANDSHAKE_FAILED) {
             warn!(%address, peer = %link.peer.name, reason = why, "Refused a connection from a configured peer.");
         }
-    } else if node.warnings.admit(reason::REFUSED_CONNECTION) {
+    } else if node.warnings().admit(reason::REFUSED_CONNECTION) {
         warn!(%address, from = from.unwrap_or("-"), reason = why, "Refused connection.");
     }
 }
@@ -291,7 +291,7 @@ fn check_hello(
     if hello.to != node.name().as_str() {
         return Err((format!("this is node {}, not {}", node.name(), hello.to), CloseCode::UnknownPeer));
     }
-    let known = NodeName::new(&hello.from).ok().filter(|name| node.links.contains_key(name));
+    let known = NodeName::new(&hello.from).ok().filter(|name| node.link(name).is_some());
     let Some(name) = known else {
         return Err((
             format!("node '{}' is not a configured peer of {}", hello.from, node.name()),

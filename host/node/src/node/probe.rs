@@ -4,12 +4,11 @@
 //! answers it with a result (delivered when the queue could take a message, failed with
 //! the reason when not) without queueing anything.
 
-use std::sync::Arc;
+use linkbus_plugin_api::{Address, Content, Lifetime, Message, Reliability};
 
-use linkbus_plugin_api::{Address, Batch, Content, Lifetime, Message, Reliability};
-
-use super::{Failed, NodeState};
-use crate::queue::{DeadLetterCode, LocalQueue, QueueError};
+use super::NodeState;
+use crate::flow::DeadLetterCode;
+use crate::flow::placement::{Place, Placement};
 use crate::results::{Outcome, ResultTo};
 
 /// The name of a probe message: an event asking a queue's node whether it has the queue.
@@ -27,41 +26,35 @@ pub enum Probe {
 }
 
 /// Whether `message` is a probe ([`NodeState::probe_queue`]).
-pub(super) fn is_probe(message: &Message) -> bool {
+pub(crate) fn is_probe(message: &Message) -> bool {
     message.content.kind == linkbus_plugin_api::Kind::Event
         && message.content.name == PROBE_NAME
         && message.content.results
         && message.content.payload.is_empty()
 }
 
-impl NodeState {
-    /// Answers a probe (see [`NodeState::probe_queue`]) for its recipients here: each as
-    /// delivered when its queue could take a message, or failed with why; nothing is queued.
-    pub(super) fn answer_probe(
-        &self,
-        message: &Message,
-        targets: &[Result<&Arc<LocalQueue>, Failed>],
-        with: Batch,
-    ) -> Result<(), QueueError> {
-        let mut outcomes = Vec::new();
-        for target in targets {
-            match target {
-                Ok(queue) => outcomes.push((
-                    Address::new(self.name().clone(), queue.config().name.clone()),
-                    Outcome::Delivered,
-                )),
-                Err((code, reason, failed)) => {
-                    outcomes
-                        .extend(failed.iter().map(|to| (to.clone(), Outcome::failed(code.as_str(), reason))));
-                }
-            }
+/// Answers a probe (see [`NodeState::probe_queue`]) for its recipients here: each as
+/// delivered when its queue could take a message, or failed with why; nothing is queued.
+pub(crate) fn answer(node: &NodeState, message: &Message, placement: &Placement<'_>) {
+    let mut outcomes = Vec::new();
+    for place in placement.places() {
+        match place {
+            Place::Queue(queue) => outcomes
+                .push((Address::new(node.name().clone(), queue.config().name.clone()), Outcome::Delivered)),
+            Place::Dead(failed) => outcomes.extend(
+                failed
+                    .recipients
+                    .iter()
+                    .map(|to| (to.clone(), Outcome::failed(failed.code.as_str(), &failed.reason))),
+            ),
+            Place::Link(..) => {}
         }
-        let result_to = ResultTo::of(message).filter(|to| &to.id.source != self.name());
-        self.report(result_to.as_ref(), outcomes);
-        self.committer.write(with);
-        Ok(())
     }
+    let result_to = ResultTo::of(message).filter(|to| &to.id.source != node.name());
+    node.report(result_to.as_ref(), outcomes);
+}
 
+impl NodeState {
     /// Asks the node of queue `to` (another node) whether it has the queue: a probe message
     /// goes there like any message and is answered by a result, without queueing anything.
     /// Waits up to `wait` for the answer.
@@ -72,8 +65,9 @@ impl NodeState {
             .with_lifetime(Lifetime::from_ms(u64::try_from(wait.as_millis()).unwrap_or(u64::MAX).max(1)));
         content.kind = linkbus_plugin_api::Kind::Event;
         content.name = PROBE_NAME.to_owned();
-        let sequences = match self.put_waiting(vec![content], std::time::Duration::ZERO).await {
-            Ok((sequences, _)) => sequences,
+        let put = crate::flow::Origin::default().put(self, vec![content], std::time::Duration::ZERO).await;
+        let sequences = match put {
+            Ok(accepted) => accepted.sequences,
             Err(e) => return Probe::Unknown(e.message),
         };
         let deadline = tokio::time::Instant::now() + wait;

@@ -1,7 +1,28 @@
 //! The node's put, delivery, dead-letter, transaction and store-contract rules, in process.
+use std::time::Instant;
+
+use linkbus_plugin_api::{Address, Batch, Lifetime, Message, MessageId, Priority, StoreError};
+
 use super::*;
 use crate::config::{self, Overrides};
-use linkbus_plugin_api::Priority;
+use crate::events::EventKind;
+use crate::flow::dead_letter::{DEAD_LETTER_QUEUE, DEAD_LETTER_REASON_HEADER};
+use crate::flow::inbound::{Arrival, Inbound};
+use crate::flow::{Accepted, Origin, PutError, RefusalCode};
+use crate::queue::{EVENT_QUEUE, QueueError};
+use crate::results::{Outcome, RESULT_FOR_HEADER, RESULT_MESSAGE_NAME};
+
+/// A client's put that waits for nothing (as a try-put), from outside the runtime.
+fn put(n: &NodeState, contents: Vec<Content>) -> Result<Accepted, PutError> {
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    runtime.block_on(Origin::default().put(n, contents, std::time::Duration::ZERO))
+}
+
+/// `message` arriving on the link from B.
+fn deliver(n: &NodeState, message: Message, now: Instant) -> Result<(), QueueError> {
+    let mut inbound = Inbound::new(n, &NodeName::new("B").unwrap());
+    inbound.take(n, vec![Arrival { message, record: Batch::new() }], now).1
+}
 
 fn node(extra: &str) -> Arc<NodeState> {
     let text = format!(
@@ -26,7 +47,7 @@ fn records_from_before_routing_keep_only_the_recipients_of_their_link() {
     let n = routed_node();
     let mut content = Content::buf("B:q".parse().unwrap(), "x");
     content.recipients.extend(["C:q".parse().unwrap(), "D1:q".parse().unwrap()]);
-    let message = n.stamp(content, 0);
+    let message = crate::flow::origin::stamp(&n, content, 0);
     let stored = || crate::link::state::Stored {
         number: 1,
         channel: 0,
@@ -35,49 +56,17 @@ fn records_from_before_routing_keep_only_the_recipients_of_their_link() {
         age: std::time::Duration::ZERO,
     };
     let mut for_b = stored();
-    keep_recipients_routed_through(&mut for_b, &NodeName::new("B").unwrap(), &n.routing);
+    start::keep_recipients_routed_through(&mut for_b, &NodeName::new("B").unwrap(), &n.routing);
     let to: Vec<String> = for_b.message.content.recipients.iter().map(ToString::to_string).collect();
     assert_eq!(to, ["B:q", "D1:q"]);
     assert_eq!(linkbus_proto::wire::decode_message(for_b.bytes).unwrap(), for_b.message, "bytes follow");
     let mut for_z = stored();
-    keep_recipients_routed_through(&mut for_z, &NodeName::new("Z").unwrap(), &n.routing);
+    start::keep_recipients_routed_through(&mut for_z, &NodeName::new("Z").unwrap(), &n.routing);
     assert_eq!(for_z.message, message, "none routed there: kept whole");
 }
 
-#[test]
-fn each_link_gets_a_copy_naming_its_recipients_in_order_and_sized_as_sent() {
-    let n = routed_node();
-    let mut content = Content::buf("B:q".parse().unwrap(), "x");
-    content.recipients.extend(["C:q".parse().unwrap(), "D1:q".parse().unwrap(), "B:r".parse().unwrap()]);
-    let message = n.stamp(content, 0);
-    let targets = n.targets(&message).unwrap();
-    assert!(targets.local.is_empty());
-    let (_, remote) = tally(&[(&message, &targets)]).unwrap();
-    let copies: Vec<(String, Vec<String>, u64)> = targets
-        .remote
-        .iter()
-        .zip(&remote)
-        .map(|((link, picked), (_, _, n, bytes))| {
-            assert_eq!(*n, 1);
-            let copy = addressed_to_picked(message.clone(), picked);
-            assert_eq!(linkbus_proto::wire::encoded_len(&copy) as u64, *bytes, "sized as sent");
-            (
-                link.peer.name.to_string(),
-                copy.content.recipients.iter().map(ToString::to_string).collect(),
-                *bytes,
-            )
-        })
-        .collect();
-    let names: Vec<(&str, Vec<&str>)> =
-        copies.iter().map(|(l, to, _)| (l.as_str(), to.iter().map(String::as_str).collect())).collect();
-    assert_eq!(names, [("B", vec!["B:q", "D1:q", "B:r"]), ("C", vec!["C:q"])]);
-    // A copy naming every recipient is the message itself.
-    let all: Picked = (0..4).collect();
-    assert_eq!(addressed_to_picked(message.clone(), &all), message);
-}
-
-fn refusal(node: &NodeState, content: Content) -> (ErrorCode, String) {
-    let e = node.put(vec![Content::buf("A:q".parse().unwrap(), "ok"), content]).unwrap_err();
+fn refusal(node: &NodeState, content: Content) -> (RefusalCode, String) {
+    let e = put(node, vec![Content::buf("A:q".parse().unwrap(), "ok"), content]).unwrap_err();
     assert_eq!(e.accepted, 1, "the content before the refused one stays accepted");
     (e.code, e.message)
 }
@@ -88,11 +77,11 @@ fn puts_are_checked_before_anything_is_queued() {
         "messages: { message_bytes_max: 1000 }\nlinks: { frame_bytes_max: 2048, packet_bytes_max: 1024 }",
     );
     let to = |a: &str| a.parse().unwrap();
-    assert_eq!(refusal(&n, Content::buf(to("A:none"), "x")).0, ErrorCode::UnknownQueue);
-    assert_eq!(refusal(&n, Content::buf(to("Z:q"), "x")).0, ErrorCode::NoRoute);
-    assert_eq!(refusal(&n, Content::buf(to("B:q"), vec![0u8; 1001])).0, ErrorCode::TooLarge);
+    assert_eq!(refusal(&n, Content::buf(to("A:none"), "x")).0, RefusalCode::UnknownQueue);
+    assert_eq!(refusal(&n, Content::buf(to("Z:q"), "x")).0, RefusalCode::NoRoute);
+    assert_eq!(refusal(&n, Content::buf(to("B:q"), vec![0u8; 1001])).0, RefusalCode::TooLarge);
     let system = Content::buf(to("B:q"), "x").with_priority(Priority::SYSTEM);
-    assert_eq!(refusal(&n, system).0, ErrorCode::Invalid);
+    assert_eq!(refusal(&n, system).0, RefusalCode::Invalid);
     assert_eq!(n.queues.get("q").unwrap().len(), 4, "one accepted per refused batch");
     // The largest envelope with the largest payload is accepted (and cut into packets).
     let mut largest = Content::buf(to("B:q"), vec![0u8; 1000]);
@@ -101,7 +90,7 @@ fn puts_are_checked_before_anything_is_queued() {
     largest.recipients = smallvec::smallvec![to("B:q"); 64];
     largest.group = Some(linkbus_plugin_api::Group { id: "g".repeat(128), index: 0, last: true });
     largest.correlation_id = Some(bytes::Bytes::from(vec![1u8; 128]));
-    assert!(n.put(vec![largest]).is_ok());
+    assert!(put(&n, vec![largest]).is_ok());
 }
 
 #[test]
@@ -110,7 +99,7 @@ fn results_are_recorded_from_here_and_from_peers_and_open_ones_time_out() {
     let mut content =
         Content::buf("B:q".parse().unwrap(), "x").with_results().with_lifetime(Lifetime::from_ms(100));
     content.recipients.extend(["B:r".parse().unwrap(), "A:q".parse().unwrap()]);
-    let (sequences, created) = n.put(vec![content]).unwrap();
+    let Accepted { sequences, created_unix_ms: created } = put(&n, vec![content]).unwrap();
     let id = MessageId { source: n.name().clone(), sequence: sequences[0], created_unix_ms: created };
     let outcomes = |n: &NodeState| -> Vec<Option<Outcome>> {
         n.results.get(&sequences)[0].clone().unwrap().recipients.into_iter().map(|(_, o)| o).collect()
@@ -135,8 +124,8 @@ fn results_are_recorded_from_here_and_from_peers_and_open_ones_time_out() {
     };
     let mut forged = result.clone().with_priority(Priority::level(9).unwrap());
     forged.payload = crate::results::encode_report(&[("B:q".parse().unwrap(), Outcome::Delivered)]).into();
-    n.deliver(from_b(forged), Instant::now()).unwrap();
-    n.deliver(from_b(result), Instant::now()).unwrap();
+    deliver(&n, from_b(forged), Instant::now()).unwrap();
+    deliver(&n, from_b(result), Instant::now()).unwrap();
     assert_eq!(outcomes(&n)[..2], [None, Some(Outcome::failed("queue_missing", "no r"))]);
 
     // Nothing came back for B:q within lifetime + result wait.
@@ -170,9 +159,9 @@ fn arrivals_for_missing_queues_or_other_nodes_are_dead_lettered() {
     };
     let mut twice = message("A:q");
     twice.content.recipients.push("A:q".parse().unwrap());
-    n.deliver(twice, now).unwrap();
-    n.deliver(message("A:missing"), now).unwrap();
-    n.deliver(message("C:q"), now).unwrap();
+    deliver(&n, twice, now).unwrap();
+    deliver(&n, message("A:missing"), now).unwrap();
+    deliver(&n, message("C:q"), now).unwrap();
     assert_eq!(n.queues.get("q").unwrap().len(), 1, "a queue named twice gets one copy");
     let dead = n.queues.get(DEAD_LETTER_QUEUE).unwrap().pop(crate::queue::PopLimits::auto(10), now);
     let reasons: Vec<_> =
@@ -264,7 +253,7 @@ fn crash_store_node(queues: &str) -> (Arc<NodeState>, Arc<CrashStore>) {
     let mut tree = config::parse_yaml(&text).unwrap();
     config::apply_overrides(&mut tree, &Overrides::default());
     let config = config::from_value(&tree).unwrap();
-    let transport = build_plugins(&config).unwrap().0;
+    let transport = start::build_plugins(&config).unwrap().0;
     let store = Arc::new(CrashStore::default());
     (NodeState::with_plugins(config, transport, store.clone()).unwrap(), store)
 }
@@ -292,62 +281,6 @@ async fn subscriptions_are_written_by_the_store_thread_only() {
     assert!(!writers.is_empty() && writers.iter().all(|w| w == "linkbus-store"), "{writers:?}");
 }
 
-/// A run of arrived messages goes at once to its one local queue or its one next hop
-/// (its hop count raised) when all of it fits; anything else is left, untouched, to
-/// the delivery of single messages.
-#[test]
-fn a_delivery_run_goes_at_once_where_it_all_fits_and_is_left_whole_otherwise() {
-    let text = "node: { name: A, listen: none }\npeers: [ { name: B }, { name: C } ]\n\
-                queues: [ { name: q, queue_messages_max: 10 }, { name: r } ]\n\
-                routes: [ { to: 'D*', via: B } ]\nsecurity: { insecure_plaintext: true }\n\
-                plugins: { store: { kind: memory } }";
-    let n = NodeState::new(config::from_value(&config::parse_yaml(text).unwrap()).unwrap()).unwrap();
-    let arrived = |to: &[&str], count: usize| -> Vec<Message> {
-        (0..count)
-            .map(|i| {
-                let mut content = Content::buf(to[0].parse().unwrap(), format!("m{i}"));
-                content.recipients.extend(to[1..].iter().map(|a| a.parse().unwrap()));
-                let mut m = n.stamp(content, 0);
-                m.hop_count = 1;
-                m
-            })
-            .collect()
-    };
-    let now = Instant::now();
-    let q = n.queues.get("q").unwrap().clone();
-    let mut run = arrived(&["A:q"], 8);
-    assert!(n.deliver_run(&mut run, now) && run.is_empty());
-    assert_eq!(q.len(), 8);
-    let mut run = arrived(&["A:q"], 3);
-    assert!(!n.deliver_run(&mut run, now), "no room for all three");
-    assert_eq!((run.len(), q.len()), (3, 8), "left whole");
-    let not_one_place =
-        [&["A:q", "A:r"][..], &["A:q", "B:q"], &["B:q", "C:q"], &["D1:q", "B:q"], &["A:nope"]];
-    for two_places in not_one_place {
-        let mut run = arrived(two_places, 2);
-        assert!(!n.deliver_run(&mut run, now), "{two_places:?}");
-        assert_eq!(run.len(), 2);
-    }
-    // Only messages of one class run together: a relayed run's room is checked in one.
-    let (a, mut b) = (arrived(&["D1:q"], 1).remove(0), arrived(&["D1:q"], 1).remove(0));
-    assert!(NodeState::runs_with(&a, &b));
-    b.content.priority = Priority::level(9).unwrap();
-    assert!(!NodeState::runs_with(&a, &b), "another priority");
-    b = a.clone();
-    b.hop_count += 1;
-    assert!(!NodeState::runs_with(&a, &b), "another hop count");
-    let link = n.links.get(&NodeName::new("B").unwrap()).unwrap().clone();
-    let mut run = arrived(&["D1:q", "D1:r"], 5);
-    assert!(n.deliver_run(&mut run, now) && run.is_empty());
-    assert_eq!(link.queued(), 5, "relayed to the next hop");
-    let mut run = arrived(&["B:q"], 2);
-    for m in &mut run {
-        m.hop_count = u8::try_from(n.config.messages.hop_count_max).unwrap();
-    }
-    assert!(!n.deliver_run(&mut run, now), "at the hop limit: dead letters, one by one");
-    assert_eq!(link.queued(), 5);
-}
-
 /// A put's messages to one link go in runs, each checked and queued at once when it
 /// fits; a run without room goes one message at a time, so as many as fit are accepted
 /// and the refusal counts them; other messages break a run, and order holds throughout.
@@ -358,7 +291,8 @@ async fn runs_of_a_put_are_queued_together_and_one_at_a_time_when_they_do_not_fi
     let to = |address: &str, i: usize| Content::buf(address.parse().unwrap(), format!("m{i}"));
     let wait = std::time::Duration::from_secs(1);
     // 600 to B: runs of 256, 256 and 88, all fitting.
-    let (sequences, _) = n.put_waiting((0..600).map(|i| to("B:q", i)).collect(), wait).await.unwrap();
+    let Accepted { sequences, .. } =
+        Origin::default().put(&n, (0..600).map(|i| to("B:q", i)).collect(), wait).await.unwrap();
     assert_eq!(sequences.len(), 600);
     assert!(sequences.windows(2).all(|w| w[1] == w[0] + 1), "one id each, in order");
     assert_eq!(link.queued(), 600);
@@ -367,13 +301,14 @@ async fn runs_of_a_put_are_queued_together_and_one_at_a_time_when_they_do_not_fi
     mixed.extend((0..3).map(|i| to("A:q", i)));
     mixed.push(to("B:q", 99).with_results());
     mixed.extend((0..4).map(|i| to("B:q", i)));
-    let (sequences, _) = n.put_waiting(mixed, wait).await.unwrap();
+    let Accepted { sequences, .. } = Origin::default().put(&n, mixed, wait).await.unwrap();
     assert!(sequences.windows(2).all(|w| w[1] > w[0]), "in the order given");
     assert_eq!((link.queued(), n.queues.get("q").unwrap().len()), (610, 3));
     // 200 more with room for 90: the run does not fit, so they go one at a time.
-    let e = n.put_waiting((0..200).map(|i| to("B:q", i)).collect(), std::time::Duration::ZERO).await;
+    let e =
+        Origin::default().put(&n, (0..200).map(|i| to("B:q", i)).collect(), std::time::Duration::ZERO).await;
     let e = e.unwrap_err();
-    assert_eq!((e.code, e.accepted), (ErrorCode::Full, 90), "{}", e.message);
+    assert_eq!((e.code, e.accepted), (RefusalCode::Full, 90), "{}", e.message);
     assert!(e.message.starts_with("message 91:"), "{}", e.message);
     assert_eq!(link.queued(), 700);
 }
@@ -386,7 +321,7 @@ async fn acknowledged_persistent_puts_survive_a_crash_and_the_negative_control_l
         for i in 0..50 {
             let content = Content::buf("A:q".parse().unwrap(), format!("m{i}"))
                 .with_reliability(linkbus_plugin_api::Reliability::Persistent);
-            n.put_waiting(vec![content], std::time::Duration::from_secs(1)).await.unwrap();
+            Origin::default().put(&n, vec![content], std::time::Duration::from_secs(1)).await.unwrap();
         }
         // A crash now: what a restart finds.
         let after: Arc<dyn Store> = Arc::new(store.after_crash());

@@ -1,0 +1,237 @@
+//! A message's way in from a link: the relay and delivery stages run over the batch, then
+//! each run of messages that go the same way is placed once (local queues, links onwards,
+//! dead letters) and queued, with the link's record of what it took in the same store
+//! batch. Result messages for this node and probes are answered instead of queued.
+
+use std::time::Instant;
+
+use linkbus_plugin_api::{Batch, Message, Reliability};
+
+use super::dead_letter::{self, DeadLetterCode};
+use super::origin::{RUN_BYTES_MAX, RUN_MESSAGES_MAX};
+use super::placement::{Came, Failed, Placement};
+use super::refusal::Refusal;
+use super::stages::{Site, StageContext, Stages};
+use crate::link::LinkHandle;
+use crate::node::NodeState;
+use crate::queue::QueueError;
+use crate::results::{Outcome, ResultTo};
+
+/// A message that arrived on a link, with what the link records of it (written in the
+/// same store batch as the message's last copy).
+#[derive(Debug)]
+pub(crate) struct Arrival {
+    /// The message.
+    pub(crate) message: Message,
+    /// The link's record of taking it (empty for a volatile message).
+    pub(crate) record: Batch,
+}
+
+/// Where one link's arrivals enter the node: its relay and delivery stages.
+#[derive(Debug)]
+pub(crate) struct Inbound {
+    relay: Stages,
+    delivery: Stages,
+}
+
+impl Inbound {
+    /// The stages for the link to `peer`.
+    pub(crate) fn new(node: &NodeState, peer: &linkbus_plugin_api::NodeName) -> Self {
+        let build = |site| {
+            let context = StageContext { node: node.name(), site, peer: Some(peer) };
+            Stages::build(node.stage_factories(), &context)
+        };
+        Self { relay: build(Site::Relay), delivery: build(Site::Delivery) }
+    }
+
+    /// Takes `arrivals`, in order: into local queues, onto links towards their recipients,
+    /// or, what cannot go there, into the dead-letter queue with the reason. Returns how
+    /// many were taken: all, or those before the one that could not be, and why.
+    ///
+    /// A message with recipients here meets the delivery stages (and copies relayed from it
+    /// carry what they made of it); one for other nodes only, the relay stages.
+    pub(crate) fn take(
+        &mut self,
+        node: &NodeState,
+        mut arrivals: Vec<Arrival>,
+        now: Instant,
+    ) -> (usize, Result<(), QueueError>) {
+        let refused = self.run_stages(node, &mut arrivals);
+        let mut taken = 0;
+        let mut arrivals = arrivals.into_iter().enumerate().peekable();
+        while let Some((index, first)) = arrivals.next() {
+            if let Some(refusal) = refused.iter().find(|(i, _)| *i == index).map(|(_, r)| r) {
+                if let Err(e) = take_refused(node, first, refusal, now) {
+                    return (taken, Err(e));
+                }
+                taken += 1;
+                continue;
+            }
+            let mut run = vec![first];
+            let mut bytes = run[0].message.content.payload.len();
+            while may_run(&run[0].message)
+                && run.len() < RUN_MESSAGES_MAX
+                && bytes < RUN_BYTES_MAX
+                && let Some((next, arrival)) = arrivals.peek()
+                && !refused.iter().any(|(i, _)| i == next)
+                && runs_with(&run[0].message, &arrival.message)
+                && let Some((_, arrival)) = arrivals.next()
+            {
+                bytes += arrival.message.content.payload.len();
+                run.push(arrival);
+            }
+            if run.len() > 1 {
+                let count = run.len();
+                let messages: Vec<Message> = run.into_iter().map(|a| a.message).collect();
+                match take_run(node, messages, now) {
+                    None => {
+                        taken += count;
+                        continue;
+                    }
+                    Some(back) => {
+                        run = back
+                            .into_iter()
+                            .map(|message| Arrival { message, record: Batch::new() })
+                            .collect()
+                    }
+                }
+            }
+            for arrival in run {
+                if let Err(e) = take_one(node, arrival, now) {
+                    return (taken, Err(e));
+                }
+                taken += 1;
+            }
+        }
+        (taken, Ok(()))
+    }
+
+    /// Runs the stages over the batch (each chain once, over the messages of its site);
+    /// returns the refused ones' places.
+    fn run_stages(&mut self, node: &NodeState, arrivals: &mut [Arrival]) -> Vec<(usize, Refusal)> {
+        let mut refused = Vec::new();
+        if self.relay.is_empty() && self.delivery.is_empty() {
+            return refused;
+        }
+        let here = |m: &Message| m.content.recipients.iter().any(|to| &to.node == node.name());
+        for (stages, for_here) in [(&mut self.delivery, true), (&mut self.relay, false)] {
+            if stages.is_empty() {
+                continue;
+            }
+            let mut at = Vec::new();
+            let mut messages: Vec<&mut Message> = Vec::new();
+            for (i, arrival) in arrivals.iter_mut().enumerate() {
+                if here(&arrival.message) == for_here {
+                    at.push(i);
+                    messages.push(&mut arrival.message);
+                }
+            }
+            for (index, refusal) in stages.run(&mut messages) {
+                if let Some(&i) = at.get(index) {
+                    refused.push((i, refusal));
+                }
+            }
+        }
+        refused
+    }
+}
+
+/// Whether a message that arrived may go in a run with others: volatile (nothing to record),
+/// wanting no results, not one of the nodes' own system messages.
+fn may_run(message: &Message) -> bool {
+    message.content.reliability == Reliability::Volatile
+        && !message.content.results
+        && !message.content.priority.is_system()
+}
+
+/// Whether `b` may join the run `a` started: the same recipients, as many relays, the same
+/// transmission class (a relayed run's room is checked in one class).
+fn runs_with(a: &Message, b: &Message) -> bool {
+    may_run(b)
+        && a.hop_count == b.hop_count
+        && a.content.recipients == b.content.recipients
+        && LinkHandle::same_class(a, b)
+}
+
+/// Queues a run of messages that go the same way at once when every place has room for all
+/// of them; hands them back otherwise (to go one at a time).
+fn take_run(node: &NodeState, messages: Vec<Message>, now: Instant) -> Option<Vec<Message>> {
+    let Some(first) = messages.first() else { return None };
+    let placement = Placement::of(node, first, Came::Arrived);
+    if !placement.has_room_for_run(&messages) {
+        return Some(messages);
+    }
+    placement.apply_run(node, messages, now, Came::Arrived);
+    None
+}
+
+/// Takes one message that arrived (with the link's record of it).
+///
+/// # Errors
+/// When the dead-letter queue has no room for what must go there: nothing was queued or
+/// written then, so the link may leave the message unacknowledged and take it again later
+/// without a duplicate.
+fn take_one(node: &NodeState, arrival: Arrival, now: Instant) -> Result<(), QueueError> {
+    let Arrival { message, record } = arrival;
+    if crate::results::is_result_message(&message)
+        && message.content.recipients.iter().any(|to| &to.node == node.name())
+    {
+        node.take_results(&message);
+        node.committer().write(record);
+        return Ok(());
+    }
+    let placement = Placement::of(node, &message, Came::Arrived).or_dead_letter(node, &message);
+    let here = message.content.recipients.iter().any(|to| &to.node == node.name());
+    if here && crate::node::probe::is_probe(&message) {
+        crate::node::probe::answer(node, &message, &placement);
+        node.committer().write(record);
+        return Ok(());
+    }
+    // An event message that cannot be stored is dropped: events never hold a link up.
+    if message.content.kind != linkbus_plugin_api::Kind::Event {
+        dead_letter::check_room(node, placement.dead_letter_count())?;
+    }
+    // (A message of this node that came back over a link reports nothing from here.)
+    let result_to = ResultTo::of(&message).filter(|to| &to.id.source != node.name());
+    let delivered: Vec<_> = match &result_to {
+        Some(_) => placement.queues(node).into_iter().map(|to| (to, Outcome::Delivered)).collect(),
+        None => Vec::new(),
+    };
+    // Every copy (local queues, dead letters, relayed copies' records) and the link's record
+    // reach the store as one batch: a crash keeps all or none of them. The record also goes
+    // with the last write, so even a store that split the batch would make the peer resend
+    // (a duplicate), never lose one. (Volatile messages write nothing here.)
+    let hold = (message.content.reliability == Reliability::Persistent && node.store().durable())
+        .then(|| node.committer().hold());
+    placement.apply(node, message, now, Came::Arrived, record);
+    node.report(result_to.as_ref(), delivered);
+    drop(hold);
+    Ok(())
+}
+
+/// Dead-letters a message a stage refused (for all its recipients).
+///
+/// # Errors
+/// As [`take_one`].
+fn take_refused(
+    node: &NodeState,
+    arrival: Arrival,
+    refusal: &Refusal,
+    now: Instant,
+) -> Result<(), QueueError> {
+    let Arrival { message, record } = arrival;
+    let failed = Failed {
+        code: DeadLetterCode::FilterRejected,
+        reason: refusal.reason.clone(),
+        recipients: message.content.recipients.to_vec(),
+    };
+    let placement = Placement::dead_letter(failed);
+    if message.content.kind != linkbus_plugin_api::Kind::Event {
+        dead_letter::check_room(node, 1)?;
+    }
+    placement.apply(node, message, now, Came::Arrived, record);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;
