@@ -52,7 +52,7 @@ async fn main() -> anyhow::Result<()> {
     }
     let elapsed = started.elapsed().as_secs_f64();
     let count = put.load(Ordering::Relaxed);
-    let syncs = node.state().committer.stats.syncs.load(Ordering::Relaxed);
+    let syncs = node.state().store_stats().syncs.load(Ordering::Relaxed);
     println!(
         "group commit: {count} persistent puts from {clients} clients in {elapsed:.2} s: {:.0} puts/s, \
          {syncs} syncs ({:.1} puts per sync)",

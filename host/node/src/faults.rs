@@ -14,43 +14,44 @@ pub(crate) const HOLD_ACKS_ENV: &str = "LINKBUS_TEST_HOLD_ACKS";
 /// machine.
 pub(crate) const CLOCK_OFFSET_ENV: &str = "LINKBUS_TEST_CLOCK_OFFSET_MS";
 
-/// Whether `name` is set (to `1` when `one`), in a build with fault injection.
+/// Whether `name` is set (to `1` when `one`), in a build with fault injection; `warning`
+/// is logged when it is.
 #[cfg(feature = "fault-injection")]
-fn set(name: &str, one: bool) -> bool {
+fn set(name: &str, one: bool, warning: Option<&str>) -> bool {
     let on = std::env::var_os(name).is_some_and(|v| !one || v == "1");
-    if on {
-        tracing::warn!("{name} is set: a test-only fault is on; never set it in production.");
+    if let Some(warning) = warning.filter(|_| on) {
+        tracing::warn!("{name}=1: {warning}");
     }
     on
 }
 
 #[cfg(not(feature = "fault-injection"))]
-fn set(_: &str, _: bool) -> bool {
+fn set(_: &str, _: bool, _: Option<&str>) -> bool {
     false
 }
 
 /// See [`ACK_BEFORE_SYNC_ENV`].
 pub(crate) fn ack_before_sync() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| set(ACK_BEFORE_SYNC_ENV, false))
+    *ON.get_or_init(|| set(ACK_BEFORE_SYNC_ENV, false, None))
 }
 
 /// See [`SKIP_DEDUP_ENV`].
 pub(crate) fn skip_dedup() -> bool {
-    set(SKIP_DEDUP_ENV, true)
+    set(SKIP_DEDUP_ENV, true, Some("duplicate detection is OFF (test-only negative control)."))
 }
 
 /// See [`HOLD_ACKS_ENV`].
 pub(crate) fn hold_acks() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| set(HOLD_ACKS_ENV, true))
+    *ON.get_or_init(|| set(HOLD_ACKS_ENV, true, Some("nothing received is acknowledged (test-only).")))
 }
 
 /// See [`CLOCK_OFFSET_ENV`].
 pub(crate) fn clock_offset_ms() -> i64 {
     static OFFSET: std::sync::OnceLock<i64> = std::sync::OnceLock::new();
     *OFFSET.get_or_init(|| {
-        if !set(CLOCK_OFFSET_ENV, false) {
+        if !set(CLOCK_OFFSET_ENV, false, None) {
             return 0;
         }
         std::env::var(CLOCK_OFFSET_ENV).ok().and_then(|v| v.parse().ok()).unwrap_or(0)

@@ -93,7 +93,23 @@ impl Node {
     /// # Errors
     /// [`StartError`] when a plugin, the store or a socket fails; nothing keeps running then.
     pub async fn start(config: Config) -> Result<Self, StartError> {
-        let state = NodeState::new(config)?;
+        Self::start_state(NodeState::new(config)?).await
+    }
+
+    /// Like [`Node::start`], with `stages` acting on messages on their way: at the origin,
+    /// at a relay, before delivery into a queue (see [`flow::stages`]). Each stage's
+    /// factory builds one instance per client connection and per link.
+    ///
+    /// # Errors
+    /// As [`Node::start`].
+    pub async fn start_with_stages(
+        config: Config,
+        stages: Vec<Arc<dyn StageFactory>>,
+    ) -> Result<Self, StartError> {
+        Self::start_state(NodeState::with_stages(config, stages)?).await
+    }
+
+    async fn start_state(state: Arc<NodeState>) -> Result<Self, StartError> {
         let (shutdown, watch_rx) = watch::channel(false);
         let mut tasks = JoinSet::new();
         let mut listen_address = None;

@@ -214,6 +214,11 @@ impl NodeState {
         &self.committer
     }
 
+    /// What the store thread did so far (writes, batches, syncs).
+    pub fn store_stats(&self) -> &crate::storage::CommitStats {
+        &self.committer.stats
+    }
+
     /// Message buffers kept for use again.
     pub(crate) fn recycler(&self) -> &Arc<linkbus_proto::recycle::Recycler> {
         &self.recycler
