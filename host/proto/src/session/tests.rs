@@ -3,6 +3,7 @@
 //! and refusal of bad peers.
 
 use super::*;
+use crate::frame::ChannelPosition;
 use crate::wire::message_bytes;
 use linkbus_plugin_api::{Content, Lifetime, Message, MessageId};
 use proptest::prelude::*;
