@@ -5,7 +5,8 @@ use std::time::Instant;
 
 use bytes::Bytes;
 
-use super::{AckBounds, MESSAGE_BYTES_MIN, Phase, Session, SessionError, SessionEvent};
+use super::acks::AckBounds;
+use super::{MESSAGE_BYTES_MIN, Phase, Session, SessionError, SessionEvent};
 use crate::channel::CHANNELS;
 use crate::frame::{ChannelPosition, FRAME_BYTES_MIN, Hello, PROTOCOL_VERSION};
 use crate::wire::Encoded;
