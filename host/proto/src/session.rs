@@ -46,10 +46,12 @@
 //! - `handshake.rs`: the peer's `Hello` checked and taken up, renumbering, durable state restored.
 //! - `acks.rs`: the acknowledgement policy: when ours go, and what the peer's complete.
 //! - `schedule.rs`: the scheduler, which picks the channel of the next packet.
+//! - `keepalive.rs`: pings after a silence, pongs (throttled), the pong timeout.
 
 mod acks;
 mod event;
 mod handshake;
+mod keepalive;
 mod receive;
 mod schedule;
 mod send;
@@ -481,41 +483,6 @@ impl Session {
         }
     }
 
-    /// Answers a ping, unless other frames are about to go out anyway (any frame proves
-    /// liveness) or the peer pings more often than every [`PONG_INTERVAL_MIN`] (throttled).
-    fn answer_ping(&mut self, nonce: u64, now: Instant) {
-        if self.acks_due.is_some() {
-            // The peer waits to hear from us, perhaps less long than the acknowledgements
-            // would wait: they go now and answer it.
-            self.write_acks();
-            self.stats.pings_unanswered += 1;
-            return;
-        }
-        if self.transmit_len() > 0 {
-            self.stats.pings_unanswered += 1;
-            return;
-        }
-        if self.last_pong.is_some_and(|at| now < at + PONG_INTERVAL_MIN) {
-            // Answered later (see `handle_timeout`), so a fast-pinging peer still hears back.
-            self.stats.pings_unanswered += u64::from(self.pending_pong.replace(nonce).is_some());
-            return;
-        }
-        self.last_pong = Some(now);
-        Frame::Pong { nonce }.encode(&mut self.control);
-    }
-
-    /// Sends a throttled pong once its time has come (unless other frames go out anyway).
-    fn pong_due(&mut self, now: Instant) {
-        let due = self.last_pong.is_none_or(|at| now >= at + PONG_INTERVAL_MIN);
-        if let Some(nonce) = self.pending_pong.filter(|_| due) {
-            self.pending_pong = None;
-            if self.transmit_len() == 0 {
-                self.last_pong = Some(now);
-                Frame::Pong { nonce }.encode(&mut self.control);
-            }
-        }
-    }
-
     fn handle_data(&mut self, channel: u8, packet: PacketIn, now: Instant) {
         let (sequence, crc) = (packet.sequence, packet.crc);
         if packet.total > self.config.message_bytes_max as u64 {
@@ -654,22 +621,6 @@ impl Session {
                     self.write_acks();
                 }
             }
-        }
-    }
-
-    fn keepalive(&mut self, now: Instant) {
-        match self.ping {
-            Some((_, sent)) if now >= sent + self.config.pong_timeout => {
-                self.close(SessionError::PongTimeout)
-            }
-            Some(_) => {}
-            None if now >= self.last_received + self.config.ping_interval => {
-                let nonce = self.next_nonce;
-                self.next_nonce += 1;
-                self.ping = Some((nonce, now));
-                Frame::Ping { nonce }.encode(&mut self.control);
-            }
-            None => {}
         }
     }
 
