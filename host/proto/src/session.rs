@@ -39,9 +39,21 @@
 //! when a peer comes back with a new incarnation (it lost its state, e.g. a memory store
 //! restarted) both directions start a fresh sequence space, renumbering what is still
 //! waiting, instead of mistaking new messages for duplicates.
+//!
+//! Parts, each in a file of its own under `session/`:
+//! - `event.rs`: what the session reports to the host.
+//! - `send.rs` and `receive.rs`: the sending and receiving halves of one channel.
+//! - `handshake.rs`: the peer's `Hello` checked and taken up, renumbering, durable state restored.
+//! - `acks.rs`: the acknowledgement policy: when ours go, and what the peer's complete.
+//! - `schedule.rs`: the scheduler, which picks the channel of the next packet.
+//! - `keepalive.rs`: pings after a silence, pongs (throttled), the pong timeout.
 
+mod acks;
 mod event;
+mod handshake;
+mod keepalive;
 mod receive;
+mod schedule;
 mod send;
 
 use std::collections::VecDeque;
@@ -51,14 +63,14 @@ use std::time::{Duration, Instant};
 use bytes::{Bytes, BytesMut};
 use linkbus_plugin_api::{API_VERSION, NodeName};
 
+use acks::AckBounds;
 pub use event::{DropReason, SendError, SessionError, SessionEvent, SessionStats};
 use receive::{Arrival, Delivery, HeldRoom, PacketIn, PacketOutcome, Receiver};
-use send::{NakOutcome, Sender, WriteLimits};
+use send::{NakOutcome, Sender};
 
-use crate::channel::{CHANNELS, FILE_CHANNEL, SYSTEM_CHANNEL};
+use crate::channel::CHANNELS;
 use crate::frame::{
-    ChannelPosition, DATA_OVERHEAD_BYTES, FRAME_BYTES_MIN, Frame, FrameDecoder, HELLO_FLAG_DURABLE, Hello,
-    LENGTH_BYTES, PROTOCOL_VERSION,
+    DATA_OVERHEAD_BYTES, Frame, FrameDecoder, HELLO_FLAG_DURABLE, Hello, LENGTH_BYTES, PROTOCOL_VERSION,
 };
 use crate::recycle::Recycler;
 use crate::wire::{Chunks, Encoded};
@@ -117,10 +129,6 @@ pub struct SessionConfig {
     pub skip_dedup_for_tests: bool,
 }
 
-/// Highest sequence number a peer may name: far beyond any real count, low enough that
-/// numbering from it never overflows.
-const SEQUENCE_MAX: u64 = 1 << 62;
-
 /// Smallest `message_bytes_max` a peer may advertise (every node accepts at least its
 /// largest envelope, 512 KiB).
 pub const MESSAGE_BYTES_MIN: u64 = 64 * 1024;
@@ -162,70 +170,12 @@ impl Lane {
     }
 }
 
-/// Messages of one channel delivered but not acknowledged after which the acknowledgement
-/// goes at once, without waiting for `ack_delay`: a sender busy enough to have this many
-/// waiting is not slowed by acknowledgements that come late. At most a quarter of the
-/// sender's window (from its `Hello`), so a small window keeps moving too.
-const ACK_WAITING_MESSAGES_MAX: u64 = 32;
-
-/// The same in bytes (at most a quarter of the sender's byte window).
-const ACK_WAITING_BYTES_MAX: usize = 1 << 20;
-
-/// Share of the sender's retransmit timeout an acknowledgement may wait at most, so the
-/// sender never writes a message again only because its acknowledgement was kept back.
-const ACK_DELAY_SHARE_OF_RETRANSMIT: u32 = 4;
-
-/// When an acknowledgement goes at once and how long one may wait otherwise: our
-/// `ack_delay`, within the bounds the peer's window and retransmit timeout set.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct AckBounds {
-    /// Messages waiting after which the acknowledgement goes at once.
-    messages: u64,
-    /// Bytes waiting after which it goes at once.
-    bytes: usize,
-    /// Longest wait.
-    delay: Duration,
-}
-
-impl AckBounds {
-    /// The bounds for a peer that advertised `window` (messages, bytes) and `retransmit`.
-    fn new(ack_delay: Duration, window: (u64, u64), retransmit: Duration) -> Self {
-        Self {
-            messages: ACK_WAITING_MESSAGES_MAX.min(window.0 / 4).max(1),
-            bytes: ACK_WAITING_BYTES_MAX.min(usize::try_from(window.1 / 4).unwrap_or(usize::MAX)),
-            delay: ack_delay.min(retransmit / ACK_DELAY_SHARE_OF_RETRANSMIT),
-        }
-    }
-
-    /// Before the peer's first `Hello` (when nothing is acknowledged anyway): each at once.
-    const AT_ONCE: Self = Self { messages: 1, bytes: 0, delay: Duration::ZERO };
-
-    /// The bounds for the peer that sent `hello`.
-    fn of_peer(config: &SessionConfig, hello: &Hello) -> Self {
-        let window = (u64::from(hello.in_flight_messages_max), hello.in_flight_bytes_max);
-        Self::new(config.ack_delay, window, Duration::from_millis(u64::from(hello.retransmit_timeout_ms)))
-    }
-}
-
 /// How fast the scheduler forgets what a channel wrote.
 const RECENT_HALF_LIFE: Duration = Duration::from_millis(100);
 
 /// A packet that ends its message may carry `packet_bytes_max / LAST_PACKET_SLACK_DIVISOR`
 /// bytes more than the others.
 const LAST_PACKET_SLACK_DIVISOR: usize = 16;
-
-/// How one channel's numbers are off when an operator's reset takes the peer's.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Rebase {
-    /// The peer expects less than it acknowledged: its data went back.
-    Backwards,
-    /// The peer expects more than we sent: our data went back.
-    Ahead,
-    /// The peer expects less than it acknowledged, but only numbers of volatile messages
-    /// (and skips), whose receive numbers it need not sync: its machine crashed. They are
-    /// lost like any volatile message in a crash; they go again as skips.
-    Lagged,
-}
 
 /// One link's protocol state; see the module doc for the call order.
 #[derive(Debug)]
@@ -533,331 +483,6 @@ impl Session {
         }
     }
 
-    /// Answers a ping, unless other frames are about to go out anyway (any frame proves
-    /// liveness) or the peer pings more often than every [`PONG_INTERVAL_MIN`] (throttled).
-    fn answer_ping(&mut self, nonce: u64, now: Instant) {
-        if self.acks_due.is_some() {
-            // The peer waits to hear from us, perhaps less long than the acknowledgements
-            // would wait: they go now and answer it.
-            self.write_acks();
-            self.stats.pings_unanswered += 1;
-            return;
-        }
-        if self.transmit_len() > 0 {
-            self.stats.pings_unanswered += 1;
-            return;
-        }
-        if self.last_pong.is_some_and(|at| now < at + PONG_INTERVAL_MIN) {
-            // Answered later (see `handle_timeout`), so a fast-pinging peer still hears back.
-            self.stats.pings_unanswered += u64::from(self.pending_pong.replace(nonce).is_some());
-            return;
-        }
-        self.last_pong = Some(now);
-        Frame::Pong { nonce }.encode(&mut self.control);
-    }
-
-    /// Sends a throttled pong once its time has come (unless other frames go out anyway).
-    fn pong_due(&mut self, now: Instant) {
-        let due = self.last_pong.is_none_or(|at| now >= at + PONG_INTERVAL_MIN);
-        if let Some(nonce) = self.pending_pong.filter(|_| due) {
-            self.pending_pong = None;
-            if self.transmit_len() == 0 {
-                self.last_pong = Some(now);
-                Frame::Pong { nonce }.encode(&mut self.control);
-            }
-        }
-    }
-
-    /// Why a peer's `Hello` is refused outright, if it is.
-    fn refusal(&self, hello: &Hello) -> Option<SessionError> {
-        if hello.protocol_version != PROTOCOL_VERSION {
-            let theirs = hello.protocol_version;
-            return Some(SessionError::Version { ours: PROTOCOL_VERSION, theirs });
-        }
-        if hello.from != self.config.peer.as_str() || hello.to != self.config.local.as_str() {
-            return Some(SessionError::WrongPeer {
-                from: hello.from.clone(),
-                to: hello.to.clone(),
-                expected: self.config.peer.to_string(),
-                local: self.config.local.to_string(),
-            });
-        }
-        if hello.frame_bytes_max < FRAME_BYTES_MIN as u32 {
-            return Some(SessionError::FrameLimit(hello.frame_bytes_max));
-        }
-        if hello.channels.len() != CHANNELS {
-            return Some(SessionError::ChannelCount(hello.channels.len()));
-        }
-        None
-    }
-
-    fn handle_hello(&mut self, hello: &Hello, now: Instant) {
-        if let Some(error) = self.refusal(hello) {
-            return self.close(error);
-        }
-        let peer_restarted = self.peer_incarnation.is_some_and(|known| known != hello.incarnation);
-        if peer_restarted {
-            // The peer's old sequence spaces are gone with its state: start receiving afresh.
-            for lane in &mut self.lanes {
-                lane.receiver.restart();
-            }
-        }
-        self.peer_incarnation = Some(hello.incarnation);
-        self.peer_run = Some(hello.run);
-        self.peer_frame_bytes_max = Some(hello.frame_bytes_max as usize);
-        self.peer_message_bytes_max = Some(usize::try_from(hello.message_bytes_max).unwrap_or(usize::MAX));
-        if hello.message_bytes_max < MESSAGE_BYTES_MIN {
-            return self.close(SessionError::MessageLimit(hello.message_bytes_max));
-        }
-        self.ack_bounds = AckBounds::of_peer(&self.config, hello);
-        let knows_us = hello.your_incarnation == self.config.incarnation;
-        let reset = std::mem::take(&mut self.accept_peer_numbers);
-        let restored = std::mem::take(&mut self.restored_sending);
-        if restored && knows_us {
-            for (lane, position) in self.lanes.iter_mut().zip(&hello.channels) {
-                lane.sender.skip_from(position.expected, now);
-            }
-        }
-        let rebased = match self.channels_to_rebase(hello, knows_us, reset, restored) {
-            Ok(rebased) => rebased,
-            Err(error) => return self.close(error),
-        };
-        let (mut resent, mut resumed_bytes, mut lost_by_peer) = (0, 0, 0);
-        for (channel, position) in hello.channels.iter().enumerate() {
-            let Some(lane) = self.lanes.get_mut(channel) else { continue };
-            let rebase = rebased.get(channel).copied().flatten();
-            let (from, held_bytes) = if let Some(Rebase::Lagged) = rebase {
-                lost_by_peer += lane.sender.acked() + 1 - position.expected;
-                lane.sender.skip_from(position.expected, now);
-                (position.expected, 0)
-            } else if let Some(Rebase::Backwards) = rebase {
-                // The peer lost what it had: what still waits goes under its numbers.
-                lane.sender.rebase(position.expected);
-                (position.expected, 0)
-            } else if let Some(Rebase::Ahead) = rebase {
-                // The peer has everything we still hold: complete it, go on from its number.
-                let messages = lane.sender.jump(position.expected);
-                let through = position.expected - 1;
-                self.events.push_back(SessionEvent::Acked { channel: channel as u8, through, messages });
-                (position.expected, 0)
-            } else if knows_us {
-                // Received but the ACK was lost: adopt the peer's number.
-                if let Some(messages) = lane.sender.complete_through(position.expected - 1) {
-                    let through = position.expected - 1;
-                    self.events.push_back(SessionEvent::Acked { channel: channel as u8, through, messages });
-                }
-                (position.expected, position.held_bytes)
-            } else {
-                // The peer never saw this incarnation of ours: its numbers mean nothing to us,
-                // and ours nothing to it. Renumber what still waits from 1.
-                lane.sender.renumber();
-                (1, 0)
-            };
-            let (messages, resumed) = lane.sender.start_connection(from, held_bytes, position.held_crc, now);
-            resent += messages;
-            resumed_bytes += resumed;
-        }
-        self.phase = Phase::Established;
-        self.stats.renegotiations += 1;
-        self.stats.resent += resent as u64;
-        self.stats.resumed_bytes += resumed_bytes;
-        self.stats.lost_by_peer += lost_by_peer;
-        self.events.push_back(SessionEvent::Established {
-            peer_restarted,
-            resent,
-            resumed_bytes,
-            lost_by_peer,
-        });
-    }
-
-    /// Takes up what this node recorded durably before it restarted: the peer's incarnation
-    /// its receive numbers refer to, and per channel the next number it expects from it.
-    /// The next `Hello` then tells the peer where to resend from, so nothing delivered before
-    /// the restart comes again. Call it before the first connection.
-    pub fn restore_receiving(&mut self, peer_incarnation: u64, expected: &[u64]) {
-        self.peer_incarnation = Some(peer_incarnation);
-        for (lane, expected) in self.lanes.iter_mut().zip(expected) {
-            lane.receiver.restore(*expected);
-        }
-    }
-
-    /// Takes up, for `channel`, the messages this node recorded durably as sent and not yet
-    /// acknowledged before it restarted, with their numbers (`(sequence, bytes, expiry)`,
-    /// sorted), under the same incarnation as before. On the next handshake the peer's
-    /// numbers decide: what it has is complete; numbers it lacks that were not recorded
-    /// (volatile messages lost with the restart) go as skips; and a peer that is ahead of
-    /// everything recorded (it got volatile messages sent after the last record) is
-    /// followed. Call it for every channel before the first connection.
-    pub fn restore_sending(
-        &mut self,
-        channel: u8,
-        entries: Vec<(u64, Bytes, Option<Instant>)>,
-        now: Instant,
-    ) {
-        if let Some(lane) = self.lanes.get_mut(channel as usize) {
-            lane.sender.restore(entries, now);
-        }
-        self.restored_sending = true;
-    }
-
-    /// Takes up, for `channel`, the highest number the peer acknowledged for a message that
-    /// was not volatile, as recorded before a restart (after [`Session::restore_sending`]):
-    /// a peer that comes back expecting it or less went backwards, and the link stops
-    /// rather than skip what it lost.
-    pub fn restore_acknowledged(&mut self, channel: u8, through: u64) {
-        if let Some(lane) = self.lanes.get_mut(channel as usize) {
-            lane.sender.restore_acked(through);
-        }
-    }
-
-    /// The highest number of `channel` the peer acknowledged for a message that was not
-    /// volatile (for a host that records it).
-    pub fn durable_acked(&self, channel: u8) -> u64 {
-        self.lanes.get(channel as usize).map_or(0, |l| l.sender.durable_acked())
-    }
-
-    /// The messages of `channel` waiting for an acknowledgement: their numbers, bytes
-    /// (empty for a skip) and expiry, for a host that records them.
-    pub fn awaiting(&self, channel: u8) -> Vec<(u64, Encoded, Option<Instant>)> {
-        self.lanes
-            .get(channel as usize)
-            .map_or_else(Vec::new, |l| l.sender.awaiting().map(|(s, b, e)| (s, b.clone(), e)).collect())
-    }
-
-    /// The peer's incarnation from its last `Hello` (what receive numbers refer to).
-    pub fn peer_incarnation(&self) -> Option<u64> {
-        self.peer_incarnation
-    }
-
-    /// Checks the peer's numbers on every channel (when it knows our incarnation); an
-    /// operator's `reset` applies to this handshake only, and only to the channels whose
-    /// numbers do not fit ours: those are returned with how they are off.
-    fn channels_to_rebase(
-        &self,
-        hello: &Hello,
-        knows_us: bool,
-        reset: bool,
-        restored: bool,
-    ) -> Result<[Option<Rebase>; CHANNELS], SessionError> {
-        let mut rebased = [None; CHANNELS];
-        if !knows_us {
-            return Ok(rebased);
-        }
-        for (channel, position) in hello.channels.iter().enumerate() {
-            let off = match self.check_position(channel as u8, position) {
-                Ok(()) => continue,
-                Err(SessionError::WentBackwards { .. }) if reset => Rebase::Backwards,
-                Err(SessionError::WentBackwards { expected, .. })
-                    if self.lanes.get(channel).is_some_and(|l| expected > l.sender.durable_acked()) =>
-                {
-                    Rebase::Lagged
-                }
-                // After a restore the peer may have volatile messages sent after the last
-                // record: it has everything recorded too.
-                Err(SessionError::ClaimsMore { .. }) if reset || restored => Rebase::Ahead,
-                Err(error) => return Err(error),
-            };
-            if let Some(slot) = rebased.get_mut(channel) {
-                *slot = Some(off);
-            }
-        }
-        Ok(rebased)
-    }
-
-    /// A peer that knows our incarnation may expect neither more than we sent nor less than
-    /// it acknowledged, on any channel.
-    fn check_position(&self, channel: u8, position: &ChannelPosition) -> Result<(), SessionError> {
-        let Some(lane) = self.lanes.get(channel as usize) else { return Ok(()) };
-        let (last_sent, acked) = (lane.sender.last_sent(), lane.sender.acked());
-        let expected = position.expected;
-        if expected == 0 || expected > SEQUENCE_MAX {
-            return Err(SessionError::BadPosition { channel, expected });
-        }
-        if expected > last_sent + 1 {
-            return Err(SessionError::ClaimsMore { channel, expected, last_sent });
-        }
-        if expected <= acked {
-            return Err(SessionError::WentBackwards { channel, expected, acked });
-        }
-        Ok(())
-    }
-
-    /// Writes waiting packets until about `budget` bytes are written (at least one packet
-    /// when the budget is not zero). Each packet comes from the system channel when it has
-    /// one waiting, else from the channel that wrote the fewest bytes recently for its
-    /// weight; within a channel, messages go in sequence order (first those to resend after
-    /// a reconnect or a retransmit timeout, then new ones). A message whose write starts
-    /// after it waited carries the lifetime it has left; one that expired, or that is larger
-    /// than the peer accepts, goes as an empty skip message and is reported as
-    /// [`SessionEvent::Dropped`]. Returns how many packets were written.
-    pub fn write_pending(&mut self, now: Instant, budget: usize) -> usize {
-        if self.phase != Phase::Established || budget == 0 {
-            return 0;
-        }
-        self.decay_recent(now);
-        let (packet_bytes_max, last_packet_bytes_max) = self.packet_bytes_max();
-        let limits = WriteLimits {
-            message_bytes_max: self.message_bytes_max(),
-            packet_bytes_max,
-            last_packet_bytes_max,
-        };
-        let (mut written, mut packets) = (0, 0);
-        while written < budget {
-            let Some(channel) = self.next_channel() else { break };
-            let Some(lane) = self.lanes.get_mut(channel) else { break };
-            let Some(bytes) = lane.sender.write_packet(now, &limits, &mut self.transmit, &mut self.events)
-            else {
-                break;
-            };
-            lane.recent = lane.recent.saturating_add(bytes as u64);
-            written += bytes;
-            packets += 1;
-        }
-        packets
-    }
-
-    /// The channel to write the next packet from: see [`Session::write_pending`].
-    fn next_channel(&self) -> Option<usize> {
-        let weights = &self.config.channel_weights;
-        let waiting = |(_, lane): &(usize, &Lane)| lane.sender.has_unwritten();
-        // Preference order for ties: the system channel, then the levels from the highest,
-        // then files.
-        let order = std::iter::once(SYSTEM_CHANNEL as usize)
-            .chain((1..FILE_CHANNEL as usize).rev())
-            .chain(std::iter::once(FILE_CHANNEL as usize));
-        let mut candidates = order.filter_map(|c| self.lanes.get(c).map(|lane| (c, lane))).filter(waiting);
-        let first = candidates.next()?;
-        if first.0 == SYSTEM_CHANNEL as usize {
-            return Some(first.0);
-        }
-        // Fewest recent bytes per unit of weight: compare recent_a / w_a with recent_b / w_b.
-        let cost = |(channel, lane): &(usize, &Lane)| {
-            let weight = u128::from(weights.get(*channel).copied().unwrap_or(1).max(1));
-            (u128::from(lane.recent), weight)
-        };
-        let best = candidates.fold(first, |best, next| {
-            let ((rb, wb), (rn, wn)) = (cost(&best), cost(&next));
-            if rn * wb < rb * wn { next } else { best }
-        });
-        Some(best.0)
-    }
-
-    /// Halves every channel's recent bytes once per [`RECENT_HALF_LIFE`] gone by.
-    fn decay_recent(&mut self, now: Instant) {
-        let elapsed = now.saturating_duration_since(self.recent_decayed_at);
-        let halvings = (elapsed.as_nanos() / RECENT_HALF_LIFE.as_nanos()).min(64) as u32;
-        if halvings == 0 {
-            return;
-        }
-        for lane in &mut self.lanes {
-            lane.recent = lane.recent.checked_shr(halvings).unwrap_or(0);
-        }
-        self.recent_decayed_at += RECENT_HALF_LIFE * halvings;
-        if halvings == 64 {
-            self.recent_decayed_at = now;
-        }
-    }
-
     fn handle_data(&mut self, channel: u8, packet: PacketIn, now: Instant) {
         let (sequence, crc) = (packet.sequence, packet.crc);
         if packet.total > self.config.message_bytes_max as u64 {
@@ -939,73 +564,6 @@ impl Session {
         }
     }
 
-    /// A duplicate arrived: acknowledge again what this channel already stored (an
-    /// acknowledgement waiting on the channel goes with it: it names the same number).
-    fn ack_again(&mut self, channel: u8) {
-        let Some(lane) = self.lanes.get_mut(channel as usize) else { return };
-        let expected = lane.receiver.expected();
-        if expected > 1 {
-            Frame::Ack { channel, sequence: expected - 1 }.encode(&mut self.control);
-            lane.acked(expected - 1);
-        }
-    }
-
-    /// An ACK says everything of `channel` through `through` arrived; a number that matches
-    /// nothing awaiting is ignored.
-    fn complete_through(&mut self, channel: u8, through: u64) {
-        let Some(lane) = self.lanes.get_mut(channel as usize) else {
-            return self.close(SessionError::UnknownChannel(channel));
-        };
-        if let Some(messages) = lane.sender.complete_through(through) {
-            self.events.push_back(SessionEvent::Acked { channel, through, messages });
-        }
-    }
-
-    /// The host stored every received message of `channel` up to `through`: acknowledge
-    /// them. Numbers from an earlier connection (already forgotten) are ignored.
-    ///
-    /// The acknowledgement waits up to `ack_delay` for other frames to go with it — the
-    /// host's next packets, or another channel's acknowledgement — so that an answer to a
-    /// message carries its acknowledgement in the same write. It goes at once when the
-    /// channel has [`ACK_WAITING_MESSAGES_MAX`] messages or [`ACK_WAITING_BYTES_MAX`] bytes
-    /// unacknowledged (or a quarter of the peer's window, when that is less), and waits at
-    /// most a quarter of the peer's retransmit timeout (both from its `Hello`).
-    pub fn handle_delivered(&mut self, channel: u8, through: u64, now: Instant) {
-        let established = self.phase == Phase::Established;
-        let Some(lane) = self.lanes.get_mut(channel as usize) else { return };
-        if !lane.receiver.delivered(through) || !established {
-            return;
-        }
-        lane.ack_waiting = Some(through);
-        let bounds = self.ack_bounds;
-        let busy = through.saturating_sub(lane.ack_written) >= bounds.messages
-            || lane.ack_waiting_bytes >= bounds.bytes;
-        if bounds.delay.is_zero() || busy {
-            self.write_acks();
-        } else {
-            self.acks_due.get_or_insert(now + bounds.delay);
-        }
-    }
-
-    /// Writes the acknowledgements that wait for company now (the host is about to close
-    /// the connection: what was delivered must not be sent again).
-    pub fn flush_acks(&mut self) {
-        if self.phase == Phase::Established {
-            self.write_acks();
-        }
-    }
-
-    /// Writes the waiting acknowledgements of every channel.
-    fn write_acks(&mut self) {
-        self.acks_due = None;
-        for (channel, lane) in (0u8..).zip(&mut self.lanes) {
-            if let Some(through) = lane.ack_waiting {
-                Frame::Ack { channel, sequence: through }.encode(&mut self.control);
-                lane.acked(through);
-            }
-        }
-    }
-
     /// Hands over one encoded message (see [`crate::wire`]; one buffer or an
     /// [`Encoded`] whose payload is shared) for `channel` whose lifetime
     /// ends at `expires_at` (`None`: never); [`Session::write_pending`] writes it once the
@@ -1063,22 +621,6 @@ impl Session {
                     self.write_acks();
                 }
             }
-        }
-    }
-
-    fn keepalive(&mut self, now: Instant) {
-        match self.ping {
-            Some((_, sent)) if now >= sent + self.config.pong_timeout => {
-                self.close(SessionError::PongTimeout)
-            }
-            Some(_) => {}
-            None if now >= self.last_received + self.config.ping_interval => {
-                let nonce = self.next_nonce;
-                self.next_nonce += 1;
-                self.ping = Some((nonce, now));
-                Frame::Ping { nonce }.encode(&mut self.control);
-            }
-            None => {}
         }
     }
 

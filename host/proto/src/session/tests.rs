@@ -2,7 +2,9 @@
 //! cumulative acknowledgement, resend after reconnect, duplicates, peer restarts, keepalive
 //! and refusal of bad peers.
 
+use super::acks::{ACK_WAITING_BYTES_MAX, ACK_WAITING_MESSAGES_MAX};
 use super::*;
+use crate::frame::ChannelPosition;
 use crate::wire::message_bytes;
 use linkbus_plugin_api::{Content, Lifetime, Message, MessageId};
 use proptest::prelude::*;
