@@ -112,11 +112,10 @@ thread_local! {
 ///
 /// Names of up to [`SmolStr::INLINE_CAP`] bytes (23: every node name, most queue names) are
 /// held inline and made again from their text, not shared, so copying, comparing and
-/// dropping one touches no reference count that other threads touch too. (Each name a
-/// shared string, those counts were the largest group of contended atomic operations at
-/// 64 B.) They are made with `new_inline`, inlined here: `SmolStr::new`, a call of its own,
-/// moved the bytes through two more stack copies after the `memcpy`, each read back at once
-/// as wider words (store-forwarding stalls), 3.3 % of the time at 64 B by itself.
+/// dropping one touches no reference count that other threads touch too.
+/// Perf (OPT-36): made with `new_inline`, inlined here, as `SmolStr::new` passes the bytes
+/// through two more stack copies, each read back at once as wider words (store-forwarding
+/// stalls).
 fn made(name: &str, check: impl FnOnce(&str) -> Result<(), NameError>) -> Result<SmolStr, NameError> {
     // Checked first in every case: the names kept are of both kinds.
     check(name)?;

@@ -6,11 +6,9 @@ use clap::Parser;
 use linkbus_host::cli::{self, Cli, Command, ConfigCommand, NodeCommand};
 use tracing_subscriber::EnvFilter;
 
-/// mimalloc: a message's boxed content is allocated on one runtime worker and freed on
-/// another (decoded by a link, handed out by a get), and this allocator frees across threads
-/// without a lock; with glibc's, boxing the content cost more than it saved (BENCHMARKS.md,
-/// eleventh round: about a tenth fewer messages a second at 64 B). A program embedding
-/// `linkbus-host` sets its own global allocator; mimalloc is the one measured.
+/// Perf (OPT-35, LEV-21): a message's boxed content is freed on another runtime worker than
+/// the one that made it, which mimalloc does without a lock and glibc's allocator does not.
+/// A program embedding `linkbus-host` sets its own global allocator.
 #[cfg(feature = "mimalloc")]
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;

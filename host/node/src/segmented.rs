@@ -3,11 +3,10 @@
 //! A `VecDeque` grows into a buffer twice as large, copying the wrapped part of what it
 //! holds (up to half). Under a queue's lock, with a million messages waiting, that is tens
 //! of megabytes and the page faults of the new buffer: every user of the queue (a put, the
-//! link bringing an urgent message in, a get) waits tens of milliseconds, at each doubling
-//! (60 ms at a million 256-byte entries, measured before messages boxed their content).
-//! Here growing adds a segment and never moves what is already queued, so no operation
-//! costs more than one segment's allocation. Segments are as large as the queue is long,
-//! from [`SEGMENT_LEN_MIN`] to [`SEGMENT_LEN`] items, so a short queue holds little room.
+//! link bringing an urgent message in, a get) waits tens of milliseconds, at each doubling.
+//! Perf (OPT-25): here growing adds a segment and never moves what is already queued, so no
+//! operation costs more than one segment's allocation. Segments are as large as the queue is
+//! long, from [`SEGMENT_LEN_MIN`] to [`SEGMENT_LEN`] items, so a short queue holds little room.
 //! The last segment emptied is kept for the next one needed, so a queue whose length goes
 //! up and down by less than a segment allocates nothing.
 

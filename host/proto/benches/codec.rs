@@ -147,8 +147,8 @@ fn frame_decode_copied(bencher: Bencher, size: usize) {
 
 /// `FrameDecoder::extend_bytes`: frames wholly inside a chunk are slices of it; only those
 /// that straddle two chunks are gathered. (A short message whole in its packet — 64 B and
-/// 1 KiB here — is copied out since the twelfth performance round, so those two sizes are
-/// not comparable with earlier figures.)
+/// 1 KiB here — is copied out, OPT-37, so those two sizes are not comparable with figures
+/// from before that change.)
 #[divan::bench(args = SIZES)]
 fn frame_decode_zero_copy(bencher: Bencher, size: usize) {
     let (stream, frames) = data_stream(size);

@@ -56,11 +56,9 @@ impl Default for TcpTransport {
     }
 }
 
-/// Default of `receive_buffer_bytes`. Left to autotuning, a busy receiver's buffer grew to
-/// megabytes on loopback whenever the node fell behind for a moment, and an urgent message
-/// waited behind all of it (`linkbus bench w7` on a 2-core machine: an urgent p99 over
-/// 10 ms in 8 of 53 runs, single urgent messages up to 87 ms; with this bound 1 of 39
-/// runs, up to 22 ms).
+/// Default of `receive_buffer_bytes`. Perf (OPT-52): left to autotuning, a busy receiver's
+/// buffer grows to megabytes whenever the node falls behind, and an urgent message waits
+/// behind all of it.
 pub const RECEIVE_BUFFER_DEFAULT: u32 = 512 * 1024;
 
 /// Default of `unsent_bytes_max`: about a millisecond of a loopback link's bulk traffic.

@@ -42,12 +42,9 @@ impl Chunks {
     /// [`Chunks::LINK_SHARE_BYTES_MIN`].
     pub const SHARE_BYTES_MIN: usize = 4096;
     /// Payloads shorter than this are copied into a link's frames (and into the head of an
-    /// [`Encoded`] message), longer ones shared: at 1 KiB a link's sender then copies no
-    /// payload bytes itself (`linkbus bench w1 --size 1024`, in-process clients: about a
-    /// quarter more messages/s than sharing from 4 KiB on a 2-core VM; at 600 B and 2 KiB
-    /// no worse beyond the noise). Client answers share from 4 KiB still: an answer of a
-    /// thousand 1 KiB messages in two thousand pieces made `w7`'s urgent latency worse
-    /// (p99 over 10 ms in half the runs) and `w1` no faster.
+    /// [`Encoded`] message), longer ones shared. Perf (OPT-54): a link's sender copies no
+    /// payload of 512 B or more itself. Client answers keep [`Chunks::SHARE_BYTES_MIN`]
+    /// (OPT-55): an answer in thousands of small shared pieces delays urgent messages.
     pub const LINK_SHARE_BYTES_MIN: usize = 512;
     /// The largest buffer encoded bytes are written in.
     pub const BUFFER_BYTES: usize = 64 * 1024;
