@@ -610,8 +610,8 @@ fn spawn_bulk(
     tasks.push(tokio::spawn(async move {
         let mut client = Client::connect(&socket).await?;
         while !stop.load(Ordering::Relaxed) {
-            // A thousand at a time: a get of ten thousand 1 KiB messages is encoded in one
-            // go and holds a runtime worker for milliseconds (see BENCHMARKS.md).
+            // Perf (OPT-12): a thousand per get; an answer of ten thousand 1 KiB messages is
+            // encoded in one go and holds a runtime worker for milliseconds.
             client.get("orders", 1_000, Duration::from_millis(100)).await?;
         }
         Ok(())

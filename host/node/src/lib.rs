@@ -275,7 +275,7 @@ async fn run_with(
     let mut node = Node::start(config).await?;
     let state = node.state.clone();
     if let Some(source) = source {
-        let _ = state.set_reload_source(source);
+        state.set_reload_source(source);
     }
     let reloads = async {
         let Some(hangup) = hangup.as_mut() else { return std::future::pending().await };

@@ -156,7 +156,7 @@ fn runs_with(a: &Message, b: &Message) -> bool {
 /// Queues a run of messages that go the same way at once when every place has room for all
 /// of them; hands them back otherwise (to go one at a time).
 fn take_run(node: &NodeState, messages: Vec<Message>, now: Instant) -> Option<Vec<Message>> {
-    let Some(first) = messages.first() else { return None };
+    let first = messages.first()?;
     let placement = Placement::of(node, first, Came::Arrived);
     if !placement.has_room_for_run(&messages) {
         return Some(messages);

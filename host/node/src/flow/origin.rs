@@ -23,11 +23,12 @@ use crate::results::{Outcome, ResultBook};
 // Perf (OPT-33): keeping pace keeps payloads warm in the cache and memory low.
 pub const PACE_WAIT: Duration = Duration::from_secs(1);
 
-/// Messages of one put admitted together at most: enough to take the per-message checks
+/// Perf (OPT-48): messages of one put admitted together at most: enough to take the per-message checks
 /// and locks off a batch, few enough that other puts wait little for the admission lock.
 pub(crate) const RUN_MESSAGES_MAX: usize = 256;
 
-/// Payload bytes a run (of a put, or of arrivals from a link) gathers at most: a run's room
+/// Perf (OPT-48, OPT-49): payload bytes a run (of a put, or of arrivals from a link) gathers
+/// at most: a run's room
 /// is checked once, and a class with no bytes takes any size, so this bounds how far a run
 /// can go past a class's byte bound or its pace where single messages would have stopped.
 pub(crate) const RUN_BYTES_MAX: usize = 256 << 10;

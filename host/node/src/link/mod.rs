@@ -87,10 +87,9 @@ impl Arrivals {
         }
     }
 }
-/// Writes of at most this many bytes go straight to the socket while nothing waits for the
-/// writer task (a quiet link's, where skipping the writer's wake-up shortens a round trip);
-/// a busy link's larger writes go through the writer task (writing those in the link task
-/// too let an urgent message wait longer under load, `bench w7`).
+/// Perf (OPT-42, LEV-23): writes up to this size go straight to the socket while nothing
+/// waits for the writer task (no wake-up on a quiet link); larger ones go through the
+/// writer task, as writing them here delays urgent messages under load.
 const DIRECT_WRITE_BYTES_MAX: usize = 64 << 10;
 /// Bytes of messages a channel holds in the session not yet written, at or above which it
 /// takes no more from the transmission queue: the window bounds what travels unacknowledged,

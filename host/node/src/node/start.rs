@@ -157,8 +157,6 @@ pub(super) fn keep_recipients_routed_through(
     stored.bytes = linkbus_proto::wire::message_bytes(&stored.message);
 }
 
-/// Why an arriving message cannot go to a local recipient: dead-letter code, reason, and
-
 /// The plugins a node is built from.
 type Plugins = (Arc<dyn Transport>, Arc<dyn Store>);
 
@@ -271,16 +269,7 @@ impl NodeState {
         if incarnation_kept {
             restore_sending(&links, &routing, store.as_ref(), now)?;
         }
-        let subscriptions = Subscriptions::load(&config.events.subscriptions, store.as_ref())?;
-        let forgotten = subscriptions.remove_unreachable(|to| {
-            super::events::subscription_target(&config.node.name, to, |q| queues.contains_key(q), |n| {
-                matches!(routing.next_hop(n), Ok(crate::routing::Hop::Via(via)) if links.contains_key(&via))
-            })
-            .map_err(|refusal| refusal.reason)
-        });
-        // Invariant: the store is written by its own thread only.
-        committer.write(forgotten);
-        committer.sync_blocking()?;
+        let subscriptions = subscriptions(&config, store.as_ref(), &committer, &queues, &links, &routing)?;
         let (results, sequence_kept) = result_book(&config, store.as_ref(), &committer, now)?;
         // Sequence numbers must not repeat across restarts of a node whose store forgets:
         // start from the clock (microsecond resolution leaves room for 1 M puts a second),
@@ -341,4 +330,28 @@ fn link_handles(
 fn disk_room(config: &Config, store: &dyn Store) -> crate::disk::DiskRoom {
     let min = if store.durable() { config.node.data_free_bytes_min } else { 0 };
     crate::disk::DiskRoom::new(config.node.data_dir.clone(), min)
+}
+
+/// The event subscriptions, those whose queue cannot be reached any more forgotten (by the
+/// store thread).
+fn subscriptions(
+    config: &Config,
+    store: &dyn Store,
+    committer: &crate::storage::Committer,
+    queues: &ByName<QueueName, Arc<LocalQueue>>,
+    links: &ByName<NodeName, Arc<LinkHandle>>,
+    routing: &crate::routing::Routing,
+) -> Result<Subscriptions, StartError> {
+    let subscriptions = Subscriptions::load(&config.events.subscriptions, store)?;
+    let forgotten =
+        subscriptions.remove_unreachable(|to| {
+            super::events::subscription_target(&config.node.name, to, |q| queues.contains_key(q), |n| {
+            matches!(routing.next_hop(n), Ok(crate::routing::Hop::Via(via)) if links.contains_key(&via))
+        })
+        .map_err(|refusal| refusal.reason)
+        });
+    // Invariant: the store is written by its own thread only.
+    committer.write(forgotten);
+    committer.sync_blocking()?;
+    Ok(subscriptions)
 }
