@@ -59,49 +59,47 @@ impl Inbound {
         let refused = self.run_stages(node, &mut arrivals);
         let mut taken = 0;
         let mut arrivals = arrivals.into_iter().enumerate().peekable();
+        let free = |index: usize| !refused.iter().any(|(i, _)| *i == index);
         while let Some((index, first)) = arrivals.next() {
-            if let Some(refusal) = refused.iter().find(|(i, _)| *i == index).map(|(_, r)| r) {
-                if let Err(e) = take_refused(node, first, refusal, now) {
-                    return (taken, Err(e));
+            // A run: the messages after `first` that may go with it (its records are empty).
+            if free(index)
+                && arrivals
+                    .peek()
+                    .is_some_and(|(i, next)| free(*i) && runs_with(&first.message, &next.message))
+            {
+                let mut bytes = first.message.content.payload.len();
+                let mut run = vec![first.message];
+                while run.len() < RUN_MESSAGES_MAX
+                    && bytes < RUN_BYTES_MAX
+                    && let Some((_, next)) =
+                        arrivals.next_if(|(i, next)| free(*i) && runs_with(&run[0], &next.message))
+                {
+                    bytes += next.message.content.payload.len();
+                    run.push(next.message);
                 }
-                taken += 1;
+                let count = run.len();
+                match take_run(node, run, now) {
+                    None => taken += count,
+                    // A run that does not go at once goes one message at a time.
+                    Some(back) => {
+                        for message in back {
+                            if let Err(e) = take_one(node, Arrival { message, record: Batch::new() }, now) {
+                                return (taken, Err(e));
+                            }
+                            taken += 1;
+                        }
+                    }
+                }
                 continue;
             }
-            let mut run = vec![first];
-            let mut bytes = run[0].message.content.payload.len();
-            while may_run(&run[0].message)
-                && run.len() < RUN_MESSAGES_MAX
-                && bytes < RUN_BYTES_MAX
-                && let Some((next, arrival)) = arrivals.peek()
-                && !refused.iter().any(|(i, _)| i == next)
-                && runs_with(&run[0].message, &arrival.message)
-                && let Some((_, arrival)) = arrivals.next()
-            {
-                bytes += arrival.message.content.payload.len();
-                run.push(arrival);
+            let outcome = match refused.iter().find(|(i, _)| *i == index) {
+                Some((_, refusal)) => take_refused(node, first, refusal, now),
+                None => take_one(node, first, now),
+            };
+            if let Err(e) = outcome {
+                return (taken, Err(e));
             }
-            if run.len() > 1 {
-                let count = run.len();
-                let messages: Vec<Message> = run.into_iter().map(|a| a.message).collect();
-                match take_run(node, messages, now) {
-                    None => {
-                        taken += count;
-                        continue;
-                    }
-                    Some(back) => {
-                        run = back
-                            .into_iter()
-                            .map(|message| Arrival { message, record: Batch::new() })
-                            .collect()
-                    }
-                }
-            }
-            for arrival in run {
-                if let Err(e) = take_one(node, arrival, now) {
-                    return (taken, Err(e));
-                }
-                taken += 1;
-            }
+            taken += 1;
         }
         (taken, Ok(()))
     }
@@ -144,10 +142,11 @@ fn may_run(message: &Message) -> bool {
         && !message.content.priority.is_system()
 }
 
-/// Whether `b` may join the run `a` started: the same recipients, as many relays, the same
+/// Whether `a` and `b` may go in one run (both may run): the same recipients, as many relays, the same
 /// transmission class (a relayed run's room is checked in one class).
 fn runs_with(a: &Message, b: &Message) -> bool {
-    may_run(b)
+    may_run(a)
+        && may_run(b)
         && a.hop_count == b.hop_count
         && a.content.recipients == b.content.recipients
         && LinkHandle::same_class(a, b)

@@ -24,6 +24,8 @@ pub(crate) mod probe;
 mod reload;
 mod results;
 mod start;
+#[cfg(test)]
+pub(crate) mod testing;
 
 pub use probe::{PROBE_NAME, Probe};
 pub use reload::ReloadSource;

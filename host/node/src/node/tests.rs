@@ -25,22 +25,13 @@ fn deliver(n: &NodeState, message: Message, now: Instant) -> Result<(), QueueErr
 }
 
 fn node(extra: &str) -> Arc<NodeState> {
-    let text = format!(
+    testing::node_from(&format!(
         "node: {{ name: A, listen: none }}\npeers: [ {{ name: B }} ]\nqueues: [ {{ name: q }} ]\n\
          security: {{ insecure_plaintext: true }}\nplugins: {{ store: {{ kind: memory }} }}\n{extra}"
-    );
-    let mut tree = config::parse_yaml(&text).unwrap();
-    config::apply_overrides(&mut tree, &Overrides::default());
-    NodeState::new(config::from_value(&tree).unwrap()).unwrap()
+    ))
 }
 
-/// Node A with peers B and C, and `D*` routed through B.
-fn routed_node() -> Arc<NodeState> {
-    let text = "node: { name: A, listen: none }\npeers: [ { name: B }, { name: C } ]\n\
-                routes: [ { to: 'D*', via: B } ]\nsecurity: { insecure_plaintext: true }\n\
-                plugins: { store: { kind: memory } }";
-    NodeState::new(config::from_value(&config::parse_yaml(text).unwrap()).unwrap()).unwrap()
-}
+use testing::routed_node;
 
 #[test]
 fn records_from_before_routing_keep_only_the_recipients_of_their_link() {

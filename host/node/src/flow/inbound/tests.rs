@@ -4,7 +4,6 @@ use std::sync::Arc;
 use linkbus_plugin_api::{Content, NodeName, Priority};
 
 use super::*;
-use crate::config;
 
 /// A run of arrived messages goes at once to its places (local queues, next hops, its hop
 /// count raised) when all of it fits everywhere; anything else is handed back whole, to
@@ -15,8 +14,7 @@ fn a_delivery_run_goes_at_once_where_it_all_fits_and_is_left_whole_otherwise() {
                 queues: [ { name: q, queue_messages_max: 10 }, { name: r } ]\n\
                 routes: [ { to: 'D*', via: B } ]\nsecurity: { insecure_plaintext: true }\n\
                 plugins: { store: { kind: memory } }";
-    let n: Arc<NodeState> =
-        NodeState::new(config::from_value(&config::parse_yaml(text).unwrap()).unwrap()).unwrap();
+    let n: Arc<NodeState> = crate::node::testing::node_from(text);
     let arrived = |to: &[&str], count: usize| -> Vec<Message> {
         (0..count)
             .map(|i| {

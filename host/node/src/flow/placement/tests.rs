@@ -1,16 +1,8 @@
 //! Placement: where each copy goes, and the room it asks for.
-use linkbus_plugin_api::{Content, NodeName};
+use linkbus_plugin_api::Content;
 
 use super::*;
-use crate::config;
-
-/// Node A with peers B and C, and `D*` routed through B.
-fn routed_node() -> Arc<NodeState> {
-    let text = "node: { name: A, listen: none }\npeers: [ { name: B }, { name: C } ]\n\
-                routes: [ { to: 'D*', via: B } ]\nsecurity: { insecure_plaintext: true }\n\
-                plugins: { store: { kind: memory } }";
-    NodeState::new(config::from_value(&config::parse_yaml(text).unwrap()).unwrap()).unwrap()
-}
+use crate::node::testing::routed_node;
 
 #[test]
 fn each_link_gets_a_copy_naming_its_recipients_in_order_and_sized_as_sent() {
@@ -44,5 +36,4 @@ fn each_link_gets_a_copy_naming_its_recipients_in_order_and_sized_as_sent() {
     // A copy naming every recipient is the message itself.
     let all: Picked = (0..4).collect();
     assert_eq!(addressed_to_picked(message.clone(), &all), message);
-    let _ = NodeName::new("A");
 }
