@@ -58,7 +58,6 @@ pub fn session_config(local: &str, peer: &str, incarnation: u64) -> SessionConfi
         handshake_timeout: Duration::from_secs(5),
         ack_delay: Duration::ZERO,
         recycler: std::sync::Arc::new(linkbus_proto::recycle::Recycler::new(0)),
-        skip_dedup_for_tests: false,
     }
 }
 

@@ -6,6 +6,7 @@
 /// lost in a crash, as the durability tests' negative control expects.
 pub(crate) const ACK_BEFORE_SYNC_ENV: &str = "LINKBUS_TEST_ACK_BEFORE_SYNC";
 /// Deliver duplicates instead of dropping them (`1`): the link fault tests' negative control.
+#[cfg(feature = "fault-injection")]
 pub(crate) const SKIP_DEDUP_ENV: &str = "LINKBUS_TEST_SKIP_DEDUP";
 /// Store what arrives but never acknowledge it (`1`), so a test can crash a receiver that
 /// holds messages its peer still waits on.
@@ -36,7 +37,8 @@ pub(crate) fn ack_before_sync() -> bool {
     *ON.get_or_init(|| set(ACK_BEFORE_SYNC_ENV, false, None))
 }
 
-/// See [`SKIP_DEDUP_ENV`].
+/// Whether `LINKBUS_TEST_SKIP_DEDUP` is `1`.
+#[cfg(feature = "fault-injection")]
 pub(crate) fn skip_dedup() -> bool {
     set(SKIP_DEDUP_ENV, true, Some("duplicate detection is OFF (test-only negative control)."))
 }

@@ -20,6 +20,7 @@
 //! - [`warnings`]: repeated warnings aggregated per reason.
 //! - [`disk`]: room on the disk; persistent messages wait for it.
 #![forbid(unsafe_code)]
+#![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
 pub mod api;
 pub mod bench;

@@ -59,7 +59,6 @@ fn config(local: &str, peer: &str, incarnation: u64) -> SessionConfig {
         handshake_timeout: Duration::from_secs(5),
         ack_delay: Duration::ZERO,
         recycler: std::sync::Arc::new(linkbus_proto::recycle::Recycler::new(0)),
-        skip_dedup_for_tests: false,
     }
 }
 

@@ -124,9 +124,6 @@ pub struct SessionConfig {
     /// Where a message of several packets is gathered when it is large (see
     /// [`crate::recycle`]; one with a bound of 0 always gives a new buffer).
     pub recycler: Arc<Recycler>,
-    /// Test-only negative control: deliver duplicates instead of dropping them, so fault
-    /// tests can prove their checker catches duplicates. Never set it in production.
-    pub skip_dedup_for_tests: bool,
 }
 
 /// Smallest `message_bytes_max` a peer may advertise (every node accepts at least its
@@ -233,8 +230,7 @@ impl Session {
         let decoder = FrameDecoder::new(config.frame_bytes_max);
         let lanes = (0..CHANNELS as u8)
             .map(|channel| {
-                let mut receiver = Receiver::new(config.reorder_messages_max, config.recycler.clone());
-                receiver.set_skip_dedup(config.skip_dedup_for_tests);
+                let receiver = Receiver::new(config.reorder_messages_max, config.recycler.clone());
                 Lane {
                     sender: Sender::new(channel),
                     receiver,
@@ -268,6 +264,15 @@ impl Session {
             stats: SessionStats::default(),
             accept_peer_numbers: false,
             restored_sending: false,
+        }
+    }
+
+    /// Test-only negative control (the `fault-injection` feature): deliver duplicates
+    /// instead of dropping them, so fault tests can prove their checker catches them.
+    #[cfg(feature = "fault-injection")]
+    pub fn skip_dedup_for_tests(&mut self) {
+        for lane in &mut self.lanes {
+            lane.receiver.set_skip_dedup(true);
         }
     }
 

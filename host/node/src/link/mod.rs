@@ -139,7 +139,6 @@ fn session_config(node: &NodeState, handle: &LinkHandle) -> SessionConfig {
         handshake_timeout: Duration::from_millis(links.handshake_timeout_ms),
         ack_delay: Duration::from_millis(links.ack_delay_ms),
         recycler: node.recycler().clone(),
-        skip_dedup_for_tests: crate::faults::skip_dedup(),
     }
 }
 
@@ -171,6 +170,10 @@ pub async fn run(node: Arc<NodeState>, handle: Arc<LinkHandle>, mut shutdown: wa
     let (dial_tx, mut dial_rx) = mpsc::channel(1);
     let links = &node.config().links;
     let mut session = Session::new(session_config(&node, &handle), Instant::now());
+    #[cfg(feature = "fault-injection")]
+    if crate::faults::skip_dedup() {
+        session.skip_dedup_for_tests();
+    }
     let recorded = match state::Recorded::load(&node, &handle.peer.name, &mut session) {
         Ok(recorded) => recorded,
         Err(reason) => {

@@ -242,6 +242,7 @@ impl Receiver {
     }
 
     /// Turns on the test-only mode that skips duplicate detection.
+    #[cfg(feature = "fault-injection")]
     pub(super) fn set_skip_dedup(&mut self, on: bool) {
         self.skip_dedup = on;
     }

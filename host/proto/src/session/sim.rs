@@ -147,7 +147,6 @@ fn config(local: &str, peer: &str, incarnation: u64) -> SessionConfig {
         handshake_timeout: Duration::from_millis(100),
         ack_delay: Duration::from_millis(5),
         recycler: std::sync::Arc::new(crate::recycle::Recycler::new(0)),
-        skip_dedup_for_tests: false,
     }
 }
 

@@ -33,7 +33,6 @@ fn config(local: &str, peer: &str, incarnation: u64) -> SessionConfig {
         handshake_timeout: Duration::from_secs(5),
         ack_delay: Duration::ZERO,
         recycler: Arc::new(crate::recycle::Recycler::new(0)),
-        skip_dedup_for_tests: false,
     }
 }
 
