@@ -1,7 +1,7 @@
 //! Nodes started from flags alone, found by name through `LINKBUS_RUNTIME_DIR` or by
 //! `--socket`.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

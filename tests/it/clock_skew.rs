@@ -3,7 +3,7 @@
 //! results come back; a handshake stamped further ahead than `security.clock_skew_max_s`
 //! is refused with the difference in the log.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

@@ -2,7 +2,7 @@
 //! table and, with `--json`, one object per row. (How fast is for BENCHMARKS.md, not for a
 //! test: nothing here compares numbers.)
 
-mod support;
+use crate::support;
 
 use support::{Scratch, stderr, stdout};
 

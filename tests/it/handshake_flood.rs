@@ -4,7 +4,7 @@
 //! up within 5 s of starting (about 0.5 s without a flood), and B's log stays a few dozen
 //! lines.
 
-mod support;
+use crate::support;
 
 use std::time::{Duration, Instant};
 

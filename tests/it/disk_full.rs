@@ -6,7 +6,7 @@
 //! restart with room exactly the acknowledged messages are there. Skipped, saying so, where
 //! it cannot mount.
 
-mod support;
+use crate::support;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -5,7 +5,7 @@
 //! namespaces are removed afterwards (also when the test fails); without root, or where
 //! namespaces cannot be made, the test is skipped and says so.
 
-mod support;
+use crate::support;
 
 use std::process::Command;
 use std::time::Duration;

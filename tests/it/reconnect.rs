@@ -2,7 +2,7 @@
 //! B starts again on the same address A reconnects by itself and delivers what waited —
 //! except messages whose lifetime ran out meanwhile.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

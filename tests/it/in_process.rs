@@ -124,6 +124,16 @@ async fn a_batch_larger_than_one_request_is_put_in_order() -> anyhow::Result<()>
     let mut producer = a.client();
     let mut consumer = b.client();
     let to: linkbus::Address = "B:q".parse()?;
+    // The link is up first: its `link_up` event would take a number between two requests.
+    producer.put(Content::buf(to.clone(), "first")).await?;
+    let mut warm = Vec::new();
+    for _ in 0..5 {
+        warm.extend(consumer.get("q", 1, Duration::from_secs(5)).await?);
+        if !warm.is_empty() {
+            break;
+        }
+    }
+    assert_eq!(warm.len(), 1, "the first message arrives");
     let large = PUT_BATCH_BYTES_MAX / 3 - 1024;
     let mut want: Vec<Vec<u8>> =
         (0..2 * PUT_BATCH_MESSAGES_MAX + 7).map(|i| format!("m{i}").into_bytes()).collect();

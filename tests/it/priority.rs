@@ -4,7 +4,7 @@
 //! urgent channel at the next packet. Latencies are printed for the issue notes (they are
 //! measured here, not asserted: speed belongs to the benchmarks).
 
-mod support;
+use crate::support;
 
 use std::time::{Duration, Instant};
 

@@ -3,7 +3,7 @@
 //! with the dead-letter code, failed because the message expired before it was sent, and
 //! expired after it was sent.
 
-mod support;
+use crate::support;
 
 use std::time::{Duration, Instant};
 

@@ -4,7 +4,7 @@
 //! the keepalive, and a long black-out with large backlogs in both directions. The history
 //! checker must count no lost, duplicated, reordered or corrupted message.
 
-mod support;
+use crate::support;
 
 use std::time::{Duration, Instant};
 

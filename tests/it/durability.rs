@@ -5,7 +5,7 @@
 //! volatile messages may be lost across a receiver crash but never come twice (their
 //! numbers are not recorded: the sender sends them again as skips).
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 
@@ -364,7 +364,7 @@ fn one_persistent_then_fifty_volatile_acknowledged(s: &Scratch) {
 /// ones, synced), so when it restarts it expects numbers it had acknowledged: its sender,
 /// which knows they were volatile, sends them again as skips — nothing delivered twice, no
 /// link stopped (a receiver that lost a persistent message's number has gone backwards and
-/// is refused: `tests/link_reset.rs`).
+/// is refused: `tests/it/link_reset.rs`).
 #[test]
 fn a_receiver_restarted_behind_volatile_numbers_gets_them_as_skips() {
     let s = Scratch::new();

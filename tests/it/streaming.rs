@@ -5,7 +5,7 @@
 //! the consumer with the reason (the message stays); each put's outcome comes back in
 //! order, a refused one among accepted ones, also past the bound on unanswered puts.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

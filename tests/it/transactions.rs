@@ -3,7 +3,7 @@
 //! disconnect and a commit without room give the gets back (redelivered, backout count
 //! raised) and put nothing; a put's lifetime counts from the commit.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

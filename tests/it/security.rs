@@ -3,7 +3,7 @@
 //! replayed handshake, and a downgrade to plaintext never get a message through; key files
 //! must be private; plaintext links are announced loudly.
 
-mod support;
+use crate::support;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;

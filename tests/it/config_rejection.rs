@@ -1,7 +1,7 @@
 //! `linkbus config check` reports every error of a file at once, each with its YAML path,
 //! and `linkbus node run` refuses to start with the same report.
 
-mod support;
+use crate::support;
 
 use support::{Scratch, stderr, stdout};
 

@@ -2,7 +2,7 @@
 //! port, a peer of another protocol version, puts to queues or nodes that do not exist, and
 //! messages over the size limit.
 
-mod support;
+use crate::support;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;

@@ -4,7 +4,7 @@
 //! backout count. A message larger than the consumer can take fails the get with its size
 //! and stays. The `linkbus get` command acknowledges only what it wrote out.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

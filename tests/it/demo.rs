@@ -1,6 +1,6 @@
 //! The newcomer's first command: `linkbus demo` delivers 10,000 messages intact and exits 0.
 
-mod support;
+use crate::support;
 
 use support::{Scratch, stderr, stdout};
 

@@ -1,7 +1,7 @@
 //! Dead letters carry a reason code; `linkbus dlq ls` lists them without taking them and
 //! `linkbus dlq replay` puts them again, keeping those that fail again.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

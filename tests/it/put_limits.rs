@@ -4,7 +4,7 @@
 //! before it is sent, with the limit named, and a request over the client frame limit is
 //! answered (not cut off with a broken pipe) and the connection stays usable.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

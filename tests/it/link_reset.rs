@@ -4,7 +4,7 @@
 //! takes the peer's numbers as they are and messages flow again. The peer here is played by
 //! the test over a plaintext connection, so it can lie about its numbers.
 
-mod support;
+use crate::support;
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};

@@ -2,7 +2,7 @@
 //! `EVENT` queue (`linkbus events`), and a subscription copies chosen kinds to a queue on
 //! another node.
 
-mod support;
+use crate::support;
 
 use std::time::{Duration, Instant};
 

@@ -6,7 +6,7 @@
 //! are refused, waiting gets told why, acknowledgements carried out, an unread answer's
 //! messages given back to their queue.
 
-mod support;
+use crate::support;
 
 use std::process::Stdio;
 use std::time::{Duration, Instant};

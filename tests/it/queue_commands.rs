@@ -1,7 +1,7 @@
 //! `linkbus queue ls` and `linkbus queue stat NAME` on a real node: depth, pending
 //! (handed out, not acknowledged) and depth per priority.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

@@ -3,7 +3,7 @@
 //! reaches and messages caught in a loop by the hop limit — each with its result back at
 //! the origin.
 
-mod support;
+use crate::support;
 
 use support::cluster::Cluster;
 use support::soak::{Soak, soak_payload_len};

@@ -2,7 +2,7 @@
 //! a get on B, and the console producer/consumer move many lines in order. Two nodes
 //! configured differently still acknowledge within what the sender needs.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

@@ -3,7 +3,7 @@
 //! room; and a consumer that vanishes while its `get` waits does not take messages with it
 //! (its get stops before taking anything).
 
-mod support;
+use crate::support;
 
 use std::process::Stdio;
 use std::time::{Duration, Instant};
