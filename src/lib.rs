@@ -1,7 +1,7 @@
 //! linkbus: a plugin-extensible, multi-node message bus.
 //!
 //! This crate gathers the pieces an application needs:
-//! - [`Client`] (from `linkbus-host`) to put and get messages through a local node;
+//! - [`Client`] (from `linkbus-client`) to put and get messages through a local node;
 //! - [`Node`] and [`Config`] to run a node inside a program;
 //! - [`plugin_api`]: the message model and the extension-point traits;
 //! - [`proto`]: the sans-io link protocol core.
@@ -15,8 +15,10 @@
 //! ```
 #![forbid(unsafe_code)]
 
+pub use linkbus_client as client;
+pub use linkbus_client::{Client, ClientError, Consumer};
 pub use linkbus_host as host;
-pub use linkbus_host::{Client, ClientError, Config, Consumer, Node, StartError, client, config};
+pub use linkbus_host::{Config, Node, StartError, config};
 pub use linkbus_plugin_api as plugin_api;
 pub use linkbus_plugin_api::{
     Address, Content, Lifetime, Message, MessageId, NodeName, Priority, QueueName, Reliability,

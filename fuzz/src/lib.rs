@@ -15,7 +15,7 @@
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
-use linkbus_host::api::protocol::{Request, Response, split_frame};
+use linkbus_client::protocol::{Request, Response, split_frame};
 use linkbus_plugin_api::NodeName;
 use linkbus_proto::secure::{Cipher, KEY_BYTES, Keypair, SecureChannel};
 use linkbus_proto::session::peek_hello;
@@ -324,7 +324,7 @@ fn client_seeds() -> Vec<(String, Vec<u8>)> {
     let mut out = BytesMut::new();
     Response::Limits { message_bytes_max: 1, frame_bytes_max: 2 }.encode(&mut out);
     Response::Error {
-        code: linkbus_host::api::protocol::ErrorCode::Full,
+        code: linkbus_client::protocol::ErrorCode::Full,
         accepted: 3,
         message: "queue full".into(),
     }

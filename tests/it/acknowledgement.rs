@@ -8,7 +8,7 @@ use crate::support;
 
 use std::time::Duration;
 
-use linkbus::host::api::protocol::ErrorCode;
+use linkbus::client::protocol::ErrorCode;
 use linkbus::{Client, ClientError, Content};
 use support::{NodeProcess, Scratch, stdout};
 

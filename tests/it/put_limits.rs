@@ -9,7 +9,7 @@ use crate::support;
 use std::time::Duration;
 
 use bytes::BytesMut;
-use linkbus::host::api::protocol::{ErrorCode, Request, Response, split_frame};
+use linkbus::client::protocol::{ErrorCode, Request, Response, split_frame};
 use linkbus::{Client, ClientError, Content};
 use support::{Scratch, stderr, stdout};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};

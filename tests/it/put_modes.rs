@@ -12,7 +12,7 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
-use linkbus::host::api::protocol::{ErrorCode, Request, Response, split_frame};
+use linkbus::client::protocol::{ErrorCode, Request, Response, split_frame};
 use linkbus::{Client, ClientError, Content};
 use support::{NodeProcess, Scratch, free_port, stderr, stdout};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};

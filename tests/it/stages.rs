@@ -87,7 +87,7 @@ async fn stages_act_per_batch_at_each_site_and_their_refusals_are_kept() -> anyh
         ["m0", "m1", "refuse-at-origin", "m3"].iter().map(|p| Content::buf(to.clone(), *p)).collect();
     match producer.put_batch(batch).await {
         Err(ClientError::Refused { code, accepted, message }) => {
-            assert_eq!((code, accepted), (linkbus::host::api::protocol::ErrorCode::Invalid, 2));
+            assert_eq!((code, accepted), (linkbus::client::protocol::ErrorCode::Invalid, 2));
             assert!(message.contains("stage 'tagger' refused it: not wanted here"), "{message}");
         }
         other => panic!("the origin stage refuses the third: {other:?}"),

@@ -9,7 +9,7 @@ use crate::support;
 
 use std::time::Duration;
 
-use linkbus::host::api::protocol::ErrorCode;
+use linkbus::client::protocol::ErrorCode;
 use linkbus::{Client, ClientError, Consumer, Content, MessageId};
 use support::Scratch;
 

@@ -18,11 +18,11 @@ use std::time::Duration;
 use tracing::{info, warn};
 
 /// How often the free space is read.
-pub const CHECK_INTERVAL: Duration = Duration::from_millis(250);
+pub(crate) const CHECK_INTERVAL: Duration = Duration::from_millis(250);
 
 /// See the module doc.
 #[derive(Debug)]
-pub struct DiskRoom {
+pub(crate) struct DiskRoom {
     /// A directory on the file system that holds the store.
     dir: PathBuf,
     /// `node.data_free_bytes_min`; 0 turns the check off.
@@ -39,7 +39,7 @@ pub struct DiskRoom {
 
 impl DiskRoom {
     /// Watches the file system holding `dir` (which must exist).
-    pub fn new(dir: PathBuf, min: u64) -> Self {
+    pub(crate) fn new(dir: PathBuf, min: u64) -> Self {
         let room = Self {
             dir,
             min,
@@ -53,7 +53,7 @@ impl DiskRoom {
     }
 
     /// Reads the free space and updates the state; logs a change.
-    pub fn check(&self) {
+    pub(crate) fn check(&self) {
         if self.min == 0 {
             return;
         }
@@ -93,7 +93,7 @@ impl DiskRoom {
     /// are persistent counts them anyway: a reading too many costs a microsecond); reads the
     /// free space at once when a quarter of the minimum went by since the last reading.
     /// Returns why the node cannot take a persistent message, when it is short of room.
-    pub fn admit(&self, bytes: u64) -> Result<(), String> {
+    pub(crate) fn admit(&self, bytes: u64) -> Result<(), String> {
         if self.min == 0 {
             return Ok(());
         }
@@ -107,7 +107,7 @@ impl DiskRoom {
     }
 
     /// Why the node takes no persistent messages now, when it is short of room.
-    pub fn shortage(&self) -> Option<String> {
+    pub(crate) fn shortage(&self) -> Option<String> {
         self.short.load(Ordering::Relaxed).then(|| {
             format!(
                 "the disk is nearly full: {} free in {}, below node.data_free_bytes_min ({}); persistent \
@@ -121,7 +121,7 @@ impl DiskRoom {
     }
 
     /// A line for `linkbus status`.
-    pub fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         if self.min == 0 {
             return "not checked (node.data_free_bytes_min: 0)".to_owned();
         }

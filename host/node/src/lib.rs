@@ -1,50 +1,41 @@
-//! The linkbus node runtime, its client library and the `linkbus` command.
+//! The linkbus node runtime. The client library is `linkbus-client`; the `linkbus`
+//! command, `linkbus bench` and `linkbus demo` are `linkbus-cli`.
 //!
-//! Modules:
+//! Modules (the map of the whole crate is in `docs/ARCHITECTURE.md`):
 //! - [`config`]: the configuration tree, its defaults, and the one YAML reader.
-//! - [`node`]: node state, put acceptance at the origin and delivery at the destination.
-//! - [`queue`]: local queues (FIFO or priority order, limits, expiry, write-through).
+//! - [`node`]: the node's shared state, its building, lifecycle, reload, events and results.
+//! - [`flow`]: the path of a message, one pipeline per direction, and its stages.
+//! - `queue`: local queues (FIFO or priority order, limits, expiry, write-through).
 //! - [`results`]: per-recipient message results, tracked at the origin.
 //! - [`link`]: one task per peer pumping a `linkbus_proto::Session` over the transport.
-//! - [`listener`]: accepting links and routing each to its peer's task.
-//! - [`api`]: the client protocol and the Unix-socket server.
-//! - [`client`]: the Rust client library (over the socket, or in-process).
-//! - [`runtime_dir`]: where clients find a node's socket.
+//! - `listener`: accepting links; the handshake pool.
+//! - `api`: the Unix-socket server of the client protocol (`linkbus_client::protocol`).
 //! - [`security`]: keys, the link security mode, and the handshake replay check.
+//! - [`routing`]: which link a message to another node takes.
 //! - [`storage`]: group commit (one store sync for many writers).
-//! - `vectored`: writing many buffers with few system calls.
-//! - [`bench`]: `linkbus bench`, workloads against their baselines.
-//! - [`demo`]: `linkbus demo`, three nodes in one process.
-//! - [`cli`]: the `linkbus` command line.
-//! - [`clock`]: the single wall-clock read.
-//! - [`warnings`]: repeated warnings aggregated per reason.
-//! - [`disk`]: room on the disk; persistent messages wait for it.
+//! - [`events`]: event kinds and subscriptions.
+//! - `clock`, `disk`, `warnings`, `faults`, `segmented`: the wall clock, room on the disk,
+//!   aggregated warnings, test-only fault switches, segmented queues.
 #![forbid(unsafe_code)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
-pub mod api;
-pub mod bench;
-pub mod cli;
-pub mod client;
-pub mod clock;
+mod api;
+mod clock;
 pub mod config;
-pub mod demo;
-pub mod disk;
+mod disk;
 pub mod events;
 mod faults;
 pub mod flow;
 pub mod link;
-pub mod listener;
+mod listener;
 pub mod node;
 pub mod queue;
 pub mod results;
 pub mod routing;
-pub mod runtime_dir;
 pub mod security;
 mod segmented;
 pub mod storage;
-mod vectored;
-pub mod warnings;
+mod warnings;
 
 use std::future::Future;
 use std::path::{Path, PathBuf};
@@ -60,9 +51,9 @@ use tracing::info;
 /// client sent only probes it).
 pub type ByName<K, V> = std::collections::HashMap<K, V, rustc_hash::FxBuildHasher>;
 
-pub use client::{Client, ClientError, Consumer, Delivery, NodeLimits};
 pub use config::Config;
 pub use flow::{Refusal, RefusalCode, Stage, StageFactory};
+pub use linkbus_client::{Client, ClientError, Consumer, Delivery, NodeLimits};
 pub use node::{NodeState, StartError};
 
 // The linker drops a crate nothing names, and its plugin registrations with it.
@@ -152,10 +143,10 @@ impl Node {
         &self.socket_path
     }
 
-    /// A client of this node in this process: the calls of [`client::Client`], answered
-    /// without the socket or any encoding (for applications that embed their node).
-    pub fn client(&self) -> client::Client {
-        client::Client::in_process(self.state().clone())
+    /// A client of this node in this process: the calls of [`Client`], answered without
+    /// the socket or any encoding (for applications that embed their node).
+    pub fn client(&self) -> Client {
+        Client::in_process(Box::new(api::server::InProcess::new(self.state().clone())))
     }
 
     /// The node's shared state.

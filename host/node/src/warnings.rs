@@ -40,7 +40,7 @@ pub(crate) mod reason {
 
 /// How many of one reason are logged per interval before the rest are only counted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct WarningLimits {
+pub(crate) struct WarningLimits {
     /// Warnings of one reason logged one by one per interval.
     pub repeats_max: u32,
     /// The interval.
@@ -58,19 +58,19 @@ struct Tally {
 
 /// See the module doc.
 #[derive(Debug)]
-pub struct Warnings {
+pub(crate) struct Warnings {
     limits: WarningLimits,
     tallies: Mutex<Vec<Tally>>,
 }
 
 impl Warnings {
     /// Aggregation with these limits.
-    pub fn new(limits: WarningLimits) -> Self {
+    pub(crate) fn new(limits: WarningLimits) -> Self {
         Self { limits, tallies: Mutex::new(Vec::new()) }
     }
 
     /// Aggregation as the configuration's `log:` asks.
-    pub fn from_settings(settings: crate::config::LogSettings) -> Self {
+    pub(crate) fn from_settings(settings: crate::config::LogSettings) -> Self {
         Self::new(WarningLimits {
             repeats_max: u32::try_from(settings.repeats_max).unwrap_or(u32::MAX),
             interval: Duration::from_millis(settings.interval_ms),
@@ -79,7 +79,7 @@ impl Warnings {
 
     /// Whether a warning of `reason` may be logged now; when not, it is counted for the
     /// interval's summary. A summary of the interval before is logged first when it ended.
-    pub fn admit(&self, reason: &'static str) -> bool {
+    pub(crate) fn admit(&self, reason: &'static str) -> bool {
         self.admit_at(reason, Instant::now())
     }
 
@@ -107,7 +107,7 @@ impl Warnings {
 
     /// Logs the summaries of intervals that ended (called by the node's timer, so a burst's
     /// count comes out even when nothing follows it). Returns how many warnings they counted.
-    pub fn flush(&self) -> u64 {
+    pub(crate) fn flush(&self) -> u64 {
         self.flush_at(Instant::now(), false)
     }
 
@@ -127,12 +127,12 @@ impl Warnings {
     }
 
     /// Logs every count not yet summarised, whether its interval ended or not (at shutdown).
-    pub fn flush_all(&self) -> u64 {
+    pub(crate) fn flush_all(&self) -> u64 {
         self.flush_at(Instant::now(), true)
     }
 
     /// The interval, for the timer that flushes.
-    pub fn interval(&self) -> Duration {
+    pub(crate) fn interval(&self) -> Duration {
         self.limits.interval
     }
 }

@@ -29,7 +29,7 @@ pub fn linkbus_bin() -> &'static Path {
                 "build",
                 "--quiet",
                 "-p",
-                "linkbus-host",
+                "linkbus-cli",
                 "--features",
                 "fault-injection",
                 "--bin",

@@ -1,10 +1,10 @@
-//! The client API: the protocol spoken on the node's Unix socket and the server that
-//! answers it.
+//! The client API's server: it answers the client protocol (`linkbus_client::protocol`)
+//! on the node's Unix socket and for in-process clients.
 
 mod admin;
-pub mod protocol;
+use linkbus_client::protocol;
 mod queues;
-pub mod server;
+pub(crate) mod server;
 
 impl From<crate::flow::RefusalCode> for protocol::ErrorCode {
     /// The client wire's code for a refusal: the one place the two meet.

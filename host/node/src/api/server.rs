@@ -1,7 +1,9 @@
 //! The client API server: one task per client connection on the node's Unix socket,
 //! answering requests in order.
 
+use std::future::Future;
 use std::path::{Path, PathBuf};
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -23,13 +25,13 @@ use linkbus_proto::reader::ReadError;
 use linkbus_proto::wire::Chunks;
 
 /// Most messages one `get` returns.
-pub const GET_MESSAGES_MAX: u32 = 100_000;
+pub(crate) const GET_MESSAGES_MAX: u32 = 100_000;
 /// Longest a put may wait for room in a full queue.
-pub const PUT_WAIT_MS_MAX: u64 = 3_600_000;
+pub(crate) const PUT_WAIT_MS_MAX: u64 = 3_600_000;
 /// Longest a `get` may wait.
-pub const GET_WAIT_MS_MAX: u64 = 3_600_000;
+pub(crate) const GET_WAIT_MS_MAX: u64 = 3_600_000;
 /// Most encoded message bytes one `get` returns beyond its first message.
-pub const GET_BYTES_MAX: usize = 64 << 20;
+pub(crate) const GET_BYTES_MAX: usize = 64 << 20;
 
 /// Messages handed out pending on one client connection, by queue; whatever is left when the
 /// connection ends goes back to its queue (redelivered, backout count raised).
@@ -98,9 +100,9 @@ impl Drop for PendingOnConnection {
 }
 
 /// Most messages one transaction puts and gets together.
-pub const TRANSACTION_MESSAGES_MAX: usize = 10_000;
+pub(crate) const TRANSACTION_MESSAGES_MAX: usize = 10_000;
 /// Most payload bytes one transaction puts (held in memory until commit).
-pub const TRANSACTION_BYTES_MAX: usize = 64 << 20;
+pub(crate) const TRANSACTION_BYTES_MAX: usize = 64 << 20;
 
 /// The open transaction of a connection: puts held until commit, messages taken pending
 /// until commit (acknowledged) or rollback (given back). Dropping it — the connection ended
@@ -274,7 +276,7 @@ async fn client_gone(stream: &mut UnixStream, buf: &mut BytesMut, frame_bytes_ma
 /// # Errors
 /// [`StartError::Io`] when the directory cannot be made, another node answers on the
 /// socket, or binding fails.
-pub async fn bind(path: &Path) -> Result<UnixListener, StartError> {
+pub(crate) async fn bind(path: &Path) -> Result<UnixListener, StartError> {
     let io = |what: String| move |source| StartError::Io { what, source };
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).map_err(io(format!("creating {}", dir.display())))?;
@@ -293,7 +295,7 @@ pub async fn bind(path: &Path) -> Result<UnixListener, StartError> {
 
 /// Serves clients until `shutdown` turns true; then removes the socket file and waits for
 /// the requests under way to be answered (see [`serve`]; the node bounds that wait).
-pub async fn run(
+pub(crate) async fn run(
     node: Arc<NodeState>,
     listener: UnixListener,
     path: PathBuf,
@@ -437,7 +439,7 @@ async fn serve(node: Arc<NodeState>, mut stream: UnixStream, mut shutdown: watch
         chunks.take(&mut parts);
         let written = tokio::select! {
             biased;
-            written = crate::vectored::write_all(&mut stream, &mut parts) => written,
+            written = linkbus_client::vectored::write_all(&mut stream, &mut parts) => written,
             () = grace_at_stop(&node) => Err(std::io::Error::new(
                 std::io::ErrorKind::TimedOut,
                 "the node is shutting down and the client does not read",
@@ -576,9 +578,16 @@ async fn put(
 /// What a client connection holds on the node (messages taken pending, an open
 /// transaction), for a client in the node's own process: no socket, no encoding. Dropped
 /// with the client, like a closed connection.
-#[derive(Default)]
 pub(crate) struct InProcess {
+    node: Arc<NodeState>,
     held: Held,
+}
+
+impl InProcess {
+    /// A client connection to `node` in this process.
+    pub(crate) fn new(node: Arc<NodeState>) -> Self {
+        Self { node, held: Held::default() }
+    }
 }
 
 /// What a client connection holds on the node: messages taken pending, an open
@@ -590,18 +599,24 @@ struct Held {
     origin: Origin,
 }
 
-impl InProcess {
+impl linkbus_client::InProcessNode for InProcess {
+    fn name(&self) -> &str {
+        self.node.name().as_str()
+    }
+
     /// Answers `request` as the socket server would; refused once the node was shut down.
     /// (Messages a non-pending get took are lost if the call is abandoned while it waits
     /// for the store, as on a socket whose client leaves then: calls are not cancel-safe.)
     /// A put keeps the caller's payloads as given (no copy): a caller that slices a large
     /// buffer of its own into small payloads keeps that buffer alive while they wait (in a
     /// queue, or on a link until the peer acknowledges them).
-    pub(crate) async fn call(&mut self, node: &NodeState, request: Request) -> Response {
-        if node.stopping() {
-            return refused(ErrorCode::Internal, format!("node {} is shut down", node.name()));
-        }
-        handle(node, request, &mut self.held).await.0
+    fn call(&mut self, request: Request) -> Pin<Box<dyn Future<Output = Response> + Send + '_>> {
+        Box::pin(async move {
+            if self.node.stopping() {
+                return refused(ErrorCode::Internal, format!("node {} is shut down", self.node.name()));
+            }
+            handle(&self.node, request, &mut self.held).await.0
+        })
     }
 }
 

@@ -34,7 +34,7 @@ impl Active {
             && let Ok(mut writer) = self.writer.try_lock()
             && let Some(writer) = writer.as_mut()
         {
-            crate::vectored::write_now(writer, &mut chunks)?;
+            linkbus_client::vectored::write_now(writer, &mut chunks)?;
             if chunks.is_empty() {
                 return Ok(());
             }

@@ -68,7 +68,7 @@ pub(crate) async fn write_loop(
     let mut chunks: Vec<Bytes> = Vec::new();
     while let Some(mut first) = rx.recv().await {
         chunks.append(&mut first);
-        while chunks.len() < crate::vectored::WRITE_CHUNKS_MAX {
+        while chunks.len() < linkbus_client::vectored::WRITE_CHUNKS_MAX {
             let Ok(mut more) = rx.try_recv() else { break };
             chunks.append(&mut more);
         }
@@ -108,7 +108,7 @@ async fn write_batch(
     let Some(mut writer) = taken else {
         return Err(std::io::Error::other("the connection's writer is gone"));
     };
-    let write = crate::vectored::write_all(&mut writer, chunks);
+    let write = linkbus_client::vectored::write_all(&mut writer, chunks);
     let let_go = async {
         while !rx.is_closed() {
             tokio::time::sleep(let_go_grace / 5).await;
@@ -226,7 +226,7 @@ mod tests {
         tokio::time::timeout(Duration::from_secs(10), drained).await.expect("the write is uncounted");
         let mut writer = shared.lock().unwrap().take().expect("given back once the backlog is empty");
         let mut direct = vec![Bytes::from_static(b" world")];
-        crate::vectored::write_now(&mut writer, &mut direct).unwrap();
+        linkbus_client::vectored::write_now(&mut writer, &mut direct).unwrap();
         assert!(direct.is_empty());
         *shared.lock().unwrap() = Some(writer);
         drop(tx);

@@ -55,23 +55,22 @@ use crate::warnings::reason;
 use backoff::Backoff;
 use connection::Active;
 use dial::DialError;
+pub(crate) use handle::Health;
+pub use handle::LinkHandle;
 pub(crate) use handle::{Gate, Incoming};
-pub use handle::{Health, LastError, LinkHandle};
 pub(crate) use io::refuse;
 use io::{ConnEvent, read_chunk, write_loop};
 use outbound::DIRECT_WRITE_BYTES_MAX;
-pub use outbound::PULL_AHEAD_BYTES;
 use reports::EXPIRY_SWEEP;
-pub use transmit::CLASSES;
 
 /// Bytes handed to the writer task and not yet written, twice which the link stops reading (so a
 /// peer that sends but never reads gets no more answers queued).
-pub const WRITE_BACKLOG_BYTES_MAX: usize = 16 << 20;
+pub(crate) const WRITE_BACKLOG_BYTES_MAX: usize = 16 << 20;
 
 /// Bytes of packets handed to the writer and not yet written, above which the session
 /// writes no more packets: enough to keep the connection busy, small enough that a packet
 /// of an urgent channel is not queued behind much.
-pub const DATA_BACKLOG_BYTES: usize = 256 << 10;
+pub(crate) const DATA_BACKLOG_BYTES: usize = 256 << 10;
 
 /// The link task's state.
 struct Link {
@@ -158,7 +157,7 @@ fn channel_weights(links: &crate::config::LinkSettings) -> [u32; CHANNELS] {
 }
 
 /// Runs the link for `handle.peer` until `shutdown` turns true.
-pub async fn run(node: Arc<NodeState>, handle: Arc<LinkHandle>, mut shutdown: watch::Receiver<bool>) {
+pub(crate) async fn run(node: Arc<NodeState>, handle: Arc<LinkHandle>, mut shutdown: watch::Receiver<bool>) {
     let Some(mut incoming_rx) = handle.incoming_rx.lock().ok().and_then(|mut rx| rx.take()) else {
         warn!(peer = %handle.peer.name, "Link task started twice.");
         return;

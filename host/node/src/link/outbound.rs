@@ -12,7 +12,7 @@ pub(super) const DIRECT_WRITE_BYTES_MAX: usize = 64 << 10;
 /// takes no more from the transmission queue: the window bounds what travels unacknowledged,
 /// not what waits to be written, which waits in the queue (its lifetime counted there, and
 /// its payload not pulled out of the cache by tens of megabytes taken ahead of the writer).
-pub const PULL_AHEAD_BYTES: usize = 1 << 20;
+pub(crate) const PULL_AHEAD_BYTES: usize = 1 << 20;
 
 /// Whether `session` takes another message on `channel`: its window has room, and less
 /// than [`PULL_AHEAD_BYTES`] of the channel's messages wait unwritten.

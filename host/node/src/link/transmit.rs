@@ -22,7 +22,7 @@ use linkbus_plugin_api::message::{Kind, PRIORITY_LEVEL_MAX};
 use crate::segmented::Segmented;
 
 /// Classes: levels 0..=9, the system class (10) and files (11).
-pub const CLASSES: usize = PRIORITY_LEVEL_MAX as usize + 3;
+pub(crate) const CLASSES: usize = PRIORITY_LEVEL_MAX as usize + 3;
 const SYSTEM: usize = PRIORITY_LEVEL_MAX as usize + 1;
 const FILES: usize = SYSTEM + 1;
 /// The classes that take turns: levels 9 down to 0, then files.

@@ -29,7 +29,11 @@ use crate::warnings::reason;
 use pool::{Eviction, HandshakePool, PoolLimits, Slot};
 
 /// Accepts connections until `shutdown` turns true.
-pub async fn run(node: Arc<NodeState>, mut listener: Box<dyn Listener>, mut shutdown: watch::Receiver<bool>) {
+pub(crate) async fn run(
+    node: Arc<NodeState>,
+    mut listener: Box<dyn Listener>,
+    mut shutdown: watch::Receiver<bool>,
+) {
     let links = &node.config().links;
     let pool = HandshakePool::new(PoolLimits {
         anonymous_max: usize::try_from(links.handshakes_max).unwrap_or(usize::MAX),

@@ -171,6 +171,11 @@ impl NodeState {
         self.links.values()
     }
 
+    /// Whether every link is established.
+    pub fn links_up(&self) -> bool {
+        self.links.values().all(|l| l.up.load(Ordering::Relaxed))
+    }
+
     /// Which link a message to another node takes.
     pub(crate) fn routing(&self) -> &crate::routing::Routing {
         &self.routing
@@ -257,7 +262,7 @@ impl NodeState {
             .node
             .client_socket
             .clone()
-            .unwrap_or_else(|| crate::runtime_dir::socket_for(self.name().as_str()))
+            .unwrap_or_else(|| linkbus_client::runtime_dir::socket_for(self.name().as_str()))
     }
 
     /// Longest encoded message this node accepts, from a client or a link: the payload

@@ -9,14 +9,14 @@ use std::task::{Context, Poll};
 use tokio::io::AsyncWrite;
 
 /// Buffers given to one write at most (the kernel takes up to 1,024).
-pub(crate) const WRITE_CHUNKS_MAX: usize = 64;
+pub const WRITE_CHUNKS_MAX: usize = 64;
 
 /// Writes every chunk, in order, with as few calls as the writer allows; `chunks` is empty
 /// afterwards, also on an error.
 ///
 /// # Errors
 /// The writer's, or [`std::io::ErrorKind::WriteZero`] when it takes nothing.
-pub(crate) async fn write_all<W: AsyncWrite + Unpin + ?Sized>(
+pub async fn write_all<W: AsyncWrite + Unpin + ?Sized>(
     writer: &mut W,
     chunks: &mut Vec<Bytes>,
 ) -> std::io::Result<()> {
@@ -34,7 +34,7 @@ pub(crate) async fn write_all<W: AsyncWrite + Unpin + ?Sized>(
 ///
 /// # Errors
 /// The writer's, or [`std::io::ErrorKind::WriteZero`] when it takes nothing.
-pub(crate) fn write_now<W: AsyncWrite + Unpin + ?Sized>(
+pub fn write_now<W: AsyncWrite + Unpin + ?Sized>(
     writer: &mut W,
     chunks: &mut Vec<Bytes>,
 ) -> std::io::Result<()> {

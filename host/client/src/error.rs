@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::api::protocol::ErrorCode;
+use crate::protocol::ErrorCode;
 
 /// Why a client call failed.
 #[derive(Debug, thiserror::Error)]

@@ -176,7 +176,7 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn the_hops_carry_every_payload_intact_both_ways() {
-        let scratch = super::super::Scratch::new("hops-test").expect("scratch");
+        let scratch = crate::bench::Scratch::new("hops-test").expect("scratch");
         for size in [0, 64, 70_000] {
             let rate = stream(&scratch.0, 300, size).await.expect("through the hops");
             assert!(rate > 0.0, "{size} B: {rate}");
@@ -188,7 +188,7 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_forwarder_that_fails_fails_the_run_instead_of_hanging_it() {
-        let scratch = super::super::Scratch::new("hops-fail").expect("scratch");
+        let scratch = crate::bench::Scratch::new("hops-fail").expect("scratch");
         let (mut hops, _exit) = Hops::start(&scratch.0).await.expect("hops");
         // The far end's socket is gone: the second forwarder cannot reach it.
         std::fs::remove_file(hops.entry.with_file_name("out.sock")).expect("exit removed");

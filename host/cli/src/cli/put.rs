@@ -10,7 +10,7 @@ use bytes::Bytes;
 use linkbus_plugin_api::{Content, Lifetime, MessageId, Priority, Reliability};
 
 use super::PutArgs;
-use crate::client::Client;
+use linkbus_client::Client;
 
 fn content_for(args: &PutArgs, payload: Bytes) -> anyhow::Result<Content> {
     let mut content = Content {
@@ -42,7 +42,7 @@ fn content_for(args: &PutArgs, payload: Bytes) -> anyhow::Result<Content> {
 ///
 /// # Errors
 /// The node's refusal, or a connection failure.
-pub async fn put(args: PutArgs) -> anyhow::Result<()> {
+pub(crate) async fn put(args: PutArgs) -> anyhow::Result<()> {
     let mut client = args.target.connect().await?;
     client.set_put_timeout(args.timeout);
     client.set_no_wait(args.no_wait);
@@ -82,7 +82,7 @@ pub async fn put(args: PutArgs) -> anyhow::Result<()> {
 /// Puts standard input's lines, one message each, in batches; returns how many were put.
 /// The ids are printed at once or kept in `ids` (for results, or until a commit).
 async fn put_lines(
-    client: &mut crate::Client,
+    client: &mut linkbus_client::Client,
     args: &PutArgs,
     template: Content,
     ids: &mut Vec<MessageId>,
@@ -116,7 +116,7 @@ async fn put_lines(
                     line.pop();
                 }
                 batch.push(Content { payload: Bytes::from(line), ..template.clone() });
-                batch.len() >= crate::client::PUT_BATCH_MESSAGES_MAX
+                batch.len() >= linkbus_client::PUT_BATCH_MESSAGES_MAX
             }
             Line::TooLong => true,
         };
@@ -125,8 +125,8 @@ async fn put_lines(
             sent += keep(put.map_err(|e| put_failure(e, sent, args.transaction))?)?;
         }
         if too_long {
-            let error = crate::ClientError::Refused {
-                code: crate::api::protocol::ErrorCode::TooLarge,
+            let error = linkbus_client::ClientError::Refused {
+                code: linkbus_client::protocol::ErrorCode::TooLarge,
                 accepted: 0,
                 // Numbered within its put (of none), as the node numbers a refusal.
                 message: format!(
@@ -183,8 +183,8 @@ fn read_line_bounded(input: &mut impl std::io::BufRead, bytes_max: u64) -> std::
 /// What a failed put of standard input's lines tells its user: how many lines the node
 /// accepted in all (lines 1 to N: putting them again would duplicate them) and which line
 /// was refused, and why.
-fn put_failure(error: crate::ClientError, sent: usize, transaction: bool) -> anyhow::Error {
-    use crate::ClientError;
+fn put_failure(error: linkbus_client::ClientError, sent: usize, transaction: bool) -> anyhow::Error {
+    use linkbus_client::ClientError;
     let (in_call, error) = match error {
         ClientError::PartlyAccepted { accepted, source } => (accepted as usize, *source),
         other => (0, other),
@@ -232,7 +232,7 @@ pub(super) async fn print_results(
         for (to, outcome) in results.recipients {
             recipients += 1;
             match outcome {
-                Some(crate::results::Outcome::Delivered) => writeln!(out, "{id} {to} delivered")?,
+                Some(linkbus_host::results::Outcome::Delivered) => writeln!(out, "{id} {to} delivered")?,
                 Some(outcome) => {
                     missed += 1;
                     writeln!(out, "{id} {to} {outcome}")?;

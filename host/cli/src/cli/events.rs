@@ -12,8 +12,8 @@ use super::{EventsArgs, EventsCommand};
 ///
 /// # Errors
 /// When the node cannot be reached or output fails.
-pub async fn events(args: EventsArgs) -> anyhow::Result<()> {
-    use crate::queue::EVENT_QUEUE;
+pub(crate) async fn events(args: EventsArgs) -> anyhow::Result<()> {
+    use linkbus_host::queue::EVENT_QUEUE;
     if let Some(command) = args.command {
         let text = match command {
             EventsCommand::Subscribe { target, kinds, to } => {
@@ -32,7 +32,7 @@ pub async fn events(args: EventsArgs) -> anyhow::Result<()> {
     let mut out = std::io::stdout().lock();
     let wait = if args.follow { Duration::from_secs(60) } else { Duration::ZERO };
     let print = |out: &mut std::io::StdoutLock<'_>, m: &linkbus_plugin_api::Message| -> std::io::Result<()> {
-        let kind = m.content.header(crate::events::EVENT_KIND_HEADER).unwrap_or("event");
+        let kind = m.content.header(linkbus_host::events::EVENT_KIND_HEADER).unwrap_or("event");
         writeln!(out, "{} {kind} {}", m.id.created_unix_ms, String::from_utf8_lossy(&m.content.payload))
     };
     if !args.take {

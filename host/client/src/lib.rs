@@ -1,9 +1,16 @@
-//! The Rust client library: talks to a local node over its Unix socket, or to a node in
-//! the same program directly ([`Client::in_process`], `Node::client`).
+//! The linkbus client library: talks to a local node over its Unix socket, or to a node in
+//! the same program directly ([`Client::in_process`], `linkbus_host::Node::client`). It
+//! holds the client protocol ([`protocol`]) and links no node.
+//!
+//! Modules:
+//! - [`protocol`]: the requests and responses on a node's client socket;
+//! - [`results`]: what a client learns of its messages' results;
+//! - [`runtime_dir`]: where clients find a node's socket;
+//! - [`vectored`]: writing many buffers with few system calls.
 //!
 //! ```no_run
-//! # async fn example() -> Result<(), linkbus_host::client::ClientError> {
-//! use linkbus_host::client::Client;
+//! # async fn example() -> Result<(), linkbus_client::ClientError> {
+//! use linkbus_client::Client;
 //! use linkbus_plugin_api::Content;
 //! use std::time::Duration;
 //!
@@ -14,8 +21,12 @@
 //! # Ok(()) }
 //! ```
 
+#![forbid(unsafe_code)]
+#![cfg_attr(not(test), deny(clippy::unwrap_used))]
+
+use std::future::Future;
 use std::path::Path;
-use std::sync::Arc;
+use std::pin::Pin;
 use std::time::Duration;
 
 use bytes::BytesMut;
@@ -24,13 +35,15 @@ use linkbus_proto::wire::Chunks;
 use tokio::io::AsyncReadExt;
 use tokio::net::UnixStream;
 
-use crate::api::protocol::{ErrorCode, Request, Response, split_frame};
-use crate::api::server::InProcess;
-use crate::node::NodeState;
-use crate::results::MessageResults;
+use protocol::{ErrorCode, Request, Response, split_frame};
+use results::MessageResults;
 
 mod consumer;
 mod error;
+pub mod protocol;
+pub mod results;
+pub mod runtime_dir;
+pub mod vectored;
 
 pub use consumer::Consumer;
 pub use error::ClientError;
@@ -105,14 +118,25 @@ enum To {
     },
     /// A node in this process: requests are answered by direct calls (no socket, no
     /// encoding), with the same rules.
-    InProcess(Arc<NodeState>, Box<InProcess>),
+    InProcess(Box<dyn InProcessNode>),
+}
+
+/// A node in this process, as one client connection sees it: it answers requests as its
+/// socket server would, and what the connection holds (messages taken pending, an open
+/// transaction) goes back when it drops. `linkbus_host::Node::client` makes one.
+pub trait InProcessNode: Send {
+    /// The node's name.
+    fn name(&self) -> &str;
+
+    /// Answers `request`.
+    fn call(&mut self, request: Request) -> Pin<Box<dyn Future<Output = Response> + Send + '_>>;
 }
 
 impl std::fmt::Debug for To {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Self::Socket { stream, .. } => f.debug_tuple("Socket").field(stream).finish(),
-            Self::InProcess(node, _) => f.debug_tuple("InProcess").field(&node.name().as_str()).finish(),
+            Self::InProcess(node) => f.debug_tuple("InProcess").field(&node.name()).finish(),
         }
     }
 }
@@ -140,12 +164,12 @@ impl Client {
         Ok(Self::with(To::Socket { stream, buf, out, parts }))
     }
 
-    /// A client of a node running in this process (see [`crate::Node::client`]): the same
-    /// calls and rules as over the socket, answered by direct calls — no socket, no encoding.
-    /// Messages it took pending go back, and its open transaction is rolled back, when it
-    /// drops (as when a connection closes).
-    pub fn in_process(node: Arc<NodeState>) -> Self {
-        Self::with(To::InProcess(node, Box::default()))
+    /// A client of a node running in this process (`linkbus_host::Node::client` makes
+    /// one): the same calls and rules as over the socket, answered by direct calls — no
+    /// socket, no encoding. Messages it took pending go back, and its open transaction is
+    /// rolled back, when it drops (as when a connection closes).
+    pub fn in_process(node: Box<dyn InProcessNode>) -> Self {
+        Self::with(To::InProcess(node))
     }
 
     fn with(to: To) -> Self {
@@ -165,7 +189,7 @@ impl Client {
     /// # Errors
     /// [`ClientError::Connect`] when no such node runs.
     pub async fn connect_node(name: &str) -> Result<Self, ClientError> {
-        Self::connect(&crate::runtime_dir::socket_for(name)).await
+        Self::connect(&runtime_dir::socket_for(name)).await
     }
 
     async fn call(&mut self, request: Request) -> Result<Response, ClientError> {
@@ -179,7 +203,7 @@ impl Client {
                 send(stream, out, parts, &request).await?;
                 read_response(stream, buf).await?
             }
-            To::InProcess(node, connection) => connection.call(node, request).await,
+            To::InProcess(node) => node.call(request).await,
         };
         self.broken = false;
         if let Response::Error { code, accepted, message } = response {
@@ -723,7 +747,7 @@ async fn send(
 ) -> std::io::Result<()> {
     request.encode_chunks(out);
     out.take(parts);
-    crate::vectored::write_all(stream, parts).await
+    vectored::write_all(stream, parts).await
 }
 
 /// Reads the next response on a client's connection.

@@ -8,9 +8,9 @@ use linkbus_plugin_api::{Address, Content, MessageId};
 
 use super::raw::raw_ping_pong;
 use super::{Row, client_of, hops, pace, percentiles, row, start_chain};
-use crate::Node;
-use crate::client::{Client, ClientError, Consumer};
 use crate::demo::{DemoError, is_payload, payload};
+use linkbus_client::{Client, ClientError, Consumer};
+use linkbus_host::Node;
 
 /// Round trips of a ping-pong, at most this many a second.
 pub(super) const PING_PONG_RATE: u32 = 1_000;

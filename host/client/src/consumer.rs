@@ -7,7 +7,7 @@ use linkbus_plugin_api::Message;
 use tokio::net::UnixStream;
 
 use super::{Client, ClientError, To, read_response, send};
-use crate::api::protocol::{Request, Response};
+use crate::protocol::{Request, Response};
 
 /// How long an in-process consumer's get waits before it asks again.
 const IN_PROCESS_WAIT: Duration = Duration::from_secs(1);

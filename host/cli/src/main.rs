@@ -3,7 +3,11 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use linkbus_host::cli::{self, Cli, Command, ConfigCommand, NodeCommand};
+mod bench;
+mod cli;
+mod demo;
+
+use cli::{Cli, Command, ConfigCommand, NodeCommand};
 use tracing_subscriber::EnvFilter;
 
 /// Perf (OPT-35, LEV-21): a message's boxed content is freed on another runtime worker than

@@ -6,14 +6,16 @@ use std::time::Duration;
 use anyhow::bail;
 
 use super::DlqCommand;
-use crate::client::Client;
+use linkbus_client::Client;
 
 /// Runs `linkbus dlq ...`.
 ///
 /// # Errors
 /// When the node cannot be reached; for `replay`, when some messages failed again.
-pub async fn dlq(command: DlqCommand) -> anyhow::Result<()> {
-    use crate::flow::dead_letter::{DEAD_LETTER_CODE_HEADER, DEAD_LETTER_QUEUE, DEAD_LETTER_REASON_HEADER};
+pub(crate) async fn dlq(command: DlqCommand) -> anyhow::Result<()> {
+    use linkbus_host::flow::dead_letter::{
+        DEAD_LETTER_CODE_HEADER, DEAD_LETTER_QUEUE, DEAD_LETTER_REASON_HEADER,
+    };
     // (Replayed messages are put to the recipients they failed for; see `replay_one`.)
     match command {
         DlqCommand::Ls { target, count } => {
@@ -71,7 +73,7 @@ pub async fn dlq(command: DlqCommand) -> anyhow::Result<()> {
 /// Puts a dead letter again, to the recipients it failed for (all, when not recorded),
 /// without its dead-letter headers. Event messages are the node's own and are not replayed.
 async fn replay_one(client: &mut Client, message: &linkbus_plugin_api::Message) -> anyhow::Result<String> {
-    use crate::flow::dead_letter::DEAD_LETTER_RECIPIENTS_HEADER;
+    use linkbus_host::flow::dead_letter::DEAD_LETTER_RECIPIENTS_HEADER;
     if message.content.kind == linkbus_plugin_api::Kind::Event {
         bail!("event messages are not replayed");
     }

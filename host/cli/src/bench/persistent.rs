@@ -10,10 +10,10 @@ use linkbus_plugin_api::{Address, Batch, Content, Reliability};
 
 use super::raw::raw_syncs;
 use super::{Row, Scale, row};
-use crate::Node;
-use crate::client::Client;
-use crate::config::{self, Overrides};
 use crate::demo::DemoError;
+use linkbus_client::Client;
+use linkbus_host::Node;
+use linkbus_host::config::{self, Overrides};
 
 /// `w2`: 16 clients putting persistent 1 KiB messages on one node for `scale.duration`,
 /// one at a time and then [`W2_BATCH`] per request, each request answered after the sync
@@ -96,17 +96,17 @@ async fn persistent_puts_in(
                 let ids = client.put_batch(vec![content.clone(); batch]).await?;
                 put.fetch_add(ids.len() as u64, Ordering::Relaxed);
             }
-            Ok::<(), crate::client::ClientError>(())
+            Ok::<(), linkbus_client::ClientError>(())
         }));
     }
     let started = Instant::now();
-    let syncs_before = node.state().committer().stats.syncs.load(Ordering::Relaxed);
+    let syncs_before = node.state().store_stats().syncs.load(Ordering::Relaxed);
     for task in tasks {
         task.await.map_err(std::io::Error::other)??;
     }
     let elapsed = started.elapsed().as_secs_f64();
     let count = put.load(Ordering::Relaxed);
-    let syncs = node.state().committer().stats.syncs.load(Ordering::Relaxed) - syncs_before;
+    let syncs = node.state().store_stats().syncs.load(Ordering::Relaxed) - syncs_before;
     node.shutdown().await;
     Ok((count as f64 / elapsed.max(1e-9), count as f64 / syncs.max(1) as f64))
 }

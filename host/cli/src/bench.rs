@@ -42,10 +42,10 @@ use std::time::{Duration, Instant};
 use linkbus_plugin_api::{Address, Content};
 use linkbus_proto::secure::Cipher;
 
-use crate::Node;
-use crate::client::Client;
-use crate::config::{self, Overrides};
 use crate::demo::{DemoError, is_payload, payload};
+use linkbus_client::Client;
+use linkbus_host::Node;
+use linkbus_host::config::{self, Overrides};
 
 mod hops;
 mod persistent;
@@ -56,12 +56,9 @@ use persistent::persistent_puts;
 use ping::{PING_PONG_RATE, ping_pong};
 use raw::raw_tcp;
 
-/// The workloads, in the order they run.
-pub const WORKLOADS: [&str; 6] = ["w1", "w2", "w3", "w4", "w5", "w7"];
-
 /// One measured case and its baseline.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Row {
+pub(crate) struct Row {
     /// The workload (`w1`, ...).
     pub workload: &'static str,
     /// What was measured, in words.
@@ -80,19 +77,19 @@ pub struct Row {
 
 impl Row {
     /// Payload megabytes per second.
-    pub fn mb_per_s(&self) -> f64 {
+    pub(crate) fn mb_per_s(&self) -> f64 {
         self.messages_per_s * self.size as f64 / 1e6
     }
 
     /// Measured against the baseline.
-    pub fn ratio(&self) -> f64 {
+    pub(crate) fn ratio(&self) -> f64 {
         self.messages_per_s / self.baseline_per_s.max(f64::MIN_POSITIVE)
     }
 }
 
 /// How much to measure.
 #[derive(Debug, Clone, Copy)]
-pub struct Scale {
+pub(crate) struct Scale {
     /// Messages per case are divided by this (a quick run for tests uses a large one).
     pub divisor: usize,
     /// How long each timed case runs.
@@ -106,9 +103,10 @@ pub struct Scale {
 
 impl Scale {
     /// The full run.
-    pub const FULL: Self = Self { divisor: 1, duration: Duration::from_secs(3), only_size: None, rounds: 1 };
+    pub(crate) const FULL: Self =
+        Self { divisor: 1, duration: Duration::from_secs(3), only_size: None, rounds: 1 };
     /// A run that only shows everything works (seconds in all).
-    pub const QUICK: Self =
+    pub(crate) const QUICK: Self =
         Self { divisor: 100, duration: Duration::from_millis(200), only_size: None, rounds: 1 };
 
     fn messages(self, full: usize) -> usize {
@@ -125,14 +123,14 @@ impl Scale {
 const W1_CASES: [(usize, usize); 4] = [(64, 300_000), (1024, 200_000), (65_536, 10_000), (1 << 20, 3000)];
 
 /// The payload sizes of `w1`'s cases (those of `w5` are among them).
-pub const W1_SIZES: [usize; 4] = [W1_CASES[0].0, W1_CASES[1].0, W1_CASES[2].0, W1_CASES[3].0];
+pub(crate) const W1_SIZES: [usize; 4] = [W1_CASES[0].0, W1_CASES[1].0, W1_CASES[2].0, W1_CASES[3].0];
 
 /// Runs the named workloads (all when `names` is empty), printing each row as it comes
 /// when `print` is set.
 ///
 /// # Errors
 /// [`DemoError`] when a node, a client or the scratch directory fails.
-pub async fn run(names: &[String], scale: Scale, print: bool) -> Result<Vec<Row>, DemoError> {
+pub(crate) async fn run(names: &[String], scale: Scale, print: bool) -> Result<Vec<Row>, DemoError> {
     let scratch = Scratch::new("bench")?;
     let wanted = |w: &str| names.is_empty() || names.iter().any(|n| n == w);
     let mut rows = Vec::new();
@@ -305,7 +303,7 @@ fn row(
 }
 
 /// The table's header line.
-pub fn table_header() -> String {
+pub(crate) fn table_header() -> String {
     format!(
         "{:<4} {:>8} {:>12} {:>9} {:>12} {:>7}  {}",
         "", "size", "messages/s", "MB/s", "baseline/s", "ratio", "case (against baseline)"
@@ -313,7 +311,7 @@ pub fn table_header() -> String {
 }
 
 /// One row of the table.
-pub fn table_line(row: &Row) -> String {
+pub(crate) fn table_line(row: &Row) -> String {
     let note = if row.note.is_empty() { String::new() } else { format!("; {}", row.note) };
     // A row without a rate to compare (latency workloads say theirs in the note).
     let (base, ratio) = if row.baseline_per_s > 0.0 {
@@ -341,7 +339,7 @@ fn size_text(size: usize) -> String {
 }
 
 /// The rows as a JSON array (one object per row).
-pub fn to_json(rows: &[Row]) -> String {
+pub(crate) fn to_json(rows: &[Row]) -> String {
     let quoted = |s: &str| format!("\"{}\"", s.replace('\\', "\\\\").replace('"', "\\\""));
     let items: Vec<String> = rows
         .iter()
@@ -403,7 +401,7 @@ impl Drop for Scratch {
 }
 
 /// A client of `node`: over its client socket, or in-process.
-pub(crate) async fn client_of(node: &Node, in_process: bool) -> Result<Client, crate::client::ClientError> {
+pub(crate) async fn client_of(node: &Node, in_process: bool) -> Result<Client, linkbus_client::ClientError> {
     if in_process { Ok(node.client()) } else { Client::connect(node.socket_path()).await }
 }
 
@@ -420,7 +418,7 @@ pub(crate) async fn start_chain(
     names: &[&str],
     cipher: Option<Cipher>,
 ) -> Result<Vec<Node>, DemoError> {
-    use crate::security::write_key_file;
+    use linkbus_host::security::write_key_file;
     use linkbus_proto::secure::{Keypair, hex};
     // Each chain in its own directory under `scratch` (a run starts several).
     let dir = scratch.join(format!("chain-{}", NEXT_SCRATCH.fetch_add(1, Ordering::Relaxed)));
@@ -489,7 +487,7 @@ const LINK_UP_WAIT: Duration = Duration::from_secs(10);
 /// messages put before would wait in a queue the link then drains in one burst).
 async fn wait_until_linked(nodes: &[Node]) -> Result<(), DemoError> {
     let deadline = Instant::now() + LINK_UP_WAIT;
-    let all_up = || nodes.iter().all(|n| n.state().links().all(|l| l.up.load(Ordering::Relaxed)));
+    let all_up = || nodes.iter().all(|n| n.state().links_up());
     while !all_up() {
         if Instant::now() > deadline {
             return Err(DemoError::Io(std::io::Error::other(format!(
@@ -576,7 +574,7 @@ async fn urgent_under_load(scratch: &Path, scale: Scale) -> Result<Row, DemoErro
     ))
 }
 
-type BulkTask = tokio::task::JoinHandle<Result<(), crate::client::ClientError>>;
+type BulkTask = tokio::task::JoinHandle<Result<(), linkbus_client::ClientError>>;
 
 /// Three producers putting batches of 1 KiB messages of levels 0..=8 on A for `B:orders`,
 /// and a consumer draining them on B, until `stop`; `sent` counts the messages put.

@@ -9,20 +9,20 @@ use anyhow::{Context, bail};
 use clap::{Args, Parser, Subcommand};
 use linkbus_plugin_api::{Address, MessageId};
 
-use crate::client::Client;
-use crate::config::{self, Overrides};
+use linkbus_client::Client;
+use linkbus_host::config::{self, Overrides};
 
 mod dlq;
 mod events;
 mod put;
-pub use dlq::dlq;
-pub use events::events;
-pub use put::put;
+pub(crate) use dlq::dlq;
+pub(crate) use events::events;
+pub(crate) use put::put;
 
 /// linkbus: a multi-node message bus with permanent links and exactly-once delivery.
 #[derive(Debug, Parser)]
 #[command(name = "linkbus", version, about)]
-pub struct Cli {
+pub(crate) struct Cli {
     /// Log filter (`error`, `warn`, `info`, `debug`, or a tracing filter); also `LINKBUS_LOG`.
     #[arg(long, global = true, env = "LINKBUS_LOG")]
     pub log: Option<String>,
@@ -33,7 +33,7 @@ pub struct Cli {
 
 /// The subcommands.
 #[derive(Debug, Subcommand)]
-pub enum Command {
+pub(crate) enum Command {
     /// Run and manage nodes.
     #[command(subcommand)]
     Node(NodeCommand),
@@ -78,14 +78,14 @@ pub enum Command {
 
 /// `linkbus node ...`.
 #[derive(Debug, Subcommand)]
-pub enum NodeCommand {
+pub(crate) enum NodeCommand {
     /// Run a node in the foreground until Ctrl-C or SIGTERM.
     Run(RunArgs),
 }
 
 /// `linkbus node run`: a config file and/or flags (flags win).
 #[derive(Debug, Args)]
-pub struct RunArgs {
+pub(crate) struct RunArgs {
     /// The node's YAML configuration file.
     #[arg(short, long)]
     pub config: Option<PathBuf>,
@@ -124,7 +124,7 @@ pub struct RunArgs {
 
 /// `linkbus queue ...`.
 #[derive(Debug, Subcommand)]
-pub enum QueueCommand {
+pub(crate) enum QueueCommand {
     /// One line per queue: order, depth, pending, limit, age of the oldest message.
     Ls {
         /// Which node.
@@ -144,7 +144,7 @@ pub enum QueueCommand {
 /// `linkbus events`.
 #[derive(Debug, Args)]
 #[command(args_conflicts_with_subcommands = true)]
-pub struct EventsArgs {
+pub(crate) struct EventsArgs {
     /// Which node.
     #[command(flatten)]
     pub target: Target,
@@ -162,7 +162,7 @@ pub struct EventsArgs {
 
 /// `linkbus events ...`: subscriptions copy chosen kinds of events to a queue.
 #[derive(Debug, Subcommand)]
-pub enum EventsCommand {
+pub(crate) enum EventsCommand {
     /// Copy events of some kinds to a queue, here or on a peer (replaces the kinds of an
     /// earlier subscription of that queue made this way).
     Subscribe {
@@ -196,7 +196,7 @@ pub enum EventsCommand {
 
 /// `linkbus result`.
 #[derive(Debug, Args)]
-pub struct ResultArgs {
+pub(crate) struct ResultArgs {
     /// Which node (the one that accepted the messages).
     #[command(flatten)]
     pub target: Target,
@@ -204,13 +204,13 @@ pub struct ResultArgs {
     #[arg(long, value_parser = parse_duration, default_value = "0s")]
     pub wait: Duration,
     /// Message ids as printed by `linkbus put` (`NODE/SEQUENCE`).
-    #[arg(required = true, value_parser = crate::results::parse_id)]
+    #[arg(required = true, value_parser = linkbus_host::results::parse_id)]
     pub ids: Vec<MessageId>,
 }
 
 /// `linkbus dlq ...`.
 #[derive(Debug, Subcommand)]
-pub enum DlqCommand {
+pub(crate) enum DlqCommand {
     /// List dead letters without taking them: id, reason code, recipients, size, reason.
     Ls {
         /// Which node.
@@ -234,7 +234,7 @@ pub enum DlqCommand {
 
 /// `linkbus link ...`.
 #[derive(Debug, Subcommand)]
-pub enum LinkCommand {
+pub(crate) enum LinkCommand {
     /// Accept a peer's sequence numbers after they went backwards (its data was wiped or
     /// restored), restarting the link the node stopped because of it.
     Reset {
@@ -249,7 +249,7 @@ pub enum LinkCommand {
 
 /// `linkbus route ...`.
 #[derive(Debug, Subcommand)]
-pub enum RouteCommand {
+pub(crate) enum RouteCommand {
     /// Print how a message to each destination node would leave the node: the rule that
     /// matched, the next hop, and why the other candidates lost.
     Explain {
@@ -264,7 +264,7 @@ pub enum RouteCommand {
 
 /// `linkbus keygen`.
 #[derive(Debug, Args)]
-pub struct KeygenArgs {
+pub(crate) struct KeygenArgs {
     /// Where to write the key (mode 0600; an existing file is never overwritten).
     #[arg(long)]
     pub out: PathBuf,
@@ -275,7 +275,7 @@ pub struct KeygenArgs {
 
 /// Which local node a client command talks to.
 #[derive(Debug, Args)]
-pub struct Target {
+pub(crate) struct Target {
     /// The node's name, found in the runtime directory (`LINKBUS_RUNTIME_DIR`).
     #[arg(long, required_unless_present = "socket")]
     pub node: Option<String>,
@@ -286,7 +286,7 @@ pub struct Target {
 
 /// `linkbus put`.
 #[derive(Debug, Args)]
-pub struct PutArgs {
+pub(crate) struct PutArgs {
     /// Which node accepts the message.
     #[command(flatten)]
     pub target: Target,
@@ -341,7 +341,7 @@ pub struct PutArgs {
 
 /// `linkbus get`.
 #[derive(Debug, Args)]
-pub struct GetArgs {
+pub(crate) struct GetArgs {
     /// Which node holds the queue.
     #[command(flatten)]
     pub target: Target,
@@ -361,7 +361,7 @@ pub struct GetArgs {
 
 /// `linkbus config ...`.
 #[derive(Debug, Subcommand)]
-pub enum ConfigCommand {
+pub(crate) enum ConfigCommand {
     /// Validate configuration files, reporting every error with its YAML path.
     Check {
         /// The files.
@@ -372,7 +372,7 @@ pub enum ConfigCommand {
 
 /// `linkbus demo`.
 #[derive(Debug, Args)]
-pub struct DemoArgs {
+pub(crate) struct DemoArgs {
     /// How many messages A sends to C (through B).
     #[arg(long, default_value_t = 10_000)]
     pub messages: usize,
@@ -383,7 +383,7 @@ pub struct DemoArgs {
 
 /// `linkbus bench`.
 #[derive(Debug, Args)]
-pub struct BenchArgs {
+pub(crate) struct BenchArgs {
     /// The workloads to run (w1, w2, w3, w4, w5, w7); all when none is named.
     #[arg(value_parser = ["w1", "w2", "w3", "w4", "w5", "w7"])]
     pub workloads: Vec<String>,
@@ -428,7 +428,7 @@ fn parse_node_name(text: &str) -> Result<String, String> {
 ///
 /// # Errors
 /// A message naming the accepted forms.
-pub fn parse_duration(text: &str) -> Result<Duration, String> {
+pub(crate) fn parse_duration(text: &str) -> Result<Duration, String> {
     let text = text.trim();
     let split = text.find(|c: char| !c.is_ascii_digit() && c != '.').unwrap_or(text.len());
     let (number, unit) = text.split_at(split);
@@ -448,8 +448,8 @@ impl Target {
     fn socket_path(&self) -> PathBuf {
         match (&self.socket, &self.node) {
             (Some(path), _) => path.clone(),
-            (None, Some(name)) => crate::runtime_dir::socket_for(name),
-            (None, None) => crate::runtime_dir::socket_for("A"),
+            (None, Some(name)) => linkbus_client::runtime_dir::socket_for(name),
+            (None, None) => linkbus_client::runtime_dir::socket_for("A"),
         }
     }
 
@@ -458,7 +458,7 @@ impl Target {
         Client::connect(&path).await.with_context(|| match &self.node {
             Some(name) => format!(
                 "is node {name} running? (runtime directory {})",
-                crate::runtime_dir::runtime_dir().display()
+                linkbus_client::runtime_dir::runtime_dir().display()
             ),
             None => "is the node running?".to_owned(),
         })
@@ -469,7 +469,7 @@ impl Target {
 ///
 /// # Errors
 /// Configuration errors (all of them), or a node that fails to start.
-pub async fn node_run(args: RunArgs) -> anyhow::Result<()> {
+pub(crate) async fn node_run(args: RunArgs) -> anyhow::Result<()> {
     let overrides = Overrides {
         name: args.name,
         listen: args.listen,
@@ -483,8 +483,8 @@ pub async fn node_run(args: RunArgs) -> anyhow::Result<()> {
         psk_file: args.psk_file,
     };
     let config = config::load_file(args.config.as_deref(), &overrides)?;
-    let source = crate::node::ReloadSource { path: args.config, overrides };
-    crate::run_reloadable(config, source, shutdown_signal()).await?;
+    let source = linkbus_host::node::ReloadSource { path: args.config, overrides };
+    linkbus_host::run_reloadable(config, source, shutdown_signal()).await?;
     Ok(())
 }
 
@@ -509,7 +509,7 @@ async fn shutdown_signal() {
 ///
 /// # Errors
 /// A connection failure, ids from another node, or a recipient that did not get its message.
-pub async fn result(args: ResultArgs) -> anyhow::Result<()> {
+pub(crate) async fn result(args: ResultArgs) -> anyhow::Result<()> {
     let mut client = args.target.connect().await?;
     put::print_results(&mut client, &args.ids, args.wait).await
 }
@@ -518,7 +518,7 @@ pub async fn result(args: ResultArgs) -> anyhow::Result<()> {
 ///
 /// # Errors
 /// An unknown queue, a connection failure, or too few messages.
-pub async fn get(args: GetArgs) -> anyhow::Result<()> {
+pub(crate) async fn get(args: GetArgs) -> anyhow::Result<()> {
     let mut client = args.target.connect().await?;
     let deadline = tokio::time::Instant::now() + args.wait;
     let mut got = 0u32;
@@ -552,7 +552,7 @@ pub async fn get(args: GetArgs) -> anyhow::Result<()> {
 ///
 /// # Errors
 /// A connection failure.
-pub async fn status(target: Target) -> anyhow::Result<()> {
+pub(crate) async fn status(target: Target) -> anyhow::Result<()> {
     print!("{}", target.connect().await?.status().await?);
     Ok(())
 }
@@ -561,7 +561,7 @@ pub async fn status(target: Target) -> anyhow::Result<()> {
 ///
 /// # Errors
 /// When the node cannot be reached or has no such queue.
-pub async fn queue(command: QueueCommand) -> anyhow::Result<()> {
+pub(crate) async fn queue(command: QueueCommand) -> anyhow::Result<()> {
     let (target, name) = match command {
         QueueCommand::Ls { target } => (target, String::new()),
         QueueCommand::Stat { target, name } => (target, name),
@@ -574,7 +574,7 @@ pub async fn queue(command: QueueCommand) -> anyhow::Result<()> {
 ///
 /// # Errors
 /// When the node cannot be reached.
-pub async fn route(command: RouteCommand) -> anyhow::Result<()> {
+pub(crate) async fn route(command: RouteCommand) -> anyhow::Result<()> {
     match command {
         RouteCommand::Explain { target, destinations } => {
             let mut client = target.connect().await?;
@@ -590,7 +590,7 @@ pub async fn route(command: RouteCommand) -> anyhow::Result<()> {
 ///
 /// # Errors
 /// When the node cannot be reached or refuses the new configuration.
-pub async fn reload(target: Target) -> anyhow::Result<()> {
+pub(crate) async fn reload(target: Target) -> anyhow::Result<()> {
     print!("{}", target.connect().await?.reload().await?);
     Ok(())
 }
@@ -599,7 +599,7 @@ pub async fn reload(target: Target) -> anyhow::Result<()> {
 ///
 /// # Errors
 /// When the node cannot be reached or has no such link.
-pub async fn link(command: LinkCommand) -> anyhow::Result<()> {
+pub(crate) async fn link(command: LinkCommand) -> anyhow::Result<()> {
     match command {
         LinkCommand::Reset { target, peer } => print!("{}", target.connect().await?.reset_link(&peer).await?),
     }
@@ -610,11 +610,11 @@ pub async fn link(command: LinkCommand) -> anyhow::Result<()> {
 ///
 /// # Errors
 /// When the key cannot be made or written.
-pub fn keygen(args: &KeygenArgs) -> anyhow::Result<()> {
+pub(crate) fn keygen(args: &KeygenArgs) -> anyhow::Result<()> {
     use linkbus_proto::secure::{Keypair, hex};
     let keys = Keypair::generate()?;
     let write = |key| {
-        crate::security::write_key_file(&args.out, key)
+        linkbus_host::security::write_key_file(&args.out, key)
             .with_context(|| format!("writing {}", args.out.display()))
     };
     if args.psk {
@@ -634,14 +634,14 @@ pub fn keygen(args: &KeygenArgs) -> anyhow::Result<()> {
 /// Reads a configuration file and the key files it names.
 fn check_file(file: &Path) -> Result<config::Config, linkbus_plugin_api::ConfigErrors> {
     let config = config::load_file(Some(file), &Overrides::default())?;
-    crate::security::Security::load(&config)?;
+    linkbus_host::security::Security::load(&config)?;
     Ok(config)
 }
 
 /// Runs `linkbus config check`: prints every file's errors, and with several files checks
 /// them together as one cluster (links listed at both ends, no routing loop); fails if
 /// anything is wrong.
-pub fn config_check(files: &[PathBuf]) -> ExitCode {
+pub(crate) fn config_check(files: &[PathBuf]) -> ExitCode {
     let mut failed = false;
     let mut configs = Vec::new();
     for file in files {
@@ -671,8 +671,8 @@ pub fn config_check(files: &[PathBuf]) -> ExitCode {
             "cluster: not checked as one cluster: node {name} has more than one file (give one cluster's files)"
         );
     } else if configs.len() > 1 {
-        let mut problems = crate::routing::check_cluster(&configs);
-        problems.extend(crate::security::check_cluster_keys(&configs));
+        let mut problems = linkbus_host::routing::check_cluster(&configs);
+        problems.extend(linkbus_host::security::check_cluster_keys(&configs));
         for problem in &problems {
             println!("cluster: {problem}");
         }
@@ -691,7 +691,7 @@ pub fn config_check(files: &[PathBuf]) -> ExitCode {
 ///
 /// # Errors
 /// A node or client failure, or a delivery that lost, damaged or duplicated a message.
-pub async fn bench(args: BenchArgs) -> anyhow::Result<()> {
+pub(crate) async fn bench(args: BenchArgs) -> anyhow::Result<()> {
     let mut scale = if args.quick { crate::bench::Scale::QUICK } else { crate::bench::Scale::FULL };
     scale.only_size = args.size;
     scale.rounds = usize::from(args.rounds);
@@ -713,7 +713,7 @@ pub async fn bench(args: BenchArgs) -> anyhow::Result<()> {
 ///
 /// # Errors
 /// A node or client failure, or any lost, damaged, duplicated or reordered message.
-pub async fn demo(args: DemoArgs) -> anyhow::Result<()> {
+pub(crate) async fn demo(args: DemoArgs) -> anyhow::Result<()> {
     println!(
         "linkbus demo: nodes A, B and C in one process, Noise-encrypted TCP links on 127.0.0.1, A reaching C through B by a static route, fjall stores in a temporary directory"
     );

@@ -9,12 +9,12 @@ use bytes::Bytes;
 use linkbus_plugin_api::{Address, Content};
 use linkbus_proto::secure::Cipher;
 
-use crate::client::{Client, ClientError};
-use crate::node::StartError;
+use linkbus_client::{Client, ClientError};
+use linkbus_host::node::StartError;
 
 /// Why the demo could not run.
 #[derive(Debug, thiserror::Error)]
-pub enum DemoError {
+pub(crate) enum DemoError {
     /// The embedded configuration was refused (a bug).
     #[error("embedded configuration: {0}")]
     Config(#[from] linkbus_plugin_api::ConfigErrors),
@@ -34,7 +34,7 @@ pub enum DemoError {
 
 /// What the demo observed.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DemoReport {
+pub(crate) struct DemoReport {
     /// Messages put on A.
     pub sent: usize,
     /// Messages taken from C.
@@ -53,7 +53,7 @@ pub struct DemoReport {
 
 impl DemoReport {
     /// Whether every message arrived once, intact and in order.
-    pub fn is_perfect(&self) -> bool {
+    pub(crate) fn is_perfect(&self) -> bool {
         self.received == self.sent
             && self.intact == self.sent
             && self.out_of_order == 0
@@ -113,7 +113,7 @@ fn index_text(index: usize) -> [u8; INDEX_BYTES] {
 
 /// The payload of message `index`: its number in ASCII, then bytes derived from it (made
 /// and checked eight at a time, so they cost little next to moving them).
-pub fn payload(index: usize, size: usize) -> Bytes {
+pub(crate) fn payload(index: usize, size: usize) -> Bytes {
     let size = size.max(INDEX_BYTES);
     let mut bytes = vec![0u8; size];
     let (head, rest) = bytes.split_at_mut(INDEX_BYTES);
@@ -135,7 +135,7 @@ fn read_u64(bytes: &[u8]) -> u64 {
 }
 
 /// Whether `bytes` is exactly [`payload`]`(index, size)`, without building it.
-pub fn is_payload(index: usize, size: usize, bytes: &[u8]) -> bool {
+pub(crate) fn is_payload(index: usize, size: usize, bytes: &[u8]) -> bool {
     let size = size.max(INDEX_BYTES);
     if bytes.len() != size || bytes.get(..INDEX_BYTES) != Some(&index_text(index)[..]) {
         return false;
@@ -158,7 +158,7 @@ fn index_of(payload: &[u8]) -> Option<usize> {
 ///
 /// # Errors
 /// [`DemoError`] when a node or client fails; a report with losses is not an error.
-pub async fn run(messages: usize, size: usize) -> Result<DemoReport, DemoError> {
+pub(crate) async fn run(messages: usize, size: usize) -> Result<DemoReport, DemoError> {
     let scratch = crate::bench::Scratch::new("demo")?;
     deliver_through(&scratch.0, &["A", "B", "C"], Some(Cipher::fastest()), false, messages, size).await
 }
@@ -209,7 +209,7 @@ async fn produce(
     size: usize,
 ) -> Result<(), ClientError> {
     let slice =
-        (crate::client::PUT_BATCH_BYTES_MAX / size.max(1)).clamp(1, crate::client::PUT_BATCH_MESSAGES_MAX);
+        (linkbus_client::PUT_BATCH_BYTES_MAX / size.max(1)).clamp(1, linkbus_client::PUT_BATCH_MESSAGES_MAX);
     let mut next = 0;
     while next < messages {
         let end = (next + slice).min(messages);
