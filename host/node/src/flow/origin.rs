@@ -129,6 +129,66 @@ impl Origin {
         (messages, refused)
     }
 
+    /// Checks, stamps and admits `contents` in runs that go the same way (see
+    /// [`same_way`]), each run through the origin stages as it is made: the first run is
+    /// on its way while the next is made. Stops at the first content refused.
+    async fn admit_in_runs(
+        &mut self,
+        node: &NodeState,
+        contents: Vec<Content>,
+        created_unix_ms: u64,
+        put: &mut Admitting,
+    ) -> Result<(), PutError> {
+        let mut contents = contents.into_iter().enumerate();
+        let mut carried: Option<Message> = None;
+        let mut refused = None;
+        loop {
+            let mut run: Vec<Message> = carried.take().into_iter().collect();
+            let mut bytes = run.first().map_or(0, |m| m.content.payload.len());
+            for (index, content) in contents.by_ref() {
+                match prepare_one(node, content, created_unix_ms) {
+                    Ok(message)
+                        if run.len() < RUN_MESSAGES_MAX
+                            && bytes < RUN_BYTES_MAX
+                            && run.first().is_none_or(|first| same_way(first, &message)) =>
+                    {
+                        bytes += message.content.payload.len();
+                        run.push(message);
+                    }
+                    Ok(message) => {
+                        carried = Some(message);
+                        break;
+                    }
+                    Err(refusal) => {
+                        refused = Some(PutError::at(index, refusal));
+                        break;
+                    }
+                }
+            }
+            if run.is_empty() {
+                return refused.map_or(Ok(()), Err);
+            }
+            let stages = self.stages(node);
+            if !stages.is_empty()
+                && let Some((at, refusal)) =
+                    stages.run(&mut run.iter_mut().collect::<Vec<_>>()).into_iter().next()
+            {
+                run.truncate(at);
+                carried = None;
+                refused = Some(PutError::at(put.sequences.len() + at, refusal));
+            }
+            if let Some(singles) = admit(node, run, put).await? {
+                // A run that cannot go at once goes one message at a time.
+                for single in singles {
+                    admit(node, vec![single], put).await?;
+                }
+            }
+            if refused.is_some() {
+                return refused.map_or(Ok(()), Err);
+            }
+        }
+    }
+
     /// Accepts a batch of contents from a client, in order: each is checked, stamped and
     /// queued locally or on the link to its destination. A content whose destination (a
     /// queue, or the transmission queue of its link and priority) is full waits up to
@@ -149,7 +209,6 @@ impl Origin {
             return Err(PutError { code: RefusalCode::Store, accepted: 0, message });
         }
         let created_unix_ms = crate::clock::unix_ms();
-        let (messages, refused) = self.prepare(node, contents, created_unix_ms);
         let deadline = tokio::time::Instant::now() + timeout;
         let pace_bytes = node.config().links.queue_pace_bytes;
         let mut put = Admitting {
@@ -160,10 +219,10 @@ impl Origin {
             pace_bytes,
             pace_until: (!timeout.is_zero() && pace_bytes > 0)
                 .then(|| deadline.min(tokio::time::Instant::now() + PACE_WAIT)),
-            sequences: Vec::with_capacity(messages.len()),
+            sequences: Vec::with_capacity(contents.len()),
             persistent: false,
         };
-        let outcome = admit_all(node, messages, &mut put).await.and(refused.map_or(Ok(()), Err));
+        let outcome = self.admit_in_runs(node, contents, created_unix_ms, &mut put).await;
         // Whatever was accepted (all, or those before a refused one) is durable before the
         // client hears of it.
         if let Err(reason) = node.make_durable(put.persistent).await {
@@ -244,37 +303,6 @@ pub(crate) fn stamp(node: &NodeState, mut content: Content, created_unix_ms: u64
     Message { id, hop_count: 0, redelivered: false, backout_count: 0, content: Box::new(content) }
 }
 
-/// Admits `messages` in runs that go the same way (see [`same_way`]).
-async fn admit_all(node: &NodeState, messages: Vec<Message>, put: &mut Admitting) -> Result<(), PutError> {
-    let mut runs: std::collections::VecDeque<Vec<Message>> = std::collections::VecDeque::new();
-    let mut bytes = 0;
-    for message in messages {
-        match runs.back_mut() {
-            Some(run)
-                if run.len() < RUN_MESSAGES_MAX
-                    && bytes < RUN_BYTES_MAX
-                    && run.first().is_some_and(|first| same_way(first, &message)) =>
-            {
-                bytes += message.content.payload.len();
-                run.push(message);
-            }
-            _ => {
-                bytes = message.content.payload.len();
-                runs.push_back(vec![message]);
-            }
-        }
-    }
-    while let Some(run) = runs.pop_front() {
-        if let Some(singles) = admit(node, run, put).await? {
-            // A run that cannot go at once goes one message at a time.
-            for single in singles.into_iter().rev() {
-                runs.push_front(vec![single]);
-            }
-        }
-    }
-    Ok(())
-}
-
 /// Admits a run of messages that go the same way (one placement): all at once when every
 /// place has room and no link they go to is ahead. Otherwise a run of more than one is
 /// handed back (to go one at a time), and a single message waits for room (up to the put's
@@ -286,8 +314,10 @@ async fn admit(
 ) -> Result<Option<Vec<Message>>, PutError> {
     let index = put.sequences.len();
     let Some(first) = run.first() else { return Ok(None) };
-    // Undone if the put is refused, or abandoned while it waits.
-    let tracking = track(node, &run).map_err(|e| PutError::at(index, e))?;
+    // Undone if the put is refused, or abandoned while it waits. (Only a run of one may
+    // want results: see `same_way`.)
+    let single = run.len() == 1;
+    let tracking = track(node, if single { &run } else { &[] }).map_err(|e| PutError::at(index, e))?;
     // A message never waits past its lifetime.
     let (deadline, waits) = match first.content.lifetime {
         Some(l) if !l.is_unlimited() => {
@@ -302,7 +332,7 @@ async fn admit(
         let start = tokio::time::Instant::from_std(put.now);
         until.min(start + deadline.saturating_duration_since(start) / 2)
     });
-    let here: Vec<_> = run.iter().filter_map(|m| results_here(node, m)).collect();
+    let here = if single { run.first().and_then(|m| results_here(node, m)) } else { None };
     loop {
         // Made before the check, so room given up after it wakes the wait below
         // (`notify_waiters` reaches every `Notified` made before it, polled or not).
@@ -321,8 +351,10 @@ async fn admit(
         };
         match checked {
             Ok(ahead) if waits_for_pace(ahead).is_none() => {
-                let persistent = run.iter().any(placement::is_persistent);
-                put.sequences.extend(run.iter().map(|m| m.id.sequence));
+                for message in &run {
+                    put.sequences.push(message.id.sequence);
+                    put.persistent |= placement::is_persistent(message);
+                }
                 match <[Message; 1]>::try_from(run) {
                     Ok([message]) => placement.apply(node, message, put.now, Came::Put, Batch::new()),
                     Err(run) => placement.apply_run(node, run, put.now, Came::Put),
@@ -330,7 +362,6 @@ async fn admit(
                 drop(admission);
                 tracking.keep();
                 here.into_iter().for_each(|h| delivered_here(node, h));
-                put.persistent |= persistent;
                 return Ok(None);
             }
             _ if run.len() > 1 => return Ok(Some(run)),

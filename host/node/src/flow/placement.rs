@@ -267,6 +267,14 @@ fn put_copy(node: &NodeState, place: Place<'_>, message: Message, now: Instant, 
 fn put_run(node: &NodeState, place: Place<'_>, messages: Vec<Message>, now: Instant, came: Came) {
     match place {
         Place::Queue(queue) => queue.push_run(messages, now),
+        // A run's messages have the same recipients: a copy naming them all, put here, is
+        // the message itself.
+        Place::Link(link, picked)
+            if came == Came::Put
+                && messages.first().is_some_and(|m| picked.len() == m.content.recipients.len()) =>
+        {
+            link.enqueue_checked_run(messages, now);
+        }
         Place::Link(link, picked) => {
             link.enqueue_checked_run(messages.into_iter().map(|m| onwards(m, &picked, came)), now);
         }
