@@ -130,8 +130,9 @@ impl Origin {
     }
 
     /// Checks, stamps and admits `contents` in runs that go the same way (see
-    /// [`same_way`]), each run through the origin stages as it is made: the first run is
-    /// on its way while the next is made. Stops at the first content refused.
+    /// [`same_way`]), each run through the origin stages as it is made. Stops at the first
+    /// content refused.
+    // Perf (LEV-31): the first run is on its way while the next is made.
     async fn admit_in_runs(
         &mut self,
         node: &NodeState,
