@@ -1,5 +1,8 @@
 //! The `linkbus` binary: parses arguments, sets up logging, runs the command.
 
+#![forbid(unsafe_code)]
+#![cfg_attr(not(test), deny(clippy::unwrap_used))]
+
 use std::process::ExitCode;
 
 use clap::Parser;

@@ -116,6 +116,9 @@ impl Link {
 
     /// What is acknowledged is durable first: one sync for a batch with a message that is
     /// not volatile (group commit); a node whose store failed acknowledges nothing more.
+    // Invariant: the link task may wait here for an fsync (`sync_blocking` first hands the
+    // runtime's other tasks to another worker); no lock is held across this call, and what
+    // runs on the link task (its stages included) may be held up by that wait.
     pub(super) fn make_durable(&self, persistent: bool) -> Result<(), linkbus_plugin_api::StoreError> {
         if self.node.is_failing() {
             return Err(linkbus_plugin_api::StoreError::Poisoned("the node is stopping".into()));

@@ -158,7 +158,8 @@ fn channel_weights(links: &crate::config::LinkSettings) -> [u32; CHANNELS] {
 
 /// Runs the link for `handle.peer` until `shutdown` turns true.
 pub(crate) async fn run(node: Arc<NodeState>, handle: Arc<LinkHandle>, mut shutdown: watch::Receiver<bool>) {
-    let Some(mut incoming_rx) = handle.incoming_rx.lock().ok().and_then(|mut rx| rx.take()) else {
+    let taken = handle.incoming_rx.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take();
+    let Some(mut incoming_rx) = taken else {
         warn!(peer = %handle.peer.name, "Link task started twice.");
         return;
     };
