@@ -274,9 +274,10 @@ async fn run_with(
         while hangup.recv().await.is_some() {
             match state.reload() {
                 Ok(text) => info!(changes = text.trim_end(), "Configuration reloaded (SIGHUP)."),
-                Err(reason) => {
-                    tracing::error!(reason, "Configuration reload (SIGHUP) refused; the running one stays.")
-                }
+                Err(refusal) => tracing::error!(
+                    reason = refusal.reason,
+                    "Configuration reload (SIGHUP) refused; the running one stays."
+                ),
             }
         }
         std::future::pending::<()>().await;

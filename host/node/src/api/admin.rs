@@ -16,7 +16,7 @@ use crate::node::NodeState;
 pub(super) fn reload(node: &NodeState) -> Response {
     match node.reload() {
         Ok(text) => Response::Status(text),
-        Err(message) => Response::Error { code: ErrorCode::Invalid, accepted: 0, message },
+        Err(refusal) => Response::Error { code: refusal.code.into(), accepted: 0, message: refusal.reason },
     }
 }
 

@@ -2,6 +2,7 @@
 //! as needing a restart.
 
 use super::NodeState;
+use crate::flow::{Refusal, RefusalCode};
 
 /// Where a node's configuration came from: a file (or none) and command-line overrides.
 #[derive(Debug, Clone)]
@@ -21,7 +22,11 @@ impl NodeState {
     /// The node was not started from a configuration source, the new configuration is
     /// invalid (every problem, with its path), names another node, or routes through a
     /// node that is not a peer of the running node. The running configuration stays.
-    pub fn reload(&self) -> Result<String, String> {
+    pub fn reload(&self) -> Result<String, Refusal> {
+        self.reload_text().map_err(|reason| Refusal::new(RefusalCode::Invalid, reason))
+    }
+
+    fn reload_text(&self) -> Result<String, String> {
         let source = self.reload_source.get().ok_or_else(|| {
             "this node was not started by `linkbus node run`; it has no configuration to read again"
                 .to_owned()
