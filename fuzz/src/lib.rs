@@ -199,6 +199,7 @@ fn link_seeds() -> Vec<(String, Vec<u8>)> {
     let mut wire = Vec::new();
     for n in 0..3u64 {
         let message = linkbus_proto::wire::message_bytes(&linkbus_plugin_api::Message {
+            encoding: Default::default(),
             id: linkbus_plugin_api::MessageId {
                 source: NodeName::new("A").expect("valid"),
                 sequence: n,

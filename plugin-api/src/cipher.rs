@@ -1,26 +1,48 @@
-//! The `Cipher` extension point: end-to-end payload encryption with per-queue keys.
+//! The `Cipher` extension point: end-to-end payload encryption. The origin seals a payload
+//! under a key its configuration names for the recipients; only a recipient's node opens it.
 //!
-//! The message header is authenticated as associated data but stays readable, so relays
-//! route without decrypting.
+//! What a relay needs to route stays readable, but the host binds the message's stable
+//! fields as associated data (`linkbus_proto::wire::associated_data`), so a relay can neither
+//! read the payload nor change those fields undetected. The cipher binds each recipient's
+//! address itself: [`Cipher::open`] is asked for one recipient, and must fail for an address
+//! the message was not sealed for.
 
 use crate::compressor::CodecError;
+use crate::name::Address;
 
-/// Seals and opens payloads. Synchronous and free of I/O; keys come from the plugin's own
-/// configuration section.
+/// Seals and opens payloads. Synchronous, free of I/O, and shared between tasks; keys come
+/// from the plugin's own configuration section.
 pub trait Cipher: Send + Sync {
-    /// The id written next to sealed payloads.
+    /// The id written in the message's encoding.
     fn id(&self) -> u8;
 
-    /// Appends the sealed form of `plaintext` to `output`, binding `associated_data`.
+    /// Seals `plaintext`, a payload for `recipients`, into `output` (empty when called),
+    /// binding `associated_data`, and returns the step's `param`; `Ok(None)` leaves the
+    /// payload as it is (no rule names a key for any of these recipients).
     ///
     /// # Errors
-    /// [`CodecError`] when sealing fails.
-    fn seal(&self, plaintext: &[u8], associated_data: &[u8], output: &mut Vec<u8>) -> Result<(), CodecError>;
+    /// [`CodecError::Refused`] when some recipients have a key and others none.
+    fn seal(
+        &self,
+        recipients: &[Address],
+        plaintext: &[u8],
+        associated_data: &[u8],
+        output: &mut Vec<u8>,
+    ) -> Result<Option<Vec<u8>>, CodecError>;
 
-    /// Appends the plaintext of `sealed` to `output` after checking it and
-    /// `associated_data`.
+    /// Opens `sealed`, sealed with step record `param`, for `recipient` into `output` (empty
+    /// when called), after checking it, `associated_data` and that it was sealed for
+    /// `recipient`.
     ///
     /// # Errors
-    /// [`CodecError::Corrupt`] when authentication fails.
-    fn open(&self, sealed: &[u8], associated_data: &[u8], output: &mut Vec<u8>) -> Result<(), CodecError>;
+    /// [`CodecError::Corrupt`] when authentication fails, [`CodecError::Missing`] when the
+    /// key it was sealed under is not here.
+    fn open(
+        &self,
+        recipient: &Address,
+        param: &[u8],
+        sealed: &[u8],
+        associated_data: &[u8],
+        output: &mut Vec<u8>,
+    ) -> Result<(), CodecError>;
 }

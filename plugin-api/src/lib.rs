@@ -37,11 +37,12 @@ pub use config::{ConfigErrors, ConfigIssue, ConfigValue, Diagnostics, Section};
 pub use filter::{Filter, FilterError, Hook, Verdict};
 pub use handler::{HandlerError, MessageHandler};
 pub use message::{
-    Content, Group, Kind, Lifetime, Message, MessageError, MessageId, Priority, Recipients, Reliability,
+    Content, Encoding, Group, Kind, Lifetime, Message, MessageError, MessageId, Priority, Recipients,
+    Reliability, Step,
 };
 pub use name::{Address, NameError, NodeName, QueueName};
 pub use registry::{BuildContext, Factory, PluginEntry, PluginError};
-pub use router::{Explanation, Pattern, RouteError, Router, Topology};
+pub use router::{AddressPattern, Explanation, Pattern, RouteError, Router, Topology};
 /// The small-vector crate [`Recipients`] is made of, for its `smallvec!` macro.
 pub use smallvec;
 pub use store::{Batch, Store, StoreError, WriteOp};

@@ -13,6 +13,11 @@ use crate::name::{Address, NodeName};
 
 /// Longest user-chosen message name, in bytes.
 pub const MESSAGE_NAME_BYTES_MAX: usize = 48 * 1024;
+/// Most codecs applied to one payload (see [`Encoding`]).
+pub const ENCODING_STEPS_MAX: usize = 8;
+/// Longest record one codec keeps next to the payload it encoded (a dictionary id, a key id
+/// and nonce, the payload key wrapped for each recipient), in bytes.
+pub const STEP_PARAM_BYTES_MAX: usize = 16 * 1024;
 /// Most recipients of one message (the fan-out limit of a single put).
 pub const RECIPIENTS_MAX: usize = 64;
 /// Most user headers on one message.
@@ -327,8 +332,46 @@ pub struct Message {
     /// or went away before acknowledging).
     pub backout_count: u16,
     /// What the sender wrote; `content.lifetime` is always set on an accepted message.
+    /// Its payload is encoded as [`Message::encoding`] says.
     pub content: Box<Content>,
+    /// The codecs applied to the payload on its way (empty: the payload as written).
+    pub encoding: Encoding,
 }
+
+impl Message {
+    /// The message `id` with `content`, fresh from its origin: no relay crossed, never
+    /// delivered, its payload as written.
+    pub fn new(id: MessageId, content: Content) -> Self {
+        Self {
+            id,
+            hop_count: 0,
+            redelivered: false,
+            backout_count: 0,
+            content: Box::new(content),
+            encoding: Encoding::new(),
+        }
+    }
+
+    /// Whether its payload is encoded (compressed, sealed) rather than as the sender wrote it.
+    pub fn is_encoded(&self) -> bool {
+        !self.encoding.is_empty()
+    }
+}
+
+/// One codec applied to a payload on its way: which codec (its registered id), and what it
+/// needs to undo it, in its own layout (a dictionary id; a key id, a nonce and wrapped keys).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Step {
+    /// The codec's id ([`crate::Compressor::id`], [`crate::Cipher::id`]).
+    pub codec: u8,
+    /// The codec's record, at most [`STEP_PARAM_BYTES_MAX`] bytes.
+    pub param: Bytes,
+}
+
+/// The codecs applied to a message's payload at its origin, in the order they were applied
+/// (compression before encryption); the destination undoes them in reverse. Empty for a
+/// payload as the sender wrote it.
+pub type Encoding = smallvec::SmallVec<[Step; 2]>;
 
 /// Why a message was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

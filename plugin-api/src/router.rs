@@ -8,7 +8,7 @@
 
 use std::fmt;
 
-use crate::name::{NODE_NAME_CHARS_MAX, NodeName};
+use crate::name::{Address, NODE_NAME_CHARS_MAX, NodeName};
 
 /// What a router may look at: this node and its direct neighbours.
 #[derive(Debug, Clone, Copy)]
@@ -183,6 +183,63 @@ impl fmt::Display for Pattern {
     }
 }
 
+/// A pattern of recipient addresses, `NODE[:QUEUE]`: each part matches as a [`Pattern`]
+/// does (`?` any one character, a final `*` any rest), and a missing queue part matches every
+/// queue (`B` is `B:*`). Codecs choose by it what they apply to which destinations
+/// (`B:orders*`).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct AddressPattern {
+    node: Pattern,
+    queue: String,
+}
+
+impl AddressPattern {
+    /// Checks `text` and wraps it.
+    ///
+    /// # Errors
+    /// What is wrong with it, in words.
+    pub fn new(text: &str) -> Result<Self, String> {
+        let (node, queue) = text.split_once(':').unwrap_or((text, "*"));
+        let node = Pattern::new(node).map_err(|e| format!("address pattern '{text}': {e}"))?;
+        if queue.is_empty() {
+            return Err(format!("address pattern '{text}': the queue part after ':' is empty"));
+        }
+        let body = queue.strip_suffix('*').unwrap_or(queue);
+        if body.contains('*') {
+            return Err(format!("address pattern '{text}': '*' may only end the queue part"));
+        }
+        if let Some(ch) =
+            body.chars().find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-' | '?')))
+        {
+            return Err(format!(
+                "address pattern '{text}' contains '{ch}'; a queue part allows letters, digits, '.', '_', '-', \
+                 '?' and a final '*'"
+            ));
+        }
+        Ok(Self { node, queue: queue.to_owned() })
+    }
+
+    /// Whether `address` matches.
+    pub fn matches(&self, address: &Address) -> bool {
+        if !self.node.matches(&address.node) {
+            return false;
+        }
+        let (body, open) = match self.queue.strip_suffix('*') {
+            Some(body) => (body, true),
+            None => (self.queue.as_str(), false),
+        };
+        let queue = address.queue.as_str();
+        let fits = if open { queue.len() >= body.len() } else { queue.len() == body.len() };
+        fits && body.bytes().zip(queue.bytes()).all(|(p, q)| p == b'?' || p == q)
+    }
+}
+
+impl fmt::Display for AddressPattern {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}", self.node, self.queue)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -214,6 +271,20 @@ mod tests {
         assert_eq!(p("C*").common_example(&p("?12")), Some(name("C12")));
         assert_eq!(p("C*").common_example(&p("D*")), None);
         assert_eq!(p("C1").common_example(&p("C?2")), None);
+    }
+
+    #[test]
+    fn address_patterns_match_node_and_queue() {
+        let p = |s: &str| AddressPattern::new(s).unwrap();
+        let a = |s: &str| s.parse::<Address>().unwrap();
+        assert!(p("B:orders*").matches(&a("B:orders")) && p("B:orders*").matches(&a("B:orders.eu")));
+        assert!(!p("B:orders*").matches(&a("B:audit")) && !p("B:orders*").matches(&a("C:orders")));
+        assert!(p("B").matches(&a("B:anything")) && p("*").matches(&a("Z:q")) && p("?:q?").matches(&a("C:q1")));
+        assert_eq!(p("B").to_string(), "B:*");
+        for (text, says) in [("B:", "empty"), ("B:q*x", "may only end"), ("B:q/x", "contains '/'"), ("1:q", "letter")] {
+            let error = AddressPattern::new(text).unwrap_err();
+            assert!(error.contains(says), "{text}: {error}");
+        }
     }
 
     #[test]

@@ -3,6 +3,9 @@
 
 use std::ops::Bound;
 
+use crate::cipher::Cipher;
+use crate::compressor::{CodecError, Compressor};
+use crate::name::Address;
 use crate::store::{Batch, Store};
 
 /// Checks the [`Store`] contract on a fresh, empty store: puts, deletes, key order, range and
@@ -178,5 +181,144 @@ pub fn check_store_fails_closed_on_a_small_tmpfs(
     let _ = Command::new("umount").arg(dir).status();
     if let Err(panic) = result {
         std::panic::resume_unwind(panic);
+    }
+}
+
+/// Payload sizes the codec kits try: empty, tiny, around small-message sizes, and large.
+const CODEC_SIZES: [usize; 9] = [0, 1, 17, 200, 800, 4096, 65_536, 300_000, 1 << 20];
+
+/// Deterministic pseudo-random bytes (xorshift), so a failure repeats.
+fn noise(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x.to_le_bytes()[0]
+        })
+        .collect()
+}
+
+/// Inputs of `len` bytes: zeros, text that repeats with variation (like JSON), and noise.
+fn codec_inputs(len: usize) -> [Vec<u8>; 3] {
+    let text: Vec<u8> = (0..)
+        .flat_map(|i: u32| format!("{{\"order\":{i},\"sku\":\"A-{}\",\"qty\":{}}},", i % 97, i % 13).into_bytes())
+        .take(len)
+        .collect();
+    [vec![0; len], text, noise(len as u64, len)]
+}
+
+/// Checks the [`Compressor`] contract for a compressor configured to compress messages to
+/// `to`: round trips of zeros, text and noise of many sizes, output caps that hold without
+/// allocating past them (a bomb stays small), corrupt and truncated input refused without a
+/// panic, and a record it did not write refused.
+///
+/// # Panics
+/// On the first violation, naming it.
+pub fn check_compressor(compressor: &dyn Compressor, to: &[Address]) {
+    let mut compressed_any = false;
+    for len in CODEC_SIZES {
+        for (n, input) in codec_inputs(len).iter().enumerate() {
+            let mut packed = Vec::new();
+            let Some(param) = compressor.compress(to, input, &mut packed).expect("compress") else {
+                continue;
+            };
+            compressed_any = true;
+            assert!(packed.len() < input.len(), "a compressed payload must be smaller ({len} bytes, input {n})");
+            let mut out = Vec::new();
+            compressor.decompress(&param, &packed, &mut out, len).expect("decompress at the exact size");
+            assert!(out == *input, "round trip of {len} bytes (input {n}) changed them");
+            if len > 0 {
+                let mut capped = Vec::new();
+                let error = compressor.decompress(&param, &packed, &mut capped, len - 1);
+                assert_eq!(
+                    error,
+                    Err(CodecError::OutputTooLarge { limit: len - 1 }),
+                    "a cap one byte short must refuse {len} bytes"
+                );
+                assert!(
+                    capped.capacity() <= (2 * len).max(128 * 1024),
+                    "a refused output must not grow far past its cap ({} for {len})",
+                    capped.capacity()
+                );
+            }
+            if packed.len() > 8 {
+                let mut out = Vec::new();
+                let truncated = compressor.decompress(&param, &packed[..packed.len() / 2], &mut out, len);
+                assert!(truncated.is_err(), "a truncated payload must be refused ({len} bytes, input {n})");
+                for at in [0, packed.len() / 3, packed.len() - 1] {
+                    let mut flipped = packed.clone();
+                    flipped[at] ^= 0x5a;
+                    let mut out = Vec::new();
+                    // A flipped byte must be refused or decode within the cap; never panic.
+                    if compressor.decompress(&param, &flipped, &mut out, len).is_ok() {
+                        assert!(out.len() <= len, "a corrupt payload decoded past its cap");
+                    }
+                }
+            }
+        }
+    }
+    assert!(compressed_any, "the compressor compressed nothing for {to:?}");
+    let zeros = vec![0u8; 8 << 20];
+    let mut bomb = Vec::new();
+    let param = compressor.compress(to, &zeros, &mut bomb).expect("compress").expect("8 MiB of zeros shrink");
+    let mut out = Vec::new();
+    let error = compressor.decompress(&param, &bomb, &mut out, 4096);
+    assert_eq!(error, Err(CodecError::OutputTooLarge { limit: 4096 }), "a bomb must stop at its cap");
+    assert!(out.capacity() <= 128 * 1024, "a bomb must not make a large allocation ({})", out.capacity());
+    let mut out = Vec::new();
+    assert!(
+        compressor.decompress(&noise(7, 40), &bomb, &mut out, 1 << 20).is_err(),
+        "a record it did not write must be refused"
+    );
+}
+
+/// Checks the [`Cipher`] contract for a cipher configured with keys for every address in
+/// `to` (at least one; give two with different keys to check wrapped keys): round trips for
+/// each recipient, fresh nonces, and refusal of a changed payload, record or associated data,
+/// of a truncated payload, and of a recipient it was not sealed for (`stranger`).
+///
+/// # Panics
+/// On the first violation, naming it.
+pub fn check_cipher(cipher: &dyn Cipher, to: &[Address], stranger: &Address) {
+    let ad = b"message id, kind, name: what the host binds";
+    for len in CODEC_SIZES {
+        let plaintext = noise(len as u64 + 3, len);
+        let mut sealed = Vec::new();
+        let param = cipher.seal(to, &plaintext, ad, &mut sealed).expect("seal").expect("keys for `to`");
+        assert!(len < 32 || !sealed.windows(32).any(|w| plaintext.windows(32).next() == Some(w)), "plaintext shows");
+        let mut again = Vec::new();
+        let param_again = cipher.seal(to, &plaintext, ad, &mut again).expect("seal").expect("keys");
+        assert!(again != sealed || param_again != param, "two seals of one payload must differ (nonce)");
+        for recipient in to {
+            let mut out = Vec::new();
+            cipher.open(recipient, &param, &sealed, ad, &mut out).expect("open for a recipient");
+            assert!(out == plaintext, "round trip of {len} bytes for {recipient} changed them");
+            let refused = |what: &str, param: &[u8], sealed: &[u8], ad: &[u8]| {
+                let mut out = Vec::new();
+                assert!(cipher.open(recipient, param, sealed, ad, &mut out).is_err(), "{what} must be refused");
+            };
+            refused("other associated data", &param, &sealed, b"message id, kind, name: what the host bound");
+            refused("a truncated payload", &param, &sealed[..sealed.len() / 2], ad);
+            refused("an empty payload", &param, &[], ad);
+            for at in [0, sealed.len() / 2, sealed.len().saturating_sub(1)] {
+                let mut flipped = sealed.clone();
+                if let Some(byte) = flipped.get_mut(at) {
+                    *byte ^= 1;
+                    refused("a flipped payload byte", &param, &flipped, ad);
+                }
+            }
+            for at in [0, param.len() / 2, param.len().saturating_sub(1)] {
+                let mut flipped = param.clone();
+                if let Some(byte) = flipped.get_mut(at) {
+                    *byte ^= 1;
+                    refused("a flipped record byte", &flipped, &sealed, ad);
+                }
+            }
+            refused("a truncated record", &param[..param.len() / 2], &sealed, ad);
+        }
+        let mut out = Vec::new();
+        assert!(cipher.open(stranger, &param, &sealed, ad, &mut out).is_err(), "a stranger must not open it");
     }
 }

@@ -36,6 +36,7 @@ fn main() {
 /// Message `n` of a batch, at `priority`, sharing `payload` with the others.
 fn message(n: usize, payload: &Bytes, priority: Priority, reliability: Reliability) -> Message {
     Message {
+        encoding: Default::default(),
         id: MessageId {
             source: NodeName::new("A").expect("valid name"),
             sequence: n as u64 + 1,

@@ -33,6 +33,7 @@ fn main() {
 /// A message as a client's put becomes one: one recipient, defaults elsewhere.
 fn message(payload_bytes: usize) -> Message {
     Message {
+        encoding: Default::default(),
         id: MessageId {
             source: NodeName::new("A").expect("valid name"),
             sequence: 1,

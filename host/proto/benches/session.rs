@@ -65,6 +65,7 @@ fn config(local: &str, peer: &str, incarnation: u64) -> SessionConfig {
 /// An encoded message with a payload of `payload_bytes`.
 fn message(payload_bytes: usize) -> Bytes {
     message_bytes(&Message {
+        encoding: Default::default(),
         id: MessageId { source: NodeName::new("A").expect("valid name"), sequence: 1, created_unix_ms: 0 },
         hop_count: 0,
         redelivered: false,

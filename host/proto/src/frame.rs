@@ -29,8 +29,9 @@ use crate::wire::DETACH_BYTES_MAX;
 /// (5: a message for several nodes travels in one copy per next hop naming only the
 /// recipients routed there, and nodes relay the recipients that are not theirs. 6: the
 /// `Hello` carries the sender's window and retransmit timeout, which bound how long the
-/// receiver lets an acknowledgement wait.)
-pub const PROTOCOL_VERSION: u16 = 6;
+/// receiver lets an acknowledgement wait. 7: a message may carry an encoding after its
+/// payload, the codecs its origin applied; a node of version 6 could not read it.)
+pub const PROTOCOL_VERSION: u16 = 7;
 /// First bytes of every `Hello`, so a stray client of another protocol is recognised at once.
 pub const HELLO_MAGIC: [u8; 4] = *b"LNKB";
 /// Bytes of the length prefix.

@@ -7,18 +7,20 @@
 //! reliability u8 (0 volatile, 1 persistent, 2 as the queue's default), lifetime ms u64 (`0` = not set), content flags u8 (bit 0: results wanted), name (u32 len), recipients (u8 count, each
 //! node and queue u8-len), headers (u8 count, key u16-len, value u16-len), group (present
 //! flag u8, id u16-len, index u32, last u8), correlation id (present flag u8, u16-len),
-//! payload (u32 len). Nothing may follow the payload.
+//! payload (u32 len). A message whose flags have bit 1 set (its payload is encoded) ends
+//! with its encoding: a step count u8 (1 to `ENCODING_STEPS_MAX`), each step a codec id u8
+//! and a record u16-len. Nothing else may follow the payload.
 
 use std::cell::RefCell;
 
 use bytes::{BufMut, Bytes, BytesMut};
 use linkbus_plugin_api::message::{
-    CORRELATION_ID_BYTES_MAX, GROUP_ID_BYTES_MAX, HEADER_KEY_BYTES_MAX, HEADER_VALUE_BYTES_MAX, HEADERS_MAX,
-    MESSAGE_NAME_BYTES_MAX, RECIPIENTS_MAX,
+    CORRELATION_ID_BYTES_MAX, ENCODING_STEPS_MAX, GROUP_ID_BYTES_MAX, HEADER_KEY_BYTES_MAX,
+    HEADER_VALUE_BYTES_MAX, HEADERS_MAX, MESSAGE_NAME_BYTES_MAX, RECIPIENTS_MAX, STEP_PARAM_BYTES_MAX,
 };
 use linkbus_plugin_api::{
-    Address, Content, Group, Kind, Lifetime, Message, MessageId, NodeName, Priority, QueueName, Recipients,
-    Reliability,
+    Address, Content, Encoding, Group, Kind, Lifetime, Message, MessageId, NodeName, Priority, QueueName,
+    Recipients, Reliability, Step,
 };
 
 use crate::reader::{ReadError, Reader};
@@ -29,6 +31,7 @@ pub use buffers::{Chunks, Encoded, Heads};
 /// Version of the message layout.
 pub const MESSAGE_FORMAT: u8 = 3;
 const FLAG_REDELIVERED: u8 = 1;
+const FLAG_ENCODED: u8 = 2;
 const CONTENT_FLAG_RESULTS: u8 = 1;
 
 fn len_u8(n: usize) -> u8 {
@@ -149,9 +152,15 @@ pub fn message_encoded_len(source_name_len: usize, content: &Content) -> usize {
     1 + 1 + source_name_len + 8 + 8 + 1 + 1 + 2 + content_encoded_len(content)
 }
 
+/// Bytes an encoding takes after the payload (none when it is empty).
+pub fn encoding_encoded_len(encoding: &Encoding) -> usize {
+    if encoding.is_empty() { 0 } else { 1 + encoding.iter().map(|s| 3 + s.param.len()).sum::<usize>() }
+}
+
 /// Bytes [`encode_message`] writes for `message`.
 pub fn encoded_len(message: &Message) -> usize {
     message_encoded_len(message.id.source.as_str().len(), &message.content)
+        + encoding_encoded_len(&message.encoding)
 }
 
 /// Bytes [`encode_message`] writes for `message` without its recipients: what a copy of it
@@ -167,6 +176,7 @@ pub fn encoded_len_without_recipients(message: &Message) -> usize {
 pub fn encode_message(message: &Message, out: &mut BytesMut) {
     encode_message_head(message, out);
     encode_content(&message.content, out);
+    encode_encoding(&message.encoding, out);
 }
 
 /// Appends `message` into `out`, its payload shared rather than copied when large.
@@ -176,6 +186,20 @@ pub fn encode_message(message: &Message, out: &mut BytesMut) {
 pub fn encode_message_chunks(message: &Message, out: &mut Chunks) {
     encode_message_head(message, out.buf());
     encode_content_chunks(&message.content, out);
+    encode_encoding(&message.encoding, out.buf());
+}
+
+/// The encoding after the payload (nothing when it is empty).
+fn encode_encoding(encoding: &Encoding, out: &mut BytesMut) {
+    if encoding.is_empty() {
+        return;
+    }
+    out.put_u8(len_u8(encoding.len()));
+    for step in encoding {
+        out.put_u8(step.codec);
+        out.put_u16(len_u16(step.param.len()));
+        out.put_slice(&step.param);
+    }
 }
 
 /// Everything of [`encode_message`] before its content.
@@ -185,7 +209,8 @@ fn encode_message_head(message: &Message, out: &mut BytesMut) {
     out.put_u64(message.id.sequence);
     out.put_u64(message.id.created_unix_ms);
     out.put_u8(message.hop_count);
-    out.put_u8(if message.redelivered { FLAG_REDELIVERED } else { 0 });
+    let encoded = if message.encoding.is_empty() { 0 } else { FLAG_ENCODED };
+    out.put_u8(if message.redelivered { FLAG_REDELIVERED } else { 0 } | encoded);
     out.put_u16(message.backout_count);
 }
 
@@ -238,7 +263,7 @@ fn reliability_code(message: &[u8]) -> Option<u8> {
 /// The wire form of `message` as one buffer.
 pub fn message_bytes(message: &Message) -> Bytes {
     let mut out =
-        BytesMut::with_capacity(message_encoded_len(message.id.source.as_str().len(), &message.content));
+        BytesMut::with_capacity(encoded_len(message));
     encode_message(message, &mut out);
     out.freeze()
 }
@@ -433,10 +458,82 @@ pub fn decode_message(bytes: Bytes) -> Result<Message, ReadError> {
     let id = MessageId { source, sequence: r.u64()?, created_unix_ms: r.u64()? };
     let hop_count = r.u8()?;
     let flags = r.u8()?;
+    if flags & !(FLAG_REDELIVERED | FLAG_ENCODED) != 0 {
+        return Err(invalid("message flags", flags));
+    }
     let backout_count = r.u16()?;
     let content = Box::new(read_content(&mut r)?);
+    let encoding = if flags & FLAG_ENCODED != 0 { read_encoding(&mut r)? } else { Encoding::new() };
     r.finish()?;
-    Ok(Message { id, hop_count, redelivered: flags & FLAG_REDELIVERED != 0, backout_count, content })
+    Ok(Message { id, hop_count, redelivered: flags & FLAG_REDELIVERED != 0, backout_count, content, encoding })
+}
+
+/// Reads a message's encoding (after its payload).
+fn read_encoding(r: &mut Reader) -> Result<Encoding, ReadError> {
+    let count = bounded("encoding steps", r.u8()? as usize, ENCODING_STEPS_MAX)?;
+    if count == 0 {
+        return Err(invalid("encoding steps", "none, though the message says it is encoded"));
+    }
+    (0..count)
+        .map(|_| {
+            let codec = r.u8()?;
+            let len = bounded("encoding step record", r.u16()? as usize, STEP_PARAM_BYTES_MAX)?;
+            Ok(Step { codec, param: r.bytes(len)? })
+        })
+        .collect()
+}
+
+/// Appends what a payload cipher binds of `message` as associated data, for the steps
+/// `before` the cipher's (which it binds too) and the cipher's own id `codec`: what no node
+/// changes on the way.
+///
+/// Bound: the message id (source, sequence, creation time), kind, priority, whether results
+/// are wanted, the name, the user's headers (those whose key does not start with `linkbus.`:
+/// nodes add those, a dead-letter reason for one), the group, the correlation id, and the
+/// codec steps. Not bound, as they change on the way: recipients (a relay splits a message per
+/// next hop; the cipher binds each recipient's address itself), reliability (resolved by the
+/// accepting node), the remaining lifetime and the hop count (every hop changes them), and a
+/// consumer's redelivery marks.
+pub fn associated_data(message: &Message, before: &[Step], codec: u8, out: &mut Vec<u8>) {
+    let content = &message.content;
+    let put_bytes = |out: &mut Vec<u8>, bytes: &[u8]| {
+        out.extend_from_slice(&(bytes.len() as u64).to_be_bytes());
+        out.extend_from_slice(bytes);
+    };
+    out.extend_from_slice(b"linkbus-ad-1");
+    put_bytes(out, message.id.source.as_str().as_bytes());
+    out.extend_from_slice(&message.id.sequence.to_be_bytes());
+    out.extend_from_slice(&message.id.created_unix_ms.to_be_bytes());
+    out.extend_from_slice(&[content.kind.code(), content.priority.code(), u8::from(content.results)]);
+    put_bytes(out, content.name.as_bytes());
+    let user = |(key, _): &&(String, String)| !key.starts_with("linkbus.");
+    out.extend_from_slice(&(content.headers.iter().filter(user).count() as u64).to_be_bytes());
+    for (key, value) in content.headers.iter().filter(user) {
+        put_bytes(out, key.as_bytes());
+        put_bytes(out, value.as_bytes());
+    }
+    match &content.group {
+        None => out.push(0),
+        Some(group) => {
+            out.push(1);
+            put_bytes(out, group.id.as_bytes());
+            out.extend_from_slice(&group.index.to_be_bytes());
+            out.push(u8::from(group.last));
+        }
+    }
+    match &content.correlation_id {
+        None => out.push(0),
+        Some(id) => {
+            out.push(1);
+            put_bytes(out, id);
+        }
+    }
+    out.push(len_u8(before.len()));
+    for step in before {
+        out.push(step.codec);
+        put_bytes(out, &step.param);
+    }
+    out.push(codec);
 }
 
 #[cfg(test)]
@@ -535,6 +632,7 @@ mod tests {
             redelivered: true,
             backout_count: 3,
             content: Box::new(content),
+            encoding: Encoding::new(),
         }
     }
 
@@ -544,6 +642,68 @@ mod tests {
         let bytes = message_bytes(&m);
         assert_eq!(bytes.len(), message_encoded_len(1, &m.content), "the length formula matches");
         assert_eq!(decode_message(bytes).unwrap(), m);
+    }
+
+    #[test]
+    fn an_encoding_travels_after_the_payload_and_every_form_agrees() {
+        let mut m = sample();
+        m.content.payload = Bytes::from(vec![9u8; Chunks::LINK_SHARE_BYTES_MIN * 2]);
+        m.encoding.push(Step { codec: 1, param: Bytes::from_static(b"dict") });
+        m.encoding.push(Step { codec: 2, param: Bytes::from(vec![5u8; 300]) });
+        let bytes = message_bytes(&m);
+        assert_eq!(bytes.len(), encoded_len(&m), "the length formula counts the encoding");
+        assert_eq!(decode_message(bytes.clone()).unwrap(), m);
+        assert_eq!(Encoded::of(&m).to_bytes(), bytes, "a link's copy holds the same bytes");
+        let mut chunks = Chunks::default();
+        encode_message_chunks(&m, &mut chunks);
+        let mut parts = Vec::new();
+        chunks.take(&mut parts);
+        assert_eq!(join(&parts), bytes, "a vectored write holds the same bytes");
+        let patched = decode_message(with_lifetime(&bytes, 77).unwrap()).unwrap();
+        assert_eq!((patched.content.lifetime, &patched.encoding), (Some(Lifetime::from_ms(77)), &m.encoding));
+        // A flag without steps, an unknown flag, and a step record over its limit are refused.
+        let mut bad = BytesMut::from(&message_bytes(&sample())[..]);
+        bad[1 + 1 + 1 + 8 + 8 + 1] |= FLAG_ENCODED;
+        assert!(decode_message(bad.clone().freeze()).is_err(), "flag set, nothing follows");
+        bad.put_u8(0);
+        assert!(decode_message(bad.freeze()).unwrap_err().to_string().contains("encoding steps"));
+        let mut unknown = BytesMut::from(&message_bytes(&sample())[..]);
+        unknown[1 + 1 + 1 + 8 + 8 + 1] |= 0x80;
+        assert!(decode_message(unknown.freeze()).unwrap_err().to_string().contains("message flags"));
+    }
+
+    #[test]
+    fn associated_data_binds_what_stays_and_leaves_what_changes_on_the_way() {
+        let ad = |m: &Message| {
+            let mut out = Vec::new();
+            associated_data(m, &[], 2, &mut out);
+            out
+        };
+        let m = sample();
+        let mut moved = m.clone();
+        moved.hop_count += 1;
+        moved.content.lifetime = Some(Lifetime::from_ms(5));
+        moved.content.recipients = Recipients::from_iter(["C:other".parse().unwrap()]);
+        moved.content.reliability = Reliability::Volatile;
+        moved.redelivered = !moved.redelivered;
+        moved.content.headers.push(("linkbus.dead_letter_code".into(), "x".into()));
+        assert_eq!(ad(&moved), ad(&m), "what nodes change on the way is not bound");
+        let changed: [fn(&mut Message); 6] = [
+            |m| m.id.sequence += 1,
+            |m| m.content.name.push('x'),
+            |m| m.content.headers[0].1.push('x'),
+            |m| m.content.priority = Priority::DEFAULT,
+            |m| m.content.correlation_id = None,
+            |m| m.content.group = None,
+        ];
+        for change in changed {
+            let mut other = m.clone();
+            change(&mut other);
+            assert_ne!(ad(&other), ad(&m), "a bound field changed");
+        }
+        let mut before = Vec::new();
+        associated_data(&m, &[Step { codec: 1, param: Bytes::from_static(b"d") }], 2, &mut before);
+        assert_ne!(before, ad(&m), "the steps before the cipher's are bound");
     }
 
     #[test]

@@ -26,6 +26,7 @@ fn large_payloads_are_shared_into_the_chunks_and_the_bytes_are_the_same() {
     ];
     round_trip_request(Request::Put { contents: contents.clone(), timeout_ms: 1, no_wait: false });
     let message = |content: Content| Message {
+        encoding: Default::default(),
         id: linkbus_plugin_api::MessageId {
             source: NodeName::new("A").unwrap(),
             sequence: 4,
@@ -89,6 +90,7 @@ fn requests_round_trip() {
 #[test]
 fn responses_round_trip() {
     let message = Message {
+        encoding: Default::default(),
         id: linkbus_plugin_api::MessageId {
             source: NodeName::new("A").unwrap(),
             sequence: 4,

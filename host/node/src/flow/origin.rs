@@ -301,7 +301,7 @@ pub(crate) fn stamp(node: &NodeState, mut content: Content, created_unix_ms: u64
         });
     }
     let id = MessageId { source: node.name().clone(), sequence: node.next_sequence(), created_unix_ms };
-    Message { id, hop_count: 0, redelivered: false, backout_count: 0, content: Box::new(content) }
+    Message::new(id, content)
 }
 
 /// Admits a run of messages that go the same way (one placement): all at once when every

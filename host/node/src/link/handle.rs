@@ -378,6 +378,7 @@ mod tests {
 
     fn message(bytes: usize) -> Message {
         Message {
+            encoding: Default::default(),
             id: MessageId { source: NodeName::new("A").unwrap(), sequence: 1, created_unix_ms: 0 },
             hop_count: 0,
             redelivered: false,
@@ -414,6 +415,7 @@ mod tests {
         assert!(!ahead(&link, &m, 100 * 1000, RECENTLY), "not that deep");
         assert!(!ahead(&link, &m, deep, Duration::ZERO), "it took nothing lately");
         let urgent = Message {
+            encoding: Default::default(),
             content: Box::new(
                 m.content.clone().with_priority(linkbus_plugin_api::Priority::level(9).unwrap()),
             ),
@@ -461,6 +463,7 @@ mod tests {
         link.lock().mark_taken(now);
         let own = message(1000);
         let own = Message {
+            encoding: Default::default(),
             content: Box::new(own.content.with_lifetime(linkbus_plugin_api::Lifetime::from_secs(60))),
             ..own
         };

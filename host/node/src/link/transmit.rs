@@ -329,6 +329,7 @@ mod tests {
 
     fn message(n: u64, priority: Priority) -> Message {
         Message {
+            encoding: Default::default(),
             id: MessageId { source: NodeName::new("A").unwrap(), sequence: n, created_unix_ms: 0 },
             hop_count: 0,
             redelivered: false,

@@ -107,6 +107,7 @@ fn results_are_recorded_from_here_and_from_peers_and_open_ones_time_out() {
     result.name = RESULT_MESSAGE_NAME.into();
     result.headers.push((RESULT_FOR_HEADER.into(), id.to_string()));
     let from_b = |content: Content| Message {
+        encoding: Default::default(),
         id: MessageId { source: NodeName::new("B").unwrap(), sequence: 1, created_unix_ms: 0 },
         hop_count: 0,
         redelivered: false,
@@ -142,6 +143,7 @@ fn arrivals_for_missing_queues_or_other_nodes_are_dead_lettered() {
     let n = node("");
     let now = Instant::now();
     let message = |to: &str| Message {
+        encoding: Default::default(),
         id: MessageId { source: NodeName::new("B").unwrap(), sequence: 1, created_unix_ms: 0 },
         hop_count: 0,
         redelivered: false,

@@ -14,6 +14,7 @@ fn message(n: u64, priority: u8, lifetime_ms: u64) -> Message {
         .with_lifetime(Lifetime::from_ms(lifetime_ms))
         .with_reliability(Reliability::Persistent);
     Message {
+        encoding: Default::default(),
         id: MessageId { source: NodeName::new("A").unwrap(), sequence: n, created_unix_ms: 0 },
         hop_count: 0,
         redelivered: false,

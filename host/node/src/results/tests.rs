@@ -7,6 +7,7 @@ fn message(sequence: u64, to: &[&str], lifetime_ms: u64) -> Message {
     content.recipients = to.iter().map(|a| a.parse().unwrap()).collect();
     content.results = true;
     Message {
+        encoding: Default::default(),
         id: MessageId { source: NodeName::new("A").unwrap(), sequence, created_unix_ms: 1 },
         hop_count: 0,
         redelivered: false,

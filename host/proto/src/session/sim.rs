@@ -160,6 +160,7 @@ fn message(from: &str, n: u64, padding: usize) -> Bytes {
         content.lifetime = Some(linkbus_plugin_api::Lifetime::from_ms(3_600_000));
     }
     message_bytes(&Message {
+        encoding: Default::default(),
         id: MessageId { source: NodeName::new(from).expect("valid"), sequence: n, created_unix_ms: 0 },
         hop_count: 0,
         redelivered: false,

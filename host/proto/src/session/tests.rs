@@ -42,6 +42,7 @@ fn config(local: &str, peer: &str, incarnation: u64) -> SessionConfig {
 
 fn message(n: u64) -> Bytes {
     message_bytes(&Message {
+        encoding: Default::default(),
         id: MessageId { source: NodeName::new("A").unwrap(), sequence: n, created_unix_ms: 0 },
         hop_count: 0,
         redelivered: false,
@@ -638,6 +639,7 @@ fn pair_with_ack_delay(delay: Duration, window: usize) -> Pair {
 
 fn big_message(n: u64, size: usize) -> Bytes {
     message_bytes(&Message {
+        encoding: Default::default(),
         id: MessageId { source: NodeName::new("A").unwrap(), sequence: n, created_unix_ms: 0 },
         hop_count: 0,
         redelivered: false,

@@ -7,7 +7,7 @@ use linkbus_plugin_api::Message;
 #[cfg(doc)]
 use super::encode_message;
 use super::{
-    encode_content_head, encode_message_head, is_persistent, is_volatile, join, message_encoded_len,
+    encode_content_head, encode_encoding, encode_message_head, encoded_len, is_persistent, is_volatile, join,
     with_lifetime,
 };
 
@@ -161,13 +161,15 @@ impl Encoded {
     /// `message` encoded, its head written where `place` puts its length's worth.
     fn placed(message: &Message, place: impl FnOnce(usize, &mut dyn FnMut(&mut BytesMut)) -> Bytes) -> Self {
         let payload = &message.content.payload;
-        let share = payload.len() >= Chunks::LINK_SHARE_BYTES_MIN;
-        let len = message_encoded_len(message.id.source.as_str().len(), &message.content);
+        // (An encoded payload has its encoding after it, in the head's buffer too.)
+        let share = payload.len() >= Chunks::LINK_SHARE_BYTES_MIN && message.encoding.is_empty();
+        let len = encoded_len(message);
         let head = place(if share { len - payload.len() } else { len }, &mut |head| {
             encode_message_head(message, head);
             encode_content_head(&message.content, head);
             if !share {
                 head.put_slice(payload);
+                encode_encoding(&message.encoding, head);
             }
         });
         Self { head, payload: if share { payload.clone() } else { Bytes::new() } }

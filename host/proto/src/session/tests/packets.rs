@@ -128,6 +128,7 @@ fn a_large_message_is_gathered_in_a_buffer_used_again() {
     };
     p.connect();
     let sized = |n: u64| Message {
+        encoding: Default::default(),
         id: MessageId { source: NodeName::new("A").unwrap(), sequence: n, created_unix_ms: 0 },
         hop_count: 0,
         redelivered: false,
@@ -154,6 +155,7 @@ fn a_message_in_two_parts_goes_as_the_same_bytes() {
     let mut p = packet_pair(1024);
     p.connect();
     let sized = |n: u64, size: usize| Message {
+        encoding: Default::default(),
         id: MessageId { source: NodeName::new("A").unwrap(), sequence: n, created_unix_ms: 0 },
         hop_count: 0,
         redelivered: false,
