@@ -13,7 +13,8 @@ use crate::name::Address;
 /// Seals and opens payloads. Synchronous, free of I/O, and shared between tasks; keys come
 /// from the plugin's own configuration section.
 pub trait Cipher: Send + Sync {
-    /// The id written in the message's encoding.
+    /// The id written in the message's encoding: `128..=255` (compressors have `1..=127`, so
+    /// a node knows a step it cannot undo is a cipher's without knowing the cipher).
     fn id(&self) -> u8;
 
     /// Seals `plaintext`, a payload for `recipients`, into `output` (empty when called),

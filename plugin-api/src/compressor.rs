@@ -33,7 +33,8 @@ pub enum CodecError {
 /// Compresses and decompresses payloads. Synchronous, free of I/O, and shared between
 /// tasks.
 pub trait Compressor: Send + Sync {
-    /// The id written in the message's encoding, so the receiver picks the same codec.
+    /// The id written in the message's encoding, so the receiver picks the same codec:
+    /// `1..=127` (ciphers have `128..=255`).
     fn id(&self) -> u8;
 
     /// Compresses `input`, a payload for `recipients`, into `output` (empty when called), and

@@ -279,9 +279,13 @@ mod tests {
         let a = |s: &str| s.parse::<Address>().unwrap();
         assert!(p("B:orders*").matches(&a("B:orders")) && p("B:orders*").matches(&a("B:orders.eu")));
         assert!(!p("B:orders*").matches(&a("B:audit")) && !p("B:orders*").matches(&a("C:orders")));
-        assert!(p("B").matches(&a("B:anything")) && p("*").matches(&a("Z:q")) && p("?:q?").matches(&a("C:q1")));
+        assert!(
+            p("B").matches(&a("B:anything")) && p("*").matches(&a("Z:q")) && p("?:q?").matches(&a("C:q1"))
+        );
         assert_eq!(p("B").to_string(), "B:*");
-        for (text, says) in [("B:", "empty"), ("B:q*x", "may only end"), ("B:q/x", "contains '/'"), ("1:q", "letter")] {
+        for (text, says) in
+            [("B:", "empty"), ("B:q*x", "may only end"), ("B:q/x", "contains '/'"), ("1:q", "letter")]
+        {
             let error = AddressPattern::new(text).unwrap_err();
             assert!(error.contains(says), "{text}: {error}");
         }

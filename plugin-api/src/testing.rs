@@ -203,7 +203,9 @@ fn noise(seed: u64, len: usize) -> Vec<u8> {
 /// Inputs of `len` bytes: zeros, text that repeats with variation (like JSON), and noise.
 fn codec_inputs(len: usize) -> [Vec<u8>; 3] {
     let text: Vec<u8> = (0..)
-        .flat_map(|i: u32| format!("{{\"order\":{i},\"sku\":\"A-{}\",\"qty\":{}}},", i % 97, i % 13).into_bytes())
+        .flat_map(|i: u32| {
+            format!("{{\"order\":{i},\"sku\":\"A-{}\",\"qty\":{}}},", i % 97, i % 13).into_bytes()
+        })
         .take(len)
         .collect();
     [vec![0; len], text, noise(len as u64, len)]
@@ -225,7 +227,10 @@ pub fn check_compressor(compressor: &dyn Compressor, to: &[Address]) {
                 continue;
             };
             compressed_any = true;
-            assert!(packed.len() < input.len(), "a compressed payload must be smaller ({len} bytes, input {n})");
+            assert!(
+                packed.len() < input.len(),
+                "a compressed payload must be smaller ({len} bytes, input {n})"
+            );
             let mut out = Vec::new();
             compressor.decompress(&param, &packed, &mut out, len).expect("decompress at the exact size");
             assert!(out == *input, "round trip of {len} bytes (input {n}) changed them");
@@ -287,7 +292,10 @@ pub fn check_cipher(cipher: &dyn Cipher, to: &[Address], stranger: &Address) {
         let plaintext = noise(len as u64 + 3, len);
         let mut sealed = Vec::new();
         let param = cipher.seal(to, &plaintext, ad, &mut sealed).expect("seal").expect("keys for `to`");
-        assert!(len < 32 || !sealed.windows(32).any(|w| plaintext.windows(32).next() == Some(w)), "plaintext shows");
+        assert!(
+            len < 32 || !sealed.windows(32).any(|w| plaintext.windows(32).next() == Some(w)),
+            "plaintext shows"
+        );
         let mut again = Vec::new();
         let param_again = cipher.seal(to, &plaintext, ad, &mut again).expect("seal").expect("keys");
         assert!(again != sealed || param_again != param, "two seals of one payload must differ (nonce)");
@@ -297,7 +305,10 @@ pub fn check_cipher(cipher: &dyn Cipher, to: &[Address], stranger: &Address) {
             assert!(out == plaintext, "round trip of {len} bytes for {recipient} changed them");
             let refused = |what: &str, param: &[u8], sealed: &[u8], ad: &[u8]| {
                 let mut out = Vec::new();
-                assert!(cipher.open(recipient, param, sealed, ad, &mut out).is_err(), "{what} must be refused");
+                assert!(
+                    cipher.open(recipient, param, sealed, ad, &mut out).is_err(),
+                    "{what} must be refused"
+                );
             };
             refused("other associated data", &param, &sealed, b"message id, kind, name: what the host bound");
             refused("a truncated payload", &param, &sealed[..sealed.len() / 2], ad);

@@ -7,6 +7,7 @@ mod acknowledgement;
 mod bad_input;
 mod bench;
 mod clock_skew;
+mod codecs;
 mod config_rejection;
 mod dead_letters;
 mod delivery_faults;

@@ -164,31 +164,66 @@ pub(crate) async fn run(names: &[String], scale: Scale, print: bool) -> Result<V
     }
     if wanted("w4") && scale.has_size(1024) {
         let messages = scale.messages(200_000);
-        let (plain, [relayed]) = beside_w1(&scratch.0, scale, messages, 1024, [(3, None)]).await?;
+        let (plain, [relayed]) =
+            beside_w1(&scratch.0, scale, messages, 1024, Setup::default(), [(3, Setup::default())]).await?;
         let case = format!("A -> B -> C, volatile, {messages} messages");
         let note = rounds_note(&relayed, &plain);
         show(row("w4", case, 1024, median(&relayed), "w1: A -> B", median(&plain), note), &mut rows);
     }
     if wanted("w5") {
-        let ciphers = [Cipher::AesGcm, Cipher::ChaChaPoly];
         for (size, full) in
             [(1024, 200_000), (65_536, 10_000)].into_iter().filter(|(size, _)| scale.has_size(*size))
         {
-            let messages = scale.messages(full);
-            let cases = ciphers.map(|cipher| (2, Some(cipher)));
-            let (plain, sealed) = beside_w1(&scratch.0, scale, messages, size, cases).await?;
-            for (cipher, sealed) in ciphers.iter().zip(sealed) {
-                let case = format!("A -> B over Noise ({}), volatile, {messages} messages", cipher.name());
-                let note = rounds_note(&sealed, &plain);
-                show(
-                    row("w5", case, size, median(&sealed), "w1: plaintext", median(&plain), note),
-                    &mut rows,
-                );
+            for row in sealed_and_compressed(&scratch.0, scale, size, full).await? {
+                show(row, &mut rows);
             }
         }
     }
     if wanted("w7") {
         show(urgent_under_load(&scratch.0, scale).await?, &mut rows);
+    }
+    Ok(rows)
+}
+
+/// `w5` at one size: Noise links with each cipher against plaintext links (noise
+/// payloads); then, on plaintext links with JSON-like text payloads, zstd, the end-to-end
+/// payload cipher, and both, against the same without stages.
+async fn sealed_and_compressed(
+    scratch: &Path,
+    scale: Scale,
+    size: usize,
+    full: usize,
+) -> Result<Vec<Row>, DemoError> {
+    let messages = scale.messages(full);
+    let mut rows = Vec::new();
+    let ciphers = [Cipher::AesGcm, Cipher::ChaChaPoly];
+    let cases = ciphers.map(|cipher| (2, Setup::noise(cipher)));
+    let (plain, sealed) = beside_w1(scratch, scale, messages, size, Setup::default(), cases).await?;
+    for (cipher, sealed) in ciphers.iter().zip(sealed) {
+        let case = format!("A -> B over Noise ({}), volatile, {messages} messages", cipher.name());
+        let note = rounds_note(&sealed, &plain);
+        rows.push(row("w5", case, size, median(&sealed), "w1: plaintext", median(&plain), note));
+    }
+    let text = Setup { text: true, ..Setup::default() };
+    let stages = [
+        ("zstd level 3", Setup { compress: true, ..text }),
+        ("payload sealed end to end (XChaCha20-Poly1305)", Setup { seal: true, ..text }),
+        ("zstd, then sealed", Setup { compress: true, seal: true, ..text }),
+    ];
+    let (plain, staged) =
+        beside_w1(scratch, scale, messages, size, text, stages.map(|(_, s)| (2, s))).await?;
+    for ((what, _), staged) in stages.iter().zip(staged) {
+        let case = format!("A -> B, {what}, JSON-like text, volatile, {messages} messages");
+        let note = rounds_note(&staged, &plain);
+        rows.push(row(
+            "w5",
+            case,
+            size,
+            median(&staged),
+            "w1: no stages, the same payloads",
+            median(&plain),
+            note,
+        ));
     }
     Ok(rows)
 }
@@ -200,9 +235,9 @@ async fn two_nodes(scratch: &Path, scale: Scale, size: usize, full: usize) -> Re
     let messages = scale.messages(full);
     let (mut through, mut raw, mut inside, mut bare) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for _ in 0..scale.rounds {
-        through.push(through_nodes(scratch, 2, None, false, messages, size).await?);
+        through.push(through_nodes(scratch, 2, Setup::default(), false, messages, size).await?);
         raw.push(raw_tcp(messages, size).await?);
-        inside.push(through_nodes(scratch, 2, None, true, messages, size).await?);
+        inside.push(through_nodes(scratch, 2, Setup::default(), true, messages, size).await?);
         bare.push(hops::stream(scratch, messages, size).await?);
     }
     let baseline = "raw TCP stream, buffered writes";
@@ -226,7 +261,7 @@ async fn two_nodes(scratch: &Path, scale: Scale, size: usize, full: usize) -> Re
 }
 
 /// Per round: `w1`'s case over the client sockets (two nodes, plaintext) and each of
-/// `cases` (a chain of that many nodes, its links plaintext or Noise with that cipher),
+/// `cases` (a chain of that many nodes, set up so; `w1`'s is set up as `base`),
 /// clients on the client sockets, in an order that turns from round to round; the rates of
 /// `w1` and of each case, round by round.
 async fn beside_w1<const N: usize>(
@@ -234,7 +269,8 @@ async fn beside_w1<const N: usize>(
     scale: Scale,
     messages: usize,
     size: usize,
-    cases: [(usize, Option<Cipher>); N],
+    base: Setup,
+    cases: [(usize, Setup); N],
 ) -> Result<(Vec<f64>, [Vec<f64>; N]), DemoError> {
     let mut plain = Vec::with_capacity(scale.rounds);
     let mut rates = std::array::from_fn(|_| Vec::with_capacity(scale.rounds));
@@ -242,8 +278,8 @@ async fn beside_w1<const N: usize>(
         // Each round starts with another of them (job 0 is `w1`), so none always goes first.
         for job in (0..=N).map(|j| (j + round) % (N + 1)) {
             let case = job.checked_sub(1);
-            let (count, cipher) = case.and_then(|i| cases.get(i)).copied().unwrap_or((2, None));
-            let rate = through_nodes(scratch, count, cipher, false, messages, size).await?;
+            let (count, setup) = case.and_then(|i| cases.get(i)).copied().unwrap_or((2, base));
+            let rate = through_nodes(scratch, count, setup, false, messages, size).await?;
             match case.and_then(|i| rates.get_mut(i)) {
                 Some(rates) => rates.push(rate),
                 None => plain.push(rate),
@@ -405,6 +441,58 @@ pub(crate) async fn client_of(node: &Node, in_process: bool) -> Result<Client, l
     if in_process { Ok(node.client()) } else { Client::connect(node.socket_path()).await }
 }
 
+/// How a chain is set up: its links' cipher (none: plaintext), the codec stages from its
+/// first node to the last's `orders` (zstd, the XChaCha20-Poly1305 payload cipher), and
+/// whether payloads are JSON-like text (which compresses) rather than noise.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Setup {
+    /// The links' Noise cipher; none for plaintext links.
+    pub cipher: Option<Cipher>,
+    /// Compress with zstd at the first node.
+    pub compress: bool,
+    /// Seal end to end at the first node, open at the last.
+    pub seal: bool,
+    /// JSON-like text payloads.
+    pub text: bool,
+}
+
+impl Setup {
+    /// Noise links with `cipher`, nothing else.
+    pub(crate) fn noise(cipher: Cipher) -> Self {
+        Self { cipher: Some(cipher), ..Self::default() }
+    }
+
+    /// The `plugins.stages` YAML of node `index` of `count`, with the payload key at `key`.
+    fn stages_yaml(self, index: usize, count: usize, last: &str, key: &Path) -> String {
+        let mut stages = Vec::new();
+        let key = key.display();
+        if index == 0 {
+            if self.compress {
+                stages.push(format!(
+                    "{{ kind: zstd, rules: [ {{ to: '{last}:orders', level: 3, min_bytes: 64 }} ] }}"
+                ));
+            }
+            if self.seal {
+                stages.push(format!(
+                    "{{ kind: chacha20poly1305, rules: [ {{ to: '{last}:orders', key: '{key}' }} ] }}"
+                ));
+            }
+        } else if index == count - 1 {
+            if self.compress {
+                stages.push("{ kind: zstd }".to_owned());
+            }
+            if self.seal {
+                stages.push(format!("{{ kind: chacha20poly1305, keys: [ '{key}' ] }}"));
+            }
+        }
+        if stages.is_empty() {
+            String::new()
+        } else {
+            format!("plugins: {{ stages: [ {} ] }}\n", stages.join(", "))
+        }
+    }
+}
+
 /// Starts a chain of `count` nodes (`N0` ... in a line, each dialing the next; the first
 /// routes to the last through the second, the last back through the one before it; the
 /// last has queue `orders`), over Noise links with fresh keys and `cipher` when there is
@@ -416,7 +504,7 @@ pub(crate) async fn client_of(node: &Node, in_process: bool) -> Result<Client, l
 pub(crate) async fn start_chain(
     scratch: &Path,
     names: &[&str],
-    cipher: Option<Cipher>,
+    setup: Setup,
 ) -> Result<Vec<Node>, DemoError> {
     use linkbus_host::security::write_key_file;
     use linkbus_proto::secure::{Keypair, hex};
@@ -430,6 +518,11 @@ pub(crate) async fn start_chain(
         public.push(hex(&keys.public));
     }
     write_key_file(&dir.join("cluster.psk"), &Keypair::generate()?.private)?;
+    let payload_key = dir.join("orders.pkey");
+    if setup.seal {
+        linkbus_encrypt_chacha::write_new_key_file(&payload_key)?;
+    }
+    let cipher = setup.cipher;
     let (first, last) = (names[0], names[names.len() - 1]);
     let mut nodes: Vec<Node> = Vec::new();
     let mut next_address: Option<String> = None;
@@ -456,6 +549,7 @@ pub(crate) async fn start_chain(
         if let Some(cipher) = cipher {
             yaml.push_str(&format!("security: {{ cipher: {} }}\n", cipher.name()));
         }
+        yaml.push_str(&setup.stages_yaml(i, names.len(), last, &payload_key));
         // Every node has `orders` (the last is where messages go; the first takes replies).
         yaml.push_str(
             "queues: [ { name: orders, order: fifo, queue_messages_max: 10000000 }, { name: urgent, order: fifo } ]\n",
@@ -506,13 +600,13 @@ async fn wait_until_linked(nodes: &[Node]) -> Result<(), DemoError> {
 async fn through_nodes(
     scratch: &Path,
     count: usize,
-    cipher: Option<Cipher>,
+    setup: Setup,
     in_process: bool,
     messages: usize,
     size: usize,
 ) -> Result<f64, DemoError> {
     let names: Vec<&str> = ["A", "B", "C", "D", "E"].into_iter().take(count).collect();
-    let report = crate::demo::deliver_through(scratch, &names, cipher, in_process, messages, size).await?;
+    let report = crate::demo::deliver_through(scratch, &names, setup, in_process, messages, size).await?;
     if !report.is_perfect() {
         return Err(DemoError::Io(std::io::Error::other(format!(
             "bench delivery was not perfect: {report}"
@@ -527,7 +621,7 @@ const URGENT_RATE: u32 = 20;
 /// `w7`: urgent messages' put-to-get latency while bulk traffic of every other level
 /// saturates the link, against the same on the idle link.
 async fn urgent_under_load(scratch: &Path, scale: Scale) -> Result<Row, DemoError> {
-    let nodes = start_chain(scratch, &["A", "B"], None).await?;
+    let nodes = start_chain(scratch, &["A", "B"], Setup::default()).await?;
     let (a, b) = (nodes[0].socket_path().to_owned(), nodes[1].socket_path().to_owned());
     let seconds = scale.duration.as_secs_f64().max(0.5) * 2.0;
     let count = ((f64::from(URGENT_RATE) * seconds) as usize).max(10);

@@ -72,8 +72,32 @@ pub(crate) enum Command {
     /// w3 (ping-pong latency against raw TCP), w4 (a relay against w1), w5 (Noise against
     /// plaintext), w7 (urgent latency while the link is saturated).
     Bench(BenchArgs),
-    /// Make a node key (prints its public half) or a cluster pre-shared key.
+    /// Make a node key (prints its public half), a cluster pre-shared key, or a payload key.
     Keygen(KeygenArgs),
+    /// Work with zstd compression dictionaries.
+    #[command(subcommand)]
+    Zstd(ZstdCommand),
+}
+
+/// `linkbus zstd ...`.
+#[derive(Debug, Subcommand)]
+pub(crate) enum ZstdCommand {
+    /// Train a dictionary from sample messages (each file one sample, or each line with
+    /// `--lines`); prints its id. Name it in the zstd stage's `dictionaries` on both ends.
+    Train {
+        /// Where to write the dictionary (an existing file is never overwritten).
+        #[arg(long)]
+        out: PathBuf,
+        /// Largest dictionary, in bytes.
+        #[arg(long, default_value_t = 16 * 1024)]
+        size: usize,
+        /// Take each line of each file as one sample (JSON lines, logs).
+        #[arg(long)]
+        lines: bool,
+        /// The sample files.
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+    },
 }
 
 /// `linkbus node ...`.
@@ -269,8 +293,12 @@ pub(crate) struct KeygenArgs {
     #[arg(long)]
     pub out: PathBuf,
     /// Write a cluster pre-shared key instead of a node key pair.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "payload")]
     pub psk: bool,
+    /// Write a payload key (end-to-end encryption, the `chacha20poly1305` stage) and print
+    /// its id; give the file to the origin and to every destination that opens its messages.
+    #[arg(long)]
+    pub payload: bool,
 }
 
 /// Which local node a client command talks to.
@@ -612,6 +640,16 @@ pub(crate) async fn link(command: LinkCommand) -> anyhow::Result<()> {
 /// When the key cannot be made or written.
 pub(crate) fn keygen(args: &KeygenArgs) -> anyhow::Result<()> {
     use linkbus_proto::secure::{Keypair, hex};
+    if args.payload {
+        let id = linkbus_encrypt_chacha::write_new_key_file(&args.out)
+            .with_context(|| format!("writing {}", args.out.display()))?;
+        println!("{}", hex(&id));
+        eprintln!(
+            "wrote a payload key to {} (mode 0600); the line above is its id, which travels with the messages sealed under it",
+            args.out.display()
+        );
+        return Ok(());
+    }
     let keys = Keypair::generate()?;
     let write = |key| {
         linkbus_host::security::write_key_file(&args.out, key)
@@ -628,6 +666,40 @@ pub(crate) fn keygen(args: &KeygenArgs) -> anyhow::Result<()> {
             args.out.display()
         );
     }
+    Ok(())
+}
+
+/// Runs `linkbus zstd ...`.
+///
+/// # Errors
+/// When a sample cannot be read, training fails, or the dictionary cannot be written.
+pub(crate) fn zstd(command: ZstdCommand) -> anyhow::Result<()> {
+    let ZstdCommand::Train { out, size, lines, files } = command;
+    let mut samples = Vec::new();
+    for file in &files {
+        let bytes = std::fs::read(file).with_context(|| format!("reading {}", file.display()))?;
+        if lines {
+            samples.extend(bytes.split(|b| *b == b'\n').filter(|l| !l.is_empty()).map(<[u8]>::to_vec));
+        } else {
+            samples.push(bytes);
+        }
+    }
+    let dictionary = linkbus_compress_zstd::train(&samples, size).map_err(anyhow::Error::msg)?;
+    let id = linkbus_compress_zstd::dictionary_id(&dictionary).context("the trained dictionary has no id")?;
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&out)
+        .with_context(|| format!("writing {}", out.display()))?;
+    std::io::Write::write_all(&mut file, &dictionary)
+        .with_context(|| format!("writing {}", out.display()))?;
+    println!("{id}");
+    eprintln!(
+        "wrote a {}-byte dictionary trained on {} samples to {}; the line above is its id",
+        dictionary.len(),
+        samples.len(),
+        out.display()
+    );
     Ok(())
 }
 

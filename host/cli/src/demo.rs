@@ -12,6 +12,8 @@ use linkbus_proto::secure::Cipher;
 use linkbus_client::{Client, ClientError};
 use linkbus_host::node::StartError;
 
+use crate::bench::Setup;
+
 /// Why the demo could not run.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum DemoError {
@@ -47,14 +49,21 @@ pub(crate) struct DemoReport {
     pub duplicates: usize,
     /// Payload bytes per message.
     pub message_bytes: usize,
+    /// What the codec stages at A did (none when the run had none).
+    pub stages: Vec<linkbus_host::flow::CodecStats>,
+    /// Files of each node's data directory that hold a payload's plaintext (searched when
+    /// payloads were sealed).
+    pub plaintext_at_rest: Option<Vec<(String, usize)>>,
     /// From the first put to the last get.
     pub elapsed: Duration,
 }
 
 impl DemoReport {
-    /// Whether every message arrived once, intact and in order.
+    /// Whether every message arrived once, intact and in order (and no data directory
+    /// held a sealed payload's plaintext).
     pub(crate) fn is_perfect(&self) -> bool {
-        self.received == self.sent
+        self.plaintext_at_rest.as_ref().is_none_or(|found| found.iter().all(|(_, files)| *files == 0))
+            && self.received == self.sent
             && self.intact == self.sent
             && self.out_of_order == 0
             && self.duplicates == 0
@@ -85,7 +94,22 @@ impl std::fmt::Display for DemoReport {
             secs,
             rate,
             rate * self.message_bytes as f64 / 1e6
-        )
+        )?;
+        for stage in &self.stages {
+            let ratio = stage.bytes_in as f64 / stage.bytes_out.max(1) as f64;
+            write!(
+                f,
+                "\nstage     {} at A: {} messages, {} bytes -> {} bytes (ratio {ratio:.2})",
+                stage.name, stage.messages, stage.bytes_in, stage.bytes_out
+            )?;
+        }
+        if let Some(found) = &self.plaintext_at_rest {
+            for (node, files) in found {
+                let verdict = if *files == 0 { "none holds a payload's plaintext" } else { "HOLD PLAINTEXT" };
+                write!(f, "\nat rest   node {node}'s data directory: {files} files {verdict}")?;
+            }
+        }
+        Ok(())
     }
 }
 
@@ -134,6 +158,52 @@ fn read_u64(bytes: &[u8]) -> u64 {
     u64::from_le_bytes(word)
 }
 
+/// JSON-like order records, a block that text payloads are cut from.
+fn orders_text() -> &'static [u8] {
+    static TEXT: std::sync::OnceLock<Vec<u8>> = std::sync::OnceLock::new();
+    TEXT.get_or_init(|| {
+        let mut text = String::new();
+        let mut n: u64 = 1;
+        while text.len() < TEXT_BLOCK_BYTES + (2 << 20) {
+            n = n.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+            let (customer, sku, qty) = (n >> 40 & 0xffff, n >> 20 & 0x3ff, n >> 12 & 0x7);
+            text.push_str(&format!(
+                "{{\"order\":{},\"customer\":\"C-{customer:05}\",\"sku\":\"SKU-{sku:04}\",\"qty\":{},\"price\":{}.{:02},\"currency\":\"EUR\",\"status\":\"accepted\"}}\n",
+                n >> 34,
+                qty + 1,
+                sku % 200 + 1,
+                n % 100
+            ));
+        }
+        text.into_bytes()
+    })
+}
+
+/// Bytes a text payload may start at in [`orders_text`].
+const TEXT_BLOCK_BYTES: usize = 64 * 1024;
+
+/// The text payload of message `index`: its number in ASCII, then JSON-like order records
+/// (which compress as such messages do).
+pub(crate) fn text_payload(index: usize, size: usize) -> Bytes {
+    let size = size.max(INDEX_BYTES);
+    let mut bytes = Vec::with_capacity(size);
+    bytes.extend_from_slice(&index_text(index));
+    let from = index.wrapping_mul(7919) % TEXT_BLOCK_BYTES;
+    let text = orders_text();
+    let mut at = from;
+    while bytes.len() < size {
+        let take = (size - bytes.len()).min(text.len() - at);
+        bytes.extend_from_slice(text.get(at..at + take).unwrap_or_default());
+        at = 0;
+    }
+    Bytes::from(bytes)
+}
+
+/// Whether `bytes` is exactly [`text_payload`]`(index, size)`.
+pub(crate) fn is_text_payload(index: usize, size: usize, bytes: &[u8]) -> bool {
+    bytes == text_payload(index, size)
+}
+
 /// Whether `bytes` is exactly [`payload`]`(index, size)`, without building it.
 pub(crate) fn is_payload(index: usize, size: usize, bytes: &[u8]) -> bool {
     let size = size.max(INDEX_BYTES);
@@ -160,7 +230,8 @@ fn index_of(payload: &[u8]) -> Option<usize> {
 /// [`DemoError`] when a node or client fails; a report with losses is not an error.
 pub(crate) async fn run(messages: usize, size: usize) -> Result<DemoReport, DemoError> {
     let scratch = crate::bench::Scratch::new("demo")?;
-    deliver_through(&scratch.0, &["A", "B", "C"], Some(Cipher::fastest()), false, messages, size).await
+    let setup = Setup { cipher: Some(Cipher::fastest()), compress: true, seal: true, text: true };
+    deliver_through(&scratch.0, &["A", "B", "C"], setup, false, messages, size).await
 }
 
 /// Starts the chain `names` ([`crate::bench::start_chain`], under `scratch`, its links
@@ -175,12 +246,12 @@ pub(crate) async fn run(messages: usize, size: usize) -> Result<DemoReport, Demo
 pub(crate) async fn deliver_through(
     scratch: &std::path::Path,
     names: &[&str],
-    cipher: Option<Cipher>,
+    setup: Setup,
     in_process: bool,
     messages: usize,
     size: usize,
 ) -> Result<DemoReport, DemoError> {
-    let nodes = crate::bench::start_chain(scratch, names, cipher).await?;
+    let nodes = crate::bench::start_chain(scratch, names, setup).await?;
     let (first, last) = (&nodes[0], &nodes[nodes.len() - 1]);
     let (mut producer, mut consumer) =
         (crate::bench::client_of(first, in_process).await?, crate::bench::client_of(last, in_process).await?);
@@ -188,16 +259,45 @@ pub(crate) async fn deliver_through(
     let started = Instant::now();
     // Each on a task of its own, as separate programs would be (an in-process client
     // answers its calls on the task that makes them).
-    let producing = tokio::spawn(async move { produce(&mut producer, &to, messages, size).await });
-    let consuming = tokio::spawn(async move { consume(&mut consumer, messages, size).await });
+    let text = setup.text;
+    let producing = tokio::spawn(async move { produce(&mut producer, &to, messages, size, text).await });
+    let consuming = tokio::spawn(async move { consume(&mut consumer, messages, size, text).await });
     let (produced, consumed) = (producing.await, consuming.await);
     produced.map_err(std::io::Error::other)??;
     let mut report = consumed.map_err(std::io::Error::other)??;
     report.elapsed = started.elapsed();
+    report.stages = first.codec_stats();
+    let data_dirs: Vec<_> = nodes
+        .iter()
+        .map(|n| (n.state().name().to_string(), n.state().config().node.data_dir.clone()))
+        .collect();
     for node in nodes {
         node.shutdown().await;
     }
+    if setup.seal && text {
+        // A run of the records every payload is cut from: in no file, unless in plaintext.
+        let needle = orders_text().get(..48).unwrap_or_default();
+        report.plaintext_at_rest =
+            Some(data_dirs.into_iter().map(|(name, dir)| (name, files_holding(&dir, needle))).collect());
+    }
     Ok(report)
+}
+
+/// How many files under `dir` (and its subdirectories) hold `needle`.
+fn files_holding(dir: &std::path::Path, needle: &[u8]) -> usize {
+    let Ok(entries) = std::fs::read_dir(dir) else { return 0 };
+    entries
+        .flatten()
+        .map(|entry| {
+            let path = entry.path();
+            if path.is_dir() {
+                files_holding(&path, needle)
+            } else {
+                let bytes = std::fs::read(&path).unwrap_or_default();
+                usize::from(bytes.windows(needle.len()).any(|w| w == needle))
+            }
+        })
+        .sum()
 }
 
 /// Puts the numbered messages in slices, so the demo never holds more than a slice of
@@ -207,20 +307,28 @@ async fn produce(
     to: &Address,
     messages: usize,
     size: usize,
+    text: bool,
 ) -> Result<(), ClientError> {
+    let make = if text { text_payload } else { payload };
     let slice =
         (linkbus_client::PUT_BATCH_BYTES_MAX / size.max(1)).clamp(1, linkbus_client::PUT_BATCH_MESSAGES_MAX);
     let mut next = 0;
     while next < messages {
         let end = (next + slice).min(messages);
-        producer.put_batch((next..end).map(|i| Content::buf(to.clone(), payload(i, size))).collect()).await?;
+        producer.put_batch((next..end).map(|i| Content::buf(to.clone(), make(i, size))).collect()).await?;
         next = end;
     }
     Ok(())
 }
 
 /// Takes messages until all arrived or none came for 10 s, checking each.
-async fn consume(consumer: &mut Client, messages: usize, size: usize) -> Result<DemoReport, ClientError> {
+async fn consume(
+    consumer: &mut Client,
+    messages: usize,
+    size: usize,
+    text: bool,
+) -> Result<DemoReport, ClientError> {
+    let check = if text { is_text_payload } else { is_payload };
     let mut report = DemoReport {
         sent: messages,
         received: 0,
@@ -229,6 +337,8 @@ async fn consume(consumer: &mut Client, messages: usize, size: usize) -> Result<
         duplicates: 0,
         message_bytes: size.max(INDEX_BYTES),
         elapsed: Duration::ZERO,
+        stages: Vec::new(),
+        plaintext_at_rest: None,
     };
     let mut seen = vec![false; messages];
     let mut last = None;
@@ -240,7 +350,7 @@ async fn consume(consumer: &mut Client, messages: usize, size: usize) -> Result<
         for m in got {
             report.received += 1;
             let Some(i) = index_of(&m.content.payload).filter(|i| *i < messages) else { continue };
-            report.intact += usize::from(is_payload(i, size, &m.content.payload));
+            report.intact += usize::from(check(i, size, &m.content.payload) && !m.is_encoded());
             report.duplicates += usize::from(seen.get_mut(i).is_some_and(|s| std::mem::replace(s, true)));
             report.out_of_order += usize::from(last.is_some_and(|l| l > i));
             last = Some(i);

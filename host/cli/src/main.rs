@@ -57,6 +57,7 @@ fn main() -> ExitCode {
             Command::Demo(demo) => cli::demo(demo).await,
             Command::Bench(args) => cli::bench(args).await,
             Command::Keygen(args) => cli::keygen(&args),
+            Command::Zstd(command) => cli::zstd(command),
             Command::Config(_) => Ok(()),
         }
     });

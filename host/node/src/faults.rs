@@ -59,3 +59,49 @@ pub(crate) fn clock_offset_ms() -> i64 {
         std::env::var(CLOCK_OFFSET_ENV).ok().and_then(|v| v.parse().ok()).unwrap_or(0)
     })
 }
+
+/// Change what a relay passes on (`payload`: flip a byte of each relayed user message's
+/// payload; `header`: change its name), past the link's own integrity checks: the payload
+/// cipher's negative control, which must make the destination dead-letter such messages.
+pub(crate) const TAMPER_RELAYED_ENV: &str = "LINKBUS_TEST_TAMPER_RELAYED";
+
+/// The relay stage [`TAMPER_RELAYED_ENV`] asks for, if it is set.
+pub(crate) fn tamper_relayed() -> Option<std::sync::Arc<dyn crate::flow::StageFactory>> {
+    if !set(TAMPER_RELAYED_ENV, false, Some("relayed messages are changed on their way (test-only).")) {
+        return None;
+    }
+    let header = std::env::var(TAMPER_RELAYED_ENV).is_ok_and(|v| v == "header");
+    Some(std::sync::Arc::new(Tamper { header }))
+}
+
+/// See [`TAMPER_RELAYED_ENV`].
+struct Tamper {
+    header: bool,
+}
+
+impl crate::flow::StageFactory for Tamper {
+    fn name(&self) -> &str {
+        "test-tamper"
+    }
+
+    fn build(&self, context: &crate::flow::StageContext<'_>) -> Option<Box<dyn crate::flow::Stage>> {
+        (context.site == crate::flow::Site::Relay).then(|| Box::new(Tamper { header: self.header }) as _)
+    }
+}
+
+impl crate::flow::Stage for Tamper {
+    fn run(&mut self, batch: &mut crate::flow::StageBatch<'_, '_>) {
+        // (Users' messages only: results and events go on as they are.)
+        for message in batch.messages().iter_mut().filter(|m| !m.content.priority.is_system()) {
+            if self.header {
+                message.content.name.push('!');
+            } else if let Some(&last) = message.content.payload.last() {
+                let mut payload = message.content.payload.to_vec();
+                if let Some(byte) = payload.last_mut() {
+                    *byte = last ^ 1;
+                }
+                message.content.payload = payload.into();
+            }
+        }
+    }
+}

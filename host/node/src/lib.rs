@@ -57,6 +57,8 @@ pub use linkbus_client::{Client, ClientError, Consumer, Delivery, NodeLimits};
 pub use node::{NodeState, StartError};
 
 // The linker drops a crate nothing names, and its plugin registrations with it.
+use linkbus_compress_zstd as _;
+use linkbus_encrypt_chacha as _;
 use linkbus_route_static as _;
 use linkbus_store_fjall as _;
 use linkbus_store_log as _;
@@ -131,6 +133,11 @@ impl Node {
             "Node started."
         );
         Ok(Self { state, shutdown, tasks, listen_address, socket_path })
+    }
+
+    /// What each configured codec stage did to the puts of this node, in configured order.
+    pub fn codec_stats(&self) -> Vec<flow::CodecStats> {
+        self.state.codecs().stats()
     }
 
     /// The address peers reach this node at (with the real port when `:0` was configured).
@@ -317,5 +324,7 @@ mod tests {
         assert_eq!(registry::names("transport"), ["tcp"]);
         assert_eq!(registry::names("store"), ["fjall", "log", "memory"]);
         assert_eq!(registry::names("router"), ["static"]);
+        assert_eq!(registry::names("compressor"), ["zstd"]);
+        assert_eq!(registry::names("cipher"), ["chacha20poly1305"]);
     }
 }

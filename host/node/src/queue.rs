@@ -723,16 +723,18 @@ fn record_with(len: usize, write: impl FnOnce(&mut BytesMut)) -> Bytes {
 }
 
 /// [`encode_record`] of a message that stays in memory too: its payload becomes the
-/// record's last bytes (the payload is an encoded message's last field), so the queue and
-/// the store's memory table hold one copy of it, not two, and a payload cut out of a
-/// larger buffer no longer holds that buffer.
+/// record's bytes that hold it (the last field of an encoded message but its encoding), so
+/// the queue and the store's memory table hold one copy of it, not two, and a payload cut
+/// out of a larger buffer no longer holds that buffer.
 pub(crate) fn encode_record_sharing(message: &mut Message) -> Bytes {
     let record = encode_record(message);
+    let end = record.len() - linkbus_proto::wire::encoding_encoded_len(&message.encoding);
+    let start = end - message.content.payload.len();
     debug_assert!(
-        record.ends_with(&message.content.payload),
-        "the payload is an encoded message's last field"
+        record.get(start..end) == Some(&message.content.payload[..]),
+        "the payload is an encoded message's last field but its encoding"
     );
-    message.content.payload = record.slice(record.len() - message.content.payload.len()..);
+    message.content.payload = record.slice(start..end);
     record
 }
 

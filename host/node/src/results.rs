@@ -51,7 +51,9 @@ pub const EXPIRED_BEFORE_SENDING: &str = "expired_before_sending";
 /// Longest failure reason kept, in bytes.
 const REASON_BYTES_MAX: usize = 1024;
 /// Failure codes a result may carry: the dead-letter codes, and expiry before sending.
-const FAILURE_CODES: [&str; 8] = [
+const FAILURE_CODES: [&str; 10] = [
+    "decode_failed",
+    "decrypt_failed",
     "no_route",
     "hop_limit",
     "not_authorised",

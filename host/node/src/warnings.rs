@@ -36,6 +36,8 @@ pub(crate) mod reason {
     pub(crate) const BAD_RESULT: &str = "unreadable or unbelieved message";
     /// A link's connection closed with an error.
     pub(crate) const LINK_CLOSED: &str = "link closed with an error";
+    /// A message handed to a client does not open (its key or dictionary went away).
+    pub(crate) const UNDECODABLE: &str = "message handed out still encoded";
 }
 
 /// How many of one reason are logged per interval before the rest are only counted.

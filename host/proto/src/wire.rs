@@ -262,8 +262,7 @@ fn reliability_code(message: &[u8]) -> Option<u8> {
 
 /// The wire form of `message` as one buffer.
 pub fn message_bytes(message: &Message) -> Bytes {
-    let mut out =
-        BytesMut::with_capacity(encoded_len(message));
+    let mut out = BytesMut::with_capacity(encoded_len(message));
     encode_message(message, &mut out);
     out.freeze()
 }
@@ -465,7 +464,14 @@ pub fn decode_message(bytes: Bytes) -> Result<Message, ReadError> {
     let content = Box::new(read_content(&mut r)?);
     let encoding = if flags & FLAG_ENCODED != 0 { read_encoding(&mut r)? } else { Encoding::new() };
     r.finish()?;
-    Ok(Message { id, hop_count, redelivered: flags & FLAG_REDELIVERED != 0, backout_count, content, encoding })
+    Ok(Message {
+        id,
+        hop_count,
+        redelivered: flags & FLAG_REDELIVERED != 0,
+        backout_count,
+        content,
+        encoding,
+    })
 }
 
 /// Reads a message's encoding (after its payload).

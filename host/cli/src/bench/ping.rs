@@ -19,7 +19,7 @@ pub(super) const PING_PONG_RATE: u32 = 1_000;
 /// at a time and at most [`PING_PONG_RATE`] a second, against the same over raw TCP; with
 /// `in_process`, both clients are in-process clients of their nodes.
 pub(super) async fn ping_pong(scratch: &Path, rounds: usize, in_process: bool) -> Result<Row, DemoError> {
-    let nodes = start_chain(scratch, &["A", "B"], None).await?;
+    let nodes = start_chain(scratch, &["A", "B"], super::Setup::default()).await?;
     let (a, b) = (&nodes[0], &nodes[1]);
     // Each side as a request/reply program has it: a consumer the node pushes to, and a
     // producer that does not wait for each put's answer (they are checked at the end).

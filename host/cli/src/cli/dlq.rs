@@ -23,11 +23,12 @@ pub(crate) async fn dlq(command: DlqCommand) -> anyhow::Result<()> {
             for m in &messages {
                 let to: Vec<String> = m.content.recipients.iter().map(ToString::to_string).collect();
                 println!(
-                    "{}  {}  to {}  {} bytes  {}",
+                    "{}  {}  to {}  {} bytes{}  {}",
                     m.id,
                     m.content.header(DEAD_LETTER_CODE_HEADER).unwrap_or("-"),
                     to.join(","),
                     m.content.payload.len(),
+                    if m.is_encoded() { " (encoded)" } else { "" },
                     m.content.header(DEAD_LETTER_REASON_HEADER).unwrap_or(""),
                 );
             }
@@ -76,6 +77,12 @@ async fn replay_one(client: &mut Client, message: &linkbus_plugin_api::Message) 
     use linkbus_host::flow::dead_letter::DEAD_LETTER_RECIPIENTS_HEADER;
     if message.content.kind == linkbus_plugin_api::Kind::Event {
         bail!("event messages are not replayed");
+    }
+    if message.is_encoded() {
+        // Put again from here, its sealed or compressed bytes would pass for a payload.
+        bail!(
+            "its payload is encoded by its origin's stages (compressed or sealed); send it again from its origin"
+        );
     }
     let mut content = (*message.content).clone();
     if let Some(failed) = content.header(DEAD_LETTER_RECIPIENTS_HEADER).filter(|f| !f.is_empty()) {

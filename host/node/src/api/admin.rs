@@ -161,6 +161,23 @@ pub(super) fn down(health: &crate::link::Health) -> String {
     text
 }
 
+/// The `stages` lines of `status`: what each codec stage did at this origin.
+fn stage_lines(node: &NodeState, s: &mut String) {
+    use std::fmt::Write;
+    let stages = node.codecs().stats();
+    if !stages.is_empty() {
+        let _ = writeln!(s, "stages (at this origin):");
+    }
+    for stage in stages {
+        let ratio = stage.bytes_in as f64 / stage.bytes_out.max(1) as f64;
+        let _ = writeln!(
+            s,
+            "  {}: {} messages, {} bytes in, {} bytes out (ratio {ratio:.2})",
+            stage.name, stage.messages, stage.bytes_in, stage.bytes_out
+        );
+    }
+}
+
 pub(super) fn status(node: &NodeState) -> String {
     use std::fmt::Write;
     let mut s = String::new();
@@ -176,6 +193,7 @@ pub(super) fn status(node: &NodeState) -> String {
         node.committer().stats.waiters.load(Ordering::Relaxed)
     );
     let _ = writeln!(s, "disk: {}", node.disk().describe());
+    stage_lines(node, &mut s);
     let _ = writeln!(s, "links:");
     let mut links: Vec<_> = node.links().collect();
     links.sort_by(|a, b| a.peer.name.cmp(&b.peer.name));

@@ -435,7 +435,11 @@ async fn serve(node: Arc<NodeState>, mut stream: UnixStream, mut shutdown: watch
         {
             continue;
         }
-        response.encode_chunks(&mut chunks);
+        // (Opened only on its way out: what goes back to a queue goes back as stored.)
+        match opened(&node, &response) {
+            Some(opened) => opened.encode_chunks(&mut chunks),
+            None => response.encode_chunks(&mut chunks),
+        }
         chunks.take(&mut parts);
         let written = tokio::select! {
             biased;
@@ -458,6 +462,14 @@ async fn serve(node: Arc<NodeState>, mut stream: UnixStream, mut shutdown: watch
             return;
         }
     }
+}
+
+/// `response` as its client gets it, when it hands out encoded messages: opened (see
+/// [`crate::flow::codecs::open_for_client`]).
+fn opened(node: &NodeState, response: &Response) -> Option<Response> {
+    let Response::Messages { messages, tags } = response else { return None };
+    let messages = crate::flow::codecs::open_for_client(node, messages)?;
+    Some(Response::Messages { messages, tags: tags.clone() })
 }
 
 /// The declared length of the frame at the head of `buf` when it is over `frame_bytes_max`.
@@ -615,7 +627,8 @@ impl linkbus_client::InProcessNode for InProcess {
             if self.node.stopping() {
                 return refused(ErrorCode::Internal, format!("node {} is shut down", self.node.name()));
             }
-            handle(&self.node, request, &mut self.held).await.0
+            let response = handle(&self.node, request, &mut self.held).await.0;
+            opened(&self.node, &response).unwrap_or(response)
         })
     }
 }

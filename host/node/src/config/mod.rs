@@ -347,6 +347,10 @@ pub struct PluginSettings {
     pub store: PluginChoice,
     /// Which neighbour a message to a distant node goes through.
     pub router: PluginChoice,
+    /// The stages on messages' way, in order (`stages:`): at the origin each acts in this
+    /// order (compression before encryption); the destination undoes the codecs a message
+    /// records, in reverse.
+    pub stages: Vec<PluginChoice>,
 }
 
 impl Default for NodeSettings {
@@ -411,6 +415,7 @@ impl Default for PluginSettings {
             transport: PluginChoice::named("tcp"),
             store: PluginChoice::named("fjall"),
             router: PluginChoice::named("static"),
+            stages: Vec::new(),
         }
     }
 }

@@ -515,8 +515,44 @@ fn read_plugins(root: &Section<'_>) -> PluginSettings {
     let transport = read_choice(&s, "transport", d.transport.clone()).unwrap_or(d.transport);
     let store = read_choice(&s, "store", d.store.clone()).unwrap_or(d.store);
     let router = read_choice(&s, "router", d.router.clone()).unwrap_or(d.router);
+    let stages = read_stages(&s);
     s.finish();
-    PluginSettings { transport, store, router }
+    PluginSettings { transport, store, router, stages }
+}
+
+/// The extension points a stage may serve, in the registry's words.
+const STAGE_KINDS: [&str; 2] = ["compressor", "cipher"];
+
+/// `plugins.stages`: each entry a registered compressor or cipher, with its own section;
+/// codec ids unique, and no compressor after a cipher (ciphertext does not shrink).
+fn read_stages(plugins: &Section<'_>) -> Vec<PluginChoice> {
+    let diag = plugins.diagnostics();
+    let mut stages = Vec::new();
+    let mut cipher_seen: Option<String> = None;
+    for (path, value) in plugins.list("stages") {
+        let Some(section) = Section::new(diag, path.clone(), value) else { continue };
+        let Some(kind) = section.required("kind", Section::string) else { continue };
+        let Some(entry) = STAGE_KINDS.iter().find_map(|point| registry::find(point, &kind)) else {
+            let known: Vec<_> = STAGE_KINDS.iter().flat_map(|point| registry::names(point)).collect();
+            section.error("kind", format!("no stage plugin named '{kind}'; available: {}", known.join(", ")));
+            continue;
+        };
+        match (entry.factory.kind(), &cipher_seen) {
+            ("compressor", Some(cipher)) => section.error(
+                "kind",
+                format!("compressor '{kind}' comes after cipher '{cipher}': sealed bytes do not shrink, list it first"),
+            ),
+            ("cipher", _) => cipher_seen = Some(kind.clone()),
+            _ => {}
+        }
+        if stages.iter().any(|s: &PluginChoice| s.kind == kind) {
+            section.error("kind", format!("stage '{kind}' is listed twice; give one entry all its rules"));
+        }
+        (entry.check)(&section);
+        section.finish();
+        stages.push(PluginChoice { kind, section: value.clone() });
+    }
+    stages
 }
 
 fn read_choice(plugins: &Section<'_>, point: &'static str, default: PluginChoice) -> Option<PluginChoice> {

@@ -39,6 +39,10 @@ pub enum DeadLetterCode {
     QueueMissing,
     /// A recipient queue was full.
     QueueFull,
+    /// Its payload does not decompress here (a dictionary or codec missing, corrupt data).
+    DecodeFailed,
+    /// Its payload does not open here (a wrong or missing key, a changed payload or header).
+    DecryptFailed,
 }
 
 impl DeadLetterCode {
@@ -52,6 +56,8 @@ impl DeadLetterCode {
             Self::TooLarge => "too_large",
             Self::QueueMissing => "queue_missing",
             Self::QueueFull => "queue_full",
+            Self::DecodeFailed => "decode_failed",
+            Self::DecryptFailed => "decrypt_failed",
         }
     }
 }

@@ -10,7 +10,7 @@ use linkbus_plugin_api::{Batch, Message, Reliability};
 use super::dead_letter::{self, DeadLetterCode};
 use super::origin::{RUN_BYTES_MAX, RUN_MESSAGES_MAX};
 use super::placement::{Came, Failed, Placement};
-use super::refusal::Refusal;
+use super::refusal::{Refusal, RefusalCode};
 use super::stages::{Site, StageContext, Stages};
 use crate::link::LinkHandle;
 use crate::node::NodeState;
@@ -107,7 +107,7 @@ impl Inbound {
     /// Runs the stages over the batch (each chain once, over the messages of its site);
     /// returns the refused ones' places.
     fn run_stages(&mut self, node: &NodeState, arrivals: &mut [Arrival]) -> Vec<(usize, Refusal)> {
-        let mut refused = Vec::new();
+        let mut refused = undecodable(node, arrivals);
         if self.relay.is_empty() && self.delivery.is_empty() {
             return refused;
         }
@@ -125,13 +125,38 @@ impl Inbound {
                 }
             }
             for (index, refusal) in stages.run(&mut messages) {
-                if let Some(&i) = at.get(index) {
+                if let Some(&i) = at.get(index)
+                    && !refused.iter().any(|(r, _)| *r == i)
+                {
                     refused.push((i, refusal));
                 }
             }
         }
         refused
     }
+}
+
+/// The arrivals for this node whose payload does not decode here, and why: each encoded
+/// one is decoded (in memory, bounded by the receiving queue's limit, then dropped) for each
+/// of its recipients here, so what cannot be opened is dead-lettered now and its origin told,
+/// not found out at a get. (Queues keep the message as it came: see `flow::codecs`.)
+fn undecodable(node: &NodeState, arrivals: &[Arrival]) -> Vec<(usize, Refusal)> {
+    let mut refused = Vec::new();
+    for (index, arrival) in arrivals.iter().enumerate().filter(|(_, a)| a.message.is_encoded()) {
+        let message = &arrival.message;
+        for to in message.content.recipients.iter().filter(|to| &to.node == node.name()) {
+            // (A missing queue is placement's to dead-letter.)
+            let Some(queue) = node.queue(to.queue.as_str()) else { continue };
+            let bytes_max = queue.config().message_bytes_max.min(node.config().messages.message_bytes_max);
+            if let Err(refusal) =
+                node.codecs().decode(message, to, usize::try_from(bytes_max).unwrap_or(usize::MAX))
+            {
+                refused.push((index, refusal));
+                break;
+            }
+        }
+    }
+    refused
 }
 
 /// Whether a message that arrived may go in a run with others: volatile (nothing to record),
@@ -220,7 +245,12 @@ fn take_refused(
 ) -> Result<(), QueueError> {
     let Arrival { message, record } = arrival;
     let failed = Failed {
-        code: DeadLetterCode::FilterRejected,
+        code: match refusal.code {
+            RefusalCode::DecodeFailed => DeadLetterCode::DecodeFailed,
+            RefusalCode::DecryptFailed => DeadLetterCode::DecryptFailed,
+            RefusalCode::TooLarge => DeadLetterCode::TooLarge,
+            _ => DeadLetterCode::FilterRejected,
+        },
         reason: refusal.reason.clone(),
         recipients: message.content.recipients.to_vec(),
     };

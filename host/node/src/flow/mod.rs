@@ -7,11 +7,14 @@
 //!   room they need, and putting them there — the one place that queues messages;
 //! - [`dead_letter`]: the dead-letter queue's marks and reports;
 //! - [`stages`]: code that acts on messages on their way, built per task from factories;
+//! - [`codecs`]: the configured compressors and ciphers: stages at the origin, undone at
+//!   the destination from what each message records;
 //! - [`refusal`]: why something is not taken, as a code and a reason.
 //!
 //! A batch is planned, checked for room, then applied; a single message is the case of a
 //! batch of one, not a path of its own.
 
+pub mod codecs;
 pub mod dead_letter;
 pub(crate) mod inbound;
 pub mod origin;
@@ -19,6 +22,7 @@ pub(crate) mod placement;
 pub mod refusal;
 pub mod stages;
 
+pub use codecs::CodecStats;
 pub use dead_letter::{DeadLetter, DeadLetterCode};
 pub use origin::{Accepted, Origin};
 pub use refusal::{CommitError, PutError, Refusal, RefusalCode};

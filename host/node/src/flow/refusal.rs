@@ -22,6 +22,11 @@ pub enum RefusalCode {
     Busy,
     /// A stage on the message's path refused it.
     Filtered,
+    /// A codec step it records (a compressor's) does not undo here.
+    DecodeFailed,
+    /// A cipher step it records does not open here: a wrong or missing key, or a payload or
+    /// header changed on the way.
+    DecryptFailed,
     /// The node is shutting down.
     Stopping,
     /// The store failed.

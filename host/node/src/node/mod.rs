@@ -94,6 +94,8 @@ pub struct NodeState {
     disk: crate::disk::DiskRoom,
     /// What builds the stages on messages' way (see [`crate::flow::stages`]).
     stages: Vec<Arc<dyn StageFactory>>,
+    /// The configured codecs, which undo what messages record (see [`crate::flow::codecs`]).
+    codecs: crate::flow::codecs::Codecs,
 }
 
 impl std::fmt::Debug for NodeState {
@@ -244,6 +246,11 @@ impl NodeState {
     /// What builds the stages on messages' way.
     pub(crate) fn stage_factories(&self) -> &[Arc<dyn StageFactory>] {
         &self.stages
+    }
+
+    /// The configured codecs.
+    pub(crate) fn codecs(&self) -> &crate::flow::codecs::Codecs {
+        &self.codecs
     }
 
     /// The next sequence number of a message of this node.

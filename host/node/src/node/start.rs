@@ -241,9 +241,13 @@ impl NodeState {
     fn build(
         config: Config,
         (transport, store): Plugins,
-        stages: Vec<Arc<dyn StageFactory>>,
+        mut stages: Vec<Arc<dyn StageFactory>>,
     ) -> Result<Arc<Self>, StartError> {
         let security = crate::security::Security::load(&config)?;
+        // The configured stages act after an embedder's (which see the payload as written).
+        let codecs = crate::flow::codecs::Codecs::build(&config)?;
+        stages.extend(codecs.stages());
+        stages.extend(crate::faults::tamper_relayed());
         let routing = crate::routing::Routing::new(&config)?;
         let now = Instant::now();
         let (incarnation, incarnation_kept) = incarnation(store.as_ref())?;
@@ -308,6 +312,7 @@ impl NodeState {
             stopped_at: std::sync::OnceLock::new(),
             stop_signal: tokio::sync::Notify::new(),
             stages,
+            codecs,
         }))
     }
 }
