@@ -16,4 +16,11 @@ fn demo_delivers_every_message_intact() {
         "{text}"
     );
     assert!(text.contains("messages/s"), "{text}");
+    // Compressed with a dictionary, then sealed end to end; no data directory holds a
+    // payload's plaintext.
+    assert!(text.contains("stage     zstd at A: 10000 messages") && text.contains("ratio"), "{text}");
+    assert!(text.contains("stage     chacha20poly1305 at A: 10000 messages"), "{text}");
+    for node in ["A", "B", "C"] {
+        assert!(text.contains(&format!("node {node}'s data directory")) && !text.contains("HOLD"), "{text}");
+    }
 }

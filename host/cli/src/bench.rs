@@ -454,6 +454,10 @@ pub(crate) struct Setup {
     pub seal: bool,
     /// JSON-like text payloads.
     pub text: bool,
+    /// Persistent messages (else volatile).
+    pub persistent: bool,
+    /// Compress with a dictionary trained on sample records, at the first and last node.
+    pub dictionary: bool,
 }
 
 impl Setup {
@@ -462,14 +466,20 @@ impl Setup {
         Self { cipher: Some(cipher), ..Self::default() }
     }
 
-    /// The `plugins.stages` YAML of node `index` of `count`, with the payload key at `key`.
-    fn stages_yaml(self, index: usize, count: usize, last: &str, key: &Path) -> String {
+    /// The `plugins.stages` YAML of node `index` of `count`, with the payload key at `key`
+    /// and the dictionary at `dictionary`.
+    fn stages_yaml(self, index: usize, count: usize, last: &str, key: &Path, dictionary: &Path) -> String {
         let mut stages = Vec::new();
         let key = key.display();
+        let (dictionaries, named) = if self.dictionary {
+            (format!(", dictionaries: {{ orders: '{}' }}", dictionary.display()), ", dictionary: orders")
+        } else {
+            (String::new(), "")
+        };
         if index == 0 {
             if self.compress {
                 stages.push(format!(
-                    "{{ kind: zstd, rules: [ {{ to: '{last}:orders', level: 3, min_bytes: 64 }} ] }}"
+                    "{{ kind: zstd{dictionaries}, rules: [ {{ to: '{last}:orders', level: 3, min_bytes: 64{named} }} ] }}"
                 ));
             }
             if self.seal {
@@ -479,7 +489,7 @@ impl Setup {
             }
         } else if index == count - 1 {
             if self.compress {
-                stages.push("{ kind: zstd }".to_owned());
+                stages.push(format!("{{ kind: zstd{dictionaries} }}"));
             }
             if self.seal {
                 stages.push(format!("{{ kind: chacha20poly1305, keys: [ '{key}' ] }}"));
@@ -522,6 +532,12 @@ pub(crate) async fn start_chain(
     if setup.seal {
         linkbus_encrypt_chacha::write_new_key_file(&payload_key)?;
     }
+    let dictionary = dir.join("orders.dict");
+    if setup.dictionary {
+        let samples = crate::demo::sample_records(4000);
+        let trained = linkbus_compress_zstd::train(&samples, 16 * 1024).map_err(std::io::Error::other)?;
+        std::fs::write(&dictionary, trained)?;
+    }
     let cipher = setup.cipher;
     let (first, last) = (names[0], names[names.len() - 1]);
     let mut nodes: Vec<Node> = Vec::new();
@@ -549,7 +565,7 @@ pub(crate) async fn start_chain(
         if let Some(cipher) = cipher {
             yaml.push_str(&format!("security: {{ cipher: {} }}\n", cipher.name()));
         }
-        yaml.push_str(&setup.stages_yaml(i, names.len(), last, &payload_key));
+        yaml.push_str(&setup.stages_yaml(i, names.len(), last, &payload_key, &dictionary));
         // Every node has `orders` (the last is where messages go; the first takes replies).
         yaml.push_str(
             "queues: [ { name: orders, order: fifo, queue_messages_max: 10000000 }, { name: urgent, order: fifo } ]\n",

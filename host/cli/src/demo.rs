@@ -6,7 +6,7 @@
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use linkbus_plugin_api::{Address, Content};
+use linkbus_plugin_api::{Address, Content, Reliability};
 use linkbus_proto::secure::Cipher;
 
 use linkbus_client::{Client, ClientError};
@@ -53,7 +53,7 @@ pub(crate) struct DemoReport {
     pub stages: Vec<linkbus_host::flow::CodecStats>,
     /// Files of each node's data directory that hold a payload's plaintext (searched when
     /// payloads were sealed).
-    pub plaintext_at_rest: Option<Vec<(String, usize)>>,
+    pub plaintext_at_rest: Option<Vec<(String, Searched)>>,
     /// From the first put to the last get.
     pub elapsed: Duration,
 }
@@ -62,7 +62,7 @@ impl DemoReport {
     /// Whether every message arrived once, intact and in order (and no data directory
     /// held a sealed payload's plaintext).
     pub(crate) fn is_perfect(&self) -> bool {
-        self.plaintext_at_rest.as_ref().is_none_or(|found| found.iter().all(|(_, files)| *files == 0))
+        self.plaintext_at_rest.as_ref().is_none_or(|found| found.iter().all(|(_, s)| s.holding == 0))
             && self.received == self.sent
             && self.intact == self.sent
             && self.out_of_order == 0
@@ -96,17 +96,29 @@ impl std::fmt::Display for DemoReport {
             rate * self.message_bytes as f64 / 1e6
         )?;
         for stage in &self.stages {
-            let ratio = stage.bytes_in as f64 / stage.bytes_out.max(1) as f64;
+            let change = if stage.bytes_out > stage.bytes_in {
+                let each = (stage.bytes_out - stage.bytes_in) / stage.messages.max(1);
+                format!("{each} bytes more each (its tag; the nonce and key id travel beside the payload)")
+            } else {
+                format!("ratio {:.2}", stage.bytes_in as f64 / stage.bytes_out.max(1) as f64)
+            };
             write!(
                 f,
-                "\nstage     {} at A: {} messages, {} bytes -> {} bytes (ratio {ratio:.2})",
+                "\nstage     {} at A: {} messages, {} bytes -> {} bytes, {change}",
                 stage.name, stage.messages, stage.bytes_in, stage.bytes_out
             )?;
         }
         if let Some(found) = &self.plaintext_at_rest {
-            for (node, files) in found {
-                let verdict = if *files == 0 { "none holds a payload's plaintext" } else { "HOLD PLAINTEXT" };
-                write!(f, "\nat rest   node {node}'s data directory: {files} files {verdict}")?;
+            for (node, searched) in found {
+                let verdict = match searched.holding {
+                    0 => "none holds a payload's plaintext".to_owned(),
+                    n => format!("{n} HOLD A PAYLOAD'S PLAINTEXT"),
+                };
+                write!(
+                    f,
+                    "\nat rest   node {node}'s data directory, {} files ({} bytes) searched: {verdict}",
+                    searched.files, searched.bytes
+                )?;
             }
         }
         Ok(())
@@ -179,6 +191,12 @@ fn orders_text() -> &'static [u8] {
     })
 }
 
+/// `count` of the order records text payloads are made of, one per sample (to train a
+/// compression dictionary on).
+pub(crate) fn sample_records(count: usize) -> Vec<Vec<u8>> {
+    orders_text().split(|b| *b == b'\n').rev().skip(1).take(count).map(<[u8]>::to_vec).collect()
+}
+
 /// Bytes a text payload may start at in [`orders_text`].
 const TEXT_BLOCK_BYTES: usize = 64 * 1024;
 
@@ -230,7 +248,14 @@ fn index_of(payload: &[u8]) -> Option<usize> {
 /// [`DemoError`] when a node or client fails; a report with losses is not an error.
 pub(crate) async fn run(messages: usize, size: usize) -> Result<DemoReport, DemoError> {
     let scratch = crate::bench::Scratch::new("demo")?;
-    let setup = Setup { cipher: Some(Cipher::fastest()), compress: true, seal: true, text: true };
+    let setup = Setup {
+        cipher: Some(Cipher::fastest()),
+        compress: true,
+        seal: true,
+        text: true,
+        persistent: true,
+        dictionary: true,
+    };
     deliver_through(&scratch.0, &["A", "B", "C"], setup, false, messages, size).await
 }
 
@@ -259,8 +284,9 @@ pub(crate) async fn deliver_through(
     let started = Instant::now();
     // Each on a task of its own, as separate programs would be (an in-process client
     // answers its calls on the task that makes them).
-    let text = setup.text;
-    let producing = tokio::spawn(async move { produce(&mut producer, &to, messages, size, text).await });
+    let (text, persistent) = (setup.text, setup.persistent);
+    let producing =
+        tokio::spawn(async move { produce(&mut producer, &to, messages, size, text, persistent).await });
     let consuming = tokio::spawn(async move { consume(&mut consumer, messages, size, text).await });
     let (produced, consumed) = (producing.await, consuming.await);
     produced.map_err(std::io::Error::other)??;
@@ -275,29 +301,57 @@ pub(crate) async fn deliver_through(
         node.shutdown().await;
     }
     if setup.seal && text {
-        // A run of the records every payload is cut from: in no file, unless in plaintext.
-        let needle = orders_text().get(..48).unwrap_or_default();
+        // Any payload, whole: in no file, unless in plaintext.
+        let plaintext = |bytes: &[u8]| holds_a_payload(bytes, messages, size);
         report.plaintext_at_rest =
-            Some(data_dirs.into_iter().map(|(name, dir)| (name, files_holding(&dir, needle))).collect());
+            Some(data_dirs.into_iter().map(|(name, dir)| (name, files_holding(&dir, &plaintext))).collect());
     }
     Ok(report)
 }
 
-/// How many files under `dir` (and its subdirectories) hold `needle`.
-fn files_holding(dir: &std::path::Path, needle: &[u8]) -> usize {
-    let Ok(entries) = std::fs::read_dir(dir) else { return 0 };
-    entries
-        .flatten()
-        .map(|entry| {
-            let path = entry.path();
-            if path.is_dir() {
-                files_holding(&path, needle)
-            } else {
-                let bytes = std::fs::read(&path).unwrap_or_default();
-                usize::from(bytes.windows(needle.len()).any(|w| w == needle))
-            }
-        })
-        .sum()
+/// What a search of a data directory for a payload's plaintext found.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Searched {
+    /// Files searched.
+    pub files: usize,
+    /// Their bytes.
+    pub bytes: usize,
+    /// Files holding it.
+    pub holding: usize,
+}
+
+/// Whether `bytes` hold the whole text payload of one of `messages` messages of `size`
+/// bytes: each starts with its number, ten digits and a `:`.
+fn holds_a_payload(bytes: &[u8], messages: usize, size: usize) -> bool {
+    memchr::memmem::find_iter(bytes, b":").any(|colon| {
+        let Some(start) = colon.checked_sub(INDEX_BYTES - 1) else { return false };
+        let Some(index) = bytes.get(start..).and_then(index_of).filter(|i| *i < messages) else {
+            return false;
+        };
+        bytes
+            .get(start..start + size.max(INDEX_BYTES))
+            .is_some_and(|found| is_text_payload(index, size, found))
+    })
+}
+
+/// Searches the files under `dir` (and its subdirectories) with `holds`.
+fn files_holding(dir: &std::path::Path, holds: &dyn Fn(&[u8]) -> bool) -> Searched {
+    let mut searched = Searched::default();
+    let Ok(entries) = std::fs::read_dir(dir) else { return searched };
+    for path in entries.flatten().map(|entry| entry.path()) {
+        if path.is_dir() {
+            let below = files_holding(&path, holds);
+            searched.files += below.files;
+            searched.bytes += below.bytes;
+            searched.holding += below.holding;
+        } else {
+            let bytes = std::fs::read(&path).unwrap_or_default();
+            searched.files += 1;
+            searched.bytes += bytes.len();
+            searched.holding += usize::from(holds(&bytes));
+        }
+    }
+    searched
 }
 
 /// Puts the numbered messages in slices, so the demo never holds more than a slice of
@@ -308,14 +362,18 @@ async fn produce(
     messages: usize,
     size: usize,
     text: bool,
+    persistent: bool,
 ) -> Result<(), ClientError> {
     let make = if text { text_payload } else { payload };
+    let reliability = if persistent { Reliability::Persistent } else { Reliability::AsQueue };
     let slice =
         (linkbus_client::PUT_BATCH_BYTES_MAX / size.max(1)).clamp(1, linkbus_client::PUT_BATCH_MESSAGES_MAX);
     let mut next = 0;
     while next < messages {
         let end = (next + slice).min(messages);
-        producer.put_batch((next..end).map(|i| Content::buf(to.clone(), make(i, size))).collect()).await?;
+        let contents =
+            (next..end).map(|i| Content::buf(to.clone(), make(i, size)).with_reliability(reliability));
+        producer.put_batch(contents.collect()).await?;
         next = end;
     }
     Ok(())
@@ -362,6 +420,22 @@ async fn consume(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_search_at_rest_finds_a_whole_payload_and_nothing_else() {
+        let mut file = b"junk 0000000009: not one ".to_vec();
+        assert!(!holds_a_payload(&file, 100, 200), "a number alone is not a payload");
+        file.extend_from_slice(&text_payload(42, 200));
+        file.extend_from_slice(b" more junk");
+        assert!(holds_a_payload(&file, 100, 200));
+        assert!(!holds_a_payload(&file, 42, 200), "only the payloads sent");
+        let mut cut = text_payload(7, 200).to_vec();
+        cut.pop();
+        assert!(!holds_a_payload(&cut, 100, 200), "a payload cut short");
+        assert!(
+            is_text_payload(3, 500, &text_payload(3, 500)) && !is_text_payload(4, 500, &text_payload(3, 500))
+        );
+    }
 
     #[test]
     fn payloads_carry_their_index() {

@@ -106,7 +106,7 @@ mod tests {
         let Factory::Cipher(build) = entry.factory else { panic!("not a cipher") };
         let ctx = BuildContext { node: "A".parse().unwrap(), data_dir: ".".into() };
         let config = format!("kind: chacha20poly1305\nrules: [{{ to: '*', key: '{}' }}]", key.display());
-        assert_eq!(build(&yaml(&config), &ctx).unwrap().id(), 2);
+        assert_eq!(build(&yaml(&config), &ctx).unwrap().id(), crate::CIPHER_ID);
         let error = build(&yaml("kind: chacha20poly1305"), &ctx).err().unwrap();
         assert!(error.to_string().contains("no payload key is configured"), "{error}");
     }
