@@ -250,3 +250,45 @@ fn bad_stage_configurations_are_refused_with_their_paths() {
         assert!(text.contains(says) && text.contains("plugins.stages["), "{yaml}: {text}");
     }
 }
+
+/// The README's end-to-end example as written (`examples/config/e2e/`), with keys made by
+/// `linkbus keygen` and free ports: what A sends to C:orders arrives compressed, sealed,
+/// and opened only by C's get; B held it sealed.
+#[test]
+fn the_end_to_end_example_runs_as_written() {
+    let s = Scratch::new();
+    let examples = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/config/e2e");
+    let keys: Vec<(String, String)> = ["A", "B", "C"].iter().map(|n| (n.to_string(), s.keys(n))).collect();
+    let dir = s.path().display().to_string();
+    let out = s.run(&["keygen", "--payload", "--out", &format!("{dir}/orders.pkey")]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let ports: Vec<String> = (0..3).map(|_| support::free_port().to_string()).collect();
+    let mut configs = Vec::new();
+    for name in ["a", "b", "c"] {
+        let mut text = std::fs::read_to_string(format!("{examples}/{name}.yaml")).expect("example");
+        for (node, key) in &keys {
+            text = text.replace(&format!("PUBLIC_KEY_OF_{node}"), key);
+        }
+        for (default, port) in ["7501", "7502", "7503"].iter().zip(&ports) {
+            text = text.replace(&format!("127.0.0.1:{default}"), &format!("127.0.0.1:{port}"));
+        }
+        configs.push(s.write(&format!("{name}.yaml"), &text.replace("KEYS_DIR", &dir)));
+    }
+    let paths: Vec<&str> = configs.iter().map(|p| p.to_str().expect("utf-8")).collect();
+    let check = s.run(&["config", "check", paths[0], paths[1], paths[2]]);
+    assert!(check.status.success(), "{}{}", stdout(&check), stderr(&check));
+    // B first: A and C dial it.
+    let b = s.start_node("B", &["-c", paths[1]]);
+    let _ends = [s.start_node("A", &["-c", paths[0]]), s.start_node("C", &["-c", paths[2]])];
+    b.wait_for_log("Link up.", 2, Duration::from_secs(20));
+    let lines: String = (0..20).map(|n| order(n, "EXAMPLE-MARKER") + "\n").collect();
+    assert_eq!(put_lines(&s, "C:orders", &lines).matches("C:orders delivered").count(), 20);
+    let status = stdout(&s.run(&["status", "--node", "A"]));
+    assert!(
+        status.contains("zstd: 20 messages") && status.contains("chacha20poly1305: 20 messages"),
+        "{status}"
+    );
+    assert!(files_holding(&s.path().join("linkbus-data"), b"EXAMPLE-MARKER").is_empty());
+    let got = stdout(&s.run(&["get", "--node", "C", "orders", "--count", "100", "--wait", "5s"]));
+    assert_eq!(got, lines);
+}
