@@ -147,7 +147,10 @@ impl<'n> Placement<'n> {
             let failed = match place {
                 Place::Queue(q) => {
                     let to = Address::new(node.name().clone(), q.config().name.clone());
-                    if message.content.payload.len() as u64 > q.config().message_bytes_max {
+                    // (An encoded payload's size as written was checked as it was decoded.)
+                    if !message.is_encoded()
+                        && message.content.payload.len() as u64 > q.config().message_bytes_max
+                    {
                         let reason = format!("payload is over queue {to}'s message_bytes_max");
                         Some(Failed { code: DeadLetterCode::TooLarge, reason, recipients: vec![to] })
                     } else if !q.has_room(1) {
@@ -189,7 +192,8 @@ impl<'n> Placement<'n> {
         self.places.iter().all(|place| match place {
             Place::Queue(q) => {
                 let max = q.config().message_bytes_max;
-                messages.iter().all(|m| m.content.payload.len() as u64 <= max) && q.has_room(messages.len())
+                messages.iter().all(|m| m.is_encoded() || m.content.payload.len() as u64 <= max)
+                    && q.has_room(messages.len())
             }
             Place::Link(link, picked) => {
                 let all = picked.len() == first.content.recipients.len();
