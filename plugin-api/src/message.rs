@@ -370,8 +370,53 @@ pub struct Step {
 
 /// The codecs applied to a message's payload at its origin, in the order they were applied
 /// (compression before encryption); the destination undoes them in reverse. Empty for a
-/// payload as the sender wrote it.
-pub type Encoding = smallvec::SmallVec<[Step; 2]>;
+/// payload as the sender wrote it. It reads as a slice of [`Step`]s.
+///
+/// One pointer wide, and allocating nothing when empty: every message carries one, and a
+/// message moves through many hands on its way (see [`Message`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+pub struct Encoding(Option<Box<Vec<Step>>>);
+
+impl Encoding {
+    /// No codec applied.
+    pub const fn new() -> Self {
+        Self(None)
+    }
+
+    /// Records `step`, applied after those recorded.
+    pub fn push(&mut self, step: Step) {
+        self.0.get_or_insert_default().push(step);
+    }
+
+    /// Forgets every step (the payload is as written again).
+    pub fn clear(&mut self) {
+        self.0 = None;
+    }
+}
+
+impl std::ops::Deref for Encoding {
+    type Target = [Step];
+
+    fn deref(&self) -> &[Step] {
+        self.0.as_deref().map_or(&[], Vec::as_slice)
+    }
+}
+
+impl<'a> IntoIterator for &'a Encoding {
+    type Item = &'a Step;
+    type IntoIter = std::slice::Iter<'a, Step>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.iter()
+    }
+}
+
+impl FromIterator<Step> for Encoding {
+    fn from_iter<I: IntoIterator<Item = Step>>(steps: I) -> Self {
+        let steps: Vec<Step> = steps.into_iter().collect();
+        Self((!steps.is_empty()).then(|| Box::new(steps)))
+    }
+}
 
 /// Why a message was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -407,6 +452,19 @@ mod tests {
 
     fn to() -> Address {
         "B:q".parse().unwrap()
+    }
+
+    #[test]
+    fn a_message_stays_small_to_move() {
+        assert_eq!(std::mem::size_of::<Encoding>(), 8);
+        assert!(std::mem::size_of::<Message>() <= 64, "{}", std::mem::size_of::<Message>());
+        let mut e = Encoding::new();
+        assert!(e.is_empty());
+        e.push(Step { codec: 1, param: Bytes::new() });
+        assert_eq!((e.len(), e[0].codec), (1, 1));
+        e.clear();
+        assert_eq!(e, Encoding::default());
+        assert!(std::iter::empty::<Step>().collect::<Encoding>().is_empty());
     }
 
     #[test]
