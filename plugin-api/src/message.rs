@@ -375,6 +375,7 @@ pub struct Step {
 /// One pointer wide, and allocating nothing when empty: every message carries one, and a
 /// message moves through many hands on its way (see [`Message`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+#[expect(clippy::box_collection, reason = "one pointer in every message, rather than a Vec's three")]
 pub struct Encoding(Option<Box<Vec<Step>>>);
 
 impl Encoding {

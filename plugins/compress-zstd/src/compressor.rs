@@ -4,10 +4,9 @@
 use linkbus_plugin_api::{
     Address, AddressPattern, CodecError, Compressor, ConfigErrors, ConfigValue, Diagnostics, Section,
 };
-use zstd::dict::DecoderDictionary;
 use zstd::zstd_safe::zstd_sys::ZSTD_ErrorCode;
 
-use crate::decode;
+use crate::decode::{self, Decoders};
 use crate::pool::ContextPool;
 use crate::settings::{self, Settings};
 
@@ -18,8 +17,10 @@ pub const COMPRESSOR_ID: u8 = 1;
 pub struct ZstdCompressor {
     /// In the order written: the first whose `to` matches every recipient applies.
     rules: Vec<Rule>,
-    /// Every configured dictionary, prepared for decoding, by dictionary id.
-    decoders: Vec<(u32, DecoderDictionary<'static>)>,
+    /// Decoding contexts with every configured dictionary loaded, by dictionary id.
+    decoders: Vec<(u32, Decoders)>,
+    /// Decoding contexts without a dictionary.
+    plain: Decoders,
 }
 
 /// One rule, ready to compress.
@@ -68,12 +69,11 @@ impl ZstdCompressor {
     }
 
     fn new(settings: Settings) -> Result<Self, String> {
-        let mut decoders = Vec::new();
-        for dictionary in &settings.dictionaries {
-            let prepared = DecoderDictionary::try_copy(&dictionary.bytes)
-                .map_err(|e| format!("dictionary '{}': {e}", dictionary.name))?;
-            decoders.push((dictionary.id, prepared));
-        }
+        let decoders = settings
+            .dictionaries
+            .iter()
+            .map(|dictionary| (dictionary.id, Decoders::new(Some(dictionary.bytes.clone()))))
+            .collect();
         let mut rules = Vec::new();
         for (i, rule) in settings.rules.into_iter().enumerate() {
             let dictionary = rule.dictionary.and_then(|d| settings.dictionaries.get(d));
@@ -82,7 +82,7 @@ impl ZstdCompressor {
             let param = dictionary.map(|d| d.id.to_be_bytes().to_vec()).unwrap_or_default();
             rules.push(Rule { to: rule.to, min_bytes: rule.min_bytes, param, contexts });
         }
-        Ok(Self { rules, decoders })
+        Ok(Self { rules, decoders, plain: Decoders::new(None) })
     }
 
     /// The rule for a payload to `recipients`: the first that matches every one of them.
@@ -93,10 +93,10 @@ impl ZstdCompressor {
         self.rules.iter().find(|rule| recipients.iter().all(|r| rule.to.iter().any(|p| p.matches(r))))
     }
 
-    /// The loaded dictionary the step record names, if it names one.
-    fn dictionary_for(&self, param: &[u8]) -> Result<Option<&DecoderDictionary<'static>>, CodecError> {
+    /// The decoding contexts for the dictionary the step record names (or none).
+    fn decoders_for(&self, param: &[u8]) -> Result<&Decoders, CodecError> {
         let id = match <[u8; 4]>::try_from(param) {
-            _ if param.is_empty() => return Ok(None),
+            _ if param.is_empty() => return Ok(&self.plain),
             Ok(id) => u32::from_be_bytes(id),
             Err(_) => {
                 return Err(CodecError::Corrupt(format!(
@@ -106,7 +106,7 @@ impl ZstdCompressor {
             }
         };
         match self.decoders.iter().find(|(loaded, _)| *loaded == id) {
-            Some((_, dictionary)) => Ok(Some(dictionary)),
+            Some((_, decoders)) => Ok(decoders),
             None => Err(CodecError::Missing(format!(
                 "zstd dictionary {id} is not loaded here (add it to the zstd stage's dictionaries)"
             ))),
@@ -160,8 +160,7 @@ impl Compressor for ZstdCompressor {
         output: &mut Vec<u8>,
         output_bytes_max: usize,
     ) -> Result<(), CodecError> {
-        let dictionary = self.dictionary_for(param)?;
-        decode::decode(dictionary, input, output, output_bytes_max)
+        decode::decode(self.decoders_for(param)?, input, output, output_bytes_max)
     }
 }
 

@@ -6,10 +6,11 @@
 //! and whose history window zstd refuses to make larger than the cap rounded up to a power
 //! of two. So decoding allocates at most about three times the cap, whatever the frame says.
 
+use std::sync::{Mutex, PoisonError};
+
 use linkbus_plugin_api::CodecError;
-use zstd::dict::DecoderDictionary;
-use zstd::stream::raw::{DParameter, Decoder, InBuffer, Operation, OutBuffer};
 use zstd::zstd_safe::zstd_sys::ZSTD_ErrorCode;
+use zstd::zstd_safe::{DCtx, DParameter, InBuffer, OutBuffer, ResetDirective};
 
 /// The four bytes every (non-legacy, non-skippable) zstd frame starts with.
 const FRAME_MAGIC: [u8; 4] = 0xFD2F_B528_u32.to_le_bytes();
@@ -19,10 +20,52 @@ const WINDOW_LOG_MIN: u32 = 10;
 const WINDOW_LOG_MAX: u32 = if usize::BITS >= 64 { 31 } else { 30 };
 /// First output room for a frame that does not state its size (64 KiB), doubled as needed.
 const OUTPUT_FIRST_BYTES: usize = 64 * 1024;
+/// Idle decoding contexts kept per dictionary (more calls at once make more).
+const CONTEXTS_IDLE_MAX: usize = 8;
 
-/// Decodes the one zstd frame `input` into `output`, at most `cap` bytes, with `dictionary`.
+/// Decoding contexts with one dictionary (or none) loaded, kept between calls: making a
+/// context (and digesting a dictionary into it) costs more than decoding a small message.
+pub(crate) struct Decoders {
+    /// The dictionary each context has loaded (ZDICT bytes), if any.
+    dictionary: Option<Vec<u8>>,
+    idle: Mutex<Vec<DCtx<'static>>>,
+}
+
+impl Decoders {
+    /// Contexts decoding with `dictionary` (ZDICT bytes), or with none.
+    pub(crate) fn new(dictionary: Option<Vec<u8>>) -> Self {
+        Self { dictionary, idle: Mutex::new(Vec::new()) }
+    }
+
+    /// A context ready for a frame: idle, or made (with the dictionary loaded).
+    fn take(&self) -> Result<DCtx<'static>, CodecError> {
+        if let Some(context) = self.idle.lock().unwrap_or_else(PoisonError::into_inner).pop() {
+            return Ok(context);
+        }
+        let mut context =
+            DCtx::try_create().ok_or_else(|| CodecError::Corrupt("zstd has no memory".into()))?;
+        if let Some(dictionary) = &self.dictionary {
+            context.load_dictionary(dictionary).map_err(|code| zstd_failed(code, 0))?;
+        }
+        Ok(context)
+    }
+
+    /// Keeps `context` for the next call (its session reset; the dictionary stays loaded).
+    fn give_back(&self, mut context: DCtx<'static>) {
+        if context.reset(ResetDirective::SessionOnly).is_err() {
+            return;
+        }
+        let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
+        if idle.len() < CONTEXTS_IDLE_MAX {
+            idle.push(context);
+        }
+    }
+}
+
+/// Decodes the one zstd frame `input` into `output`, at most `cap` bytes, with a context of
+/// `decoders`.
 pub(crate) fn decode(
-    dictionary: Option<&DecoderDictionary<'_>>,
+    decoders: &Decoders,
     input: &[u8],
     output: &mut Vec<u8>,
     cap: usize,
@@ -42,12 +85,27 @@ pub(crate) fn decode(
         Ok(Some(size)) => usize::try_from(size).map_or(room_max, |size| size.saturating_add(1)),
         Ok(None) => room_max.min(OUTPUT_FIRST_BYTES.max(input.len().saturating_mul(4))),
     };
-    let mut decoder = match dictionary {
-        Some(dictionary) => Decoder::with_prepared_dictionary(dictionary),
-        None => Decoder::new(),
+    let mut context = decoders.take()?;
+    let decoded = decode_with(&mut context, input, output, (cap, room_max, first_room));
+    decoders.give_back(context);
+    if decoded.is_err() {
+        output.clear();
     }
-    .map_err(|e| zstd_failed(&e, cap))?;
-    decoder.set_parameter(DParameter::WindowLogMax(window_log_max(cap))).map_err(|e| zstd_failed(&e, cap))?;
+    decoded
+}
+
+/// [`decode`] with `context`, its output first given `first_room` and never more than
+/// `room_max` bytes.
+fn decode_with(
+    context: &mut DCtx<'static>,
+    input: &[u8],
+    output: &mut Vec<u8>,
+    (cap, room_max, first_room): (usize, usize, usize),
+) -> Result<(), CodecError> {
+    let too_large = CodecError::OutputTooLarge { limit: cap };
+    context
+        .set_parameter(DParameter::WindowLogMax(window_log_max(cap)))
+        .map_err(|code| zstd_failed(code, cap))?;
     grow_to(output, first_room);
     let mut input_buffer = InBuffer::around(input);
     loop {
@@ -58,8 +116,11 @@ pub(crate) fn decode(
             grow_to(output, room_max.min(output.capacity().saturating_mul(2)));
         }
         let left = {
-            let mut output_buffer = OutBuffer::around_pos(output, output.len());
-            decoder.run(&mut input_buffer, &mut output_buffer).map_err(|e| zstd_failed(&e, cap))?
+            let at = output.len();
+            let mut output_buffer = OutBuffer::around_pos(output, at);
+            context
+                .decompress_stream(&mut output_buffer, &mut input_buffer)
+                .map_err(|code| zstd_failed(code, cap))?
         };
         if output.len() > cap {
             return Err(too_large);
@@ -90,14 +151,15 @@ fn grow_to(output: &mut Vec<u8>, room: usize) {
     output.reserve_exact(room.saturating_sub(output.len()));
 }
 
-/// What a zstd error means here: a window over the cap is the cap's limit, the rest corrupt
-/// input (or a dictionary that is not the one the frame names).
-fn zstd_failed(error: &std::io::Error, cap: usize) -> CodecError {
-    let code = error.get_ref().and_then(|e| e.downcast_ref::<zstd::Error>());
-    if code.is_some_and(|c| c.is(ZSTD_ErrorCode::ZSTD_error_frameParameter_windowTooLarge)) {
+/// What a zstd error code means here: a window over the cap is the cap's limit, the rest
+/// corrupt input (or a dictionary that is not the one the frame names).
+fn zstd_failed(code: usize, cap: usize) -> CodecError {
+    let window_too_large =
+        0usize.wrapping_sub(ZSTD_ErrorCode::ZSTD_error_frameParameter_windowTooLarge as usize);
+    if code == window_too_large {
         return CodecError::OutputTooLarge { limit: cap };
     }
-    CodecError::Corrupt(format!("zstd: {error}"))
+    CodecError::Corrupt(format!("zstd: {}", zstd::zstd_safe::get_error_name(code)))
 }
 
 #[cfg(test)]
@@ -117,17 +179,23 @@ mod tests {
     fn one_frame_is_decoded_and_anything_after_it_refused() {
         let frame = zstd::bulk::compress(&[5u8; 10_000], 3).unwrap();
         let mut out = Vec::new();
-        decode(None, &frame, &mut out, 10_000).unwrap();
+        decode(&Decoders::new(None), &frame, &mut out, 10_000).unwrap();
         assert_eq!(out, vec![5u8; 10_000]);
         let twice = [frame.clone(), frame.clone()].concat();
-        assert!(matches!(decode(None, &twice, &mut out, 1 << 20), Err(CodecError::Corrupt(_))));
-        let garbage = [frame.clone(), b"x".to_vec()].concat();
-        assert!(matches!(decode(None, &garbage, &mut out, 1 << 20), Err(CodecError::Corrupt(_))));
         assert!(matches!(
-            decode(None, &frame[..frame.len() - 1], &mut out, 1 << 20),
+            decode(&Decoders::new(None), &twice, &mut out, 1 << 20),
             Err(CodecError::Corrupt(_))
         ));
-        assert!(matches!(decode(None, b"", &mut out, 10), Err(CodecError::Corrupt(_))));
+        let garbage = [frame.clone(), b"x".to_vec()].concat();
+        assert!(matches!(
+            decode(&Decoders::new(None), &garbage, &mut out, 1 << 20),
+            Err(CodecError::Corrupt(_))
+        ));
+        assert!(matches!(
+            decode(&Decoders::new(None), &frame[..frame.len() - 1], &mut out, 1 << 20),
+            Err(CodecError::Corrupt(_))
+        ));
+        assert!(matches!(decode(&Decoders::new(None), b"", &mut out, 10), Err(CodecError::Corrupt(_))));
     }
 
     #[test]
@@ -141,12 +209,12 @@ mod tests {
         encoder.finish().unwrap();
         assert!(matches!(zstd::zstd_safe::get_frame_content_size(&frame), Ok(None)));
         let mut out = Vec::new();
-        decode(None, &frame, &mut out, 300_000).unwrap();
+        decode(&Decoders::new(None), &frame, &mut out, 300_000).unwrap();
         assert_eq!(out.len(), 300_000);
         assert!(out.capacity() <= 300_001, "{}", out.capacity());
         let mut capped = Vec::new();
         assert_eq!(
-            decode(None, &frame, &mut capped, 299_999),
+            decode(&Decoders::new(None), &frame, &mut capped, 299_999),
             Err(CodecError::OutputTooLarge { limit: 299_999 })
         );
         assert!(capped.capacity() <= 300_000, "{}", capped.capacity());
@@ -162,7 +230,7 @@ mod tests {
         encoder.finish().unwrap();
         let mut out = Vec::new();
         assert_eq!(
-            decode(None, &frame, &mut out, 1 << 20),
+            decode(&Decoders::new(None), &frame, &mut out, 1 << 20),
             Err(CodecError::OutputTooLarge { limit: 1 << 20 })
         );
     }
