@@ -31,6 +31,14 @@ pub trait Cipher: Send + Sync {
         output: &mut Vec<u8>,
     ) -> Result<Option<Vec<u8>>, CodecError>;
 
+    /// Whether `recipient` takes only payloads this cipher sealed (its configuration says
+    /// so): the destination dead-letters a message for it that arrives unsealed, so a relay
+    /// cannot strip the seal and pass its own payload off. None, unless overridden.
+    fn requires(&self, recipient: &Address) -> bool {
+        let _ = recipient;
+        false
+    }
+
     /// Opens `sealed`, sealed with step record `param`, for `recipient` into `output` (empty
     /// when called), after checking it, `associated_data` and that it was sealed for
     /// `recipient`.

@@ -39,6 +39,13 @@ fn destination_stages(keys: &[&str]) -> String {
     )
 }
 
+/// C's stages, `C:orders*` taking only payloads sealed under `key`.
+fn requiring_stages(key: &str) -> String {
+    format!(
+        "plugins:\n  stages:\n    - {{ kind: zstd }}\n    - {{ kind: chacha20poly1305, require: [ {{ to: 'C:orders*', keys: [ '{key}' ] }} ] }}\n"
+    )
+}
+
 /// The routes and queues of the chain.
 fn chain(a: &str, c: &str) -> [(&'static str, String); 3] {
     [
@@ -113,15 +120,24 @@ fn sealed_messages_cross_the_relay_and_no_data_directory_holds_their_plaintext()
 
     let got = stdout(&s.run(&["get", "--node", "C", "orders", "--count", "1000", "--wait", "5s"]));
     assert_eq!(got, lines, "C opens every message, intact and in order");
+    let reserved =
+        s.run(&["put", "--node", "A", "--to", "C:orders", "--header", "linkbus.decoded=zstd", "x"]);
+    assert!(
+        !reserved.status.success() && stderr(&reserved).contains("written by nodes only"),
+        "{}",
+        stderr(&reserved)
+    );
     assert!(files_holding(&data, b"SECRET-MARKER").is_empty(), "a get leaves no plaintext behind");
 }
 
 #[test]
 fn a_message_changed_at_the_relay_is_dead_lettered_at_the_destination() {
-    for (tamper, what) in [("payload", "a payload byte"), ("header", "the name")] {
+    for (tamper, what) in
+        [("payload", "a payload byte"), ("header", "the name"), ("strip", "the seal stripped")]
+    {
         let s = Scratch::new();
         let key = payload_key(&s, "orders");
-        let nodes = chain(&origin_stages(&key, ""), &destination_stages(&[&key]));
+        let nodes = chain(&origin_stages(&key, ""), &requiring_stages(&key));
         let cluster = Cluster::write(&s, &LINKS, &extra(&nodes));
         let _a = cluster.start(&s, "A");
         let b = cluster.start_env(&s, "B", &[("LINKBUS_TEST_TAMPER_RELAYED", tamper)]);

@@ -61,7 +61,8 @@ pub(crate) fn clock_offset_ms() -> i64 {
 }
 
 /// Change what a relay passes on (`payload`: flip a byte of each relayed user message's
-/// payload; `header`: change its name), past the link's own integrity checks: the payload
+/// payload; `header`: change its name; `strip`: drop its encoding and put a payload of the
+/// relay's own), past the link's own integrity checks: the payload
 /// cipher's negative control, which must make the destination dead-letter such messages.
 pub(crate) const TAMPER_RELAYED_ENV: &str = "LINKBUS_TEST_TAMPER_RELAYED";
 
@@ -70,13 +71,25 @@ pub(crate) fn tamper_relayed() -> Option<std::sync::Arc<dyn crate::flow::StageFa
     if !set(TAMPER_RELAYED_ENV, false, Some("relayed messages are changed on their way (test-only).")) {
         return None;
     }
-    let header = std::env::var(TAMPER_RELAYED_ENV).is_ok_and(|v| v == "header");
-    Some(std::sync::Arc::new(Tamper { header }))
+    let how = match std::env::var(TAMPER_RELAYED_ENV).as_deref() {
+        Ok("header") => How::Header,
+        Ok("strip") => How::Strip,
+        _ => How::Payload,
+    };
+    Some(std::sync::Arc::new(Tamper { how }))
+}
+
+/// See [`TAMPER_RELAYED_ENV`].
+#[derive(Clone, Copy)]
+enum How {
+    Payload,
+    Header,
+    Strip,
 }
 
 /// See [`TAMPER_RELAYED_ENV`].
 struct Tamper {
-    header: bool,
+    how: How,
 }
 
 impl crate::flow::StageFactory for Tamper {
@@ -85,7 +98,7 @@ impl crate::flow::StageFactory for Tamper {
     }
 
     fn build(&self, context: &crate::flow::StageContext<'_>) -> Option<Box<dyn crate::flow::Stage>> {
-        (context.site == crate::flow::Site::Relay).then(|| Box::new(Tamper { header: self.header }) as _)
+        (context.site == crate::flow::Site::Relay).then(|| Box::new(Tamper { how: self.how }) as _)
     }
 }
 
@@ -93,14 +106,21 @@ impl crate::flow::Stage for Tamper {
     fn run(&mut self, batch: &mut crate::flow::StageBatch<'_, '_>) {
         // (Users' messages only: results and events go on as they are.)
         for message in batch.messages().iter_mut().filter(|m| !m.content.priority.is_system()) {
-            if self.header {
-                message.content.name.push('!');
-            } else if let Some(&last) = message.content.payload.last() {
-                let mut payload = message.content.payload.to_vec();
-                if let Some(byte) = payload.last_mut() {
-                    *byte = last ^ 1;
+            match self.how {
+                How::Header => message.content.name.push('!'),
+                How::Strip => {
+                    message.encoding.clear();
+                    message.content.payload = bytes::Bytes::from_static(b"forged by the relay");
                 }
-                message.content.payload = payload.into();
+                How::Payload => {
+                    if let Some(&last) = message.content.payload.last() {
+                        let mut payload = message.content.payload.to_vec();
+                        if let Some(byte) = payload.last_mut() {
+                            *byte = last ^ 1;
+                        }
+                        message.content.payload = payload.into();
+                    }
+                }
             }
         }
     }

@@ -248,7 +248,10 @@ impl LocalQueue {
     pub fn browse(&self, count_max: usize, bytes_max: usize, now: Instant) -> Vec<Message> {
         let levels = self.lock();
         let entries = levels.levels.iter().rev().flatten();
-        copies(entries, count_max, bytes_max, now).into_iter().map(|(_, m)| m).collect()
+        copies(entries, (count_max, bytes_max, self.decoded_bytes_max()), now)
+            .into_iter()
+            .map(|(_, m)| m)
+            .collect()
     }
 
     /// Like [`LocalQueue::browse`], but only messages that came in after the one with
@@ -267,7 +270,7 @@ impl LocalQueue {
         if levels.levels.iter().filter(|l| !l.is_empty()).count() > 1 {
             newer.sort_unstable_by_key(|e| e.key);
         }
-        copies(newer, count_max, bytes_max, now)
+        copies(newer, (count_max, bytes_max, self.decoded_bytes_max()), now)
     }
 
     /// Drops the oldest waiting messages that the store does not hold (of the lowest level
@@ -498,8 +501,13 @@ impl LocalQueue {
         push_entry(levels, self.config.order, Entry { key, message, enqueued_at: now });
     }
 
+    /// The largest payload a message of this queue opens into (its `message_bytes_max`).
+    fn decoded_bytes_max(&self) -> usize {
+        usize::try_from(self.config.message_bytes_max).unwrap_or(usize::MAX)
+    }
+
     /// Takes messages within `limits`, dropping expired ones on the way: stops before the
-    /// total encoded size would pass `total_bytes_max` (the first message is not held to
+    /// total size (an encoded message counted as it opens) would pass `total_bytes_max` (the first message is not held to
     /// it), and takes nothing when the first message is larger than `message_bytes_max`
     /// (reported in [`Popped::too_large`]; it stays queued). Pending pops keep the messages
     /// in the store until [`LocalQueue::ack`].
@@ -520,7 +528,7 @@ impl LocalQueue {
             let Some(front) = level.front() else { break };
             let elapsed = now.saturating_duration_since(front.enqueued_at).as_millis() as u64;
             let left = front.message.content.lifetime.unwrap_or(Lifetime::UNLIMITED).after(elapsed);
-            let size = linkbus_proto::wire::encoded_len(&front.message);
+            let size = crate::flow::codecs::handed_out_len(&front.message, self.decoded_bytes_max());
             if left.is_some() && size > limits.message_bytes_max {
                 // The first fails the get; a later one just ends it.
                 if popped.messages.is_empty() {
@@ -624,8 +632,7 @@ impl LocalQueue {
 /// one), with their keys, skipping expired ones; lifetimes are what is left at `now`.
 fn copies<'a>(
     entries: impl IntoIterator<Item = &'a Entry>,
-    count_max: usize,
-    bytes_max: usize,
+    (count_max, bytes_max, decoded_bytes_max): (usize, usize, usize),
     now: Instant,
 ) -> Vec<(u64, Message)> {
     let mut out = Vec::new();
@@ -635,7 +642,7 @@ fn copies<'a>(
         let Some(left) = e.message.content.lifetime.unwrap_or(Lifetime::UNLIMITED).after(elapsed) else {
             continue;
         };
-        let size = linkbus_proto::wire::encoded_len(&e.message);
+        let size = crate::flow::codecs::handed_out_len(&e.message, decoded_bytes_max);
         if out.len() >= count_max || (!out.is_empty() && bytes + size > bytes_max) {
             break;
         }

@@ -489,14 +489,22 @@ fn read_encoding(r: &mut Reader) -> Result<Encoding, ReadError> {
         .collect()
 }
 
+/// Headers nodes write on a message on its way, which [`associated_data`] leaves out: a
+/// dead letter's marks and the size of a payload as written. Every other header is bound.
+pub const UNBOUND_HEADERS: [&str; 4] = [
+    "linkbus.dead_letter_code",
+    "linkbus.dead_letter_reason",
+    "linkbus.dead_letter_recipients",
+    "linkbus.payload_bytes",
+];
+
 /// Appends what a payload cipher binds of `message` as associated data, for the steps
 /// `before` the cipher's (which it binds too) and the cipher's own id `codec`: what no node
 /// changes on the way.
 ///
 /// Bound: the message id (source, sequence, creation time), kind, priority, whether results
-/// are wanted, the name, the user's headers (those whose key does not start with `linkbus.`:
-/// nodes add those, a dead-letter reason for one), the group, the correlation id, and the
-/// codec steps. Not bound, as they change on the way: recipients (a relay splits a message per
+/// are wanted, the name, the headers but [`UNBOUND_HEADERS`] (which nodes write on the way),
+/// the group, the correlation id, and the codec steps. Not bound, as they change on the way: recipients (a relay splits a message per
 /// next hop; the cipher binds each recipient's address itself), reliability (resolved by the
 /// accepting node), the remaining lifetime and the hop count (every hop changes them), and a
 /// consumer's redelivery marks.
@@ -512,7 +520,7 @@ pub fn associated_data(message: &Message, before: &[Step], codec: u8, out: &mut 
     out.extend_from_slice(&message.id.created_unix_ms.to_be_bytes());
     out.extend_from_slice(&[content.kind.code(), content.priority.code(), u8::from(content.results)]);
     put_bytes(out, content.name.as_bytes());
-    let user = |(key, _): &&(String, String)| !key.starts_with("linkbus.");
+    let user = |(key, _): &&(String, String)| !UNBOUND_HEADERS.contains(&key.as_str());
     out.extend_from_slice(&(content.headers.iter().filter(user).count() as u64).to_be_bytes());
     for (key, value) in content.headers.iter().filter(user) {
         put_bytes(out, key.as_bytes());
@@ -693,8 +701,10 @@ mod tests {
         moved.content.reliability = Reliability::Volatile;
         moved.redelivered = !moved.redelivered;
         moved.content.headers.push(("linkbus.dead_letter_code".into(), "x".into()));
+        moved.content.headers.push(("linkbus.payload_bytes".into(), "9".into()));
         assert_eq!(ad(&moved), ad(&m), "what nodes change on the way is not bound");
-        let changed: [fn(&mut Message); 6] = [
+        let changed: [fn(&mut Message); 7] = [
+            |m| m.content.headers.push(("linkbus.other".into(), "x".into())),
             |m| m.id.sequence += 1,
             |m| m.content.name.push('x'),
             |m| m.content.headers[0].1.push('x'),

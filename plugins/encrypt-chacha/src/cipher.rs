@@ -24,6 +24,9 @@ pub struct ChaChaCipher {
     keys: Vec<PayloadKey>,
     /// In the order written: a recipient's key is its first matching rule's.
     rules: Vec<Rule>,
+    /// Recipients that take only payloads sealed under one of their keys (indexes into
+    /// `keys`); a recipient's entry is the first that matches it.
+    require: Vec<(Vec<AddressPattern>, Vec<usize>)>,
 }
 
 /// A loaded key.
@@ -75,7 +78,27 @@ impl ChaChaCipher {
             .map(|key| PayloadKey { id: key_id(key), aead: XChaCha20Poly1305::new(&Key::from(*key)) })
             .collect();
         let rules = settings.rules.into_iter().map(|r| Rule { to: r.to, key: r.key }).collect();
-        Self { keys, rules }
+        let require = settings.require.into_iter().map(|r| (r.to, r.keys)).collect();
+        Self { keys, rules, require }
+    }
+
+    /// The keys `recipient` takes payloads under, when a `require` entry names it.
+    fn required_keys(&self, recipient: &Address) -> Option<&[usize]> {
+        self.require.iter().find(|(to, _)| to.iter().any(|p| p.matches(recipient))).map(|(_, keys)| &keys[..])
+    }
+
+    /// The loaded key `id`, when `recipient` may take a payload sealed under it.
+    fn key_opening(&self, recipient: &Address, id: &[u8; KEY_ID_BYTES]) -> Result<&PayloadKey, CodecError> {
+        let key = self.key(id)?;
+        match self.required_keys(recipient) {
+            Some(allowed) if !allowed.iter().any(|i| self.keys.get(*i).is_some_and(|k| k.id == *id)) => {
+                Err(CodecError::Corrupt(format!(
+                    "sealed under payload key {}, which {recipient} does not take (its require names others)",
+                    hex(id)
+                )))
+            }
+            _ => Ok(key),
+        }
     }
 
     /// The key of `recipient`'s first matching rule.
@@ -165,7 +188,7 @@ impl ChaChaCipher {
             .iter()
             .find(|w| w.address == address.as_bytes())
             .ok_or_else(|| CodecError::Corrupt(format!("not sealed for {recipient}")))?;
-        let key = self.key(&wrap.key_id)?;
+        let key = self.key_opening(recipient, &wrap.key_id)?;
         let aad = wrap_associated_data(associated_data, address.as_bytes());
         let data_key = key
             .aead
@@ -225,6 +248,10 @@ impl Cipher for ChaChaCipher {
         sealed.map(Some)
     }
 
+    fn requires(&self, recipient: &Address) -> bool {
+        self.required_keys(recipient).is_some()
+    }
+
     fn open(
         &self,
         recipient: &Address,
@@ -235,7 +262,7 @@ impl Cipher for ChaChaCipher {
     ) -> Result<(), CodecError> {
         output.clear();
         let opened = match record::parse(param)? {
-            Record::Direct { key_id, nonce } => self.key(&key_id).and_then(|key| {
+            Record::Direct { key_id, nonce } => self.key_opening(recipient, &key_id).and_then(|key| {
                 let aad = [associated_data, recipient.to_string().as_bytes()].concat();
                 output.extend_from_slice(sealed);
                 key.aead.decrypt_in_place(&XNonce::from(nonce), &aad, output).map_err(|_| failed())

@@ -8,7 +8,15 @@
 //!   keys: [keys/orders-1.key]     # more keys it opens with (old keys kept after a rotation)
 //!   rules:                        # per recipient: the first rule whose `to` matches names its key
 //!     - { to: 'C:orders*', key: keys/orders-2.key }
+//!   require:                      # at a destination: these recipients take only payloads
+//!     - { to: 'C:orders*', keys: [keys/orders-2.key, keys/orders-1.key] }  # sealed under these
 //! ```
+//!
+//! A recipient a `require` entry names takes only messages this cipher sealed last, under
+//! one of the entry's keys: the host dead-letters one that arrives unsealed
+//! ([`Cipher::requires`](linkbus_plugin_api::Cipher::requires)), and opening refuses one
+//! sealed under another key the node holds. Without it, any key the node holds opens a
+//! payload for any of its queues, and a relay could pass an unsealed message off.
 //!
 //! A key file holds 64 hex digits (a line ending may follow) and must be readable by its
 //! owner only (`chmod 600`); [`write_new_key_file`] makes one. Keys named by rules are loaded

@@ -8,12 +8,35 @@ use linkbus_plugin_api::{AddressPattern, ConfigValue, Section};
 use crate::key::{KEY_BYTES, read_key_file};
 
 /// The whole section, as read.
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub(crate) struct Settings {
     /// Every key that loaded (from `keys` and from rules), each once.
     pub(crate) keys: Vec<[u8; KEY_BYTES]>,
     /// Rules in the order written: a recipient's key is its first matching rule's.
     pub(crate) rules: Vec<RuleSettings>,
+    /// Recipients that take only payloads sealed under one of their keys, in the order
+    /// written: a recipient's entry is the first that matches it.
+    pub(crate) require: Vec<RequireSettings>,
+}
+
+impl std::fmt::Debug for Settings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // (Never the keys themselves.)
+        f.debug_struct("Settings")
+            .field("keys", &self.keys.len())
+            .field("rules", &self.rules)
+            .field("require", &self.require)
+            .finish()
+    }
+}
+
+/// One entry of `require`.
+#[derive(Debug)]
+pub(crate) struct RequireSettings {
+    /// Recipients it is for.
+    pub(crate) to: Vec<AddressPattern>,
+    /// Indexes into [`Settings::keys`] of the keys their payloads may be sealed under.
+    pub(crate) keys: Vec<usize>,
 }
 
 /// One entry of `rules`.
@@ -56,6 +79,30 @@ pub(crate) fn read(section: &Section<'_>) -> Settings {
         if let (Some(to), Some(key)) = (to, key) {
             let key = settings.index_of(key);
             settings.rules.push(RuleSettings { to, key });
+        }
+    }
+    for (path, value) in section.list("require") {
+        let Some(entry) = Section::new(diag, path, value) else { continue };
+        let to = entry.required("to", read_patterns);
+        let mut keys = Vec::new();
+        for (path, value) in entry.list("keys") {
+            match value {
+                ConfigValue::Str(file) => match read_key_file(Path::new(file)) {
+                    Ok(key) => keys.push(settings.index_of(key)),
+                    Err(e) => diag.error(path, e),
+                },
+                other => {
+                    diag.error(path, format!("expected the path of a key file, found {}", other.type_name()))
+                }
+            }
+        }
+        if keys.is_empty() {
+            entry.error("keys", "name the key files payloads for these recipients may be sealed under");
+        }
+        declared += keys.len();
+        entry.finish();
+        if let Some(to) = to {
+            settings.require.push(RequireSettings { to, keys });
         }
     }
     if declared == 0 {

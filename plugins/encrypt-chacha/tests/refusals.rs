@@ -83,3 +83,34 @@ fn a_changed_record_payload_or_address_never_opens() {
         assert!(matches!(open("C:q", bad, &sealed), Err(CodecError::Corrupt(_))), "{bad:?}");
     }
 }
+
+/// A `require` entry ties a recipient to its keys: a payload sealed under another key the
+/// node holds does not open for it, and the host learns which recipients take only sealed
+/// payloads.
+#[test]
+fn a_required_recipient_opens_only_payloads_sealed_under_its_keys() {
+    let dir = tempfile::tempdir().unwrap();
+    let (orders, audit) = (new_key(dir.path(), "orders.key"), new_key(dir.path(), "audit.key"));
+    let origin = cipher(&format!(
+        "kind: chacha20poly1305\nrules:\n  - {{ to: 'C:orders', key: '{}' }}\n  - {{ to: 'C:audit', key: '{}' }}",
+        audit.display(),
+        audit.display()
+    ));
+    let destination = cipher(&format!(
+        "kind: chacha20poly1305\nkeys: ['{}']\nrequire: [ {{ to: 'C:orders*', keys: ['{}'] }} ]",
+        audit.display(),
+        orders.display()
+    ));
+    assert!(destination.requires(&address("C:orders")) && !destination.requires(&address("C:audit")));
+    let (param, sealed) = seal(&origin, &["C:orders"], b"under the audit key", b"ad");
+    let mut out = Vec::new();
+    let error = destination.open(&address("C:orders"), &param, &sealed, b"ad", &mut out).unwrap_err();
+    assert!(error.to_string().contains("does not take"), "{error}");
+    let (param, sealed) = seal(&origin, &["C:audit"], b"for audit", b"ad");
+    destination.open(&address("C:audit"), &param, &sealed, b"ad", &mut out).unwrap();
+    assert_eq!(out, b"for audit");
+    let without_keys =
+        serde_saphyr::from_str("kind: chacha20poly1305\nrequire: [ { to: 'C:orders' } ]").unwrap();
+    let error = linkbus_encrypt_chacha::ChaChaCipher::from_config(&without_keys).err().unwrap();
+    assert!(format!("{error:?}").contains("name the key files"), "{error:?}");
+}

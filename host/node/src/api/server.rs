@@ -408,6 +408,7 @@ async fn serve(node: Arc<NodeState>, mut stream: UnixStream, mut shutdown: watch
                 None => return,
             },
         };
+        let asked = decoded.as_ref().ok().and_then(queue_asked);
         let (response, taken_from) = match decoded {
             // A get may wait long: stop it, before it takes anything, if the client leaves.
             // (When the node stops, what waits for others ends with an error, and a put or
@@ -436,7 +437,7 @@ async fn serve(node: Arc<NodeState>, mut stream: UnixStream, mut shutdown: watch
             continue;
         }
         // (Opened only on its way out: what goes back to a queue goes back as stored.)
-        match opened(&node, &response) {
+        match opened(&node, asked.as_deref(), &response) {
             Some(opened) => opened.encode_chunks(&mut chunks),
             None => response.encode_chunks(&mut chunks),
         }
@@ -464,11 +465,23 @@ async fn serve(node: Arc<NodeState>, mut stream: UnixStream, mut shutdown: watch
     }
 }
 
+/// The queue a request takes or reads messages from, if it does.
+fn queue_asked(request: &Request) -> Option<String> {
+    match request {
+        Request::Get { queue, .. }
+        | Request::Consume { queue, .. }
+        | Request::Browse { queue, .. }
+        | Request::Follow { queue, .. } => Some(queue.clone()),
+        _ => None,
+    }
+}
+
 /// `response` as its client gets it, when it hands out encoded messages: opened (see
-/// [`crate::flow::codecs::open_for_client`]).
-fn opened(node: &NodeState, response: &Response) -> Option<Response> {
+/// [`crate::flow::codecs::open_for_client`]), unless they come from the dead-letter queue.
+fn opened(node: &NodeState, queue: Option<&str>, response: &Response) -> Option<Response> {
     let Response::Messages { messages, tags } = response else { return None };
-    let messages = crate::flow::codecs::open_for_client(node, messages)?;
+    let dead_letters = queue? == crate::flow::dead_letter::DEAD_LETTER_QUEUE;
+    let messages = crate::flow::codecs::open_for_client(node, messages, dead_letters)?;
     Some(Response::Messages { messages, tags: tags.clone() })
 }
 
@@ -627,8 +640,9 @@ impl linkbus_client::InProcessNode for InProcess {
             if self.node.stopping() {
                 return refused(ErrorCode::Internal, format!("node {} is shut down", self.node.name()));
             }
+            let asked = queue_asked(&request);
             let response = handle(&self.node, request, &mut self.held).await.0;
-            opened(&self.node, &response).unwrap_or(response)
+            opened(&self.node, asked.as_deref(), &response).unwrap_or(response)
         })
     }
 }

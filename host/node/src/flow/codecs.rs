@@ -17,6 +17,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use bytes::Bytes;
+use linkbus_plugin_api::message::{ENCODING_STEPS_MAX, STEP_PARAM_BYTES_MAX};
 use linkbus_plugin_api::registry::{self, BuildContext, Factory};
 use linkbus_plugin_api::{Address, Cipher, CodecError, Compressor, Message, PluginError, Step};
 use linkbus_proto::wire::associated_data;
@@ -24,6 +25,35 @@ use linkbus_proto::wire::associated_data;
 use super::refusal::{Refusal, RefusalCode};
 use super::stages::{Site, Stage, StageBatch, StageContext, StageFactory};
 use crate::config::Config;
+
+/// Header with the size of an encoded message's payload as written (set by the origin,
+/// checked and set again by the destination as it decodes it): what a get counts the message
+/// as. Not bound by a cipher ([`linkbus_proto::wire::UNBOUND_HEADERS`]).
+pub const PAYLOAD_BYTES_HEADER: &str = "linkbus.payload_bytes";
+
+/// Bytes `message` takes when handed to a client: its wire form, with an encoded payload
+/// counted at its size as written ([`PAYLOAD_BYTES_HEADER`]; without it, as `bytes_max`, the
+/// most it can be), so a get of small compressed messages never opens into more than its
+/// limits allow.
+pub(crate) fn handed_out_len(message: &Message, bytes_max: usize) -> usize {
+    let encoded = linkbus_proto::wire::encoded_len(message);
+    if !message.is_encoded() {
+        return encoded;
+    }
+    let written =
+        message.content.header(PAYLOAD_BYTES_HEADER).and_then(|v| v.parse().ok()).unwrap_or(bytes_max);
+    encoded.saturating_sub(message.content.payload.len()).saturating_add(written.min(bytes_max))
+}
+
+/// Sets `message`'s [`PAYLOAD_BYTES_HEADER`] to `bytes` (when there is room for a header).
+pub(crate) fn mark_payload_bytes(message: &mut Message, bytes: usize) {
+    let headers = &mut message.content.headers;
+    if let Some((_, value)) = headers.iter_mut().find(|(k, _)| k == PAYLOAD_BYTES_HEADER) {
+        *value = bytes.to_string();
+    } else if headers.len() < linkbus_plugin_api::message::HEADERS_MAX {
+        headers.push((PAYLOAD_BYTES_HEADER.to_owned(), bytes.to_string()));
+    }
+}
 
 /// Codec ids below this are compressors', the others ciphers' (so a node that has neither
 /// configured still knows which failure a step it cannot undo is).
@@ -159,6 +189,34 @@ impl Codecs {
             .collect()
     }
 
+    /// Whether a cipher is configured (which may require messages to arrive sealed).
+    pub(crate) fn has_cipher(&self) -> bool {
+        self.order.iter().any(|id| *id >= CIPHER_IDS_FROM)
+    }
+
+    /// Checks that `message`, arriving for `recipient`, was sealed last by each configured
+    /// cipher that requires it ([`Cipher::requires`]).
+    ///
+    /// # Errors
+    /// The `decrypt_failed` refusal naming the cipher and what arrived.
+    pub(crate) fn check_required(&self, message: &Message, recipient: &Address) -> Result<(), Refusal> {
+        for (name, codec) in self.order.iter().filter_map(|id| self.by_id.get(id)) {
+            let Codec::Cipher(cipher) = codec else { continue };
+            if !cipher.requires(recipient) || message.encoding.last().is_some_and(|s| s.codec == cipher.id())
+            {
+                continue;
+            }
+            let how = if message.is_encoded() { "not sealed by it last" } else { "unsealed" };
+            return Err(Refusal::new(
+                RefusalCode::DecryptFailed,
+                format!(
+                    "{recipient} takes only messages sealed by '{name}' (its require), and this one arrived {how}"
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     /// The plaintext of `message`'s payload for `recipient`, never more than `bytes_max`.
     ///
     /// # Errors
@@ -243,10 +301,24 @@ impl Stage for Encode {
             };
             match done {
                 Ok(None) => {}
+                Ok(Some(param))
+                    if param.len() > STEP_PARAM_BYTES_MAX || message.encoding.len() >= ENCODING_STEPS_MAX =>
+                {
+                    let reason = format!(
+                        "its record of {} bytes, or its step after {} others, is over the limits ({STEP_PARAM_BYTES_MAX} bytes, {ENCODING_STEPS_MAX} steps)",
+                        param.len(),
+                        message.encoding.len()
+                    );
+                    batch.refuse(index, reason);
+                }
                 Ok(Some(param)) => {
                     messages += 1;
                     bytes_in += message.content.payload.len() as u64;
                     bytes_out += out.len() as u64;
+                    if !message.is_encoded() {
+                        let written = message.content.payload.len();
+                        mark_payload_bytes(message, written);
+                    }
                     message.content.payload = Bytes::from(out);
                     message.encoding.push(Step { codec: self.codec.id(), param: Bytes::from(param) });
                 }
@@ -262,30 +334,31 @@ impl Stage for Encode {
 }
 
 /// `messages` as a client gets them, when one of them is encoded (`None` otherwise): each
-/// encoded one opened, in memory, for a recipient of it on this node. One that does not open
-/// (its key or dictionary was removed since it arrived) is handed out as stored, its encoding
-/// showing, with a warning: never as if it were plaintext. Dead letters are handed out as
-/// stored (they were not delivered; a dead letter's plaintext never leaves the node).
-pub(crate) fn open_for_client(node: &crate::node::NodeState, messages: &[Message]) -> Option<Vec<Message>> {
-    if !messages.iter().any(Message::is_encoded) {
+/// encoded one opened, in memory, for a recipient of it on this node, with a
+/// [`DECODED_HEADER`] naming the codecs undone. One that does not open (its key or dictionary
+/// was removed since it arrived) is handed out as stored, its encoding showing, with a
+/// warning: never as if it were plaintext. Messages of the dead-letter queue (`dead_letters`)
+/// are handed out as stored: they were not delivered, and a dead letter's plaintext never
+/// leaves the node.
+pub(crate) fn open_for_client(
+    node: &crate::node::NodeState,
+    messages: &[Message],
+    dead_letters: bool,
+) -> Option<Vec<Message>> {
+    if dead_letters || !messages.iter().any(Message::is_encoded) {
         return None;
     }
     let bytes_max = usize::try_from(node.config().messages.message_bytes_max).unwrap_or(usize::MAX);
     let opened = messages
         .iter()
         .map(|message| {
-            if !message.is_encoded() || message.content.header(super::dead_letter::DEAD_LETTER_CODE_HEADER).is_some() {
+            if !message.is_encoded() {
                 return message.clone();
             }
             let mut last = None;
             for to in message.content.recipients.iter().filter(|to| &to.node == node.name()) {
                 match node.codecs().decode(message, to, bytes_max) {
-                    Ok(payload) => {
-                        let mut opened = message.clone();
-                        opened.content.payload = payload;
-                        opened.encoding.clear();
-                        return opened;
-                    }
+                    Ok(payload) => return opened(node.codecs(), message, payload),
                     Err(refusal) => last = Some(refusal),
                 }
             }
@@ -297,4 +370,29 @@ pub(crate) fn open_for_client(node: &crate::node::NodeState, messages: &[Message
         })
         .collect();
     Some(opened)
+}
+
+/// Header of a message handed to a client opened: the codecs undone, in the order applied
+/// (`zstd,chacha20poly1305`). A payload a cipher opened is one a relay could not have
+/// changed; one without the header arrived as its sender wrote it.
+pub const DECODED_HEADER: &str = "linkbus.decoded";
+
+/// Headers a client may not put: the node's marks of encoded messages.
+pub(crate) const RESERVED_HEADERS: [&str; 2] = [PAYLOAD_BYTES_HEADER, DECODED_HEADER];
+
+/// `message` with `payload`, its encoding undone, and marked so ([`DECODED_HEADER`]).
+fn opened(codecs: &Codecs, message: &Message, payload: Bytes) -> Message {
+    let mut opened = message.clone();
+    opened.content.payload = payload;
+    let names: Vec<&str> = message
+        .encoding
+        .iter()
+        .map(|s| codecs.by_id.get(&s.codec).map_or("?", |(n, _)| n.as_str()))
+        .collect();
+    opened.content.headers.retain(|(k, _)| k != PAYLOAD_BYTES_HEADER && k != DECODED_HEADER);
+    if opened.content.headers.len() < linkbus_plugin_api::message::HEADERS_MAX {
+        opened.content.headers.push((DECODED_HEADER.to_owned(), names.join(",")));
+    }
+    opened.encoding.clear();
+    opened
 }

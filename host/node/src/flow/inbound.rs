@@ -139,21 +139,43 @@ impl Inbound {
 /// The arrivals for this node whose payload does not decode here, and why: each encoded
 /// one is decoded (in memory, bounded by the receiving queue's limit, then dropped) for each
 /// of its recipients here, so what cannot be opened is dead-lettered now and its origin told,
-/// not found out at a get. (Queues keep the message as it came: see `flow::codecs`.)
-fn undecodable(node: &NodeState, arrivals: &[Arrival]) -> Vec<(usize, Refusal)> {
+/// not found out at a get; one that decodes is marked with its size as written (what a get
+/// counts it as). A recipient that takes only sealed messages refuses one that is not.
+/// (Queues keep the message as it came: see `flow::codecs`.)
+fn undecodable(node: &NodeState, arrivals: &mut [Arrival]) -> Vec<(usize, Refusal)> {
     let mut refused = Vec::new();
-    for (index, arrival) in arrivals.iter().enumerate().filter(|(_, a)| a.message.is_encoded()) {
-        let message = &arrival.message;
+    let codecs = node.codecs();
+    let check_all = codecs.has_cipher();
+    for (index, arrival) in arrivals.iter_mut().enumerate() {
+        let message = &mut arrival.message;
+        if !message.is_encoded() && !check_all {
+            continue;
+        }
+        let mut decoded = None;
         for to in message.content.recipients.iter().filter(|to| &to.node == node.name()) {
             // (A missing queue is placement's to dead-letter.)
             let Some(queue) = node.queue(to.queue.as_str()) else { continue };
-            let bytes_max = queue.config().message_bytes_max.min(node.config().messages.message_bytes_max);
-            if let Err(refusal) =
-                node.codecs().decode(message, to, usize::try_from(bytes_max).unwrap_or(usize::MAX))
-            {
-                refused.push((index, refusal));
-                break;
+            let checked = codecs.check_required(message, to).and_then(|()| {
+                if !message.is_encoded() {
+                    return Ok(None);
+                }
+                let bytes_max =
+                    queue.config().message_bytes_max.min(node.config().messages.message_bytes_max);
+                codecs
+                    .decode(message, to, usize::try_from(bytes_max).unwrap_or(usize::MAX))
+                    .map(|p| Some(p.len()))
+            });
+            match checked {
+                Ok(len) => decoded = decoded.or(len),
+                Err(refusal) => {
+                    refused.push((index, refusal));
+                    decoded = None;
+                    break;
+                }
             }
+        }
+        if let Some(len) = decoded {
+            super::codecs::mark_payload_bytes(message, len);
         }
     }
     refused

@@ -253,6 +253,11 @@ fn check_content(node: &NodeState, content: &Content) -> Result<(), Refusal> {
     if content.priority.is_system() {
         return Err(Refusal::new(RefusalCode::Invalid, "the system priority is reserved for the node"));
     }
+    if let Some((key, _)) =
+        content.headers.iter().find(|(k, _)| super::codecs::RESERVED_HEADERS.contains(&k.as_str()))
+    {
+        return Err(Refusal::new(RefusalCode::Invalid, format!("header '{key}' is written by nodes only")));
+    }
     // Perf: the queue lookup that resolves the reliability is made only when short of room.
     if let Err(reason) = node.disk().admit(content.payload.len() as u64)
         && node.reliability_of(content) == Reliability::Persistent
