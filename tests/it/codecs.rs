@@ -219,11 +219,13 @@ fn messages_sealed_under_a_rotated_key_still_open_and_none_is_lost() {
         Duration::from_secs(30),
     );
     assert!(put.status.success(), "{}", stderr(&put));
-    // A takes up the new key (a restart with the new rule), and C comes up holding both.
-    assert!(a.stop(), "A stops cleanly");
+    // A takes up the new key at a restart (a reload says so), and C comes up holding both.
     let config = &cluster.configs["A"];
     let text = std::fs::read_to_string(config).expect("a.yaml").replace(&old, &new);
     std::fs::write(config, text).expect("a.yaml");
+    let reload = stdout(&s.run(&["reload", "--node", "A"]));
+    assert!(reload.contains("taken up only at the next restart: plugins.stages"), "{reload}");
+    assert!(a.stop(), "A stops cleanly");
     let _a = cluster.start(&s, "A");
     let _c = cluster.start(&s, "C");
     let second: String = (50..100).map(|n| order(n, "R") + "\n").collect();

@@ -39,7 +39,13 @@ pub(crate) fn hex(bytes: &[u8]) -> String {
 /// `chmod 600` it), or its content is not a key.
 pub fn read_key_file(path: &Path) -> Result<[u8; KEY_BYTES], String> {
     let shown = path.display();
-    let meta = std::fs::metadata(path).map_err(|e| format!("cannot read payload key file {shown}: {e}"))?;
+    let unreadable = |e: std::io::Error| format!("cannot read payload key file {shown}: {e}");
+    // The mode of the file opened, not of a path that could change between two looks.
+    let file = std::fs::File::open(path).map_err(unreadable)?;
+    let meta = file.metadata().map_err(unreadable)?;
+    if !meta.is_file() {
+        return Err(format!("payload key file {shown} is not a regular file"));
+    }
     let mode = meta.permissions().mode() & 0o777;
     if mode & 0o077 != 0 {
         return Err(format!(
@@ -47,9 +53,7 @@ pub fn read_key_file(path: &Path) -> Result<[u8; KEY_BYTES], String> {
         ));
     }
     let mut text = Vec::new();
-    std::fs::File::open(path)
-        .and_then(|file| file.take(KEY_FILE_BYTES_MAX).read_to_end(&mut text))
-        .map_err(|e| format!("cannot read payload key file {shown}: {e}"))?;
+    file.take(KEY_FILE_BYTES_MAX).read_to_end(&mut text).map_err(unreadable)?;
     parse_key(&text).map_err(|e| format!("payload key file {shown}: {e}"))
 }
 

@@ -64,6 +64,7 @@ impl NodeState {
             ("events", new.events != old.events),
             ("plugins.transport", new.plugins.transport != old.plugins.transport),
             ("plugins.store", new.plugins.store != old.plugins.store),
+            ("plugins.stages", new.plugins.stages != old.plugins.stages),
         ]
         .into_iter()
         .filter_map(|(section, changed)| changed.then_some(section))
