@@ -310,3 +310,34 @@ fn the_end_to_end_example_runs_as_written() {
     let got = stdout(&s.run(&["get", "--node", "C", "orders", "--count", "100", "--wait", "5s"]));
     assert_eq!(got, lines);
 }
+
+/// A sealed message for a queue on the relay, which cannot open it, and for C: the relay
+/// dead-letters its own copy and still relays C's, which C opens.
+#[test]
+fn a_recipient_that_cannot_open_fails_alone() {
+    let s = Scratch::new();
+    let key = payload_key(&s, "orders");
+    let a = format!(
+        "plugins:\n  stages:\n    - {{ kind: chacha20poly1305, rules: [ {{ to: ['C:orders*', 'B:q'], key: '{key}' }} ] }}\n"
+    );
+    let mut nodes = chain(&a, &destination_stages(&[&key]));
+    nodes[1].1 = "queues: [ { name: q } ]\n".into();
+    let (_cluster, _nodes) = Cluster::up(&s, &LINKS, &extra(&nodes));
+    let put = s.run(&[
+        "put",
+        "--node",
+        "A",
+        "--to",
+        "C:orders",
+        "--to",
+        "B:q",
+        "--persistent",
+        "--wait-result",
+        "20s",
+        "for both",
+    ]);
+    let out = stdout(&put);
+    assert!(out.contains("C:orders delivered") && out.contains("B:q failed decrypt_failed"), "{out}{}", stderr(&put));
+    assert_eq!(stdout(&s.run(&["get", "--node", "C", "orders", "--wait", "5s"])), "for both\n");
+    assert!(stdout(&s.run(&["dlq", "ls", "--node", "B"])).contains("decrypt_failed  to B:q"));
+}

@@ -56,7 +56,7 @@ impl Inbound {
         mut arrivals: Vec<Arrival>,
         now: Instant,
     ) -> (usize, Result<(), QueueError>) {
-        let refused = self.run_stages(node, &mut arrivals);
+        let refused = self.run_stages(node, &mut arrivals, now);
         let mut taken = 0;
         let mut arrivals = arrivals.into_iter().enumerate().peekable();
         let free = |index: usize| !refused.iter().any(|(i, _)| *i == index);
@@ -106,8 +106,13 @@ impl Inbound {
 
     /// Runs the stages over the batch (each chain once, over the messages of its site);
     /// returns the refused ones' places.
-    fn run_stages(&mut self, node: &NodeState, arrivals: &mut [Arrival]) -> Vec<(usize, Refusal)> {
-        let mut refused = undecodable(node, arrivals);
+    fn run_stages(
+        &mut self,
+        node: &NodeState,
+        arrivals: &mut [Arrival],
+        now: Instant,
+    ) -> Vec<(usize, Refusal)> {
+        let mut refused = undecodable(node, arrivals, now);
         if self.relay.is_empty() && self.delivery.is_empty() {
             return refused;
         }
@@ -142,7 +147,12 @@ impl Inbound {
 /// not found out at a get; one that decodes is marked with its size as written (what a get
 /// counts it as). A recipient that takes only sealed messages refuses one that is not.
 /// (Queues keep the message as it came: see `flow::codecs`.)
-fn undecodable(node: &NodeState, arrivals: &mut [Arrival]) -> Vec<(usize, Refusal)> {
+///
+/// A message that fails for some of its recipients only goes on for the others: a copy for
+/// those it failed for is dead-lettered at once (a crash before the rest is stored makes the
+/// peer send it again, and that copy is made again: a dead letter may repeat, nothing is
+/// lost).
+fn undecodable(node: &NodeState, arrivals: &mut [Arrival], now: Instant) -> Vec<(usize, Refusal)> {
     let mut refused = Vec::new();
     let codecs = node.codecs();
     let check_all = codecs.has_cipher();
@@ -152,6 +162,7 @@ fn undecodable(node: &NodeState, arrivals: &mut [Arrival]) -> Vec<(usize, Refusa
             continue;
         }
         let mut decoded = None;
+        let mut failed: Vec<(linkbus_plugin_api::Address, Refusal)> = Vec::new();
         for to in message.content.recipients.iter().filter(|to| &to.node == node.name()) {
             // (A missing queue is placement's to dead-letter.)
             let Some(queue) = node.queue(to.queue.as_str()) else { continue };
@@ -167,18 +178,57 @@ fn undecodable(node: &NodeState, arrivals: &mut [Arrival]) -> Vec<(usize, Refusa
             });
             match checked {
                 Ok(len) => decoded = decoded.or(len),
-                Err(refusal) => {
-                    refused.push((index, refusal));
-                    decoded = None;
-                    break;
-                }
+                Err(refusal) => failed.push((to.clone(), refusal)),
             }
+        }
+        if let Some((_, refusal)) = failed.first()
+            && (failed.len() == message.content.recipients.len()
+                || !dead_letter_some(node, message, &failed, now))
+        {
+            refused.push((index, refusal.clone()));
+            continue;
         }
         if let Some(len) = decoded {
             super::codecs::mark_payload_bytes(message, len);
         }
     }
     refused
+}
+
+/// Dead-letters a copy of `message` for the recipients in `failed` (with the first one's
+/// reason) and takes them off it; `false`, changing nothing, when the dead-letter queue has
+/// no room for it.
+fn dead_letter_some(
+    node: &NodeState,
+    message: &mut Message,
+    failed: &[(linkbus_plugin_api::Address, Refusal)],
+    now: Instant,
+) -> bool {
+    let Some((_, refusal)) = failed.first() else { return true };
+    if dead_letter::check_room(node, 1).is_err() {
+        return false;
+    }
+    let recipients: Vec<_> = failed.iter().map(|(to, _)| to.clone()).collect();
+    let mut copy = message.clone();
+    copy.content.recipients = recipients.iter().cloned().collect();
+    message.content.recipients.retain(|to| !recipients.contains(to));
+    let why = dead_letter::DeadLetter {
+        code: dead_letter_code(refusal.code),
+        reason: &refusal.reason,
+        failed: recipients,
+    };
+    dead_letter::put(node, copy, why, now, Batch::new());
+    true
+}
+
+/// The dead-letter code of a refusal on arrival.
+fn dead_letter_code(code: RefusalCode) -> DeadLetterCode {
+    match code {
+        RefusalCode::DecodeFailed => DeadLetterCode::DecodeFailed,
+        RefusalCode::DecryptFailed => DeadLetterCode::DecryptFailed,
+        RefusalCode::TooLarge => DeadLetterCode::TooLarge,
+        _ => DeadLetterCode::FilterRejected,
+    }
 }
 
 /// Whether a message that arrived may go in a run with others: volatile (nothing to record),
@@ -267,12 +317,7 @@ fn take_refused(
 ) -> Result<(), QueueError> {
     let Arrival { message, record } = arrival;
     let failed = Failed {
-        code: match refusal.code {
-            RefusalCode::DecodeFailed => DeadLetterCode::DecodeFailed,
-            RefusalCode::DecryptFailed => DeadLetterCode::DecryptFailed,
-            RefusalCode::TooLarge => DeadLetterCode::TooLarge,
-            _ => DeadLetterCode::FilterRejected,
-        },
+        code: dead_letter_code(refusal.code),
         reason: refusal.reason.clone(),
         recipients: message.content.recipients.to_vec(),
     };
