@@ -337,7 +337,11 @@ fn a_recipient_that_cannot_open_fails_alone() {
         "for both",
     ]);
     let out = stdout(&put);
-    assert!(out.contains("C:orders delivered") && out.contains("B:q failed decrypt_failed"), "{out}{}", stderr(&put));
+    assert!(
+        out.contains("C:orders delivered") && out.contains("B:q failed decrypt_failed"),
+        "{out}{}",
+        stderr(&put)
+    );
     assert_eq!(stdout(&s.run(&["get", "--node", "C", "orders", "--wait", "5s"])), "for both\n");
     assert!(stdout(&s.run(&["dlq", "ls", "--node", "B"])).contains("decrypt_failed  to B:q"));
 }

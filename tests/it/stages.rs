@@ -1,7 +1,8 @@
 //! Stages on a message's way, on two real nodes over a real TCP link: a stage built per
 //! client connection at the origin and per link at the relay and destination sites, run
 //! once per batch; a refusal at the origin refuses the put from that message on, and a
-//! refusal on arrival dead-letters the message with the stage's reason.
+//! refusal (or a stage's failure) on arrival dead-letters the message with the stage's
+//! reason (and `filter_rejected`, or `stage_failed`).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -46,16 +47,21 @@ impl Stage for Instance {
             Site::Delivery => "refuse-at-delivery",
             Site::Relay => "-",
         };
-        let mut refused = Vec::new();
+        let (mut refused, mut failed) = (Vec::new(), Vec::new());
         for (index, message) in batch.messages().iter_mut().enumerate() {
             if message.content.payload == refuse.as_bytes() {
                 refused.push(index);
+            } else if message.content.payload == "fail-at-delivery" && self.site == Site::Delivery {
+                failed.push(index);
             } else if self.site == Site::Delivery {
                 message.content.headers.push(("tagged".into(), "delivery".into()));
             }
         }
         for index in refused {
             batch.refuse(index, "not wanted here");
+        }
+        for index in failed {
+            batch.fail(index, "could not do its work");
         }
     }
 }
@@ -93,6 +99,7 @@ async fn stages_act_per_batch_at_each_site_and_their_refusals_are_kept() -> anyh
         other => panic!("the origin stage refuses the third: {other:?}"),
     }
     producer.put(Content::buf(to.clone(), "refuse-at-delivery")).await?;
+    producer.put(Content::buf(to.clone(), "fail-at-delivery")).await?;
     producer.put(Content::buf(to.clone(), "m4")).await?;
 
     let mut consumer = b.client();
@@ -108,11 +115,18 @@ async fn stages_act_per_batch_at_each_site_and_their_refusals_are_kept() -> anyh
         got.iter().all(|m| m.content.header("tagged") == Some("delivery")),
         "changed by the delivery stage"
     );
-    let dead = consumer.get("DLQ", 10, Duration::from_secs(5)).await?;
-    assert_eq!(dead.len(), 1);
+    let mut dead = consumer.get("DLQ", 10, Duration::from_secs(5)).await?;
+    while dead.len() < 2 && tokio::time::Instant::now() < deadline {
+        dead.extend(consumer.get("DLQ", 10, Duration::from_secs(1)).await?);
+    }
+    assert_eq!(dead.len(), 2);
     assert_eq!(dead[0].content.header("linkbus.dead_letter_code"), Some("filter_rejected"));
     let reason = dead[0].content.header("linkbus.dead_letter_reason").unwrap_or_default();
     assert!(reason.contains("stage 'tagger' refused it: not wanted here"), "{reason}");
+    // A stage that fails (rather than refuses) dead-letters with its own code.
+    assert_eq!(dead[1].content.header("linkbus.dead_letter_code"), Some("stage_failed"));
+    let reason = dead[1].content.header("linkbus.dead_letter_reason").unwrap_or_default();
+    assert!(reason.contains("stage 'tagger' failed: could not do its work"), "{reason}");
 
     let built = tagger.built.lock().unwrap().clone();
     let count = |node: &str, site: Site| built.iter().filter(|(n, s)| n == node && *s == site).count();

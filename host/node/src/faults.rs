@@ -62,7 +62,7 @@ pub(crate) fn clock_offset_ms() -> i64 {
 
 /// Change what a relay passes on (`payload`: flip a byte of each relayed user message's
 /// payload; `header`: change its name; `strip`: drop its encoding and put a payload of the
-/// relay's own), past the link's own integrity checks: the payload
+/// relay's own; `truncate`: cut its payload to half), past the link's own integrity checks: the payload
 /// cipher's negative control, which must make the destination dead-letter such messages.
 pub(crate) const TAMPER_RELAYED_ENV: &str = "LINKBUS_TEST_TAMPER_RELAYED";
 
@@ -74,6 +74,7 @@ pub(crate) fn tamper_relayed() -> Option<std::sync::Arc<dyn crate::flow::StageFa
     let how = match std::env::var(TAMPER_RELAYED_ENV).as_deref() {
         Ok("header") => How::Header,
         Ok("strip") => How::Strip,
+        Ok("truncate") => How::Truncate,
         _ => How::Payload,
     };
     Some(std::sync::Arc::new(Tamper { how }))
@@ -85,6 +86,7 @@ enum How {
     Payload,
     Header,
     Strip,
+    Truncate,
 }
 
 /// See [`TAMPER_RELAYED_ENV`].
@@ -108,6 +110,10 @@ impl crate::flow::Stage for Tamper {
         for message in batch.messages().iter_mut().filter(|m| !m.content.priority.is_system()) {
             match self.how {
                 How::Header => message.content.name.push('!'),
+                How::Truncate => {
+                    let half = message.content.payload.len() / 2;
+                    message.content.payload.truncate(half);
+                }
                 How::Strip => {
                     message.encoding.clear();
                     message.content.payload = bytes::Bytes::from_static(b"forged by the relay");

@@ -51,9 +51,10 @@ pub const EXPIRED_BEFORE_SENDING: &str = "expired_before_sending";
 /// Longest failure reason kept, in bytes.
 const REASON_BYTES_MAX: usize = 1024;
 /// Failure codes a result may carry: the dead-letter codes, and expiry before sending.
-const FAILURE_CODES: [&str; 10] = [
+const FAILURE_CODES: [&str; 11] = [
     "decode_failed",
     "decrypt_failed",
+    "stage_failed",
     "no_route",
     "hop_limit",
     "not_authorised",

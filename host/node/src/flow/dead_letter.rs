@@ -39,6 +39,8 @@ pub enum DeadLetterCode {
     QueueMissing,
     /// A recipient queue was full.
     QueueFull,
+    /// A stage on its path failed on it.
+    StageFailed,
     /// Its payload does not decompress here (a dictionary or codec missing, corrupt data).
     DecodeFailed,
     /// Its payload does not open here (a wrong or missing key, a changed payload or header).
@@ -56,6 +58,7 @@ impl DeadLetterCode {
             Self::TooLarge => "too_large",
             Self::QueueMissing => "queue_missing",
             Self::QueueFull => "queue_full",
+            Self::StageFailed => "stage_failed",
             Self::DecodeFailed => "decode_failed",
             Self::DecryptFailed => "decrypt_failed",
         }

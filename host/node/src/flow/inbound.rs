@@ -227,6 +227,7 @@ fn dead_letter_code(code: RefusalCode) -> DeadLetterCode {
         RefusalCode::DecodeFailed => DeadLetterCode::DecodeFailed,
         RefusalCode::DecryptFailed => DeadLetterCode::DecryptFailed,
         RefusalCode::TooLarge => DeadLetterCode::TooLarge,
+        RefusalCode::StageFailed => DeadLetterCode::StageFailed,
         _ => DeadLetterCode::FilterRejected,
     }
 }

@@ -22,6 +22,8 @@ pub enum RefusalCode {
     Busy,
     /// A stage on the message's path refused it.
     Filtered,
+    /// A stage on the message's path failed on it.
+    StageFailed,
     /// A codec step it records (a compressor's) does not undo here.
     DecodeFailed,
     /// A cipher step it records does not open here: a wrong or missing key, or a payload or

@@ -73,6 +73,17 @@ impl<'m> StageBatch<'_, 'm> {
         }
     }
 
+    /// Records that the stage failed on the message at `index` (it could not do its work:
+    /// a trap, a timeout, a missing resource), as opposed to refusing it: at the origin the
+    /// put is refused from it on, on a link it is dead-lettered with `stage_failed`. Later
+    /// stages still see it.
+    pub fn fail(&mut self, index: usize, reason: impl Into<String>) {
+        if index < self.messages.len() && !self.is_refused(index) {
+            let reason = format!("stage '{}' failed: {}", self.stage, reason.into());
+            self.refused.push((index, Refusal::new(RefusalCode::StageFailed, reason)));
+        }
+    }
+
     /// Whether the message at `index` was refused by an earlier stage or this one.
     pub fn is_refused(&self, index: usize) -> bool {
         self.refused.iter().any(|(i, _)| *i == index)
