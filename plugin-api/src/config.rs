@@ -318,6 +318,36 @@ impl<'a> Section<'a> {
         }
     }
 
+    /// The address pattern at `key`, or the non-empty list of them there (how codec rules
+    /// name their recipients, `to: 'C:orders*'`), each error reported at its path.
+    pub fn address_patterns(&self, key: &'static str) -> Option<Vec<crate::router::AddressPattern>> {
+        let parse = |path: String, value: &ConfigValue| match value {
+            ConfigValue::Str(text) => {
+                crate::router::AddressPattern::new(text).map_err(|e| self.diagnostics().error(path, e)).ok()
+            }
+            other => {
+                self.diagnostics()
+                    .error(path, format!("expected an address pattern, found {}", other.type_name()));
+                None
+            }
+        };
+        match self.get(key)? {
+            ConfigValue::Seq(items) if items.is_empty() => {
+                self.error(key, "is empty: name at least one address pattern");
+                None
+            }
+            ConfigValue::Seq(items) => {
+                let patterns: Vec<_> = items
+                    .iter()
+                    .enumerate()
+                    .map(|(i, item)| parse(format!("{}[{i}]", self.path_of(key)), item))
+                    .collect();
+                patterns.into_iter().collect()
+            }
+            value => parse(self.path_of(key), value).map(|p| vec![p]),
+        }
+    }
+
     /// Reports every key that no accessor asked for.
     pub fn finish(self) {
         let known = self.known.borrow().clone();

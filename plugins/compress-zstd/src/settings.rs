@@ -114,7 +114,7 @@ fn read_rule(
     dictionaries: &[DictionaryFile],
 ) -> Option<RuleSettings> {
     let rule = Section::new(section.diagnostics(), path, value)?;
-    let to = rule.required("to", read_patterns);
+    let to = rule.required("to", Section::address_patterns);
     let level = rule.number("level", LEVEL_DEFAULT, 1, LEVEL_MAX);
     let min_bytes = rule.number("min_bytes", MIN_BYTES_DEFAULT, 0, MIN_BYTES_MAX);
     let dictionary = rule.string("dictionary").and_then(|name| {
@@ -135,34 +135,4 @@ fn read_rule(
         min_bytes: usize::try_from(min_bytes).ok()?,
         dictionary,
     })
-}
-
-/// Reads an address pattern, or a non-empty list of them, at `key`.
-pub(crate) fn read_patterns(section: &Section<'_>, key: &'static str) -> Option<Vec<AddressPattern>> {
-    let parse = |path: String, value: &ConfigValue| match value {
-        ConfigValue::Str(text) => {
-            AddressPattern::new(text).map_err(|e| section.diagnostics().error(path, e)).ok()
-        }
-        other => {
-            section
-                .diagnostics()
-                .error(path, format!("expected an address pattern, found {}", other.type_name()));
-            None
-        }
-    };
-    match section.get(key)? {
-        ConfigValue::Seq(items) if items.is_empty() => {
-            section.error(key, "is empty: name at least one address pattern");
-            None
-        }
-        ConfigValue::Seq(items) => {
-            let patterns: Vec<_> = items
-                .iter()
-                .enumerate()
-                .map(|(i, item)| parse(format!("{}[{i}]", section.path_of(key)), item))
-                .collect();
-            patterns.into_iter().collect()
-        }
-        value => parse(section.path_of(key), value).map(|p| vec![p]),
-    }
 }

@@ -70,7 +70,7 @@ pub(crate) fn read(section: &Section<'_>) -> Settings {
     }
     for (path, value) in section.list("rules") {
         let Some(rule) = Section::new(diag, path, value) else { continue };
-        let to = rule.required("to", read_patterns);
+        let to = rule.required("to", Section::address_patterns);
         let key = rule.required("key", Section::string).and_then(|file| {
             declared += 1;
             read_key_file(Path::new(&file)).map_err(|e| rule.error("key", e)).ok()
@@ -83,7 +83,7 @@ pub(crate) fn read(section: &Section<'_>) -> Settings {
     }
     for (path, value) in section.list("require") {
         let Some(entry) = Section::new(diag, path, value) else { continue };
-        let to = entry.required("to", read_patterns);
+        let to = entry.required("to", Section::address_patterns);
         let mut keys = Vec::new();
         for (path, value) in entry.list("keys") {
             match value {
@@ -121,35 +121,5 @@ impl Settings {
                 self.keys.len() - 1
             }
         }
-    }
-}
-
-/// Reads an address pattern, or a non-empty list of them, at `key`.
-fn read_patterns(section: &Section<'_>, key: &'static str) -> Option<Vec<AddressPattern>> {
-    let parse = |path: String, value: &ConfigValue| match value {
-        ConfigValue::Str(text) => {
-            AddressPattern::new(text).map_err(|e| section.diagnostics().error(path, e)).ok()
-        }
-        other => {
-            section
-                .diagnostics()
-                .error(path, format!("expected an address pattern, found {}", other.type_name()));
-            None
-        }
-    };
-    match section.get(key)? {
-        ConfigValue::Seq(items) if items.is_empty() => {
-            section.error(key, "is empty: name at least one address pattern");
-            None
-        }
-        ConfigValue::Seq(items) => {
-            let patterns: Vec<_> = items
-                .iter()
-                .enumerate()
-                .map(|(i, item)| parse(format!("{}[{i}]", section.path_of(key)), item))
-                .collect();
-            patterns.into_iter().collect()
-        }
-        value => parse(section.path_of(key), value).map(|p| vec![p]),
     }
 }
