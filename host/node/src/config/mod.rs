@@ -11,6 +11,7 @@ use std::path::PathBuf;
 use linkbus_plugin_api::{ConfigValue, NodeName, QueueName, Reliability};
 use linkbus_proto::secure::Cipher;
 
+pub(crate) use read::find_stage;
 pub use read::{Overrides, apply_overrides, from_value, load_file, parse_yaml};
 
 /// Bytes an encoded message may need beyond its payload: the largest envelope a message can

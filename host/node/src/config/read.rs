@@ -523,6 +523,11 @@ fn read_plugins(root: &Section<'_>) -> PluginSettings {
 /// The extension points a stage may serve, in the registry's words.
 const STAGE_KINDS: [&str; 2] = ["compressor", "cipher"];
 
+/// The registered stage plugin named `kind` (a compressor or a cipher).
+pub(crate) fn find_stage(kind: &str) -> Option<&'static linkbus_plugin_api::PluginEntry> {
+    STAGE_KINDS.iter().find_map(|point| registry::find(point, kind))
+}
+
 /// `plugins.stages`: each entry a registered compressor or cipher, with its own section;
 /// codec ids unique, and no compressor after a cipher (ciphertext does not shrink).
 fn read_stages(plugins: &Section<'_>) -> Vec<PluginChoice> {
@@ -532,7 +537,7 @@ fn read_stages(plugins: &Section<'_>) -> Vec<PluginChoice> {
     for (path, value) in plugins.list("stages") {
         let Some(section) = Section::new(diag, path.clone(), value) else { continue };
         let Some(kind) = section.required("kind", Section::string) else { continue };
-        let Some(entry) = STAGE_KINDS.iter().find_map(|point| registry::find(point, &kind)) else {
+        let Some(entry) = find_stage(&kind) else {
             let known: Vec<_> = STAGE_KINDS.iter().flat_map(|point| registry::names(point)).collect();
             section.error("kind", format!("no stage plugin named '{kind}'; available: {}", known.join(", ")));
             continue;

@@ -12,13 +12,12 @@
 //! - A client's get opens it again ([`Codecs::open_for_client`]): only then, in memory, does
 //!   the plaintext exist on the destination node, so no data directory ever holds it.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use bytes::Bytes;
 use linkbus_plugin_api::message::{ENCODING_STEPS_MAX, STEP_PARAM_BYTES_MAX};
-use linkbus_plugin_api::registry::{self, BuildContext, Factory};
+use linkbus_plugin_api::registry::{BuildContext, Factory};
 use linkbus_plugin_api::{Address, Cipher, CodecError, Compressor, Message, PluginError, Step};
 use linkbus_proto::wire::associated_data;
 
@@ -40,9 +39,17 @@ pub(crate) fn handed_out_len(message: &Message, bytes_max: usize) -> usize {
     if !message.is_encoded() {
         return encoded;
     }
-    let written =
-        message.content.header(PAYLOAD_BYTES_HEADER).and_then(|v| v.parse().ok()).unwrap_or(bytes_max);
+    let written = written_len(message).unwrap_or(bytes_max);
     encoded.saturating_sub(message.content.payload.len()).saturating_add(written.min(bytes_max))
+}
+
+/// The size of `message`'s payload as its sender wrote it: its payload's, or for an
+/// encoded one what [`PAYLOAD_BYTES_HEADER`] says (`None` without the mark).
+pub(crate) fn written_len(message: &Message) -> Option<usize> {
+    if !message.is_encoded() {
+        return Some(message.content.payload.len());
+    }
+    message.content.header(PAYLOAD_BYTES_HEADER).and_then(|v| v.parse().ok())
 }
 
 /// Sets `message`'s [`PAYLOAD_BYTES_HEADER`] to `bytes` (when there is room for a header).
@@ -99,17 +106,23 @@ pub struct CodecStats {
     pub bytes_out: u64,
 }
 
-/// The node's codecs, by id, and their stages in configured order.
+/// One configured codec: its registered name, the plugin, and what its stage did.
+#[derive(Clone)]
+struct Configured {
+    name: &'static str,
+    codec: Codec,
+    counts: Arc<CodecCounts>,
+}
+
+/// The node's codecs, in configured order (a handful: found by id in a short scan).
 #[derive(Default, Clone)]
 pub(crate) struct Codecs {
-    by_id: HashMap<u8, (String, Codec)>,
-    order: Vec<u8>,
-    counts: HashMap<u8, Arc<CodecCounts>>,
+    chain: Vec<Configured>,
 }
 
 impl std::fmt::Debug for Codecs {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_list().entries(self.order.iter().filter_map(|id| self.by_id.get(id).map(|(n, _)| n))).finish()
+        f.debug_list().entries(self.chain.iter().map(|c| c.name)).finish()
     }
 }
 
@@ -134,9 +147,7 @@ impl Codecs {
         let mut codecs = Self::default();
         for choice in &config.plugins.stages {
             let failed = |reason: String| PluginError { plugin: choice.kind.clone(), reason };
-            let entry = ["compressor", "cipher"]
-                .iter()
-                .find_map(|point| registry::find(point, &choice.kind))
+            let entry = crate::config::find_stage(&choice.kind)
                 .ok_or_else(|| failed("no such compressor or cipher".into()))?;
             let codec = match entry.factory {
                 Factory::Compressor(build) => Codec::Compressor(Arc::from(build(&choice.section, &ctx)?)),
@@ -150,48 +161,40 @@ impl Codecs {
                     "codec id {id} is outside its range (compressors 1..{CIPHER_IDS_FROM}, ciphers {CIPHER_IDS_FROM}..=255)"
                 )));
             }
-            if let Some((other, _)) = codecs.by_id.get(&id) {
-                return Err(failed(format!("codec id {id} is also '{other}''s")));
+            if let Some(other) = codecs.find(id) {
+                return Err(failed(format!("codec id {id} is also '{}''s", other.name)));
             }
-            codecs.by_id.insert(id, (choice.kind.clone(), codec));
-            codecs.order.push(id);
-            codecs.counts.insert(id, Arc::default());
+            codecs.chain.push(Configured { name: entry.name, codec, counts: Arc::default() });
         }
         Ok(codecs)
     }
 
+    /// The codec with `id`, if one is configured.
+    fn find(&self, id: u8) -> Option<&Configured> {
+        self.chain.iter().find(|c| c.codec.id() == id)
+    }
+
     /// The stage of each codec, in configured order.
     pub(crate) fn stages(&self) -> Vec<Arc<dyn StageFactory>> {
-        self.order
-            .iter()
-            .filter_map(|id| Some((self.by_id.get(id)?, self.counts.get(id)?)))
-            .map(|((name, codec), counts)| {
-                Arc::new(CodecStage { name: name.clone(), codec: codec.clone(), counts: counts.clone() }) as _
-            })
-            .collect()
+        self.chain.iter().map(|c| Arc::new(CodecStage(c.clone())) as _).collect()
     }
 
     /// What each codec's origin stage did, in configured order.
     pub(crate) fn stats(&self) -> Vec<CodecStats> {
-        self.order
+        self.chain
             .iter()
-            .filter_map(|id| {
-                let (name, _) = self.by_id.get(id)?;
-                let counts = self.counts.get(id)?;
-                let name = registry::plugins().find(|p| p.name == name)?.name;
-                Some(CodecStats {
-                    name,
-                    messages: counts.messages.load(Ordering::Relaxed),
-                    bytes_in: counts.bytes_in.load(Ordering::Relaxed),
-                    bytes_out: counts.bytes_out.load(Ordering::Relaxed),
-                })
+            .map(|c| CodecStats {
+                name: c.name,
+                messages: c.counts.messages.load(Ordering::Relaxed),
+                bytes_in: c.counts.bytes_in.load(Ordering::Relaxed),
+                bytes_out: c.counts.bytes_out.load(Ordering::Relaxed),
             })
             .collect()
     }
 
     /// Whether a cipher is configured (which may require messages to arrive sealed).
     pub(crate) fn has_cipher(&self) -> bool {
-        self.order.iter().any(|id| *id >= CIPHER_IDS_FROM)
+        self.chain.iter().any(|c| matches!(c.codec, Codec::Cipher(_)))
     }
 
     /// Checks that `message`, arriving for `recipient`, was sealed last by each configured
@@ -200,7 +203,7 @@ impl Codecs {
     /// # Errors
     /// The `decrypt_failed` refusal naming the cipher and what arrived.
     pub(crate) fn check_required(&self, message: &Message, recipient: &Address) -> Result<(), Refusal> {
-        for (name, codec) in self.order.iter().filter_map(|id| self.by_id.get(id)) {
+        for Configured { name, codec, .. } in &self.chain {
             let Codec::Cipher(cipher) = codec else { continue };
             if !cipher.requires(recipient) || message.encoding.last().is_some_and(|s| s.codec == cipher.id())
             {
@@ -230,7 +233,7 @@ impl Codecs {
         let mut payload = message.content.payload.clone();
         let mut ad = Vec::new();
         for (at, step) in message.encoding.iter().enumerate().rev() {
-            let Some((name, codec)) = self.by_id.get(&step.codec) else {
+            let Some(Configured { name, codec, .. }) = self.find(step.codec) else {
                 let kind = if step.codec >= CIPHER_IDS_FROM { "cipher" } else { "compressor" };
                 let error = CodecError::Missing(format!(
                     "no {kind} with id {} is configured on this node (plugins.stages)",
@@ -260,20 +263,16 @@ impl Codecs {
 
 /// A codec as a stage: at the origin it encodes; it acts nowhere else (decoding follows
 /// the message's own record, not the chain).
-struct CodecStage {
-    name: String,
-    codec: Codec,
-    counts: Arc<CodecCounts>,
-}
+struct CodecStage(Configured);
 
 impl StageFactory for CodecStage {
     fn name(&self) -> &str {
-        &self.name
+        self.0.name
     }
 
     fn build(&self, context: &StageContext<'_>) -> Option<Box<dyn Stage>> {
         (context.site == Site::Origin)
-            .then(|| Box::new(Encode { codec: self.codec.clone(), counts: self.counts.clone() }) as _)
+            .then(|| Box::new(Encode { codec: self.0.codec.clone(), counts: self.0.counts.clone() }) as _)
     }
 }
 
@@ -384,11 +383,8 @@ pub(crate) const RESERVED_HEADERS: [&str; 2] = [PAYLOAD_BYTES_HEADER, DECODED_HE
 fn opened(codecs: &Codecs, message: &Message, payload: Bytes) -> Message {
     let mut opened = message.clone();
     opened.content.payload = payload;
-    let names: Vec<&str> = message
-        .encoding
-        .iter()
-        .map(|s| codecs.by_id.get(&s.codec).map_or("?", |(n, _)| n.as_str()))
-        .collect();
+    let names: Vec<&str> =
+        message.encoding.iter().map(|s| codecs.find(s.codec).map_or("?", |c| c.name)).collect();
     opened.content.headers.retain(|(k, _)| k != PAYLOAD_BYTES_HEADER && k != DECODED_HEADER);
     if opened.content.headers.len() < linkbus_plugin_api::message::HEADERS_MAX {
         opened.content.headers.push((DECODED_HEADER.to_owned(), names.join(",")));

@@ -67,10 +67,7 @@ impl<'m> StageBatch<'_, 'm> {
     /// Refuses the message at `index`: at the origin the put is refused from it on, on a
     /// link it goes to the dead-letter queue. Later stages still see it.
     pub fn refuse(&mut self, index: usize, reason: impl Into<String>) {
-        if index < self.messages.len() && !self.is_refused(index) {
-            let reason = format!("stage '{}' refused it: {}", self.stage, reason.into());
-            self.refused.push((index, Refusal::new(RefusalCode::Filtered, reason)));
-        }
+        self.mark(index, RefusalCode::Filtered, "refused it", &reason.into());
     }
 
     /// Records that the stage failed on the message at `index` (it could not do its work:
@@ -78,9 +75,15 @@ impl<'m> StageBatch<'_, 'm> {
     /// put is refused from it on, on a link it is dead-lettered with `stage_failed`. Later
     /// stages still see it.
     pub fn fail(&mut self, index: usize, reason: impl Into<String>) {
+        self.mark(index, RefusalCode::StageFailed, "failed", &reason.into());
+    }
+
+    /// Records the first refusal of the message at `index`: `code`, and why in the stage's
+    /// name (`stage 'NAME' DID: REASON`).
+    fn mark(&mut self, index: usize, code: RefusalCode, did: &str, reason: &str) {
         if index < self.messages.len() && !self.is_refused(index) {
-            let reason = format!("stage '{}' failed: {}", self.stage, reason.into());
-            self.refused.push((index, Refusal::new(RefusalCode::StageFailed, reason)));
+            let reason = format!("stage '{}' {did}: {reason}", self.stage);
+            self.refused.push((index, Refusal::new(code, reason)));
         }
     }
 
