@@ -271,20 +271,9 @@ fn handshake_seeds() -> Vec<(String, Vec<u8>)> {
         }
         let mut hello = BytesMut::new();
         linkbus_proto::Frame::Hello(linkbus_proto::Hello {
-            protocol_version: linkbus_proto::PROTOCOL_VERSION,
-            api_version: 1,
-            from: "A".into(),
-            to: "B".into(),
-            incarnation: 1,
-            your_incarnation: 0,
-            run: 1,
-            frame_bytes_max: 1 << 20,
-            message_bytes_max: 1 << 20,
             in_flight_messages_max: 16,
             in_flight_bytes_max: 1 << 20,
-            retransmit_timeout_ms: 10_000,
-            flags: 0,
-            channels: vec![Default::default(); linkbus_proto::channel::CHANNELS],
+            ..linkbus_proto::Hello::new("A", "B")
         })
         .encode(&mut hello);
         let sealed = dialer.send(&hello).ok().and_then(|()| dialer.poll_transmit()).map(|b| b.to_vec());

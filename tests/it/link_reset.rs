@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
 use linkbus::proto::channel::CHANNELS;
-use linkbus::proto::frame::{ChannelPosition, Frame, FrameDecoder, Hello, PROTOCOL_VERSION};
+use linkbus::proto::frame::{ChannelPosition, Frame, FrameDecoder, Hello};
 use support::{Scratch, stderr, stdout};
 
 /// The test's side of one connection from A.
@@ -64,20 +64,11 @@ impl FakeB {
     fn handshake(&mut self, knows_a: bool) -> u64 {
         let Frame::Hello(hello) = self.frame() else { panic!("A opens with a hello") };
         let answer = Hello {
-            protocol_version: PROTOCOL_VERSION,
             api_version: hello.api_version,
-            from: "B".into(),
-            to: "A".into(),
             incarnation: 77,
             your_incarnation: if knows_a { hello.incarnation } else { 0 },
-            run: 1,
-            frame_bytes_max: 1 << 20,
-            message_bytes_max: 1 << 20,
-            in_flight_messages_max: 4096,
-            in_flight_bytes_max: 64 << 20,
-            retransmit_timeout_ms: 10_000,
-            flags: 0,
             channels: vec![ChannelPosition { expected: 1, ..ChannelPosition::default() }; CHANNELS],
+            ..Hello::new("B", "A")
         };
         self.send(&Frame::Hello(answer));
         hello.incarnation

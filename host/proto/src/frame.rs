@@ -206,6 +206,31 @@ pub enum FrameError {
     },
 }
 
+impl Hello {
+    /// A `Hello` from `from` to `to` in this build's protocol and plugin API versions, with
+    /// no incarnation known of the receiver, run 1, limits of 1 MiB frames and messages, a
+    /// window of 4096 messages and 64 MiB, a 10 s retransmit timeout, no flags, and every
+    /// channel expecting its first message; change what differs with struct update syntax.
+    pub fn new(from: &str, to: &str) -> Self {
+        Self {
+            protocol_version: PROTOCOL_VERSION,
+            api_version: linkbus_plugin_api::API_VERSION,
+            from: from.to_owned(),
+            to: to.to_owned(),
+            incarnation: 1,
+            your_incarnation: 0,
+            run: 1,
+            frame_bytes_max: 1 << 20,
+            message_bytes_max: 1 << 20,
+            in_flight_messages_max: 4096,
+            in_flight_bytes_max: 64 << 20,
+            retransmit_timeout_ms: 10_000,
+            flags: 0,
+            channels: vec![ChannelPosition::default(); crate::channel::CHANNELS],
+        }
+    }
+}
+
 impl Frame {
     /// Appends the encoded frame to `out`.
     ///

@@ -433,23 +433,7 @@ impl Drop for NodeProcess {
 pub fn hello_frame(from: &str, version: u16) -> Vec<u8> {
     use linkbus::proto::frame::{Frame, Hello};
     let mut out = bytes::BytesMut::new();
-    Frame::Hello(Hello {
-        protocol_version: version,
-        api_version: 1,
-        from: from.into(),
-        to: "B".into(),
-        incarnation: 1,
-        your_incarnation: 0,
-        run: 1,
-        frame_bytes_max: 1 << 20,
-        message_bytes_max: 1 << 20,
-        in_flight_messages_max: 4096,
-        in_flight_bytes_max: 64 << 20,
-        retransmit_timeout_ms: 10_000,
-        flags: 0,
-        channels: vec![linkbus::proto::frame::ChannelPosition::default(); linkbus::proto::channel::CHANNELS],
-    })
-    .encode(&mut out);
+    Frame::Hello(Hello { protocol_version: version, ..Hello::new(from, "B") }).encode(&mut out);
     out.to_vec()
 }
 

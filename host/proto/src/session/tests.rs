@@ -283,23 +283,8 @@ fn wrong_peer_and_wrong_version_are_refused() {
     let mut a = Session::new(config("A", "B", 1), now);
     a.handle_connected(now);
     let mut wire = BytesMut::new();
-    Frame::Hello(Hello {
-        protocol_version: PROTOCOL_VERSION + 1,
-        api_version: 1,
-        from: "B".into(),
-        to: "A".into(),
-        incarnation: 5,
-        your_incarnation: 0,
-        run: 1,
-        frame_bytes_max: 1 << 20,
-        message_bytes_max: 1 << 20,
-        in_flight_messages_max: 4096,
-        in_flight_bytes_max: 64 << 20,
-        retransmit_timeout_ms: 10_000,
-        flags: 0,
-        channels: vec![ChannelPosition::default(); CHANNELS],
-    })
-    .encode(&mut wire);
+    Frame::Hello(Hello { protocol_version: PROTOCOL_VERSION + 1, incarnation: 5, ..Hello::new("B", "A") })
+        .encode(&mut wire);
     a.handle_bytes(&wire, now);
     assert!(matches!(a.poll_event(), Some(SessionEvent::Closed(SessionError::Version { .. }))));
     let close = a.poll_transmit().unwrap();

@@ -134,20 +134,10 @@ fn hello_from_b(your_incarnation: u64, expected: u64) -> BytesMut {
     let mut wire = BytesMut::new();
     let position = ChannelPosition { expected, ..ChannelPosition::default() };
     Frame::Hello(Hello {
-        protocol_version: PROTOCOL_VERSION,
-        api_version: 1,
-        from: "B".into(),
-        to: "A".into(),
         incarnation: 22,
         your_incarnation,
-        run: 1,
-        frame_bytes_max: 1 << 20,
-        message_bytes_max: 1 << 20,
-        in_flight_messages_max: 4096,
-        in_flight_bytes_max: 64 << 20,
-        retransmit_timeout_ms: 10_000,
-        flags: 0,
         channels: vec![position; CHANNELS],
+        ..Hello::new("B", "A")
     })
     .encode(&mut wire);
     wire
@@ -241,23 +231,7 @@ fn impossible_numbers_are_refused_even_after_a_reset() {
     let mut a = Session::new(config("A", "B", 1), p.now);
     a.handle_connected(p.now);
     let mut wire = BytesMut::new();
-    Frame::Hello(Hello {
-        protocol_version: PROTOCOL_VERSION,
-        api_version: 1,
-        from: "B".into(),
-        to: "A".into(),
-        incarnation: 5,
-        your_incarnation: 0,
-        run: 1,
-        frame_bytes_max: 1 << 20,
-        message_bytes_max: 0,
-        in_flight_messages_max: 4096,
-        in_flight_bytes_max: 64 << 20,
-        retransmit_timeout_ms: 10_000,
-        flags: 0,
-        channels: vec![ChannelPosition::default(); CHANNELS],
-    })
-    .encode(&mut wire);
+    Frame::Hello(Hello { incarnation: 5, message_bytes_max: 0, ..Hello::new("B", "A") }).encode(&mut wire);
     a.handle_bytes(&wire, p.now);
     assert_eq!(a.poll_event(), Some(SessionEvent::Closed(SessionError::MessageLimit(0))));
 }
