@@ -196,6 +196,27 @@ pub struct Section<'a> {
     known: RefCell<Vec<&'static str>>,
 }
 
+/// Reads a plugin's whole section `config` (at YAML path `path`) with `read`, its `kind`
+/// key taken as read: what `read` made, or every problem it and the section reported.
+///
+/// # Errors
+/// Every problem, each with its YAML path.
+pub fn read_plugin_section<T>(
+    path: &str,
+    config: &ConfigValue,
+    read: impl FnOnce(&Section<'_>) -> T,
+) -> Result<T, ConfigErrors> {
+    let diag = Diagnostics::new();
+    let made = Section::new(&diag, path, config).map(|section| {
+        let _ = section.get("kind");
+        let made = read(&section);
+        section.finish();
+        made
+    });
+    // `Section::new` reports why it gave no section, so no result means an error is there.
+    diag.finish().and_then(|()| made.ok_or_else(|| ConfigErrors(Vec::new())))
+}
+
 impl<'a> Section<'a> {
     /// Reads `value` at `path` as a mapping; `null` reads as an empty mapping. Anything else
     /// is reported and gives `None`.

@@ -33,7 +33,7 @@ pub mod transport;
 
 pub use cipher::Cipher;
 pub use compressor::{CodecError, Compressor};
-pub use config::{ConfigErrors, ConfigIssue, ConfigValue, Diagnostics, Section};
+pub use config::{ConfigErrors, ConfigIssue, ConfigValue, Diagnostics, Section, read_plugin_section};
 pub use filter::{Filter, FilterError, Hook, Verdict};
 pub use handler::{HandlerError, MessageHandler};
 pub use message::{

@@ -2,7 +2,7 @@
 //! dictionaries it decompresses with.
 
 use linkbus_plugin_api::{
-    Address, AddressPattern, CodecError, Compressor, ConfigErrors, ConfigValue, Diagnostics, Section,
+    Address, AddressPattern, CodecError, Compressor, ConfigErrors, ConfigValue, read_plugin_section,
 };
 use zstd::zstd_safe::zstd_sys::ZSTD_ErrorCode;
 
@@ -53,19 +53,16 @@ impl ZstdCompressor {
     /// # Errors
     /// Every problem of the section, each with its YAML path, as `check` reports them.
     pub fn from_config(config: &ConfigValue) -> Result<Self, ConfigErrors> {
-        let diag = Diagnostics::new();
-        let settings = Section::new(&diag, "", config).map(|section| {
-            let _ = section.get("kind");
-            let settings = settings::read(&section);
-            section.finish();
-            settings
-        });
-        let built = match settings {
-            Some(settings) if !diag.has_errors() => Self::new(settings).map_err(|e| diag.error("", e)).ok(),
-            _ => None,
-        };
-        // `Section::new` reports why it gave no section, so no result means an error is there.
-        diag.finish().and_then(|()| built.ok_or_else(|| ConfigErrors(Vec::new())))
+        let built = read_plugin_section("", config, |section| {
+            let settings = settings::read(section);
+            let diag = section.diagnostics();
+            if diag.has_errors() {
+                return None;
+            }
+            Self::new(settings).map_err(|e| diag.error("", e)).ok()
+        })?;
+        // (None only where an error was reported, so `read_plugin_section` returned it.)
+        built.ok_or_else(|| ConfigErrors(Vec::new()))
     }
 
     fn new(settings: Settings) -> Result<Self, String> {

@@ -72,8 +72,6 @@ inventory::submit! {
 
 #[cfg(test)]
 mod tests {
-    use linkbus_plugin_api::Diagnostics;
-
     use super::*;
 
     fn yaml(text: &str) -> ConfigValue {
@@ -81,13 +79,8 @@ mod tests {
     }
 
     fn check_issues(text: &str) -> Vec<String> {
-        let config = yaml(text);
-        let diag = Diagnostics::new();
-        let section = Section::new(&diag, "codecs[0]", &config).unwrap();
-        let _ = section.get("kind");
-        check(&section);
-        section.finish();
-        diag.finish().err().map(|e| e.0.iter().map(ToString::to_string).collect()).unwrap_or_default()
+        let read = linkbus_plugin_api::read_plugin_section("codecs[0]", &yaml(text), check);
+        read.err().map(|e| e.0.iter().map(ToString::to_string).collect()).unwrap_or_default()
     }
 
     #[test]

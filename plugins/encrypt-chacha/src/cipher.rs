@@ -5,7 +5,7 @@ use chacha20poly1305::aead::{Aead, AeadInPlace, KeyInit, Payload};
 use chacha20poly1305::{Key, XChaCha20Poly1305, XNonce};
 use linkbus_plugin_api::message::RECIPIENTS_MAX;
 use linkbus_plugin_api::{
-    Address, AddressPattern, Cipher, CodecError, ConfigErrors, ConfigValue, Diagnostics, Section,
+    Address, AddressPattern, Cipher, CodecError, ConfigErrors, ConfigValue, read_plugin_section,
 };
 
 use crate::key::{KEY_BYTES, KEY_ID_BYTES, hex, key_id};
@@ -60,15 +60,7 @@ impl ChaChaCipher {
     /// # Errors
     /// Every problem of the section, each with its YAML path, as `check` reports them.
     pub fn from_config(config: &ConfigValue) -> Result<Self, ConfigErrors> {
-        let diag = Diagnostics::new();
-        let settings = Section::new(&diag, "", config).map(|section| {
-            let _ = section.get("kind");
-            let settings = settings::read(&section);
-            section.finish();
-            settings
-        });
-        // `Section::new` reports why it gave no section, so no settings means an error is there.
-        diag.finish().and_then(|()| settings.map(Self::new).ok_or_else(|| ConfigErrors(Vec::new())))
+        read_plugin_section("", config, settings::read).map(Self::new)
     }
 
     fn new(settings: Settings) -> Self {

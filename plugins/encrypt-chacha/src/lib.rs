@@ -87,8 +87,6 @@ inventory::submit! {
 mod tests {
     use std::os::unix::fs::PermissionsExt;
 
-    use linkbus_plugin_api::Diagnostics;
-
     use super::*;
 
     fn yaml(text: &str) -> ConfigValue {
@@ -96,13 +94,8 @@ mod tests {
     }
 
     fn check_issues(text: &str) -> Vec<String> {
-        let config = yaml(text);
-        let diag = Diagnostics::new();
-        let section = Section::new(&diag, "codecs[1]", &config).unwrap();
-        let _ = section.get("kind");
-        check(&section);
-        section.finish();
-        diag.finish().err().map(|e| e.0.iter().map(ToString::to_string).collect()).unwrap_or_default()
+        let read = linkbus_plugin_api::read_plugin_section("codecs[1]", &yaml(text), check);
+        read.err().map(|e| e.0.iter().map(ToString::to_string).collect()).unwrap_or_default()
     }
 
     #[test]
