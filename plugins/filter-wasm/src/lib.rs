@@ -1,6 +1,8 @@
 //! Work in progress on branch `wasm-filters` (issue 34): the WebAssembly filter host.
 #![forbid(unsafe_code)]
 
+pub mod abi;
+
 #[cfg(test)]
 mod tests {
     use wasmtime::{Config, Engine, Instance, Module, Store};
@@ -11,11 +13,9 @@ mod tests {
         let mut config = Config::new();
         config.consume_fuel(true).epoch_interruption(true);
         let engine = Engine::new(&config).unwrap();
-        let module = Module::new(
-            &engine,
-            wat::parse_str(r#"(module (func (export "spin") (loop (br 0))))"#).unwrap(),
-        )
-        .unwrap();
+        let module =
+            Module::new(&engine, wat::parse_str(r#"(module (func (export "spin") (loop (br 0))))"#).unwrap())
+                .unwrap();
         let mut store = Store::new(&engine, ());
         store.set_fuel(1_000_000).unwrap();
         store.set_epoch_deadline(1_000);

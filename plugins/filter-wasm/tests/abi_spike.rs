@@ -48,8 +48,11 @@ fn the_example_filter_drops_by_header_through_the_abi() {
     let mut config = Config::new();
     config.consume_fuel(true).epoch_interruption(true);
     let engine = Engine::new(&config).unwrap();
-    let module = Module::from_file(&engine, concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/drop_by_header.wasm"))
-        .unwrap();
+    let module = Module::from_file(
+        &engine,
+        concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/drop_by_header.wasm"),
+    )
+    .unwrap();
     let mut linker = Linker::<Host>::new(&engine);
     linker
         .func_wrap("linkbus", "log", |mut caller: Caller<'_, Host>, _level: i32, ptr: i32, len: i32| {
@@ -59,11 +62,15 @@ fn the_example_filter_drops_by_header_through_the_abi() {
         })
         .unwrap();
     linker
-        .func_wrap("linkbus", "counter_add", |mut caller: Caller<'_, Host>, ptr: i32, len: i32, delta: i64| {
-            if let Some(bytes) = guest_bytes(&mut caller, ptr, len) {
-                caller.data_mut().counters.push((String::from_utf8_lossy(&bytes).into_owned(), delta));
-            }
-        })
+        .func_wrap(
+            "linkbus",
+            "counter_add",
+            |mut caller: Caller<'_, Host>, ptr: i32, len: i32, delta: i64| {
+                if let Some(bytes) = guest_bytes(&mut caller, ptr, len) {
+                    caller.data_mut().counters.push((String::from_utf8_lossy(&bytes).into_owned(), delta));
+                }
+            },
+        )
         .unwrap();
     let limits = StoreLimitsBuilder::new().memory_size(4 << 20).build();
     let mut store = Store::new(&engine, Host { limits, log: Vec::new(), counters: Vec::new() });
@@ -73,7 +80,14 @@ fn the_example_filter_drops_by_header_through_the_abi() {
     let instance = linker.instantiate(&mut store, &module).unwrap();
     let memory = instance.get_memory(&mut store, "memory").unwrap();
     println!("initial memory: {} pages", memory.size(&store));
-    assert_eq!(instance.get_typed_func::<(), i32>(&mut store, "linkbus_abi_v1").unwrap().call(&mut store, ()).unwrap(), 1);
+    assert_eq!(
+        instance
+            .get_typed_func::<(), i32>(&mut store, "linkbus_abi_v1")
+            .unwrap()
+            .call(&mut store, ())
+            .unwrap(),
+        1
+    );
     let alloc = instance.get_typed_func::<i32, i32>(&mut store, "linkbus_alloc").unwrap();
     let init = instance.get_typed_func::<(i32, i32), i32>(&mut store, "linkbus_init").unwrap();
     let filter = instance.get_typed_func::<(i32, i32, i32), i64>(&mut store, "linkbus_filter").unwrap();
