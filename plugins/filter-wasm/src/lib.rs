@@ -2,6 +2,7 @@
 #![forbid(unsafe_code)]
 
 pub mod abi;
+pub mod instance;
 
 #[cfg(test)]
 mod tests {

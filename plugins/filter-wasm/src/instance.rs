@@ -1,0 +1,316 @@
+//! One filter module, checked at load, and its long-lived instance: calls bounded by fuel,
+//! an epoch deadline and a memory cap, every failure named by its kind.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use wasmtime::{
+    Caller, Config, Engine, ExternType, Instance, Linker, Memory, Module, Store, StoreLimits,
+    StoreLimitsBuilder, Trap, TypedFunc,
+};
+
+use crate::abi::{self, AbiHook, GuestVerdict};
+
+/// How often the engine's epoch advances: the resolution of `time_per_call`.
+pub const EPOCH_TICK: Duration = Duration::from_millis(1);
+
+/// A filter's limits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Fuel for one call.
+    pub fuel_per_call: u64,
+    /// Wall-clock time for one call, in epoch ticks.
+    pub ticks_per_call: u64,
+    /// Largest guest memory, in bytes.
+    pub memory_bytes_max: usize,
+    /// Largest verdict buffer, in bytes.
+    pub output_bytes_max: usize,
+}
+
+/// Why a call failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Failure {
+    /// It ran out of fuel.
+    Fuel,
+    /// It ran past its time.
+    Time,
+    /// Its memory would pass its cap.
+    Memory,
+    /// It trapped (or its host call failed).
+    Trap(String),
+    /// What it wrote back is out of bounds or malformed.
+    Output(String),
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Fuel => f.write_str("ran out of fuel (fuel_per_call)"),
+            Self::Time => f.write_str("ran past its time (time_per_call_ms)"),
+            Self::Memory => f.write_str("would grow its memory past memory_bytes_max"),
+            Self::Trap(why) => write!(f, "trapped: {why}"),
+            Self::Output(why) => write!(f, "wrote back bad verdicts: {why}"),
+        }
+    }
+}
+
+/// The engine filters share, and the thread that advances its epoch.
+pub struct Runtime {
+    engine: Engine,
+    stop: Arc<AtomicBool>,
+}
+
+impl Runtime {
+    /// An engine with fuel and epoch interruption, and its ticker.
+    ///
+    /// # Errors
+    /// When wasmtime cannot make the engine.
+    pub fn new() -> Result<Self, String> {
+        let mut config = Config::new();
+        config.consume_fuel(true).epoch_interruption(true);
+        let engine = Engine::new(&config).map_err(|e| format!("wasmtime: {e}"))?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let (ticking, done) = (engine.clone(), stop.clone());
+        std::thread::Builder::new()
+            .name("linkbus-epoch".into())
+            .spawn(move || {
+                while !done.load(Ordering::Relaxed) {
+                    std::thread::sleep(EPOCH_TICK);
+                    ticking.increment_epoch();
+                }
+            })
+            .map_err(|e| format!("epoch thread: {e}"))?;
+        Ok(Self { engine, stop })
+    }
+
+    /// Compiles and checks `wasm`: the ABI v1 exports, and imports only from the allowlist.
+    ///
+    /// # Errors
+    /// Why the module is refused, in words.
+    pub fn load(&self, wasm: &[u8]) -> Result<Module, String> {
+        let module = Module::new(&self.engine, wasm).map_err(|e| format!("not a valid module: {e}"))?;
+        for import in module.imports() {
+            let allowed = import.module() == "linkbus" && matches!(import.name(), "log" | "counter_add");
+            if !allowed {
+                return Err(format!(
+                    "imports {}.{}, which filters may not (allowed: linkbus.log, linkbus.counter_add)",
+                    import.module(),
+                    import.name()
+                ));
+            }
+        }
+        let export = |name: &str| module.get_export(name);
+        if export("linkbus_abi_v1").is_none() {
+            let other =
+                module.exports().find(|e| e.name().starts_with("linkbus_abi_v")).map(|e| e.name().to_owned());
+            return Err(match other {
+                Some(other) => {
+                    format!("exports {other}, an ABI this node does not speak (it speaks linkbus_abi_v1)")
+                }
+                None => "does not export linkbus_abi_v1: not a linkbus filter".to_owned(),
+            });
+        }
+        for (name, want) in [("memory", "memory"), ("linkbus_alloc", "func"), ("linkbus_filter", "func")] {
+            let kind = match export(name) {
+                Some(ExternType::Memory(_)) => "memory",
+                Some(ExternType::Func(_)) => "func",
+                Some(_) => "other",
+                None => return Err(format!("does not export {name}")),
+            };
+            if kind != want {
+                return Err(format!("exports {name} as a {kind}, not a {want}"));
+            }
+        }
+        Ok(module)
+    }
+
+    /// A long-lived instance of `module` under `limits`, initialised with `config`.
+    ///
+    /// # Errors
+    /// Why it could not start: wrong export types, a trap, or `linkbus_init` refusing.
+    pub fn instantiate(
+        &self,
+        module: &Module,
+        limits: Limits,
+        config: &[u8],
+    ) -> Result<FilterInstance, String> {
+        let mut linker = Linker::<Host>::new(&self.engine);
+        linker
+            .func_wrap("linkbus", "log", |mut caller: Caller<'_, Host>, _level: i32, ptr: i32, len: i32| {
+                if let Some(line) = guest_bytes(&mut caller, ptr, len, 4096) {
+                    let line = String::from_utf8_lossy(&line).into_owned();
+                    caller.data_mut().log.push(line);
+                }
+            })
+            .map_err(|e| e.to_string())?;
+        linker
+            .func_wrap(
+                "linkbus",
+                "counter_add",
+                |mut caller: Caller<'_, Host>, ptr: i32, len: i32, delta: i64| {
+                    if let Some(name) = guest_bytes(&mut caller, ptr, len, 128) {
+                        let name = String::from_utf8_lossy(&name).into_owned();
+                        let counters = &mut caller.data_mut().counters;
+                        if let Some((_, value)) = counters.iter_mut().find(|(n, _)| *n == name) {
+                            *value = value.saturating_add(delta);
+                        } else if counters.len() < 64 {
+                            counters.push((name, delta));
+                        }
+                    }
+                },
+            )
+            .map_err(|e| e.to_string())?;
+        let host = Host {
+            limits: StoreLimitsBuilder::new()
+                .memory_size(limits.memory_bytes_max)
+                .trap_on_grow_failure(true)
+                .build(),
+            log: Vec::new(),
+            counters: Vec::new(),
+        };
+        let mut store = Store::new(&self.engine, host);
+        store.limiter(|host| &mut host.limits);
+        arm(&mut store, limits)?;
+        let instance = linker.instantiate(&mut store, module).map_err(|e| describe(&e, &store))?;
+        let memory = instance.get_memory(&mut store, "memory").ok_or("does not export memory")?;
+        let typed = |store: &mut Store<Host>, name: &str| {
+            instance.get_func(&mut *store, name).ok_or_else(|| format!("does not export {name}"))
+        };
+        let alloc = typed(&mut store, "linkbus_alloc")?
+            .typed::<i32, i32>(&store)
+            .map_err(|e| format!("linkbus_alloc: {e}"))?;
+        let filter = typed(&mut store, "linkbus_filter")?
+            .typed::<(i32, i32, i32), i64>(&store)
+            .map_err(|e| format!("linkbus_filter: {e}"))?;
+        let mut made = FilterInstance { store, memory, alloc, filter, limits, _instance: instance };
+        if let Some(init) = made._instance.get_func(&mut made.store, "linkbus_init") {
+            let init =
+                init.typed::<(i32, i32), i32>(&made.store).map_err(|e| format!("linkbus_init: {e}"))?;
+            let at = made.write(config).map_err(|f| f.to_string())?;
+            arm(&mut made.store, limits)?;
+            let refused = init
+                .call(&mut made.store, (at, len_i32(config.len())))
+                .map_err(|e| describe(&e, &made.store))?;
+            if refused != 0 {
+                let said = made.store.data().log.last().cloned().unwrap_or_default();
+                return Err(format!("refused its configuration: {said}"));
+            }
+        }
+        Ok(made)
+    }
+}
+
+impl Drop for Runtime {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+/// What a store holds besides the instance.
+struct Host {
+    limits: StoreLimits,
+    log: Vec<String>,
+    counters: Vec<(String, i64)>,
+}
+
+/// At most `max` bytes at `ptr..ptr+len` of the caller's memory, if they are all there.
+fn guest_bytes(caller: &mut Caller<'_, Host>, ptr: i32, len: i32, max: usize) -> Option<Vec<u8>> {
+    let memory = caller.get_export("memory")?.into_memory()?;
+    let (ptr, len) = (usize::try_from(ptr).ok()?, usize::try_from(len).ok()?.min(max));
+    let mut out = vec![0; len];
+    memory.read(&*caller, ptr, &mut out).ok()?;
+    Some(out)
+}
+
+fn len_i32(len: usize) -> i32 {
+    i32::try_from(len).unwrap_or(i32::MAX)
+}
+
+/// Gives the next call its fuel and deadline.
+fn arm(store: &mut Store<Host>, limits: Limits) -> Result<(), String> {
+    store.set_fuel(limits.fuel_per_call).map_err(|e| e.to_string())?;
+    store.set_epoch_deadline(limits.ticks_per_call);
+    Ok(())
+}
+
+/// The failure a wasmtime error stands for.
+fn failure(error: &wasmtime::Error) -> Failure {
+    match error.downcast_ref::<Trap>() {
+        Some(Trap::OutOfFuel) => Failure::Fuel,
+        Some(Trap::Interrupt) => Failure::Time,
+        Some(trap) => Failure::Trap(trap.to_string()),
+        None if format!("{error:#}").contains("memory") => Failure::Memory,
+        None => Failure::Trap(error.root_cause().to_string()),
+    }
+}
+
+fn describe(error: &wasmtime::Error, _store: &Store<Host>) -> String {
+    failure(error).to_string()
+}
+
+/// A filter's instance: kept for many calls, never made per message.
+pub struct FilterInstance {
+    store: Store<Host>,
+    memory: Memory,
+    alloc: TypedFunc<i32, i32>,
+    filter: TypedFunc<(i32, i32, i32), i64>,
+    limits: Limits,
+    _instance: Instance,
+}
+
+impl FilterInstance {
+    /// Writes `bytes` into a block the guest allocates; its address.
+    fn write(&mut self, bytes: &[u8]) -> Result<i32, Failure> {
+        arm(&mut self.store, self.limits).map_err(Failure::Trap)?;
+        let at = self.alloc.call(&mut self.store, len_i32(bytes.len())).map_err(|e| failure(&e))?;
+        let start = usize::try_from(at).map_err(|_| Failure::Output(format!("linkbus_alloc gave {at}")))?;
+        if at == 0 && !bytes.is_empty() {
+            return Err(Failure::Memory);
+        }
+        self.memory
+            .write(&mut self.store, start, bytes)
+            .map_err(|_| Failure::Output(format!("linkbus_alloc gave {at}, out of its memory")))?;
+        Ok(at)
+    }
+
+    /// Runs the filter on `messages` at `hook`: its verdict for each, in order.
+    ///
+    /// # Errors
+    /// The [`Failure`], the instance left as it is (the caller decides whether to rebuild).
+    pub fn call(
+        &mut self,
+        hook: AbiHook,
+        messages: &[&linkbus_plugin_api::Message],
+        payload_bytes_max: usize,
+    ) -> Result<Vec<GuestVerdict>, Failure> {
+        let mut batch = Vec::new();
+        abi::encode_batch(messages, &mut batch);
+        let at = self.write(&batch)?;
+        arm(&mut self.store, self.limits).map_err(Failure::Trap)?;
+        let out = self
+            .filter
+            .call(&mut self.store, (hook as i32, at, len_i32(batch.len())))
+            .map_err(|e| failure(&e))?;
+        if out == -1 {
+            return Ok(vec![GuestVerdict::Pass; messages.len()]);
+        }
+        let (ptr, len) = ((out >> 32) as u32 as usize, (out & 0xffff_ffff) as usize);
+        if out < 0 || len > self.limits.output_bytes_max {
+            return Err(Failure::Output(format!(
+                "{len} bytes at {ptr} (code {out}; at most output_bytes_max)"
+            )));
+        }
+        let mut verdicts = vec![0; len];
+        self.memory
+            .read(&self.store, ptr, &mut verdicts)
+            .map_err(|_| Failure::Output(format!("{len} bytes at {ptr} are outside its memory")))?;
+        abi::decode_verdicts(&verdicts, messages.len(), hook, payload_bytes_max).map_err(Failure::Output)
+    }
+
+    /// What the filter logged since the last look, and its counters.
+    pub fn take_log(&mut self) -> (Vec<String>, Vec<(String, i64)>) {
+        let host = self.store.data_mut();
+        (std::mem::take(&mut host.log), host.counters.clone())
+    }
+}
