@@ -11,7 +11,7 @@
 //! - [`compressor`]: the [`Compressor`] trait (bounded payload compression).
 //! - [`cipher`]: the [`Cipher`] trait (end-to-end payload encryption).
 //! - [`handler`]: the [`MessageHandler`] trait (kinds expanded at the edges, e.g. files).
-//! - [`filter`]: the [`Filter`] trait (user hooks on send, forward and deliver).
+//! - [`filter`]: the [`Filter`] trait (user hooks on send, route, forward and deliver).
 //! - [`registry`]: [`PluginEntry`] and lookup of built-in plugins by name.
 //! - `testing` (feature `testing`): the conformance kit every plugin's tests run.
 #![forbid(unsafe_code)]
@@ -34,7 +34,7 @@ pub mod transport;
 pub use cipher::Cipher;
 pub use compressor::{CodecError, Compressor};
 pub use config::{ConfigErrors, ConfigIssue, ConfigValue, Diagnostics, Section, read_plugin_section};
-pub use filter::{Filter, FilterError, Hook, Verdict};
+pub use filter::{Decision, FailureKind, Filter, FilterError, HeaderChange, Hook, Verdict};
 pub use handler::{HandlerError, MessageHandler};
 pub use message::{
     Content, Encoding, Group, Kind, Lifetime, Message, MessageError, MessageId, Priority, Recipients,

@@ -12,6 +12,7 @@ use std::path::PathBuf;
 use crate::cipher::Cipher;
 use crate::compressor::Compressor;
 use crate::config::{ConfigValue, Section};
+use crate::filter::Filter;
 use crate::handler::MessageHandler;
 use crate::name::NodeName;
 use crate::router::Router;
@@ -55,6 +56,9 @@ pub enum Factory {
     Cipher(BuildFn<dyn Cipher>),
     /// A [`MessageHandler`].
     Handler(BuildFn<dyn MessageHandler>),
+    /// A [`Filter`] (`plugins.filters`: its section holds the plugin's own keys only; the
+    /// node reads the hooks, patterns and policies).
+    Filter(BuildFn<dyn Filter>),
 }
 
 impl Factory {
@@ -67,6 +71,7 @@ impl Factory {
             Self::Compressor(_) => "compressor",
             Self::Cipher(_) => "cipher",
             Self::Handler(_) => "handler",
+            Self::Filter(_) => "filter",
         }
     }
 }

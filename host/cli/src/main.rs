@@ -12,6 +12,8 @@ mod demo;
 
 use cli::{Cli, Command, ConfigCommand, NodeCommand};
 use tracing_subscriber::EnvFilter;
+// Registers the `wasm` filter plugin (`inventory` needs the crate referenced to keep it).
+use linkbus_filter_wasm as _;
 
 /// Perf (OPT-35, LEV-21): a message's boxed content is freed on another runtime worker than
 /// the one that made it, which mimalloc does without a lock and glibc's allocator does not.

@@ -140,6 +140,11 @@ impl Node {
         self.state.codecs().stats()
     }
 
+    /// What each running filter did, in configured order.
+    pub fn filter_stats(&self) -> Vec<flow::FilterStats> {
+        self.state.filters().stats()
+    }
+
     /// The address peers reach this node at (with the real port when `:0` was configured).
     pub fn listen_address(&self) -> Option<&str> {
         self.listen_address.as_deref()

@@ -1,8 +1,9 @@
 //! One filter module, checked at load, and its long-lived instance: calls bounded by fuel,
 //! an epoch deadline and a memory cap, every failure named by its kind.
 
-use std::sync::Arc;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use wasmtime::{
@@ -11,6 +12,9 @@ use wasmtime::{
 };
 
 use crate::abi::{self, AbiHook, GuestVerdict};
+
+/// Log lines kept from one call (or `linkbus_init`); more are dropped.
+pub const LOG_LINES_PER_CALL: usize = 16;
 
 /// How often the engine's epoch advances: the resolution of `time_per_call`.
 pub const EPOCH_TICK: Duration = Duration::from_millis(1);
@@ -55,10 +59,22 @@ impl std::fmt::Display for Failure {
     }
 }
 
-/// The engine filters share, and the thread that advances its epoch.
+/// The engine filters share, the thread that advances its epoch, and the modules compiled
+/// so far (by their SHA-256: a reload of an unchanged module, or a second filter of the same
+/// module, compiles nothing).
 pub struct Runtime {
     engine: Engine,
     stop: Arc<AtomicBool>,
+    compiled: Mutex<HashMap<[u8; 32], Module>>,
+}
+
+/// The runtime of this process, made at the first filter.
+///
+/// # Errors
+/// When wasmtime cannot make the engine.
+pub fn shared() -> Result<&'static Runtime, String> {
+    static SHARED: OnceLock<Result<Runtime, String>> = OnceLock::new();
+    SHARED.get_or_init(Runtime::new).as_ref().map_err(Clone::clone)
 }
 
 impl Runtime {
@@ -81,7 +97,29 @@ impl Runtime {
                 }
             })
             .map_err(|e| format!("epoch thread: {e}"))?;
-        Ok(Self { engine, stop })
+        Ok(Self { engine, stop, compiled: Mutex::default() })
+    }
+
+    /// [`Runtime::load`], or the module compiled before from the same bytes (`digest` is
+    /// their SHA-256).
+    ///
+    /// # Errors
+    /// As [`Runtime::load`].
+    pub fn load_cached(&self, wasm: &[u8], digest: [u8; 32]) -> Result<Module, String> {
+        let compiled = |c: &Mutex<HashMap<_, Module>>| {
+            c.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get(&digest).cloned()
+        };
+        if let Some(module) = compiled(&self.compiled) {
+            return Ok(module);
+        }
+        let module = self.load(wasm)?;
+        let mut cache = self.compiled.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        // A few modules per node: a bound against a reload loop of ever new ones.
+        if cache.len() >= 64 {
+            cache.clear();
+        }
+        cache.insert(digest, module.clone());
+        Ok(module)
     }
 
     /// Compiles and checks `wasm`: the ABI v1 exports, and imports only from the allowlist.
@@ -91,10 +129,11 @@ impl Runtime {
     pub fn load(&self, wasm: &[u8]) -> Result<Module, String> {
         let module = Module::new(&self.engine, wasm).map_err(|e| format!("not a valid module: {e}"))?;
         for import in module.imports() {
-            let allowed = import.module() == "linkbus" && matches!(import.name(), "log" | "counter_add");
+            let allowed = import.module() == "linkbus"
+                && matches!(import.name(), "log" | "counter_add" | "config_read");
             if !allowed {
                 return Err(format!(
-                    "imports {}.{}, which filters may not (allowed: linkbus.log, linkbus.counter_add)",
+                    "imports {}.{}, which filters may not (allowed: linkbus.log, linkbus.counter_add, linkbus.config_read)",
                     import.module(),
                     import.name()
                 ));
@@ -140,7 +179,11 @@ impl Runtime {
             .func_wrap("linkbus", "log", |mut caller: Caller<'_, Host>, _level: i32, ptr: i32, len: i32| {
                 if let Some(line) = guest_bytes(&mut caller, ptr, len, 4096) {
                     let line = String::from_utf8_lossy(&line).into_owned();
-                    caller.data_mut().log.push(line);
+                    let log = &mut caller.data_mut().log;
+                    // Kept until the call returns; a guest that logs in a loop loses lines.
+                    if log.len() < LOG_LINES_PER_CALL {
+                        log.push(line);
+                    }
                 }
             })
             .map_err(|e| e.to_string())?;
@@ -161,7 +204,20 @@ impl Runtime {
                 },
             )
             .map_err(|e| e.to_string())?;
+        linker
+            .func_wrap("linkbus", "config_read", |mut caller: Caller<'_, Host>, ptr: i32, len: i32| -> i32 {
+                let config = caller.data().config.clone();
+                let n = usize::try_from(len).unwrap_or(0).min(config.len());
+                let written = caller
+                    .get_export("memory")
+                    .and_then(wasmtime::Extern::into_memory)
+                    .zip(usize::try_from(ptr).ok())
+                    .is_some_and(|(memory, at)| memory.write(&mut caller, at, &config[..n]).is_ok());
+                if written { len_i32(config.len()) } else { -1 }
+            })
+            .map_err(|e| e.to_string())?;
         let host = Host {
+            config: Arc::from(config),
             limits: StoreLimitsBuilder::new()
                 .memory_size(limits.memory_bytes_max)
                 .trap_on_grow_failure(true)
@@ -209,6 +265,8 @@ impl Drop for Runtime {
 
 /// What a store holds besides the instance.
 struct Host {
+    /// The filter's `config:` value, as JSON (`linkbus.config_read`).
+    config: Arc<[u8]>,
     limits: StoreLimits,
     log: Vec<String>,
     counters: Vec<(String, i64)>,
@@ -274,7 +332,8 @@ impl FilterInstance {
         Ok(at)
     }
 
-    /// Runs the filter on `messages` at `hook`: its verdict for each, in order.
+    /// Runs the filter on `messages` at `hook`: its verdict for each, in order, and the fuel
+    /// the call used.
     ///
     /// # Errors
     /// The [`Failure`], the instance left as it is (the caller decides whether to rebuild).
@@ -283,7 +342,7 @@ impl FilterInstance {
         hook: AbiHook,
         messages: &[&linkbus_plugin_api::Message],
         payload_bytes_max: usize,
-    ) -> Result<Vec<GuestVerdict>, Failure> {
+    ) -> Result<(Vec<GuestVerdict>, u64), Failure> {
         let mut batch = Vec::new();
         abi::encode_batch(messages, &mut batch);
         let at = self.write(&batch)?;
@@ -292,8 +351,9 @@ impl FilterInstance {
             .filter
             .call(&mut self.store, (hook as i32, at, len_i32(batch.len())))
             .map_err(|e| failure(&e))?;
+        let fuel = self.limits.fuel_per_call.saturating_sub(self.store.get_fuel().unwrap_or(0));
         if out == -1 {
-            return Ok(vec![GuestVerdict::Pass; messages.len()]);
+            return Ok((vec![GuestVerdict::Pass; messages.len()], fuel));
         }
         let (ptr, len) = ((out >> 32) as u32 as usize, (out & 0xffff_ffff) as usize);
         if out < 0 || len > self.limits.output_bytes_max {
@@ -305,12 +365,14 @@ impl FilterInstance {
         self.memory
             .read(&self.store, ptr, &mut verdicts)
             .map_err(|_| Failure::Output(format!("{len} bytes at {ptr} are outside its memory")))?;
-        abi::decode_verdicts(&verdicts, messages.len(), hook, payload_bytes_max).map_err(Failure::Output)
+        let verdicts = abi::decode_verdicts(&verdicts, messages.len(), hook, payload_bytes_max)
+            .map_err(Failure::Output)?;
+        Ok((verdicts, fuel))
     }
 
-    /// What the filter logged since the last look, and its counters.
+    /// What the filter logged since the last look, and what it added to its counters.
     pub fn take_log(&mut self) -> (Vec<String>, Vec<(String, i64)>) {
         let host = self.store.data_mut();
-        (std::mem::take(&mut host.log), host.counters.clone())
+        (std::mem::take(&mut host.log), std::mem::take(&mut host.counters))
     }
 }

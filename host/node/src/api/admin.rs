@@ -178,6 +178,39 @@ fn stage_lines(node: &NodeState, s: &mut String) {
     }
 }
 
+/// The `filters` lines of `status`: what each running filter did.
+fn filter_lines(node: &NodeState, s: &mut String) {
+    use std::fmt::Write;
+    let filters = node.filters().stats();
+    if !filters.is_empty() {
+        let _ = writeln!(s, "filters:");
+    }
+    for f in filters {
+        let hooks: Vec<&str> = f.hooks.iter().map(|h| h.as_str()).collect();
+        let failures: Vec<String> = f.failures.iter().map(|(k, n)| format!("{} {n}", k.as_str())).collect();
+        let failures = if failures.is_empty() { "none".to_owned() } else { failures.join(", ") };
+        let fuel = f.fuel / f.calls.max(1);
+        let _ = writeln!(
+            s,
+            "  {} [{}]: {} calls, {} messages, {} dropped, {} rewritten, {} routed; failures: {failures}; \
+             rebuilt {}; fuel/call {fuel}; time/call p50 {} us, p99 {} us",
+            f.name,
+            hooks.join(", "),
+            f.calls,
+            f.messages,
+            f.drops,
+            f.rewrites,
+            f.routes,
+            f.rebuilds,
+            f.p50_us,
+            f.p99_us
+        );
+        for (name, value) in &f.counters {
+            let _ = writeln!(s, "    counter {name}: {value}");
+        }
+    }
+}
+
 pub(super) fn status(node: &NodeState) -> String {
     use std::fmt::Write;
     let mut s = String::new();
@@ -194,6 +227,7 @@ pub(super) fn status(node: &NodeState) -> String {
     );
     let _ = writeln!(s, "disk: {}", node.disk().describe());
     stage_lines(node, &mut s);
+    filter_lines(node, &mut s);
     let _ = writeln!(s, "links:");
     let mut links: Vec<_> = node.links().collect();
     links.sort_by(|a, b| a.peer.name.cmp(&b.peer.name));

@@ -11,7 +11,9 @@ impl From<crate::flow::RefusalCode> for protocol::ErrorCode {
     fn from(code: crate::flow::RefusalCode) -> Self {
         use crate::flow::RefusalCode as R;
         match code {
-            R::Invalid | R::Filtered | R::StageFailed | R::DecodeFailed | R::DecryptFailed => Self::Invalid,
+            R::Invalid | R::Filtered | R::StageFailed | R::Dropped | R::DecodeFailed | R::DecryptFailed => {
+                Self::Invalid
+            }
             R::UnknownQueue => Self::UnknownQueue,
             R::NoRoute => Self::NoRoute,
             R::TooLarge => Self::TooLarge,

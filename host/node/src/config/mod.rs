@@ -4,6 +4,7 @@
 //! The fully commented `examples/config/node.yaml` shows every key with its default; a test
 //! keeps it equal to [`Config::defaults_for`].
 
+mod filters;
 mod read;
 
 use std::path::PathBuf;
@@ -11,6 +12,7 @@ use std::path::PathBuf;
 use linkbus_plugin_api::{ConfigValue, NodeName, QueueName, Reliability};
 use linkbus_proto::secure::Cipher;
 
+pub use filters::{DropPolicy, FILTER_KIND_DEFAULT, FailurePolicy, FilterChoice};
 pub(crate) use read::find_stage;
 pub use read::{Overrides, apply_overrides, from_value, load_file, parse_yaml};
 
@@ -352,6 +354,8 @@ pub struct PluginSettings {
     /// order (compression before encryption); the destination undoes the codecs a message
     /// records, in reverse.
     pub stages: Vec<PluginChoice>,
+    /// User filters, in the order they run (`filters:`); taken up by `linkbus reload`.
+    pub filters: Vec<FilterChoice>,
 }
 
 impl Default for NodeSettings {
@@ -417,6 +421,7 @@ impl Default for PluginSettings {
             store: PluginChoice::named("fjall"),
             router: PluginChoice::named("static"),
             stages: Vec::new(),
+            filters: Vec::new(),
         }
     }
 }

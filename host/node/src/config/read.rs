@@ -516,8 +516,9 @@ fn read_plugins(root: &Section<'_>) -> PluginSettings {
     let store = read_choice(&s, "store", d.store.clone()).unwrap_or(d.store);
     let router = read_choice(&s, "router", d.router.clone()).unwrap_or(d.router);
     let stages = read_stages(&s);
+    let filters = super::filters::read_filters(&s);
     s.finish();
-    PluginSettings { transport, store, router, stages }
+    PluginSettings { transport, store, router, stages, filters }
 }
 
 /// The extension points a stage may serve, in the registry's words.

@@ -306,7 +306,24 @@ fn take_one(node: &NodeState, arrival: Arrival, now: Instant) -> Result<(), Queu
     Ok(())
 }
 
-/// Dead-letters a message a stage refused (for all its recipients).
+/// Removes a message a filter dropped without a dead letter: its origin hears
+/// `filter_dropped` for each recipient (when it asked for results).
+fn drop_filtered(node: &NodeState, message: &Message, refusal: &Refusal) {
+    let result_to = ResultTo::of(message).filter(|to| &to.id.source != node.name());
+    let outcomes = message
+        .content
+        .recipients
+        .iter()
+        .map(|to| (to.clone(), Outcome::failed(FILTER_DROPPED, &refusal.reason)))
+        .collect();
+    node.report(result_to.as_ref(), outcomes);
+}
+
+/// The failure code a dropped message's origin hears.
+pub(crate) const FILTER_DROPPED: &str = "filter_dropped";
+
+/// Dead-letters a message a stage refused (for all its recipients), or drops it
+/// ([`RefusalCode::Dropped`]).
 ///
 /// # Errors
 /// As [`take_one`].
@@ -317,6 +334,11 @@ fn take_refused(
     now: Instant,
 ) -> Result<(), QueueError> {
     let Arrival { message, record } = arrival;
+    if refusal.code == RefusalCode::Dropped {
+        drop_filtered(node, &message, refusal);
+        node.committer().write(record);
+        return Ok(());
+    }
     let failed = Failed {
         code: dead_letter_code(refusal.code),
         reason: refusal.reason.clone(),

@@ -7,6 +7,7 @@
 //!   room they need, and putting them there — the one place that queues messages;
 //! - [`dead_letter`]: the dead-letter queue's marks and reports;
 //! - [`stages`]: code that acts on messages on their way, built per task from factories;
+//! - [`filters`]: the user filters (`plugins.filters`): one stage at every site, reloadable;
 //! - [`codecs`]: the configured compressors and ciphers: stages at the origin, undone at
 //!   the destination from what each message records;
 //! - [`refusal`]: why something is not taken, as a code and a reason.
@@ -16,6 +17,7 @@
 
 pub mod codecs;
 pub mod dead_letter;
+pub mod filters;
 pub(crate) mod inbound;
 pub mod origin;
 pub(crate) mod placement;
@@ -24,6 +26,7 @@ pub mod stages;
 
 pub use codecs::CodecStats;
 pub use dead_letter::{DeadLetter, DeadLetterCode};
+pub use filters::FilterStats;
 pub use origin::{Accepted, Origin};
 pub use refusal::{CommitError, PutError, Refusal, RefusalCode};
 pub use stages::{Site, Stage, StageBatch, StageContext, StageFactory};

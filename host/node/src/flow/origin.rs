@@ -178,10 +178,13 @@ impl Origin {
                 carried = None;
                 refused = Some(PutError::at(put.sequences.len() + at, refusal));
             }
-            if let Some(singles) = admit(node, run, put).await? {
-                // A run that cannot go at once goes one message at a time.
-                for single in singles {
-                    admit(node, vec![single], put).await?;
+            // A filter's `on_route` may have sent some of the run elsewhere.
+            for run in split_same_way(run) {
+                if let Some(singles) = admit(node, run, put).await? {
+                    // A run that cannot go at once goes one message at a time.
+                    for single in singles {
+                        admit(node, vec![single], put).await?;
+                    }
                 }
             }
             if refused.is_some() {
@@ -404,6 +407,20 @@ fn same_way(a: &Message, b: &Message) -> bool {
         && !b.content.results
         && a.content.recipients == b.content.recipients
         && LinkHandle::same_class(a, b)
+}
+
+/// `run` cut where consecutive messages no longer go the same way (as one run, in the
+/// usual case where the stages changed no recipients).
+fn split_same_way(mut run: Vec<Message>) -> Vec<Vec<Message>> {
+    let mut runs = Vec::new();
+    while let Some(cut) = (1..run.len()).find(|&i| !same_way(&run[i - 1], &run[i])) {
+        let rest = run.split_off(cut);
+        runs.push(std::mem::replace(&mut run, rest));
+    }
+    if !run.is_empty() {
+        runs.push(run);
+    }
+    runs
 }
 
 /// Queues one of the node's own messages (an event, a result) at once, without the

@@ -24,6 +24,10 @@ pub enum RefusalCode {
     Filtered,
     /// A stage on the message's path failed on it.
     StageFailed,
+    /// A filter removed it on a link, on purpose or by its failure policy: it is not
+    /// dead-lettered; its origin hears `filter_dropped`. (At the origin a put is refused
+    /// with [`RefusalCode::Filtered`] or [`RefusalCode::StageFailed`] instead.)
+    Dropped,
     /// A codec step it records (a compressor's) does not undo here.
     DecodeFailed,
     /// A cipher step it records does not open here: a wrong or missing key, or a payload or

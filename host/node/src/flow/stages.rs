@@ -5,7 +5,8 @@
 //!
 //! Invariant: a chain runs outside the admission lock and every queue's lock: before a
 //! batch is placed. A stage may change a message's payload, headers and name, never its
-//! recipients, reliability or priority (placement and room were decided by them).
+//! reliability or priority; only the filters' `on_route`, at the origin, changes recipients
+//! (the origin places a run after its stages, splitting it where the recipients differ).
 
 use std::sync::Arc;
 
@@ -81,8 +82,14 @@ impl<'m> StageBatch<'_, 'm> {
     /// Records the first refusal of the message at `index`: `code`, and why in the stage's
     /// name (`stage 'NAME' DID: REASON`).
     fn mark(&mut self, index: usize, code: RefusalCode, did: &str, reason: &str) {
+        self.mark_as(index, code, format!("stage '{}' {did}: {reason}", self.stage));
+    }
+
+    /// Records the first refusal of the message at `index`: `code`, and `reason` as it is
+    /// (the filter stage names the filter itself). [`RefusalCode::Dropped`] removes it
+    /// without a dead letter.
+    pub(crate) fn mark_as(&mut self, index: usize, code: RefusalCode, reason: String) {
         if index < self.messages.len() && !self.is_refused(index) {
-            let reason = format!("stage '{}' {did}: {reason}", self.stage);
             self.refused.push((index, Refusal::new(code, reason)));
         }
     }

@@ -96,6 +96,8 @@ pub struct NodeState {
     stages: Vec<Arc<dyn StageFactory>>,
     /// The configured codecs, which undo what messages record (see [`crate::flow::codecs`]).
     codecs: crate::flow::codecs::Codecs,
+    /// The running user filters (see [`crate::flow::filters`]).
+    filters: Arc<crate::flow::filters::Filters>,
 }
 
 impl std::fmt::Debug for NodeState {
@@ -251,6 +253,11 @@ impl NodeState {
     /// The configured codecs.
     pub(crate) fn codecs(&self) -> &crate::flow::codecs::Codecs {
         &self.codecs
+    }
+
+    /// The running user filters.
+    pub(crate) fn filters(&self) -> &crate::flow::filters::Filters {
+        &self.filters
     }
 
     /// The next sequence number of a message of this node.

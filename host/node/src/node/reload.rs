@@ -1,5 +1,5 @@
-//! Reloading the configuration: routes and router are taken up; other changes are named
-//! as needing a restart.
+//! Reloading the configuration: routes, router and filters are taken up; other changes are
+//! named as needing a restart.
 
 use super::NodeState;
 use crate::flow::{Refusal, RefusalCode};
@@ -50,9 +50,16 @@ impl NodeState {
         }
         let router = crate::routing::build_router(&new)
             .map_err(|e| format!("{e}; the running configuration stays"))?;
+        // Filters first: a module that does not load leaves everything as it runs.
+        let filters = self
+            .filters
+            .reload(&new.plugins.filters)
+            .map_err(|e| format!("{e}; the running filters and routes stay"))?;
         self.routing.replace(router);
         let mut text =
             format!("routes reloaded: {} route(s), router '{}'\n", new.routes.len(), new.plugins.router.kind);
+        text.push_str(&filters);
+        text.push('\n');
         let old = &self.config;
         let restart: Vec<&str> = [
             ("node", new.node != old.node),

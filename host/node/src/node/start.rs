@@ -244,7 +244,10 @@ impl NodeState {
         mut stages: Vec<Arc<dyn StageFactory>>,
     ) -> Result<Arc<Self>, StartError> {
         let security = crate::security::Security::load(&config)?;
-        // The configured stages act after an embedder's (which see the payload as written).
+        // The configured stages act after an embedder's (which see the payload as written):
+        // the filters, then the codecs (which choose keys by the recipients filters set).
+        let filters = crate::flow::filters::Filters::build(&config)?;
+        stages.push(filters.stage());
         let codecs = crate::flow::codecs::Codecs::build(&config)?;
         stages.extend(codecs.stages());
         stages.extend(crate::faults::tamper_relayed());
@@ -313,6 +316,7 @@ impl NodeState {
             stop_signal: tokio::sync::Notify::new(),
             stages,
             codecs,
+            filters,
         }))
     }
 }
