@@ -387,6 +387,10 @@ pub(crate) struct GetArgs {
     /// with its size and stays in the queue.
     #[arg(long, default_value_t = u64::MAX, hide_default_value = true)]
     pub max_bytes: u64,
+    /// After each payload, a tab and the message's headers as `KEY=VALUE`, separated by
+    /// `; ` (the node's own `linkbus.*` headers left out).
+    #[arg(long)]
+    pub headers: bool,
 }
 
 /// `linkbus config ...`.
@@ -564,6 +568,13 @@ pub(crate) async fn get(args: GetArgs) -> anyhow::Result<()> {
         let mut tags = Vec::with_capacity(deliveries.len());
         for d in deliveries {
             out.write_all(&d.message.content.payload)?;
+            if args.headers {
+                let headers: Vec<String> = (d.message.content.headers.iter())
+                    .filter(|(k, _)| !k.starts_with("linkbus."))
+                    .map(|(k, v)| format!("{k}={v}"))
+                    .collect();
+                write!(out, "\t{}", headers.join("; "))?;
+            }
             out.write_all(b"\n")?;
             tags.push(d.tag);
             got += 1;

@@ -106,6 +106,48 @@ pub trait Filter: Sized {
     fn filter(&mut self, hook: Hook, message: &Message) -> Verdict;
 }
 
+/// The value of `field` in the flat JSON object `json` (a filter's configuration, or a
+/// payload), as text: a string without its quotes (escapes kept as written), or a number,
+/// `true`, `false` or `null` as written. `None` when the field is absent.
+pub fn json_field<'a>(json: &'a str, field: &str) -> Option<&'a str> {
+    let (_, value) = json_field_span(json, field)?;
+    Some(value)
+}
+
+/// Where the value of `field` is in `json`: its byte range (inside the quotes for a
+/// string), and the value. Looks for the first `"field"` followed by `:`.
+pub fn json_field_span<'a>(json: &'a str, field: &str) -> Option<(std::ops::Range<usize>, &'a str)> {
+    let quoted = format!("\"{}\"", field);
+    let mut from = 0;
+    while let Some(found) = json[from..].find(&quoted) {
+        let after_key = from + found + quoted.len();
+        let rest = &json[after_key..];
+        let trimmed = rest.trim_start();
+        if let Some(value) = trimmed.strip_prefix(':') {
+            let value_at = json.len() - value.trim_start().len();
+            let value = &json[value_at..];
+            if let Some(body) = value.strip_prefix('"') {
+                let mut escaped = false;
+                for (i, c) in body.char_indices() {
+                    match c {
+                        '\\' if !escaped => escaped = true,
+                        '"' if !escaped => {
+                            let start = value_at + 1;
+                            return Some((start..start + i, &body[..i]));
+                        }
+                        _ => escaped = false,
+                    }
+                }
+                return None;
+            }
+            let end = value.find(|c: char| c == ',' || c == '}' || c == ']' || c.is_whitespace()).unwrap_or(value.len());
+            return Some((value_at..value_at + end, &value[..end]));
+        }
+        from = after_key;
+    }
+    None
+}
+
 /// A line in the node's log.
 pub fn log(line: &str) {
     imports::log(1, line);
@@ -183,8 +225,15 @@ pub fn run<F: Filter>(filter: &mut F, hook: i32, ptr: i32, len: i32) -> i64 {
         };
         output.clear();
         put_u32(output, messages.len() as u32);
+        let mut all_pass = true;
         for message in &messages {
-            encode_verdict(output, &filter.filter(hook, message));
+            let verdict = filter.filter(hook, message);
+            all_pass &= verdict == Verdict::Pass;
+            encode_verdict(output, &verdict);
+        }
+        if all_pass {
+            // The host needs nothing read back.
+            return -1;
         }
         ((output.as_ptr() as i64) << 32) | output.len() as i64
     })
