@@ -177,6 +177,7 @@ impl Runtime {
         let mut linker = Linker::<Host>::new(&self.engine);
         linker
             .func_wrap("linkbus", "log", |mut caller: Caller<'_, Host>, _level: i32, ptr: i32, len: i32| {
+                charge(&mut caller)?;
                 if let Some(line) = guest_bytes(&mut caller, ptr, len, 4096) {
                     let line = String::from_utf8_lossy(&line).into_owned();
                     let log = &mut caller.data_mut().log;
@@ -185,6 +186,7 @@ impl Runtime {
                         log.push(line);
                     }
                 }
+                wasmtime::Result::<()>::Ok(())
             })
             .map_err(|e| e.to_string())?;
         linker
@@ -192,6 +194,7 @@ impl Runtime {
                 "linkbus",
                 "counter_add",
                 |mut caller: Caller<'_, Host>, ptr: i32, len: i32, delta: i64| {
+                    charge(&mut caller)?;
                     if let Some(name) = guest_bytes(&mut caller, ptr, len, 128) {
                         let name = String::from_utf8_lossy(&name).into_owned();
                         let counters = &mut caller.data_mut().counters;
@@ -201,6 +204,7 @@ impl Runtime {
                             counters.push((name, delta));
                         }
                     }
+                    wasmtime::Result::<()>::Ok(())
                 },
             )
             .map_err(|e| e.to_string())?;
@@ -270,6 +274,20 @@ struct Host {
     limits: StoreLimits,
     log: Vec<String>,
     counters: Vec<(String, i64)>,
+}
+
+/// Fuel a host call costs the guest (host calls run no guest instructions, so a guest that
+/// only calls the host still runs out).
+pub const HOST_CALL_FUEL: u64 = 1_000;
+
+/// Takes [`HOST_CALL_FUEL`] from the caller: out of fuel, the call traps as out of fuel.
+fn charge(caller: &mut Caller<'_, Host>) -> wasmtime::Result<()> {
+    let left = caller.get_fuel()?;
+    if left < HOST_CALL_FUEL {
+        caller.set_fuel(0)?;
+        return Err(wasmtime::Trap::OutOfFuel.into());
+    }
+    caller.set_fuel(left - HOST_CALL_FUEL)
 }
 
 /// At most `max` bytes at `ptr..ptr+len` of the caller's memory, if they are all there.

@@ -1,5 +1,7 @@
-//! Misbehaving filters (`.wat` fixtures): each is stopped, or refused at load, with a message
-//! naming the limit; the well-behaved example keeps working beside them.
+//! Misbehaving filters (the `.wat` fixtures in `fixtures/`): each is stopped, or refused at
+//! load, with a message naming the limit; the well-behaved example keeps working beside them.
+
+use std::path::Path;
 
 use linkbus_filter_wasm::abi::{AbiHook, GuestVerdict};
 use linkbus_filter_wasm::instance::{Failure, Limits, Runtime};
@@ -12,17 +14,10 @@ const LIMITS: Limits = Limits {
     output_bytes_max: 1 << 16,
 };
 
-/// The ABI's exports around `filter_body` (the body of `linkbus_filter`, returning i64).
-fn module(filter_body: &str) -> Vec<u8> {
-    wat::parse_str(format!(
-        r#"(module
-            (memory (export "memory") 1)
-            (func (export "linkbus_abi_v1") (result i32) i32.const 1)
-            (func (export "linkbus_alloc") (param i32) (result i32) i32.const 1024)
-            (func $rec (param i32) (result i32) local.get 0 call $rec)
-            (func (export "linkbus_filter") (param i32 i32 i32) (result i64) {filter_body}))"#
-    ))
-    .unwrap()
+/// The fixture `name` (`fixtures/NAME.wat`), assembled.
+fn fixture(name: &str) -> Vec<u8> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(format!("{name}.wat"));
+    wat::parse_file(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
 fn message() -> Message {
@@ -30,37 +25,43 @@ fn message() -> Message {
     Message::new(id, Content::buf("C:q".parse().unwrap(), "hello"))
 }
 
-fn call(runtime: &Runtime, wasm: &[u8]) -> Result<Vec<GuestVerdict>, Failure> {
+fn call_with(runtime: &Runtime, wasm: &[u8], limits: Limits) -> Result<Vec<GuestVerdict>, Failure> {
     let module = runtime.load(wasm).unwrap();
-    let mut instance = runtime.instantiate(&module, LIMITS, b"{}").unwrap();
+    let mut instance = runtime.instantiate(&module, limits, b"{}").unwrap();
     let m = message();
-    instance.call(AbiHook::OnDeliver, &[&m], 1 << 20)
+    instance.call(AbiHook::OnDeliver, &[&m], 1 << 20).map(|(verdicts, _)| verdicts)
+}
+
+fn call(runtime: &Runtime, name: &str) -> Result<Vec<GuestVerdict>, Failure> {
+    call_with(runtime, &fixture(name), LIMITS)
 }
 
 #[test]
 fn each_misbehaviour_is_stopped_and_named() {
     let runtime = Runtime::new().unwrap();
-    assert_eq!(call(&runtime, &module("(loop (br 0)) i64.const -1")), Err(Failure::Fuel), "an endless loop");
-    let grow = module("(loop (drop (memory.grow (i32.const 1))) (br 0)) i64.const -1");
-    assert!(matches!(call(&runtime, &grow), Err(Failure::Trap(_) | Failure::Memory)), "memory growth");
-    let recursion = module("i32.const 0 call $rec drop i64.const -1");
-    let stopped = call(&runtime, &recursion);
+    assert_eq!(call(&runtime, "loop"), Err(Failure::Fuel), "an endless loop");
+    assert_eq!(call(&runtime, "host_call_loop"), Err(Failure::Fuel), "an endless loop of host calls");
+    assert!(matches!(call(&runtime, "grow"), Err(Failure::Trap(_) | Failure::Memory)), "memory growth");
+    let stopped = call(&runtime, "recursion");
     assert!(matches!(&stopped, Err(Failure::Trap(why)) if why.contains("stack")), "recursion: {stopped:?}");
-    assert!(matches!(call(&runtime, &module("unreachable")), Err(Failure::Trap(_))), "a trap");
-    let outside = module("i64.const 0x7fff000000000010");
+    assert!(matches!(call(&runtime, "trap"), Err(Failure::Trap(_))), "a trap");
     assert!(
-        matches!(call(&runtime, &outside), Err(Failure::Output(why)) if why.contains("outside")),
+        matches!(call(&runtime, "bad_pointer"), Err(Failure::Output(why)) if why.contains("outside")),
         "a bad pointer"
     );
-    let huge = module("i64.const 0x00000000ffffffff");
-    assert!(matches!(call(&runtime, &huge), Err(Failure::Output(why)) if why.contains("output_bytes_max")));
-    assert_eq!(call(&runtime, &module("i64.const -1")), Ok(vec![GuestVerdict::Pass]), "all pass");
+    let tight = Limits { output_bytes_max: 8, ..LIMITS };
+    let said = call_with(&runtime, &fixture("rewrite_all"), tight);
+    assert!(matches!(&said, Err(Failure::Output(why)) if why.contains("output_bytes_max")), "{said:?}");
+    assert_eq!(
+        call(&runtime, "rewrite_all"),
+        Ok(vec![GuestVerdict::Change { payload: Some(b"X".to_vec()), headers: Vec::new() }])
+    );
 }
 
 #[test]
 fn a_call_past_its_time_is_stopped_by_the_epoch_deadline() {
     let runtime = Runtime::new().unwrap();
-    let module = runtime.load(&module("(loop (br 0)) i64.const -1")).unwrap();
+    let module = runtime.load(&fixture("loop")).unwrap();
     let limits = Limits { fuel_per_call: u64::MAX / 2, ticks_per_call: 20, ..LIMITS };
     let mut instance = runtime.instantiate(&module, limits, b"{}").unwrap();
     let m = message();
@@ -74,16 +75,19 @@ fn a_call_past_its_time_is_stopped_by_the_epoch_deadline() {
 #[test]
 fn modules_that_are_not_filters_are_refused_at_load() {
     let runtime = Runtime::new().unwrap();
-    let refused = |wat: &str| runtime.load(&wat::parse_str(wat).unwrap()).err().unwrap();
-    assert!(refused("(module)").contains("does not export linkbus_abi_v1"));
+    let refused = |name: &str| runtime.load(&fixture(name)).err().unwrap();
+    assert!(refused("missing_exports").contains("does not export linkbus_filter"));
+    assert!(refused("abi_v2").contains("linkbus_abi_v2, an ABI this node does not speak"));
+    let wasi = refused("wasi");
+    assert!(wasi.contains("wasi_snapshot_preview1.fd_write, which filters may not"), "{wasi}");
     assert!(
-        refused(r#"(module (func (export "linkbus_abi_v2")))"#)
-            .contains("linkbus_abi_v2, an ABI this node does not speak")
-    );
-    assert!(refused(r#"(module (import "wasi_snapshot_preview1" "fd_write" (func)))"#).contains("may not"));
-    assert!(
-        refused(r#"(module (func (export "linkbus_abi_v1")) (memory (export "memory") 1))"#)
-            .contains("does not export linkbus_alloc")
+        runtime
+            .load(&wat::parse_str("(module)").unwrap())
+            .unwrap_err()
+            .contains("does not export linkbus_abi_v1")
     );
     assert!(runtime.load(b"not wasm").unwrap_err().contains("not a valid module"));
+    let module = runtime.load(&fixture("wrong_export_type")).unwrap();
+    let error = runtime.instantiate(&module, LIMITS, b"{}").err().unwrap();
+    assert!(error.contains("linkbus_filter"), "{error}");
 }
