@@ -50,8 +50,13 @@ pub const RESULT_MESSAGE_NAME: &str = "linkbus.results";
 pub const EXPIRED_BEFORE_SENDING: &str = "expired_before_sending";
 /// Longest failure reason kept, in bytes.
 const REASON_BYTES_MAX: usize = 1024;
-/// Failure codes a result may carry: the dead-letter codes, and expiry before sending.
-const FAILURE_CODES: [&str; 11] = [
+/// Failure code of a message a filter removed on its way without a dead letter (`drops:
+/// discard`, or `on_failure: fail_closed`).
+pub const FILTER_DROPPED: &str = "filter_dropped";
+/// Failure codes a result may carry: the dead-letter codes, a filter's drop, and expiry
+/// before sending.
+const FAILURE_CODES: [&str; 12] = [
+    FILTER_DROPPED,
     "decode_failed",
     "decrypt_failed",
     "stage_failed",

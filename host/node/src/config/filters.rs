@@ -8,8 +8,8 @@ use linkbus_plugin_api::{AddressPattern, ConfigValue, Hook, Section};
 /// The filter plugin an entry without `kind:` uses.
 pub const FILTER_KIND_DEFAULT: &str = "wasm";
 
-/// The keys of a filter entry the node reads (the plugin gets the others).
-const NODE_KEYS: [&str; 6] = ["name", "kind", "hooks", "to", "on_failure", "drops"];
+/// The keys of a filter entry only the node reads (the plugin gets the others, and `name`).
+const NODE_KEYS: [&str; 5] = ["kind", "hooks", "to", "on_failure", "drops"];
 
 /// What happens to the messages of a call that failed (a trap, a limit reached).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -314,13 +314,10 @@ fn drop_filtered(node: &NodeState, message: &Message, refusal: &Refusal) {
         .content
         .recipients
         .iter()
-        .map(|to| (to.clone(), Outcome::failed(FILTER_DROPPED, &refusal.reason)))
+        .map(|to| (to.clone(), Outcome::failed(crate::results::FILTER_DROPPED, &refusal.reason)))
         .collect();
     node.report(result_to.as_ref(), outcomes);
 }
-
-/// The failure code a dropped message's origin hears.
-pub(crate) const FILTER_DROPPED: &str = "filter_dropped";
 
 /// Dead-letters a message a stage refused (for all its recipients), or drops it
 /// ([`RefusalCode::Dropped`]).

@@ -1,0 +1,290 @@
+//! User filters (WebAssembly) on real processes: every verdict at its hook (`on_send` and
+//! `on_route` at the origin, `on_forward` at a relay, `on_deliver` at the destination), a
+//! relay's filter on a message sealed end to end, every limit and failure policy with the
+//! misbehaving fixtures, modules refused at load, and a reload under traffic.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crate::support;
+use support::cluster::Cluster;
+use support::{Scratch, stderr, stdout};
+
+const CHAIN: [(&str, &str); 2] = [("A", "B"), ("B", "C")];
+
+/// A committed example module (`wasm-plugins/built/NAME.wasm`).
+pub fn example(name: &str) -> String {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("wasm-plugins/built").join(format!("{name}.wasm"));
+    assert!(path.exists(), "{} is committed", path.display());
+    path.display().to_string()
+}
+
+/// A misbehaving fixture (`plugins/filter-wasm/tests/fixtures/NAME.wat`), assembled into the
+/// scratch directory.
+fn fixture(s: &Scratch, name: &str) -> String {
+    let source = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("plugins/filter-wasm/tests/fixtures")
+        .join(format!("{name}.wat"));
+    let wasm = wat::parse_file(&source).unwrap_or_else(|e| panic!("{}: {e}", source.display()));
+    let path: PathBuf = s.path().join(format!("{name}.wasm"));
+    std::fs::write(&path, wasm).expect("write the module");
+    path.display().to_string()
+}
+
+/// Puts `payload` from A to `to` (each `--to`), with `args`, waiting for the results; what
+/// the command printed.
+fn put(s: &Scratch, to: &[&str], args: &[&str], payload: &str) -> String {
+    let mut all = vec!["put", "--node", "A", "--wait-result", "20s"];
+    for t in to {
+        all.extend(["--to", t]);
+    }
+    all.extend_from_slice(args);
+    all.push(payload);
+    let out = s.run(&all);
+    stdout(&out) + &stderr(&out)
+}
+
+fn status(s: &Scratch, node: &str) -> String {
+    stdout(&s.run(&["status", "--node", node]))
+}
+
+/// The `status` line of filter `name`.
+fn filter_line(status: &str, name: &str) -> String {
+    let prefix = format!("  {name} [");
+    status.lines().find(|l| l.starts_with(&prefix)).unwrap_or_else(|| panic!("{name} in {status}")).to_owned()
+}
+
+#[test]
+fn every_verdict_acts_at_its_hook_on_real_nodes() {
+    let s = Scratch::new();
+    let a = format!(
+        "routes: [ {{ to: C, via: B }} ]\nplugins:\n  filters:\n    \
+         - {{ name: no-spam, module: '{}', hooks: [on_send], config: {{ key: kind, value: spam }} }}\n    \
+         - {{ name: audit, module: '{}', hooks: [on_route], config: {{ field: amount, at_least: 1000, copy_to: 'C:audit' }} }}\n",
+        example("drop_by_header"),
+        example("route_by_amount")
+    );
+    let b = format!(
+        "plugins:\n  filters:\n    - {{ name: tag, module: '{}', hooks: [on_forward] }}\n",
+        example("tag_or_drop_empty")
+    );
+    let c = format!(
+        "routes: [ {{ to: A, via: B }} ]\nqueues: [ {{ name: orders }}, {{ name: audit }} ]\nplugins:\n  filters:\n    \
+         - {{ name: redact, module: '{}', hooks: [on_deliver], to: 'C:orders', config: {{ field: card_number, keep_last: 4 }} }}\n",
+        example("redact_json")
+    );
+    let (_cluster, _nodes) = Cluster::up(&s, &CHAIN, &[("A", &a), ("B", &b), ("C", &c)]);
+
+    let small = put(&s, &["C:orders"], &[], r#"{"card_number":"4111 1111 1111 1234","amount":5}"#);
+    assert!(small.contains("C:orders delivered"), "{small}");
+    let spam = put(&s, &["C:orders"], &["--header", "kind=spam"], "buy now");
+    assert!(spam.contains("filter 'no-spam' dropped it at on_send: header kind is spam"), "{spam}");
+    let large = put(&s, &["C:orders"], &[], r#"{"card_number":"5500000000000004","amount":5000}"#);
+    assert!(large.contains("C:orders delivered") && large.contains("C:audit delivered"), "on_route: {large}");
+    let empty = put(&s, &["C:orders"], &["--persistent"], "");
+    assert!(empty.contains("C:orders failed filter_rejected"), "on_forward drops it at B: {empty}");
+    assert!(stdout(&s.run(&["dlq", "ls", "--node", "B"])).contains("filter_rejected"));
+
+    let orders =
+        stdout(&s.run(&["get", "--node", "C", "orders", "--count", "10", "--wait", "1s", "--headers"]));
+    assert_eq!(
+        orders,
+        "{\"card_number\":\"**** **** **** 1234\",\"amount\":5}\tx-filter=c; redacted=card_number\n\
+         {\"card_number\":\"************0004\",\"amount\":5000}\tx-filter=c; redacted=card_number\n",
+        "on_forward tagged, on_deliver redacted"
+    );
+    let audit = stdout(&s.run(&["get", "--node", "C", "audit", "--count", "10", "--wait", "1s"]));
+    assert_eq!(audit, "{\"card_number\":\"************0004\",\"amount\":5000}\n");
+
+    let a = status(&s, "A");
+    assert!(filter_line(&a, "no-spam").contains("1 dropped"), "{a}");
+    assert!(filter_line(&a, "audit").contains("1 routed"), "{a}");
+    assert!(a.contains("counter audited: 1"), "{a}");
+    let b = status(&s, "B");
+    assert!(filter_line(&b, "tag").contains("1 dropped, 2 rewritten"), "{b}");
+    let c = status(&s, "C");
+    assert!(filter_line(&c, "redact").contains("2 rewritten, 0 routed; failures: none"), "{c}");
+}
+
+#[test]
+fn a_relay_filter_sees_a_sealed_messages_headers_never_its_payload() {
+    let s = Scratch::new();
+    let key = s.path().join("orders.pkey").display().to_string();
+    assert!(s.run(&["keygen", "--payload", "--out", &key]).status.success());
+    let a = format!(
+        "routes: [ {{ to: C, via: B }} ]\nplugins:\n  stages:\n    - {{ kind: chacha20poly1305, rules: [ {{ to: 'C:*', key: '{key}' }} ] }}\n"
+    );
+    let b = format!(
+        "plugins:\n  filters:\n    \
+         - {{ name: no-spam, module: '{}', hooks: [on_forward], config: {{ key: kind, value: spam }} }}\n    \
+         - {{ name: redact, module: '{}', hooks: [on_forward], config: {{ field: card_number }} }}\n    \
+         - {{ name: rewrite, module: '{}', hooks: [on_forward], on_failure: fail_open }}\n",
+        example("drop_by_header"),
+        example("redact_json"),
+        fixture(&s, "rewrite_all")
+    );
+    let c = format!(
+        "routes: [ {{ to: A, via: B }} ]\nqueues: [ {{ name: orders }} ]\nplugins:\n  stages:\n    - {{ kind: chacha20poly1305, keys: [ '{key}' ] }}\n"
+    );
+    let (_cluster, _nodes) = Cluster::up(&s, &CHAIN, &[("A", &a), ("B", &b), ("C", &c)]);
+
+    let card = r#"{"card_number":"4111 1111 1111 1234"}"#;
+    let sent = put(&s, &["C:orders"], &["--header", "kind=order"], card);
+    assert!(sent.contains("C:orders delivered"), "{sent}");
+    let spam = put(&s, &["C:orders"], &["--header", "kind=spam"], card);
+    assert!(spam.contains("C:orders failed filter_rejected"), "the relay reads headers: {spam}");
+    let got = stdout(&s.run(&["get", "--node", "C", "orders", "--count", "5", "--wait", "1s"]));
+    assert_eq!(got, format!("{card}\n"), "the relay neither read nor changed the payload");
+
+    let b = status(&s, "B");
+    assert!(filter_line(&b, "redact").contains("0 rewritten"), "shown no payload to redact: {b}");
+    let rewrite = filter_line(&b, "rewrite");
+    assert!(rewrite.contains("failures: output 1"), "a change to a sealed message is refused: {rewrite}");
+}
+
+/// A node C with one queue per misbehaving fixture, each filter on its queue only, and a
+/// queue no filter touches.
+fn misbehaving_c(s: &Scratch) -> String {
+    let mut yaml = String::from(
+        "queues: [ { name: plain }, { name: loop }, { name: calls }, { name: grow }, { name: deep }, { name: trap }, { name: pointer } ]\n\
+         plugins:\n  filters:\n",
+    );
+    for (queue, name, policy, limits) in [
+        ("loop", "loop", "dead_letter", "{ fuel_per_call: 2000000 }"),
+        ("calls", "host_call_loop", "dead_letter", "{ fuel_per_call: 1000000000000, time_per_call_ms: 20 }"),
+        ("grow", "grow", "fail_closed", "{ memory_bytes_max: 1048576 }"),
+        ("deep", "recursion", "dead_letter", "{}"),
+        ("trap", "trap", "fail_open", "{}"),
+        ("pointer", "bad_pointer", "dead_letter", "{}"),
+    ] {
+        yaml.push_str(&format!(
+            "    - {{ name: {name}, module: '{}', hooks: [on_deliver], to: 'C:{queue}', on_failure: {policy}, limits: {limits} }}\n",
+            fixture(s, name)
+        ));
+    }
+    yaml
+}
+
+#[test]
+fn every_limit_and_failure_policy_holds_and_the_node_serves_the_rest() {
+    let s = Scratch::new();
+    let c = misbehaving_c(&s);
+    let (_cluster, nodes) = Cluster::up(&s, &[("A", "C")], &[("C", &c)]);
+    for (queue, result, reason) in [
+        ("loop", "failed stage_failed", "ran out of fuel (limits.fuel_per_call: 2000000)"),
+        ("calls", "failed stage_failed", "ran past its time (limits.time_per_call_ms: 20)"),
+        ("grow", "failed filter_dropped", "memory_bytes_max"),
+        ("deep", "failed stage_failed", "stack"),
+        ("trap", "delivered", ""),
+        ("pointer", "failed stage_failed", "outside its memory"),
+    ] {
+        let to = format!("C:{queue}");
+        let said = put(&s, &[&to], &["--persistent"], "m");
+        assert!(said.contains(&format!("{to} {result}")), "{queue}: {said}\n{}", nodes["C"].log_text());
+        assert!(said.contains(reason), "{queue}: {reason} in {said}");
+        let plain = put(&s, &["C:plain"], &[], "still served");
+        assert!(plain.contains("C:plain delivered"), "after {queue}: {plain}");
+    }
+    let dlq = stdout(&s.run(&["dlq", "ls", "--node", "C"]));
+    assert_eq!(dlq.matches("stage_failed").count(), 4, "{dlq}");
+    assert_eq!(stdout(&s.run(&["get", "--node", "C", "trap", "--wait", "1s"])), "m\n", "fail_open");
+    assert_eq!(stdout(&s.run(&["get", "--node", "C", "grow", "--wait", "500ms"])), "", "fail_closed");
+
+    // Three failures in a row rebuild the instance.
+    for _ in 0..2 {
+        put(&s, &["C:trap"], &[], "m");
+    }
+    let status = status(&s, "C");
+    assert!(filter_line(&status, "trap").contains("failures: trap 3; rebuilt 1"), "{status}");
+    assert!(filter_line(&status, "loop").contains("failures: fuel 1"), "{status}");
+    assert!(filter_line(&status, "host_call_loop").contains("failures: time 1"), "{status}");
+}
+
+#[test]
+fn modules_that_break_the_abi_are_refused_at_load_with_their_reason() {
+    let s = Scratch::new();
+    for (name, says) in [
+        ("missing_exports", "does not export linkbus_filter"),
+        ("abi_v2", "exports linkbus_abi_v2, an ABI this node does not speak"),
+        ("wasi", "imports wasi_snapshot_preview1.fd_write, which filters may not"),
+        ("wrong_export_type", "linkbus_filter"),
+    ] {
+        let yaml = format!(
+            "node: {{ name: C, listen: none }}\nplugins:\n  filters:\n    - {{ name: bad, module: '{}', hooks: [on_deliver] }}\n",
+            fixture(&s, name)
+        );
+        let path = s.write(&format!("{name}.yaml"), &yaml);
+        let path = path.to_str().expect("utf-8 path");
+        let checked = s.run(&["config", "check", path]);
+        let started = s.run(&["node", "run", "-c", path]);
+        let said = format!("{}{}", stderr(&checked), stderr(&started));
+        assert!(!started.status.success() && said.contains(says), "{name}: {says} in {said}");
+    }
+    let yaml = format!(
+        "node: {{ name: C, listen: none }}\nplugins:\n  filters:\n    - {{ name: x, module: '{}', hooks: [on_sent], on_failure: maybe, limits: {{ fuel: 1 }}, sha256: abc }}\n",
+        example("drop_by_header")
+    );
+    let path = s.write("typos.yaml", &yaml);
+    let checked = s.run(&["config", "check", path.to_str().expect("utf-8 path")]);
+    let checked = stdout(&checked) + &stderr(&checked);
+    for says in [
+        "plugins.filters[0].hooks",
+        "plugins.filters[0].on_failure: 'maybe'",
+        "plugins.filters[0].limits.fuel: unknown key",
+        "plugins.filters[0].sha256: expected 64 hexadecimal digits",
+    ] {
+        assert!(checked.contains(says), "{says} in {checked}");
+    }
+}
+
+#[test]
+fn a_reload_under_traffic_takes_up_the_filter_and_loses_nothing() {
+    let s = Scratch::new();
+    let (cluster, _nodes) = Cluster::up(&s, &[("A", "C")], &[("C", "queues: [ { name: orders } ]\n")]);
+    let config = PathBuf::from(&cluster.configs["C"]);
+    let lines: String = (0..3000).map(|n| format!("m{n:05}\n")).collect();
+    let sending = s.put_streaming(
+        &["put", "--node", "A", "--to", "C:orders", "--persistent", "-"],
+        &lines,
+        700,
+        Duration::from_millis(50),
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    let yaml = std::fs::read_to_string(&config).expect("C's config");
+    let with_filter = format!(
+        "{yaml}\nplugins:\n  filters:\n    - {{ name: tag, module: '{}', hooks: [on_deliver] }}\n",
+        example("tag_or_drop_empty")
+    );
+    std::fs::write(&config, &with_filter).expect("write C's config");
+    let reloaded = s.run(&["reload", "--node", "C"]);
+    assert!(
+        stdout(&reloaded).contains("filters reloaded: 1 running (0 kept, 1 new)"),
+        "{}",
+        stdout(&reloaded)
+    );
+    // A module that does not load leaves the running one.
+    let broken = s.write("broken.wasm", "not wasm");
+    std::fs::write(
+        &config,
+        with_filter.replace(&example("tag_or_drop_empty"), broken.to_str().expect("utf-8")),
+    )
+    .expect("write C's config");
+    let refused = s.run(&["reload", "--node", "C"]);
+    assert!(
+        !refused.status.success() && stderr(&refused).contains("not a valid module"),
+        "{}",
+        stderr(&refused)
+    );
+    sending.finish();
+
+    let got = s.take_all("C", "orders", 3000, Duration::from_secs(60));
+    let payloads: Vec<&str> = got.lines().collect();
+    let sent: Vec<String> = (0..3000).map(|n| format!("m{n:05}")).collect();
+    assert_eq!(payloads, sent, "every message once, in order");
+    let tagged = stdout(&s.run(&["status", "--node", "C"]));
+    let line = filter_line(&tagged, "tag");
+    assert!(
+        line.contains("rewritten") && !line.contains(" 0 rewritten"),
+        "the reloaded filter acted: {line}"
+    );
+}
