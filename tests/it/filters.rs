@@ -13,7 +13,7 @@ use support::{Scratch, stderr, stdout};
 const CHAIN: [(&str, &str); 2] = [("A", "B"), ("B", "C")];
 
 /// A committed example module (`wasm-plugins/built/NAME.wasm`).
-pub fn example(name: &str) -> String {
+pub(crate) fn example(name: &str) -> String {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("wasm-plugins/built").join(format!("{name}.wasm"));
     assert!(path.exists(), "{} is committed", path.display());
     path.display().to_string()

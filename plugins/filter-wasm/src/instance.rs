@@ -164,16 +164,8 @@ impl Runtime {
         Ok(module)
     }
 
-    /// A long-lived instance of `module` under `limits`, initialised with `config`.
-    ///
-    /// # Errors
-    /// Why it could not start: wrong export types, a trap, or `linkbus_init` refusing.
-    pub fn instantiate(
-        &self,
-        module: &Module,
-        limits: Limits,
-        config: &[u8],
-    ) -> Result<FilterInstance, String> {
+    /// The host functions a guest may import (the allowlist), for one instance.
+    fn linker(&self) -> Result<Linker<Host>, String> {
         let mut linker = Linker::<Host>::new(&self.engine);
         linker
             .func_wrap("linkbus", "log", |mut caller: Caller<'_, Host>, _level: i32, ptr: i32, len: i32| {
@@ -220,6 +212,20 @@ impl Runtime {
                 if written { len_i32(config.len()) } else { -1 }
             })
             .map_err(|e| e.to_string())?;
+        Ok(linker)
+    }
+
+    /// A long-lived instance of `module` under `limits`, initialised with `config`.
+    ///
+    /// # Errors
+    /// Why it could not start: wrong export types, a trap, or `linkbus_init` refusing.
+    pub fn instantiate(
+        &self,
+        module: &Module,
+        limits: Limits,
+        config: &[u8],
+    ) -> Result<FilterInstance, String> {
+        let linker = self.linker()?;
         let host = Host {
             config: Arc::from(config),
             limits: StoreLimitsBuilder::new()

@@ -420,7 +420,7 @@ impl Call<'_> {
         let seen = counts.failures[FailureKind::ALL.iter().position(|k| *k == error.kind).unwrap_or(0)]
             .fetch_add(1, Ordering::Relaxed);
         // The first few, then one in a thousand.
-        if seen < 5 || seen % 1000 == 0 {
+        if seen < 5 || seen.is_multiple_of(1000) {
             tracing::warn!(
                 filter = %choice.name,
                 hook = %self.hook,
