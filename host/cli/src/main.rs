@@ -60,6 +60,7 @@ fn main() -> ExitCode {
             Command::Bench(args) => cli::bench(args).await,
             Command::Keygen(args) => cli::keygen(&args),
             Command::Zstd(command) => cli::zstd(command),
+            Command::Filter(command) => cli::filter(command),
             Command::Config(_) => Ok(()),
         }
     });
