@@ -9,8 +9,10 @@ cd "$(dirname "$0")"
 here=$(pwd)
 # Paths in panic messages name the sources relative to this directory, so the modules are
 # the same wherever the checkout is.
+# (WASM_RUSTC and WASM_CARGO name other tools; RUSTC and CARGO are not read, as cargo sets
+# them for what it runs.)
 RUSTFLAGS="-C link-arg=-zstack-size=65536 --remap-path-prefix=$here=wasm-plugins" \
-    RUSTC="${RUSTC:-/usr/bin/rustc}" "${CARGO:-/usr/bin/cargo}" build --release --locked --quiet
+    RUSTC="${WASM_RUSTC:-/usr/bin/rustc}" "${WASM_CARGO:-/usr/bin/cargo}" build --release --locked --quiet
 mkdir -p built
 for module in drop_by_header redact_json route_by_amount drop_duplicates; do
     cp "target/wasm32-unknown-unknown/release/$module.wasm" "built/$module.wasm"
