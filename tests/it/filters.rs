@@ -300,7 +300,9 @@ fn wasm_toolchain(test: &str) -> bool {
             std::env::var_os("CI").is_none(),
             "{test}: CI must install rustc libstd-rust-dev-wasm32 lld cargo clang-14 (see .ci/run)"
         );
-        eprintln!("{test}: skipped: no wasm32 toolchain (apt-get install -y rustc libstd-rust-dev-wasm32 lld cargo clang-14)");
+        eprintln!(
+            "{test}: skipped: no wasm32 toolchain (apt-get install -y rustc libstd-rust-dev-wasm32 lld cargo clang-14)"
+        );
     }
     here
 }
@@ -326,7 +328,8 @@ fn the_committed_modules_are_what_their_sources_build() {
         .expect("build.sh runs");
     assert!(built.status.success(), "{}", stderr(&built));
     let committed = Path::new(env!("CARGO_MANIFEST_DIR")).join("wasm-plugins/built");
-    let mut names: Vec<_> = std::fs::read_dir(&committed).expect("built/").flatten().map(|e| e.file_name()).collect();
+    let mut names: Vec<_> =
+        std::fs::read_dir(&committed).expect("built/").flatten().map(|e| e.file_name()).collect();
     names.sort();
     assert_eq!(names.len(), 5, "{names:?}");
     for name in names {
@@ -347,7 +350,8 @@ fn the_walkthrough_in_docs_filters_md_runs_as_written() {
     }
     let s = Scratch::new();
     copy_guests(s.path());
-    let doc = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/filters.md")).expect("doc");
+    let doc =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/filters.md")).expect("doc");
     // `linkbus` on PATH is the binary itself, so `kill %1` ends the node it started.
     let bin = s.path().join("bin");
     std::fs::create_dir_all(&bin).expect("bin/");
@@ -379,4 +383,33 @@ fn the_walkthrough_in_docs_filters_md_runs_as_written() {
     ] {
         assert!(said.contains(expected), "{expected:?} in {said}");
     }
+}
+
+#[test]
+fn the_filter_examples_are_valid_and_act_as_their_comments_say() {
+    let s = Scratch::new();
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/config/filters");
+    let built = Path::new(env!("CARGO_MANIFEST_DIR")).join("wasm-plugins/built");
+    let mut paths = Vec::new();
+    for entry in std::fs::read_dir(&dir).expect("examples/config/filters").flatten() {
+        let text = std::fs::read_to_string(entry.path()).expect("example");
+        let text = text.replace("wasm-plugins/built", &built.display().to_string());
+        paths.push(s.write(&entry.file_name().to_string_lossy(), &text));
+    }
+    assert_eq!(paths.len(), 5, "one example per example filter");
+    for path in &paths {
+        let checked = s.run(&["config", "check", path.to_str().expect("utf-8 path")]);
+        assert!(stdout(&checked).contains(": ok"), "{}{}", stdout(&checked), stderr(&checked));
+    }
+    let config = |name: &str| s.path().join(name).display().to_string();
+    let _a = s.start_node("A", &["-c", &config("route-by-amount.yaml")]);
+    let _c = s.start_node("C", &["-c", &config("redact-json.yaml")]);
+    let big = s.run(&["put", "--node", "A", "--to", "A:orders", r#"{"order":7,"amount":2500}"#]);
+    assert!(big.status.success(), "{}", stderr(&big));
+    let review = stdout(&s.run(&["get", "--node", "A", "review", "--wait", "2s"]));
+    assert_eq!(review, "{\"order\":7,\"amount\":2500}\n", "copied to A:review");
+    let card = s.run(&["put", "--node", "C", "--to", "C:orders", r#"{"card_number":"4111 1111 1111 1234"}"#]);
+    assert!(card.status.success(), "{}", stderr(&card));
+    let got = stdout(&s.run(&["get", "--node", "C", "orders", "--wait", "2s", "--headers"]));
+    assert_eq!(got, "{\"card_number\":\"**** **** **** 1234\"}\tredacted=card_number\n");
 }

@@ -148,6 +148,19 @@ pub fn json_field_span<'a>(json: &'a str, field: &str) -> Option<(std::ops::Rang
     None
 }
 
+/// The filter's configuration (its `config:` value, as JSON), read again from the node at
+/// any time: the same text `Filter::init` was given.
+pub fn config() -> String {
+    let mut buffer = vec![0; 256];
+    let mut len = imports::config_read(&mut buffer);
+    if len > buffer.len() as i32 {
+        buffer.resize(len as usize, 0);
+        len = imports::config_read(&mut buffer);
+    }
+    buffer.truncate(len.max(0) as usize);
+    String::from_utf8_lossy(&buffer).into_owned()
+}
+
 /// A line in the node's log.
 pub fn log(line: &str) {
     imports::log(1, line);
@@ -166,6 +179,16 @@ mod imports {
         fn host_log(level: i32, ptr: i32, len: i32);
         #[link_name = "counter_add"]
         fn host_counter_add(name: i32, len: i32, delta: i64);
+        #[link_name = "config_read"]
+        fn host_config_read(ptr: i32, len: i32) -> i32;
+    }
+
+    pub(crate) fn config_read(buffer: &mut [u8]) -> i32 {
+        // SAFETY: the host writes at most `len` bytes at `ptr` of this module's memory, checked.
+        #[allow(unsafe_code)]
+        unsafe {
+            host_config_read(buffer.as_mut_ptr() as i32, buffer.len() as i32)
+        }
     }
 
     pub(crate) fn log(level: i32, line: &str) {
@@ -189,6 +212,9 @@ mod imports {
 mod imports {
     pub(crate) fn log(_level: i32, _line: &str) {}
     pub(crate) fn counter_add(_name: &str, _delta: i64) {}
+    pub(crate) fn config_read(_buffer: &mut [u8]) -> i32 {
+        0
+    }
 }
 
 thread_local! {
