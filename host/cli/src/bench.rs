@@ -51,7 +51,7 @@ mod persistent;
 mod ping;
 mod raw;
 
-pub(crate) use chain::{Setup, client_of, start_chain};
+pub(crate) use chain::{BenchFilter, Setup, client_of, start_chain};
 use persistent::persistent_puts;
 use ping::{PING_PONG_RATE, ping_pong};
 use raw::raw_tcp;
@@ -224,6 +224,36 @@ async fn sealed_and_compressed(
             median(&plain),
             note,
         ));
+    }
+    rows.extend(filtered(scratch, scale, messages, size).await?);
+    Ok(rows)
+}
+
+/// `w5`'s filter rows: a WebAssembly filter at A's `on_send` (one that passes every message,
+/// and the JSON redactor) against the same chain without it; the note says what the filter
+/// adds per message.
+async fn filtered(scratch: &Path, scale: Scale, messages: usize, size: usize) -> Result<Vec<Row>, DemoError> {
+    let text = Setup { text: true, ..Setup::default() };
+    let filters = [
+        (
+            "a pass-through WebAssembly filter (SDK) at on_send",
+            Setup { filter: Some(BenchFilter::Pass), ..text },
+        ),
+        ("the JSON redactor (WebAssembly) at on_send", Setup { filter: Some(BenchFilter::Redact), ..text }),
+    ];
+    let (plain, rates) =
+        beside_w1(scratch, scale, messages, size, text, filters.map(|(_, s)| (2, s))).await?;
+    let mut rows = Vec::new();
+    for ((what, _), rates) in filters.iter().zip(rates) {
+        let case = format!("A -> B, {what}, JSON-like text, volatile, {messages} messages");
+        let (with, without) = (median(&rates), median(&plain));
+        let added = 1e6 / with.max(f64::MIN_POSITIVE) - 1e6 / without.max(f64::MIN_POSITIVE);
+        let note = [format!("{added:.2} us more per message"), rounds_note(&rates, &plain)]
+            .into_iter()
+            .filter(|n| !n.is_empty())
+            .collect::<Vec<_>>()
+            .join("; ");
+        rows.push(row("w5", case, size, with, "w1: no filter, the same payloads", without, note));
     }
     Ok(rows)
 }

@@ -12,7 +12,7 @@ use linkbus_proto::secure::Cipher;
 use linkbus_client::{Client, ClientError};
 use linkbus_host::node::StartError;
 
-use crate::bench::Setup;
+use crate::bench::{BenchFilter, Setup};
 
 /// Why the demo could not run.
 #[derive(Debug, thiserror::Error)]
@@ -51,6 +51,8 @@ pub(crate) struct DemoReport {
     pub message_bytes: usize,
     /// What the codec stages at A did (none when the run had none).
     pub stages: Vec<linkbus_host::flow::CodecStats>,
+    /// What the filters at A did (none when the run had none).
+    pub filters: Vec<linkbus_host::flow::FilterStats>,
     /// Files of each node's data directory that hold a payload's plaintext (searched when
     /// payloads were sealed).
     pub plaintext_at_rest: Option<Vec<(String, Searched)>>,
@@ -106,6 +108,22 @@ impl std::fmt::Display for DemoReport {
                 f,
                 "\nstage     {} at A: {} messages, {} bytes -> {} bytes, {change}",
                 stage.name, stage.messages, stage.bytes_in, stage.bytes_out
+            )?;
+        }
+        for filter in &self.filters {
+            let hooks: Vec<&str> = filter.hooks.iter().map(|h| h.as_str()).collect();
+            write!(
+                f,
+                "\nfilter    {} at A ({}, WebAssembly): {} messages in {} calls, {} rewritten, {} dropped, {} failed; {} fuel and p50 {} us a call",
+                filter.name,
+                hooks.join(", "),
+                filter.messages,
+                filter.calls,
+                filter.rewrites,
+                filter.drops,
+                filter.failures.iter().map(|(_, n)| n).sum::<u64>(),
+                filter.fuel / filter.calls.max(1),
+                filter.p50_us
             )?;
         }
         if let Some(found) = &self.plaintext_at_rest {
@@ -222,6 +240,51 @@ pub(crate) fn is_text_payload(index: usize, size: usize, bytes: &[u8]) -> bool {
     bytes == text_payload(index, size)
 }
 
+/// `payload` with the digits of its first `"customer"` string value masked (`*`): what the
+/// `redact_json` example filter makes of it with `{ field: customer, keep_last: 0 }` (it
+/// looks for the field's name followed by `:`, the same way).
+pub(crate) fn redact_customer(payload: &[u8]) -> Vec<u8> {
+    let mut out = payload.to_vec();
+    let key = b"\"customer\"";
+    let mut from = 0;
+    while let Some(found) = memchr::memmem::find(&payload[from..], key) {
+        let after = from + found + key.len();
+        let skip = |at: usize| at + payload[at..].iter().take_while(|b| b.is_ascii_whitespace()).count();
+        let colon = skip(after);
+        if payload.get(colon) != Some(&b':') {
+            from = after;
+            continue;
+        }
+        let quote = skip(colon + 1);
+        if payload.get(quote) != Some(&b'"') {
+            return out;
+        }
+        let start = quote + 1;
+        let mut escaped = false;
+        for (i, &b) in payload[start..].iter().enumerate() {
+            match b {
+                b'\\' if !escaped => escaped = true,
+                b'"' if !escaped => {
+                    for byte in &mut out[start..start + i] {
+                        if byte.is_ascii_digit() {
+                            *byte = b'*';
+                        }
+                    }
+                    return out;
+                }
+                _ => escaped = false,
+            }
+        }
+        return out;
+    }
+    out
+}
+
+/// Whether `bytes` is [`text_payload`]`(index, size)` as the redacting filter leaves it.
+pub(crate) fn is_redacted_text_payload(index: usize, size: usize, bytes: &[u8]) -> bool {
+    bytes == redact_customer(&text_payload(index, size))
+}
+
 /// Whether `bytes` is exactly [`payload`]`(index, size)`, without building it.
 pub(crate) fn is_payload(index: usize, size: usize, bytes: &[u8]) -> bool {
     let size = size.max(INDEX_BYTES);
@@ -255,6 +318,7 @@ pub(crate) async fn run(messages: usize, size: usize) -> Result<DemoReport, Demo
         text: true,
         persistent: true,
         dictionary: true,
+        filter: Some(BenchFilter::Redact),
     };
     deliver_through(&scratch.0, &["A", "B", "C"], setup, false, messages, size).await
 }
@@ -287,12 +351,18 @@ pub(crate) async fn deliver_through(
     let (text, persistent) = (setup.text, setup.persistent);
     let producing =
         tokio::spawn(async move { produce(&mut producer, &to, messages, size, text, persistent).await });
-    let consuming = tokio::spawn(async move { consume(&mut consumer, messages, size, text).await });
+    let check = match (text, setup.filter) {
+        (true, Some(BenchFilter::Redact)) => is_redacted_text_payload,
+        (true, _) => is_text_payload,
+        (false, _) => is_payload,
+    };
+    let consuming = tokio::spawn(async move { consume(&mut consumer, messages, size, check).await });
     let (produced, consumed) = (producing.await, consuming.await);
     produced.map_err(std::io::Error::other)??;
     let mut report = consumed.map_err(std::io::Error::other)??;
     report.elapsed = started.elapsed();
     report.stages = first.codec_stats();
+    report.filters = first.filter_stats();
     let data_dirs: Vec<_> = nodes
         .iter()
         .map(|n| (n.state().name().to_string(), n.state().config().node.data_dir.clone()))
@@ -379,14 +449,13 @@ async fn produce(
     Ok(())
 }
 
-/// Takes messages until all arrived or none came for 10 s, checking each.
+/// Takes messages until all arrived or none came for 10 s, checking each with `check`.
 async fn consume(
     consumer: &mut Client,
     messages: usize,
     size: usize,
-    text: bool,
+    check: fn(usize, usize, &[u8]) -> bool,
 ) -> Result<DemoReport, ClientError> {
-    let check = if text { is_text_payload } else { is_payload };
     let mut report = DemoReport {
         sent: messages,
         received: 0,
@@ -396,6 +465,7 @@ async fn consume(
         message_bytes: size.max(INDEX_BYTES),
         elapsed: Duration::ZERO,
         stages: Vec::new(),
+        filters: Vec::new(),
         plaintext_at_rest: None,
     };
     let mut seen = vec![false; messages];
@@ -435,6 +505,14 @@ mod tests {
         assert!(
             is_text_payload(3, 500, &text_payload(3, 500)) && !is_text_payload(4, 500, &text_payload(3, 500))
         );
+    }
+
+    #[test]
+    fn the_redaction_masks_the_first_customer_only() {
+        let masked = redact_customer(br#"00:{"customer" : "C-01234","x":1}{"customer":"C-9"}"#);
+        assert_eq!(masked, br#"00:{"customer" : "C-*****","x":1}{"customer":"C-9"}"#);
+        assert_eq!(redact_customer(br#"{"customer":"C-12"#), br#"{"customer":"C-12"#, "no closing quote");
+        assert_eq!(redact_customer(br#"{"customer", "customer":"7"}"#), br#"{"customer", "customer":"*"}"#);
     }
 
     #[test]

@@ -35,6 +35,45 @@ pub(crate) struct Setup {
     pub persistent: bool,
     /// Compress with a dictionary trained on sample records, at the first and last node.
     pub dictionary: bool,
+    /// A filter at the first node's `on_send`.
+    pub filter: Option<BenchFilter>,
+}
+
+/// The filters a chain may run (example modules of `wasm-plugins/built`, built in).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum BenchFilter {
+    /// `drop_by_header` on a header no message has: every message passes (the SDK reads
+    /// each, and answers "all pass").
+    Pass,
+    /// `redact_json` masking the digits of each payload's first `customer` value
+    /// ([`crate::demo::redact_customer`] says what arrives).
+    Redact,
+}
+
+/// The example modules the demo and the benchmarks run, in the binary (so they need no
+/// wasm toolchain and no checkout).
+const DROP_BY_HEADER: &[u8] = include_bytes!("../../../../wasm-plugins/built/drop_by_header.wasm");
+const REDACT_JSON: &[u8] = include_bytes!("../../../../wasm-plugins/built/redact_json.wasm");
+
+impl BenchFilter {
+    /// The filter's `plugins.filters` entry, its module written under `dir`.
+    fn yaml(self, dir: &Path) -> std::io::Result<String> {
+        let (file, bytes, entry) = match self {
+            Self::Pass => (
+                "drop_by_header.wasm",
+                DROP_BY_HEADER,
+                "name: pass, hooks: [on_send], config: { key: x-never, value: set }",
+            ),
+            Self::Redact => (
+                "redact_json.wasm",
+                REDACT_JSON,
+                "name: redact-customers, hooks: [on_send], config: { field: customer, keep_last: 0 }",
+            ),
+        };
+        let path = dir.join(file);
+        std::fs::write(&path, bytes)?;
+        Ok(format!("{{ {entry}, module: '{}' }}", path.display()))
+    }
 }
 
 impl Setup {
@@ -43,8 +82,24 @@ impl Setup {
         Self { cipher: Some(cipher), ..Self::default() }
     }
 
-    /// The `plugins.stages` YAML of node `index` of `count`, with the payload key at `key`
-    /// and the dictionary at `dictionary`.
+    /// The `plugins` YAML of node `index` of `count` (its stages, with the payload key at
+    /// `key` and the dictionary at `dictionary`, and its filter, with its module under `dir`).
+    fn plugins_yaml(self, index: usize, count: usize, last: &str, dir: &Path) -> std::io::Result<String> {
+        let stages = self.stages_yaml(index, count, last, &dir.join("orders.pkey"), &dir.join("orders.dict"));
+        let filters = match self.filter {
+            Some(filter) if index == 0 => format!("filters: [ {} ]", filter.yaml(dir)?),
+            _ => String::new(),
+        };
+        Ok(match (stages.is_empty(), filters.is_empty()) {
+            (true, true) => String::new(),
+            (false, true) => format!("plugins: {{ {stages} }}\n"),
+            (true, false) => format!("plugins: {{ {filters} }}\n"),
+            (false, false) => format!("plugins: {{ {stages}, {filters} }}\n"),
+        })
+    }
+
+    /// The `stages:` entry of node `index` of `count` (empty: none), with the payload key at
+    /// `key` and the dictionary at `dictionary`.
     fn stages_yaml(self, index: usize, count: usize, last: &str, key: &Path, dictionary: &Path) -> String {
         let mut stages = Vec::new();
         let key = key.display();
@@ -72,11 +127,7 @@ impl Setup {
                 stages.push(format!("{{ kind: chacha20poly1305, keys: [ '{key}' ] }}"));
             }
         }
-        if stages.is_empty() {
-            String::new()
-        } else {
-            format!("plugins: {{ stages: [ {} ] }}\n", stages.join(", "))
-        }
+        if stages.is_empty() { String::new() } else { format!("stages: [ {} ]", stages.join(", ")) }
     }
 }
 
@@ -142,7 +193,7 @@ pub(crate) async fn start_chain(
         if let Some(cipher) = cipher {
             yaml.push_str(&format!("security: {{ cipher: {} }}\n", cipher.name()));
         }
-        yaml.push_str(&setup.stages_yaml(i, names.len(), last, &payload_key, &dictionary));
+        yaml.push_str(&setup.plugins_yaml(i, names.len(), last, &dir)?);
         // Every node has `orders` (the last is where messages go; the first takes replies).
         yaml.push_str(
             "queues: [ { name: orders, order: fifo, queue_messages_max: 10000000 }, { name: urgent, order: fifo } ]\n",
