@@ -6,7 +6,7 @@
 use linkbus_plugin_api::message::{
     HEADER_KEY_BYTES_MAX, HEADER_VALUE_BYTES_MAX, HEADERS_MAX, RECIPIENTS_MAX,
 };
-use linkbus_plugin_api::{Address, Message, Reliability};
+use linkbus_plugin_api::{Address, HeaderChange, Message, Reliability, Verdict};
 
 /// Where a filter is called, as the ABI numbers it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -23,33 +23,6 @@ pub enum AbiHook {
 
 /// Longest drop reason kept, in bytes (a longer one is cut).
 pub const REASON_BYTES_MAX: usize = 1024;
-
-/// A change to a header a guest asked for.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum HeaderOp {
-    /// Set `key` to `value`.
-    Set(String, String),
-    /// Remove `key`.
-    Remove(String),
-}
-
-/// What a guest decided for one message, checked.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum GuestVerdict {
-    /// Unchanged.
-    Pass,
-    /// Removed, with the guest's reason.
-    Drop(String),
-    /// A new payload (when given) and header changes.
-    Change {
-        /// The new payload.
-        payload: Option<Vec<u8>>,
-        /// Header changes, in order.
-        headers: Vec<HeaderOp>,
-    },
-    /// New recipients (`on_route` only).
-    Route(Vec<Address>),
-}
 
 fn put_u32(out: &mut Vec<u8>, n: usize) {
     out.extend_from_slice(&u32::try_from(n).unwrap_or(u32::MAX).to_le_bytes());
@@ -146,7 +119,7 @@ pub fn decode_verdicts(
     count: usize,
     hook: AbiHook,
     payload_bytes_max: usize,
-) -> Result<Vec<GuestVerdict>, String> {
+) -> Result<Vec<Verdict>, String> {
     let mut r = Reader { bytes, at: 0 };
     let got = r.u32("verdict count")?;
     if got != count {
@@ -155,16 +128,16 @@ pub fn decode_verdicts(
     let mut verdicts = Vec::with_capacity(count);
     for index in 0..count {
         let verdict = match r.u8("verdict")? {
-            0 => GuestVerdict::Pass,
+            0 => Verdict::Pass,
             1 => {
                 let reason = r.bytes(usize::MAX, "drop reason")?;
                 let reason = String::from_utf8_lossy(&reason[..reason.len().min(REASON_BYTES_MAX)]);
-                GuestVerdict::Drop(reason.into_owned())
+                Verdict::Drop { reason: reason.into_owned() }
             }
             2 => {
                 let payload = match r.u8("payload flag")? {
                     0 => None,
-                    1 => Some(r.bytes(payload_bytes_max, "payload")?.to_vec()),
+                    1 => Some(bytes::Bytes::copy_from_slice(r.bytes(payload_bytes_max, "payload")?)),
                     other => return Err(format!("message {index}: payload flag {other}")),
                 };
                 let n = r.count(HEADERS_MAX * 2, "header changes")?;
@@ -178,12 +151,14 @@ pub fn decode_verdicts(
                         ));
                     }
                     headers.push(match op {
-                        0 => HeaderOp::Set(key, r.str(HEADER_VALUE_BYTES_MAX, "header value")?.to_owned()),
-                        1 => HeaderOp::Remove(key),
+                        0 => {
+                            HeaderChange::Set(key, r.str(HEADER_VALUE_BYTES_MAX, "header value")?.to_owned())
+                        }
+                        1 => HeaderChange::Remove(key),
                         other => return Err(format!("message {index}: header change {other}")),
                     });
                 }
-                GuestVerdict::Change { payload, headers }
+                Verdict::Change { payload, headers }
             }
             3 if hook == AbiHook::OnRoute => {
                 let n = r.count(RECIPIENTS_MAX, "recipients")?;
@@ -197,7 +172,7 @@ pub fn decode_verdicts(
                             .map_err(|e| format!("message {index}: recipient '{text}': {e}"))
                     })
                     .collect::<Result<Vec<_>, _>>()?;
-                GuestVerdict::Route(recipients)
+                Verdict::Route(recipients)
             }
             3 => return Err(format!("message {index}: a route outside on_route")),
             other => return Err(format!("message {index}: unknown verdict {other}")),
@@ -244,13 +219,13 @@ mod tests {
             b"x",
         ]);
         let read = decode_verdicts(&good, 3, AbiHook::OnDeliver, 1024).unwrap();
-        assert_eq!(read[0], GuestVerdict::Pass);
-        assert_eq!(read[1], GuestVerdict::Drop("spam".into()));
+        assert_eq!(read[0], Verdict::Pass);
+        assert_eq!(read[1], Verdict::Drop { reason: "spam".into() });
         assert_eq!(
             read[2],
-            GuestVerdict::Change {
-                payload: Some(b"{}".to_vec()),
-                headers: vec![HeaderOp::Set("k".into(), "v".into()), HeaderOp::Remove("x".into())]
+            Verdict::Change {
+                payload: Some(bytes::Bytes::from_static(b"{}")),
+                headers: vec![HeaderChange::Set("k".into(), "v".into()), HeaderChange::Remove("x".into())]
             }
         );
         for (bytes, count, hook, says) in [
@@ -274,7 +249,7 @@ mod tests {
         let routed = verdicts(&[&len(1), &[3], &len(2), &len(8), b"C:orders", &len(12), b"AUDIT:review"]);
         assert_eq!(
             decode_verdicts(&routed, 1, AbiHook::OnRoute, 0).unwrap(),
-            [GuestVerdict::Route(vec!["C:orders".parse().unwrap(), "AUDIT:review".parse().unwrap()])]
+            [Verdict::Route(vec!["C:orders".parse().unwrap(), "AUDIT:review".parse().unwrap()])]
         );
     }
 

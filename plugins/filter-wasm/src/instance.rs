@@ -11,7 +11,8 @@ use wasmtime::{
     StoreLimitsBuilder, Trap, TypedFunc,
 };
 
-use crate::abi::{self, AbiHook, GuestVerdict};
+use crate::abi::{self, AbiHook};
+use linkbus_plugin_api::Verdict;
 
 /// Log lines kept from one call (or `linkbus_init`); more are dropped.
 pub const LOG_LINES_PER_CALL: usize = 16;
@@ -366,7 +367,7 @@ impl FilterInstance {
         hook: AbiHook,
         messages: &[&linkbus_plugin_api::Message],
         payload_bytes_max: usize,
-    ) -> Result<(Vec<GuestVerdict>, u64), Failure> {
+    ) -> Result<(Vec<Verdict>, u64), Failure> {
         let mut batch = Vec::new();
         abi::encode_batch(messages, &mut batch);
         let at = self.write(&batch)?;
@@ -377,7 +378,7 @@ impl FilterInstance {
             .map_err(|e| failure(&e))?;
         let fuel = self.limits.fuel_per_call.saturating_sub(self.store.get_fuel().unwrap_or(0));
         if out == -1 {
-            return Ok((vec![GuestVerdict::Pass; messages.len()], fuel));
+            return Ok((vec![Verdict::Pass; messages.len()], fuel));
         }
         let (ptr, len) = ((out >> 32) as u32 as usize, (out & 0xffff_ffff) as usize);
         if out < 0 || len > self.limits.output_bytes_max {

@@ -14,7 +14,7 @@ use linkbus_plugin_api::{
 use sha2::{Digest, Sha256};
 use wasmtime::Module;
 
-use crate::abi::{AbiHook, GuestVerdict};
+use crate::abi::AbiHook;
 use crate::instance::{self, EPOCH_TICK, Failure, FilterInstance, Limits};
 
 /// The plugin's registered name (`kind: wasm`, the default kind of a filter).
@@ -234,7 +234,7 @@ impl WasmFilter {
         state: &mut State,
         hook: Hook,
         messages: &[&Message],
-    ) -> Result<(Vec<GuestVerdict>, u64), Failure> {
+    ) -> Result<(Vec<Verdict>, u64), Failure> {
         if state.instance.is_none() {
             state.instance = Some(self.instantiate().map_err(Failure::Trap)?);
         }
@@ -310,7 +310,7 @@ impl Filter for WasmFilter {
         match self.call(&mut state, hook, messages) {
             Ok((verdicts, fuel)) => {
                 state.failures_in_row = 0;
-                Ok(Decision { verdicts: verdicts.into_iter().map(Verdict::from).collect(), fuel })
+                Ok(Decision { verdicts, fuel })
             }
             Err(failure) => {
                 state.failures_in_row += 1;
@@ -340,26 +340,5 @@ impl Filter for WasmFilter {
 
     fn is_current(&self) -> bool {
         read_module(&self.settings.module, None).is_ok_and(|(_, digest)| digest == self.digest)
-    }
-}
-
-impl From<GuestVerdict> for Verdict {
-    fn from(verdict: GuestVerdict) -> Self {
-        use linkbus_plugin_api::HeaderChange;
-        match verdict {
-            GuestVerdict::Pass => Self::Pass,
-            GuestVerdict::Drop(reason) => Self::Drop { reason },
-            GuestVerdict::Change { payload, headers } => Self::Change {
-                payload: payload.map(bytes::Bytes::from),
-                headers: headers
-                    .into_iter()
-                    .map(|op| match op {
-                        crate::abi::HeaderOp::Set(k, v) => HeaderChange::Set(k, v),
-                        crate::abi::HeaderOp::Remove(k) => HeaderChange::Remove(k),
-                    })
-                    .collect(),
-            },
-            GuestVerdict::Route(to) => Self::Route(to),
-        }
     }
 }

@@ -3,9 +3,9 @@
 
 use std::path::Path;
 
-use linkbus_filter_wasm::abi::{AbiHook, GuestVerdict};
+use linkbus_filter_wasm::abi::AbiHook;
 use linkbus_filter_wasm::instance::{Failure, Limits, Runtime};
-use linkbus_plugin_api::{Content, Message, MessageId};
+use linkbus_plugin_api::{Content, Message, MessageId, Verdict};
 
 const LIMITS: Limits = Limits {
     fuel_per_call: 5_000_000,
@@ -25,14 +25,14 @@ fn message() -> Message {
     Message::new(id, Content::buf("C:q".parse().unwrap(), "hello"))
 }
 
-fn call_with(runtime: &Runtime, wasm: &[u8], limits: Limits) -> Result<Vec<GuestVerdict>, Failure> {
+fn call_with(runtime: &Runtime, wasm: &[u8], limits: Limits) -> Result<Vec<Verdict>, Failure> {
     let module = runtime.load(wasm).unwrap();
     let mut instance = runtime.instantiate(&module, limits, b"{}").unwrap();
     let m = message();
     instance.call(AbiHook::OnDeliver, &[&m], 1 << 20).map(|(verdicts, _)| verdicts)
 }
 
-fn call(runtime: &Runtime, name: &str) -> Result<Vec<GuestVerdict>, Failure> {
+fn call(runtime: &Runtime, name: &str) -> Result<Vec<Verdict>, Failure> {
     call_with(runtime, &fixture(name), LIMITS)
 }
 
@@ -54,7 +54,7 @@ fn each_misbehaviour_is_stopped_and_named() {
     assert!(matches!(&said, Err(Failure::Output(why)) if why.contains("output_bytes_max")), "{said:?}");
     assert_eq!(
         call(&runtime, "rewrite_all"),
-        Ok(vec![GuestVerdict::Change { payload: Some(b"X".to_vec()), headers: Vec::new() }])
+        Ok(vec![Verdict::Change { payload: Some(bytes::Bytes::from_static(b"X")), headers: Vec::new() }])
     );
 }
 
