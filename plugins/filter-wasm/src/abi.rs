@@ -51,7 +51,11 @@ pub fn encode_batch(messages: &[&Message], out: &mut Vec<u8>) {
         put_bytes(out, content.name.as_bytes());
         put_u32(out, content.recipients.len());
         for to in &content.recipients {
-            put_bytes(out, to.to_string().as_bytes());
+            let (node, queue) = (to.node.as_str().as_bytes(), to.queue.as_str().as_bytes());
+            put_u32(out, node.len() + 1 + queue.len());
+            out.extend_from_slice(node);
+            out.push(b':');
+            out.extend_from_slice(queue);
         }
         put_u32(out, content.headers.len());
         for (key, value) in &content.headers {

@@ -250,7 +250,8 @@ impl Runtime {
         let filter = typed(&mut store, "linkbus_filter")?
             .typed::<(i32, i32, i32), i64>(&store)
             .map_err(|e| format!("linkbus_filter: {e}"))?;
-        let mut made = FilterInstance { store, memory, alloc, filter, limits, _instance: instance };
+        let mut made =
+            FilterInstance { store, memory, alloc, filter, limits, batch: Vec::new(), _instance: instance };
         if let Some(init) = made._instance.get_func(&mut made.store, "linkbus_init") {
             let init =
                 init.typed::<(i32, i32), i32>(&made.store).map_err(|e| format!("linkbus_init: {e}"))?;
@@ -339,8 +340,13 @@ pub struct FilterInstance {
     alloc: TypedFunc<i32, i32>,
     filter: TypedFunc<(i32, i32, i32), i64>,
     limits: Limits,
+    /// The last batch's bytes, kept for the next (up to [`BATCH_BUFFER_KEPT`]).
+    batch: Vec<u8>,
     _instance: Instance,
 }
+
+/// Largest batch buffer an instance keeps between calls.
+const BATCH_BUFFER_KEPT: usize = 4 << 20;
 
 impl FilterInstance {
     /// Writes `bytes` into a block the guest allocates; its address.
@@ -368,13 +374,19 @@ impl FilterInstance {
         messages: &[&linkbus_plugin_api::Message],
         payload_bytes_max: usize,
     ) -> Result<(Vec<Verdict>, u64), Failure> {
-        let mut batch = Vec::new();
+        // Kept between calls: a batch of large messages allocates (and faults in) nothing new.
+        let mut batch = std::mem::take(&mut self.batch);
+        batch.clear();
         abi::encode_batch(messages, &mut batch);
-        let at = self.write(&batch)?;
+        let (written, batch_len) = (self.write(&batch), batch.len());
+        if batch.capacity() <= BATCH_BUFFER_KEPT {
+            self.batch = batch;
+        }
+        let at = written?;
         arm(&mut self.store, self.limits).map_err(Failure::Trap)?;
         let out = self
             .filter
-            .call(&mut self.store, (hook as i32, at, len_i32(batch.len())))
+            .call(&mut self.store, (hook as i32, at, len_i32(batch_len)))
             .map_err(|e| failure(&e))?;
         let fuel = self.limits.fuel_per_call.saturating_sub(self.store.get_fuel().unwrap_or(0));
         if out == -1 {
@@ -386,12 +398,13 @@ impl FilterInstance {
                 "{len} bytes at {ptr} (code {out}; at most output_bytes_max)"
             )));
         }
-        let mut verdicts = vec![0; len];
-        self.memory
-            .read(&self.store, ptr, &mut verdicts)
-            .map_err(|_| Failure::Output(format!("{len} bytes at {ptr} are outside its memory")))?;
-        let verdicts = abi::decode_verdicts(&verdicts, messages.len(), hook, payload_bytes_max)
-            .map_err(Failure::Output)?;
+        // Read where they are (bounds-checked), copying only what is kept.
+        let bytes = ptr
+            .checked_add(len)
+            .and_then(|end| self.memory.data(&self.store).get(ptr..end))
+            .ok_or_else(|| Failure::Output(format!("{len} bytes at {ptr} are outside its memory")))?;
+        let verdicts =
+            abi::decode_verdicts(bytes, messages.len(), hook, payload_bytes_max).map_err(Failure::Output)?;
         Ok((verdicts, fuel))
     }
 

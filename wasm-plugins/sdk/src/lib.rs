@@ -227,8 +227,13 @@ thread_local! {
 pub fn alloc(len: i32) -> i32 {
     BUFFERS.with(|b| {
         let input = &mut b.borrow_mut().0;
-        input.clear();
-        input.resize(len.max(0) as usize, 0);
+        // Zeroed only where it grows: the host writes every byte of the block.
+        let len = len.max(0) as usize;
+        if input.len() < len {
+            input.resize(len, 0);
+        } else {
+            input.truncate(len);
+        }
         input.as_mut_ptr() as i32
     })
 }
