@@ -284,6 +284,10 @@ struct FilterStage {
 }
 
 impl Stage for FilterStage {
+    fn is_idle(&self) -> bool {
+        self.filters.current().filters.is_empty()
+    }
+
     fn run(&mut self, batch: &mut StageBatch<'_, '_>) {
         let chain = self.filters.current();
         if chain.filters.is_empty() {

@@ -49,6 +49,12 @@ pub trait StageFactory: Send + Sync {
 pub trait Stage: Send {
     /// Acts on one batch of messages, in order.
     fn run(&mut self, batch: &mut StageBatch<'_, '_>);
+
+    /// Whether it has nothing to do now (the filter stage while no filter is configured):
+    /// a chain of idle stages is skipped without gathering the batch for it.
+    fn is_idle(&self) -> bool {
+        false
+    }
 }
 
 /// A batch a stage acts on: the messages, which it may change in place, and refusals.
@@ -122,9 +128,9 @@ impl Stages {
         Self { chain }
     }
 
-    /// Whether no stage runs here.
+    /// Whether no stage runs here (none was built for this site, or each is idle).
     pub(crate) fn is_empty(&self) -> bool {
-        self.chain.is_empty()
+        self.chain.iter().all(|(_, stage)| stage.is_idle())
     }
 
     /// Runs the chain over `messages`; returns the refused ones' places (ascending) and why.
