@@ -55,7 +55,7 @@ fn check_full_run(text: &str) {
     let workloads: Vec<&str> = rows.iter().filter_map(|l| l.split_whitespace().next()).collect();
     let expected = [
         "w1", "w1", "w1", "w1", "w1", "w1", "w1", "w1", "w1", "w1", "w1", "w1", "w2", "w2", "w2", "w2", "w3",
-        "w3", "w4", "w5", "w5", "w5", "w5", "w5", "w5", "w5", "w5", "w5", "w5", "w7",
+        "w3", "w4", "w5", "w5", "w5", "w5", "w5", "w5", "w5", "w5", "w5", "w5", "w5", "w5", "w5", "w5", "w7",
     ];
     assert_eq!(workloads, expected, "{text}");
     assert!(rows[0].contains("64 B") && rows[9].contains("1 MiB"), "{text}");
@@ -86,21 +86,26 @@ fn check_full_run(text: &str) {
     assert!(rows[16].contains("its socket hops carrying the bytes alone"), "{text}");
     assert!(rows[17].contains("p50/p99/p99.9") && rows[17].contains("Node::client"), "{text}");
     assert!(!rows[17].contains("socket hops"), "{text}");
-    // Per size: Noise with each cipher, then zstd, the payload cipher, and both.
-    for (sized, size) in [(&rows[19..24], "1 KiB"), (&rows[24..29], "64 KiB")] {
+    // Per size: Noise with each cipher, then zstd, the payload cipher, and both, then a
+    // pass-through filter and the JSON redactor.
+    for (sized, size) in [(&rows[19..26], "1 KiB"), (&rows[26..33], "64 KiB")] {
         assert!(sized.iter().all(|row| row.contains(size)), "{text}");
         for (row, cipher) in sized.iter().zip(["aes-256-gcm", "chacha20-poly1305"]) {
             assert!(row.contains(&format!("over Noise ({cipher})")), "{text}");
         }
         for (row, stage) in
-            sized[2..].iter().zip(["zstd level 3,", "payload sealed end to end", "zstd, then sealed"])
+            sized[2..5].iter().zip(["zstd level 3,", "payload sealed end to end", "zstd, then sealed"])
         {
             assert!(
                 row.contains(stage) && row.contains("(against w1: no stages, the same payloads)"),
                 "{text}"
             );
         }
+        for (row, filter) in sized[5..].iter().zip(["a pass-through WebAssembly filter", "the JSON redactor"])
+        {
+            assert!(row.contains(filter) && row.contains("us more per message"), "{text}");
+        }
     }
-    assert!(rows[29].contains("urgent put-to-get p50/p99/max"), "{text}");
-    assert_eq!(text.matches("\"workload\":").count(), 30, "{text}");
+    assert!(rows[33].contains("urgent put-to-get p50/p99/max"), "{text}");
+    assert_eq!(text.matches("\"workload\":").count(), 34, "{text}");
 }

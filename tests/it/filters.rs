@@ -146,7 +146,7 @@ fn a_relay_filter_sees_a_sealed_messages_headers_never_its_payload() {
 /// queue no filter touches.
 fn misbehaving_c(s: &Scratch) -> String {
     let mut yaml = String::from(
-        "queues: [ { name: plain }, { name: loop }, { name: calls }, { name: grow }, { name: deep }, { name: trap }, { name: pointer } ]\n\
+        "queues: [ { name: plain }, { name: loop }, { name: calls }, { name: grow }, { name: deep }, { name: trap }, { name: pointer }, { name: output }, { name: discard } ]\n\
          plugins:\n  filters:\n",
     );
     for (queue, name, policy, limits) in [
@@ -156,12 +156,17 @@ fn misbehaving_c(s: &Scratch) -> String {
         ("deep", "recursion", "dead_letter", "{}"),
         ("trap", "trap", "fail_open", "{}"),
         ("pointer", "bad_pointer", "dead_letter", "{}"),
+        ("output", "rewrite_all", "dead_letter", "{ output_bytes_max: 8 }"),
     ] {
         yaml.push_str(&format!(
             "    - {{ name: {name}, module: '{}', hooks: [on_deliver], to: 'C:{queue}', on_failure: {policy}, limits: {limits} }}\n",
             fixture(s, name)
         ));
     }
+    yaml.push_str(&format!(
+        "    - {{ name: discard, module: '{}', hooks: [on_deliver], to: 'C:discard', drops: discard, config: {{ key: kind, value: spam }} }}\n",
+        example("drop_by_header")
+    ));
     yaml
 }
 
@@ -177,6 +182,7 @@ fn every_limit_and_failure_policy_holds_and_the_node_serves_the_rest() {
         ("deep", "failed stage_failed", "stack"),
         ("trap", "delivered", ""),
         ("pointer", "failed stage_failed", "outside its memory"),
+        ("output", "failed stage_failed", "output_bytes_max"),
     ] {
         let to = format!("C:{queue}");
         let said = put(&s, &[&to], &["--persistent"], "m");
@@ -185,8 +191,14 @@ fn every_limit_and_failure_policy_holds_and_the_node_serves_the_rest() {
         let plain = put(&s, &["C:plain"], &[], "still served");
         assert!(plain.contains("C:plain delivered"), "after {queue}: {plain}");
     }
+    let discarded = put(&s, &["C:discard"], &["--persistent", "--header", "kind=spam"], "m");
+    assert!(
+        discarded.contains("C:discard failed filter_dropped") && discarded.contains("header kind is spam"),
+        "drops: discard: {discarded}"
+    );
     let dlq = stdout(&s.run(&["dlq", "ls", "--node", "C"]));
-    assert_eq!(dlq.matches("stage_failed").count(), 4, "{dlq}");
+    assert_eq!(dlq.matches("stage_failed").count(), 5, "{dlq}");
+    assert!(!dlq.contains("filter_rejected"), "a discarded drop is no dead letter: {dlq}");
     assert_eq!(stdout(&s.run(&["get", "--node", "C", "trap", "--wait", "1s"])), "m\n", "fail_open");
     assert_eq!(stdout(&s.run(&["get", "--node", "C", "grow", "--wait", "500ms"])), "", "fail_closed");
 
@@ -412,4 +424,56 @@ fn the_filter_examples_are_valid_and_act_as_their_comments_say() {
     assert!(card.status.success(), "{}", stderr(&card));
     let got = stdout(&s.run(&["get", "--node", "C", "orders", "--wait", "2s", "--headers"]));
     assert_eq!(got, "{\"card_number\":\"**** **** **** 1234\"}\tredacted=card_number\n");
+}
+
+#[test]
+fn linkbus_filter_test_shows_verdicts_and_names_failures() {
+    let s = Scratch::new();
+    let input = s.write(
+        "messages.jsonl",
+        "{\"payload\": \"{\\\"amount\\\": 5000}\", \"to\": [\"C:orders\"]}\n{\"payload\": \"x\", \"sealed\": true}\n",
+    );
+    let input = input.to_str().expect("utf-8 path");
+    let routed = s.run(&[
+        "filter",
+        "test",
+        &example("route_by_amount"),
+        "--hook",
+        "on_route",
+        "--input",
+        input,
+        "--config",
+        "{ field: amount, at_least: 1000, copy_to: 'AUDIT:review' }",
+    ]);
+    let said = stdout(&routed);
+    assert!(routed.status.success(), "{said}{}", stderr(&routed));
+    assert!(
+        said.contains("message 1: route: C:orders, AUDIT:review\nmessage 2: pass\ncall 1: 2 messages, fuel "),
+        "{said}"
+    );
+    assert!(said.contains("counter audited: 1"), "{said}");
+
+    let looped =
+        s.run(&["filter", "test", &fixture(&s, "loop"), "--input", input, "--fuel-per-call", "100000"]);
+    assert!(!looped.status.success());
+    assert!(
+        stdout(&looped).contains("failed (fuel): ran out of fuel (limits.fuel_per_call: 100000)"),
+        "{}",
+        stdout(&looped)
+    );
+    let bad = s.write("bad.jsonl", "{\"payload\": \"x\", \"colour\": 1}\n");
+    let refused = s.run(&[
+        "filter",
+        "test",
+        &example("redact_json"),
+        "--input",
+        bad.to_str().expect("utf-8"),
+        "--config",
+        "{ field: f }",
+    ]);
+    assert!(
+        stderr(&refused).contains("bad.jsonl line 1") && stderr(&refused).contains("'colour'"),
+        "{}",
+        stderr(&refused)
+    );
 }

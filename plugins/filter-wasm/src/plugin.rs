@@ -77,7 +77,7 @@ impl WasmSettings {
                 output_bytes_max: to_usize(s.number(
                     "output_bytes_max",
                     d.output_bytes_max as u64,
-                    64,
+                    8,
                     1 << 30,
                 )),
             };

@@ -228,12 +228,16 @@ impl Filters {
     }
 
     /// Takes up `choices`: every filter is built (or kept) first; one that fails leaves the
-    /// whole running chain as it is. Returns a line on what runs now.
+    /// whole running chain as it is. Returns a line on what runs now (none when there were
+    /// and are no filters).
     ///
     /// # Errors
     /// Why a filter does not build, named.
-    pub(crate) fn reload(&self, choices: &[FilterChoice]) -> Result<String, String> {
+    pub(crate) fn reload(&self, choices: &[FilterChoice]) -> Result<Option<String>, String> {
         let old = self.current();
+        if old.filters.is_empty() && choices.is_empty() {
+            return Ok(None);
+        }
         let chain = self.build_chain(choices, &old).map_err(|e| e.to_string())?;
         let kept =
             chain.filters.iter().filter(|r| old.filters.iter().any(|o| Arc::ptr_eq(&o.filter, &r.filter)));
@@ -245,7 +249,7 @@ impl Filters {
             chain.filters.len() - kept
         );
         *self.chain.write().unwrap_or_else(std::sync::PoisonError::into_inner) = Arc::new(chain);
-        Ok(line)
+        Ok(Some(line))
     }
 
     /// What each running filter did.

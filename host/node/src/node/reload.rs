@@ -58,8 +58,10 @@ impl NodeState {
         self.routing.replace(router);
         let mut text =
             format!("routes reloaded: {} route(s), router '{}'\n", new.routes.len(), new.plugins.router.kind);
-        text.push_str(&filters);
-        text.push('\n');
+        if let Some(filters) = filters {
+            text.push_str(&filters);
+            text.push('\n');
+        }
         let old = &self.config;
         let restart: Vec<&str> = [
             ("node", new.node != old.node),
