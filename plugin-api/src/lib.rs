@@ -12,6 +12,7 @@
 //! - [`cipher`]: the [`Cipher`] trait (end-to-end payload encryption).
 //! - [`handler`]: the [`MessageHandler`] trait (kinds expanded at the edges, e.g. files).
 //! - [`filter`]: the [`Filter`] trait (user hooks on send, route, forward and deliver).
+//! - [`hex`]: keys, ids and digests as hexadecimal text.
 //! - [`registry`]: [`PluginEntry`] and lookup of built-in plugins by name.
 //! - `testing` (feature `testing`): the conformance kit every plugin's tests run.
 #![forbid(unsafe_code)]
@@ -22,6 +23,7 @@ pub mod compressor;
 pub mod config;
 pub mod filter;
 pub mod handler;
+pub mod hex;
 pub mod message;
 pub mod name;
 pub mod registry;

@@ -224,26 +224,14 @@ fn to_key(bytes: &[u8]) -> Result<[u8; KEY_BYTES], SecureError> {
     bytes.try_into().map_err(|_| SecureError::Key(format!("{} bytes, expected {KEY_BYTES}", bytes.len())))
 }
 
-/// Lower-case hex of `bytes`.
-pub fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
+pub use linkbus_plugin_api::hex::encode as hex;
 
 /// Parses 64 hex digits into a key.
 ///
 /// # Errors
 /// [`SecureError::Key`] naming what is wrong.
 pub fn parse_key(text: &str) -> Result<[u8; KEY_BYTES], SecureError> {
-    let text = text.trim();
-    if text.len() != KEY_BYTES * 2 || !text.bytes().all(|b| b.is_ascii_hexdigit()) {
-        return Err(SecureError::Key(format!("expected {} hex digits", KEY_BYTES * 2)));
-    }
-    let mut key = [0u8; KEY_BYTES];
-    for (i, byte) in key.iter_mut().enumerate() {
-        let pair = text.get(i * 2..i * 2 + 2).unwrap_or_default();
-        *byte = u8::from_str_radix(pair, 16).map_err(|e| SecureError::Key(e.to_string()))?;
-    }
-    Ok(key)
+    linkbus_plugin_api::hex::decode(text.trim().as_bytes()).map_err(SecureError::Key)
 }
 
 /// What a Noise listener answers with, once the preamble named the cipher.

@@ -26,10 +26,7 @@ pub fn key_id(key: &[u8; KEY_BYTES]) -> [u8; KEY_ID_BYTES] {
     id
 }
 
-/// `bytes` in lower-case hex.
-pub(crate) fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
+pub(crate) use linkbus_plugin_api::hex::encode as hex;
 
 /// Reads the payload key in file `path`: 64 hex digits, a line ending allowed after them.
 /// The file must not be readable or writable by group or others.
@@ -60,22 +57,7 @@ pub fn read_key_file(path: &Path) -> Result<[u8; KEY_BYTES], String> {
 /// The key in a key file's `text`.
 fn parse_key(text: &[u8]) -> Result<[u8; KEY_BYTES], String> {
     let digits = text.strip_suffix(b"\n").map_or(text, |t| t.strip_suffix(b"\r").unwrap_or(t));
-    if digits.len() != 2 * KEY_BYTES {
-        return Err(format!(
-            "expected {} hex digits (and a line ending), found {} bytes",
-            2 * KEY_BYTES,
-            text.len()
-        ));
-    }
-    let mut key = [0; KEY_BYTES];
-    let nibble = |digit: u8| {
-        char::from(digit).to_digit(16).ok_or_else(|| format!("'{}' is not a hex digit", digit.escape_ascii()))
-    };
-    for (byte, pair) in key.iter_mut().zip(digits.chunks_exact(2)) {
-        let value = nibble(pair[0])? << 4 | nibble(pair[1])?;
-        *byte = u8::try_from(value).map_err(|_| "not a byte".to_owned())?;
-    }
-    Ok(key)
+    linkbus_plugin_api::hex::decode(digits).map_err(|e| format!("{e} (a line ending may follow)"))
 }
 
 /// Writes a new random payload key to `path` with mode 0600, creating its directory, and

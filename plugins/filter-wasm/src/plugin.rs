@@ -57,7 +57,7 @@ impl WasmSettings {
         let name = section.string("name").unwrap_or_else(|| "wasm".to_owned());
         let module = section.required("module", Section::string);
         let sha256 = section.string("sha256").and_then(|text| {
-            let digest = parse_sha256(&text);
+            let digest = linkbus_plugin_api::hex::decode(text.trim().as_bytes()).ok();
             if digest.is_none() {
                 section.error("sha256", "expected 64 hexadecimal digits (`sha256sum FILE.wasm`)");
             }
@@ -94,23 +94,7 @@ fn to_usize(n: u64) -> usize {
     usize::try_from(n).unwrap_or(usize::MAX)
 }
 
-/// The 32 bytes written as 64 hexadecimal digits.
-fn parse_sha256(text: &str) -> Option<[u8; 32]> {
-    let text = text.trim();
-    if text.len() != 64 || !text.is_ascii() {
-        return None;
-    }
-    let mut digest = [0u8; 32];
-    for (i, byte) in digest.iter_mut().enumerate() {
-        *byte = u8::from_str_radix(&text[2 * i..2 * i + 2], 16).ok()?;
-    }
-    Some(digest)
-}
-
-/// Lower-case hexadecimal.
-pub fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
+pub use linkbus_plugin_api::hex::encode as hex;
 
 /// A module file's bytes and their SHA-256, checked against the pin.
 ///
