@@ -278,18 +278,8 @@ impl Content {
     /// The first [`MessageError`] found.
     pub fn validate(&self) -> Result<(), MessageError> {
         check_len("name", self.name.len(), MESSAGE_NAME_BYTES_MAX)?;
-        if self.recipients.is_empty() {
-            return Err(MessageError::NoRecipient);
-        }
-        check_len("recipient list", self.recipients.len(), RECIPIENTS_MAX)?;
-        check_len("header list", self.headers.len(), HEADERS_MAX)?;
-        for (key, value) in &self.headers {
-            if key.is_empty() {
-                return Err(MessageError::EmptyHeaderKey);
-            }
-            check_len("header key", key.len(), HEADER_KEY_BYTES_MAX)?;
-            check_len("header value", value.len(), HEADER_VALUE_BYTES_MAX)?;
-        }
+        check_recipients(&self.recipients)?;
+        check_headers(&self.headers)?;
         if let Some(group) = &self.group {
             check_len("group id", group.id.len(), GROUP_ID_BYTES_MAX)?;
         }
@@ -306,6 +296,33 @@ impl Content {
     pub fn header(&self, key: &str) -> Option<&str> {
         self.headers.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str())
     }
+}
+
+/// Checks a recipient list against its limits (part of [`Content::validate`]).
+///
+/// # Errors
+/// [`MessageError`]: none, or more than [`RECIPIENTS_MAX`].
+pub fn check_recipients(recipients: &[Address]) -> Result<(), MessageError> {
+    if recipients.is_empty() {
+        return Err(MessageError::NoRecipient);
+    }
+    check_len("recipient list", recipients.len(), RECIPIENTS_MAX)
+}
+
+/// Checks headers against their limits (part of [`Content::validate`]).
+///
+/// # Errors
+/// The first [`MessageError`] found.
+pub fn check_headers(headers: &[(String, String)]) -> Result<(), MessageError> {
+    check_len("header list", headers.len(), HEADERS_MAX)?;
+    for (key, value) in headers {
+        if key.is_empty() {
+            return Err(MessageError::EmptyHeaderKey);
+        }
+        check_len("header key", key.len(), HEADER_KEY_BYTES_MAX)?;
+        check_len("header value", value.len(), HEADER_VALUE_BYTES_MAX)?;
+    }
+    Ok(())
 }
 
 fn check_len(field: &'static str, len: usize, max: usize) -> Result<(), MessageError> {

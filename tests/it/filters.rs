@@ -233,7 +233,8 @@ fn modules_that_break_the_abi_are_refused_at_load_with_their_reason() {
         assert!(!started.status.success() && said.contains(says), "{name}: {says} in {said}");
     }
     let yaml = format!(
-        "node: {{ name: C, listen: none }}\nplugins:\n  filters:\n    - {{ name: x, module: '{}', hooks: [on_sent], on_failure: maybe, limits: {{ fuel: 1 }}, sha256: abc }}\n",
+        "node: {{ name: C, listen: none }}\nplugins:\n  filters:\n    - {{ name: x, module: '{0}', hooks: [on_sent], on_failure: maybe, limits: {{ fuel: 1 }}, sha256: abc }}\n    \
+         - {{ name: x, module: '{0}', hooks: [on_send], config: {{ key: k, value: v }} }}\n",
         example("drop_by_header")
     );
     let path = s.write("typos.yaml", &yaml);
@@ -244,6 +245,7 @@ fn modules_that_break_the_abi_are_refused_at_load_with_their_reason() {
         "plugins.filters[0].on_failure: 'maybe'",
         "plugins.filters[0].limits.fuel: unknown key",
         "plugins.filters[0].sha256: expected 64 hexadecimal digits",
+        "plugins.filters[1].name: filter 'x' is named twice",
     ] {
         assert!(checked.contains(says), "{says} in {checked}");
     }

@@ -75,17 +75,17 @@ impl FilterChoice {
 pub(super) fn read_filters(plugins: &Section<'_>) -> Vec<FilterChoice> {
     let diag = plugins.diagnostics();
     let mut filters: Vec<FilterChoice> = Vec::new();
+    let mut names: Vec<String> = Vec::new();
     for (path, value) in plugins.list("filters") {
         let Some(section) = Section::new(diag, path, value) else { continue };
-        if let Some(choice) = read_filter(&section, value)
-            && !filters.iter().any(|f| f.name == choice.name)
-        {
-            filters.push(choice);
-        } else if let Some(name) = section.string("name")
-            && filters.iter().any(|f| f.name == name)
-        {
-            section.error("name", format!("filter '{name}' is named twice; names must be unique"));
+        // Names are compared as written, those of entries with other errors too.
+        if let Some(ConfigValue::Str(name)) = section.get("name") {
+            if names.contains(name) {
+                section.error("name", format!("filter '{name}' is named twice; names must be unique"));
+            }
+            names.push(name.clone());
         }
+        filters.extend(read_filter(&section, value));
         section.finish();
     }
     filters

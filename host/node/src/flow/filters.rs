@@ -17,6 +17,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
+use linkbus_plugin_api::message::{check_headers, check_recipients};
 use linkbus_plugin_api::registry::{self, BuildContext, Factory};
 use linkbus_plugin_api::{
     FailureKind, Filter, FilterError, HeaderChange, Hook, Message, PluginError, Verdict,
@@ -399,18 +400,16 @@ impl Call<'_> {
                 Ok(())
             }
             Verdict::Route(recipients) if self.hook == Hook::OnRoute => {
-                let message = &mut *batch.messages()[index];
-                let mut content = message.content.clone();
-                content.recipients.clear();
-                for to in recipients {
-                    if !content.recipients.contains(&to) {
-                        content.recipients.push(to);
+                let mut to = linkbus_plugin_api::Recipients::new();
+                for address in recipients {
+                    if !to.contains(&address) {
+                        to.push(address);
                     }
                 }
-                content
-                    .validate()
+                check_recipients(&to)
                     .map_err(|e| FilterError::new(FailureKind::Output, format!("its route: {e}")))?;
-                message.content = content;
+                batch.messages()[index].content.recipients = to;
+                batch.rerouted();
                 Counts::add(&counts.routes, 1);
                 Ok(())
             }
@@ -456,7 +455,8 @@ impl Call<'_> {
 }
 
 /// Applies a change verdict to `message`: the payload, then the header changes; the result
-/// must be within the message limits (nothing changes otherwise).
+/// must be within the message limits (nothing changes otherwise). Only the headers are
+/// copied, and only when the verdict changes some.
 fn change(
     message: &mut Message,
     payload: Option<bytes::Bytes>,
@@ -469,34 +469,46 @@ fn change(
             "changed a message whose payload is encoded end to end (it may only pass or drop it)".into(),
         ));
     }
-    let mut content = message.content.clone();
-    if let Some(payload) = payload {
-        if payload.len() > payload_bytes_max {
-            return Err(bad(format!(
-                "wrote a payload of {} bytes, over messages.message_bytes_max ({payload_bytes_max})",
-                payload.len()
-            )));
-        }
-        content.payload = payload;
+    if let Some(payload) = &payload
+        && payload.len() > payload_bytes_max
+    {
+        return Err(bad(format!(
+            "wrote a payload of {} bytes, over messages.message_bytes_max ({payload_bytes_max})",
+            payload.len()
+        )));
     }
-    for change in headers {
+    if !headers.is_empty() {
+        message.content.headers = changed_headers(&message.content.headers, headers).map_err(bad)?;
+    }
+    if let Some(payload) = payload {
+        message.content.payload = payload;
+    }
+    Ok(())
+}
+
+/// `headers` with `changes` applied in order, checked against the header limits.
+fn changed_headers(
+    headers: &[(String, String)],
+    changes: Vec<HeaderChange>,
+) -> Result<Vec<(String, String)>, String> {
+    let mut headers = headers.to_vec();
+    for change in changes {
         let key = match &change {
             HeaderChange::Set(key, _) | HeaderChange::Remove(key) => key,
         };
         if key.starts_with("linkbus.") {
-            return Err(bad(format!("changed header '{key}': the linkbus.* headers are the node's")));
+            return Err(format!("changed header '{key}': the linkbus.* headers are the node's"));
         }
         match change {
-            HeaderChange::Set(key, value) => match content.headers.iter_mut().find(|(k, _)| *k == key) {
+            HeaderChange::Set(key, value) => match headers.iter_mut().find(|(k, _)| *k == key) {
                 Some((_, v)) => *v = value,
-                None => content.headers.push((key, value)),
+                None => headers.push((key, value)),
             },
-            HeaderChange::Remove(key) => content.headers.retain(|(k, _)| *k != key),
+            HeaderChange::Remove(key) => headers.retain(|(k, _)| *k != key),
         }
     }
-    content.validate().map_err(|e| bad(format!("its change: {e}")))?;
-    message.content = content;
-    Ok(())
+    check_headers(&headers).map_err(|e| format!("its change: {e}"))?;
+    Ok(headers)
 }
 
 #[cfg(test)]

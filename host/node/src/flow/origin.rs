@@ -170,16 +170,19 @@ impl Origin {
                 return refused.map_or(Ok(()), Err);
             }
             let stages = self.stages(node);
-            if !stages.is_empty()
-                && let Some((at, refusal)) =
-                    stages.run(&mut run.iter_mut().collect::<Vec<_>>()).into_iter().next()
-            {
-                run.truncate(at);
-                carried = None;
-                refused = Some(PutError::at(put.sequences.len() + at, refusal));
+            let mut rerouted = false;
+            if !stages.is_empty() {
+                let first = stages.run(&mut run.iter_mut().collect::<Vec<_>>()).into_iter().next();
+                rerouted = stages.rerouted();
+                if let Some((at, refusal)) = first {
+                    run.truncate(at);
+                    carried = None;
+                    refused = Some(PutError::at(put.sequences.len() + at, refusal));
+                }
             }
             // A filter's `on_route` may have sent some of the run elsewhere.
-            for run in split_same_way(run) {
+            let runs = if rerouted { split_same_way(run) } else { vec![run] };
+            for run in runs {
                 if let Some(singles) = admit(node, run, put).await? {
                     // A run that cannot go at once goes one message at a time.
                     for single in singles {

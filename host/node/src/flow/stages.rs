@@ -62,6 +62,7 @@ pub trait Stage: Send {
 pub struct StageBatch<'a, 'm> {
     messages: &'a mut [&'m mut Message],
     refused: &'a mut Vec<(usize, Refusal)>,
+    rerouted: &'a mut bool,
     stage: &'a str,
 }
 
@@ -100,6 +101,12 @@ impl<'m> StageBatch<'_, 'm> {
         }
     }
 
+    /// Records that the stage set a message's recipients (a filter's `on_route`, at the
+    /// origin): the run is cut again where recipients differ before it is placed.
+    pub(crate) fn rerouted(&mut self) {
+        *self.rerouted = true;
+    }
+
     /// Whether the message at `index` was refused by an earlier stage or this one.
     pub fn is_refused(&self, index: usize) -> bool {
         self.refused.iter().any(|(i, _)| *i == index)
@@ -110,6 +117,8 @@ impl<'m> StageBatch<'_, 'm> {
 #[derive(Default)]
 pub(crate) struct Stages {
     chain: Vec<(String, Box<dyn Stage>)>,
+    /// Whether the last run set some message's recipients.
+    rerouted: bool,
 }
 
 impl std::fmt::Debug for Stages {
@@ -125,7 +134,7 @@ impl Stages {
             .iter()
             .filter_map(|factory| Some((factory.name().to_owned(), factory.build(context)?)))
             .collect();
-        Self { chain }
+        Self { chain, rerouted: false }
     }
 
     /// Whether no stage runs here (none was built for this site, or each is idle).
@@ -136,10 +145,17 @@ impl Stages {
     /// Runs the chain over `messages`; returns the refused ones' places (ascending) and why.
     pub(crate) fn run(&mut self, messages: &mut [&mut Message]) -> Vec<(usize, Refusal)> {
         let mut refused = Vec::new();
+        self.rerouted = false;
         for (name, stage) in &mut self.chain {
-            stage.run(&mut StageBatch { messages, refused: &mut refused, stage: name });
+            let rerouted = &mut self.rerouted;
+            stage.run(&mut StageBatch { messages, refused: &mut refused, rerouted, stage: name });
         }
         refused.sort_by_key(|(index, _)| *index);
         refused
+    }
+
+    /// Whether the last [`Stages::run`] set some message's recipients.
+    pub(crate) fn rerouted(&self) -> bool {
+        self.rerouted
     }
 }
