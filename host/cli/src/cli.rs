@@ -19,7 +19,7 @@ mod keys;
 mod put;
 pub(crate) use dlq::dlq;
 pub(crate) use events::events;
-pub(crate) use filter::filter;
+pub(crate) use filter::{FilterCommand, filter};
 pub(crate) use keys::{keygen, zstd};
 pub(crate) use put::put;
 
@@ -84,45 +84,6 @@ pub(crate) enum Command {
     /// Work with WebAssembly filters.
     #[command(subcommand)]
     Filter(FilterCommand),
-}
-
-/// `linkbus filter ...`.
-#[derive(Debug, Subcommand)]
-pub(crate) enum FilterCommand {
-    /// Run a filter module offline on messages from a JSON-lines file, as a node would, and
-    /// print each verdict (with the rewritten payload and headers, or the new recipients),
-    /// then the fuel and time each call used, the filter's counters and its log.
-    Test(FilterTestArgs),
-}
-
-/// `linkbus filter test`.
-#[derive(Debug, clap::Args)]
-pub(crate) struct FilterTestArgs {
-    /// The module (`.wasm`).
-    pub module: PathBuf,
-    /// The hook to call it at: on_send, on_route, on_forward or on_deliver.
-    #[arg(long, default_value = "on_deliver")]
-    pub hook: String,
-    /// The messages, one JSON object per line (`-`: standard input), e.g.
-    /// `{"payload": "...", "headers": {"kind": "spam"}, "to": ["C:orders"]}`; also
-    /// `name`, `priority`, `persistent`, and `payload_base64` for bytes that are not text.
-    #[arg(long)]
-    pub input: PathBuf,
-    /// The filter's `config:` value, as YAML or JSON (what its YAML entry would say).
-    #[arg(long, default_value = "null")]
-    pub config: String,
-    /// Messages per call (a node calls a filter once per batch of up to 256).
-    #[arg(long, default_value_t = 256)]
-    pub batch: usize,
-    /// Fuel per call.
-    #[arg(long)]
-    pub fuel_per_call: Option<u64>,
-    /// Time per call, in milliseconds.
-    #[arg(long)]
-    pub time_per_call_ms: Option<u64>,
-    /// Largest guest memory, in bytes.
-    #[arg(long)]
-    pub memory_bytes_max: Option<u64>,
 }
 
 /// `linkbus zstd ...`.

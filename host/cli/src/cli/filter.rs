@@ -3,16 +3,55 @@
 
 use std::fmt::Write as _;
 use std::io::Read as _;
+use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{Context, bail};
+use clap::Subcommand;
 use linkbus_filter_wasm::plugin::{LIMITS_DEFAULT, TRAPS_MAX_DEFAULT, WasmFilter, WasmSettings};
 use linkbus_plugin_api::{
     ConfigValue, Content, Filter, HeaderChange, Hook, Message, MessageId, Priority, Reliability, Step,
     Verdict,
 };
 
-use super::{FilterCommand, FilterTestArgs};
+/// `linkbus filter ...`.
+#[derive(Debug, Subcommand)]
+pub(crate) enum FilterCommand {
+    /// Run a filter module offline on messages from a JSON-lines file, as a node would, and
+    /// print each verdict (with the rewritten payload and headers, or the new recipients),
+    /// then the fuel and time each call used, the filter's counters and its log.
+    Test(FilterTestArgs),
+}
+
+/// `linkbus filter test`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct FilterTestArgs {
+    /// The module (`.wasm`).
+    pub module: PathBuf,
+    /// The hook to call it at: on_send, on_route, on_forward or on_deliver.
+    #[arg(long, default_value = "on_deliver")]
+    pub hook: String,
+    /// The messages, one JSON object per line (`-`: standard input), e.g.
+    /// `{"payload": "...", "headers": {"kind": "spam"}, "to": ["C:orders"]}`; also
+    /// `name`, `priority`, `persistent`, and `payload_base64` for bytes that are not text.
+    #[arg(long)]
+    pub input: PathBuf,
+    /// The filter's `config:` value, as YAML or JSON (what its YAML entry would say).
+    #[arg(long, default_value = "null")]
+    pub config: String,
+    /// Messages per call (a node calls a filter once per batch of up to 256).
+    #[arg(long, default_value_t = 256)]
+    pub batch: usize,
+    /// Fuel per call.
+    #[arg(long)]
+    pub fuel_per_call: Option<u64>,
+    /// Time per call, in milliseconds.
+    #[arg(long)]
+    pub time_per_call_ms: Option<u64>,
+    /// Largest guest memory, in bytes.
+    #[arg(long)]
+    pub memory_bytes_max: Option<u64>,
+}
 
 /// Runs `linkbus filter ...`.
 ///
