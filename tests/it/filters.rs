@@ -463,6 +463,8 @@ fn linkbus_filter_test_shows_verdicts_and_names_failures() {
         "{}",
         stdout(&looped)
     );
+    let logged = s.run(&["filter", "test", &fixture(&s, "host_call_loop"), "--input", input]);
+    assert!(stderr(&logged).contains("again"), "the guest's log lines: {}", stderr(&logged));
     let bad = s.write("bad.jsonl", "{\"payload\": \"x\", \"colour\": 1}\n");
     let refused = s.run(&[
         "filter",

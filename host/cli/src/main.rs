@@ -28,6 +28,8 @@ fn main() -> ExitCode {
         Command::Node(_) => "info",
         // Its nodes use plaintext links on purpose (and say so loudly at `warn`).
         Command::Bench(_) => "error",
+        // What the filter logs (`linkbus.log`) is part of what `filter test` shows.
+        Command::Filter(_) => "warn,linkbus_filter_wasm=info",
         _ => "warn",
     };
     let filter = args.log.as_deref().map_or_else(|| EnvFilter::new(default_level), EnvFilter::new);

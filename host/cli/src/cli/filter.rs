@@ -19,7 +19,8 @@ use linkbus_plugin_api::{
 pub(crate) enum FilterCommand {
     /// Run a filter module offline on messages from a JSON-lines file, as a node would, and
     /// print each verdict (with the rewritten payload and headers, or the new recipients),
-    /// then the fuel and time each call used, the filter's counters and its log.
+    /// then the fuel and time each call used and the filter's counters; its log lines go to
+    /// standard error.
     Test(FilterTestArgs),
 }
 
