@@ -202,7 +202,8 @@ impl Runtime {
             )
             .map_err(|e| e.to_string())?;
         linker
-            .func_wrap("linkbus", "config_read", |mut caller: Caller<'_, Host>, ptr: i32, len: i32| -> i32 {
+            .func_wrap("linkbus", "config_read", |mut caller: Caller<'_, Host>, ptr: i32, len: i32| {
+                charge(&mut caller)?;
                 let config = caller.data().config.clone();
                 let n = usize::try_from(len).unwrap_or(0).min(config.len());
                 let written = caller
@@ -210,7 +211,7 @@ impl Runtime {
                     .and_then(wasmtime::Extern::into_memory)
                     .zip(usize::try_from(ptr).ok())
                     .is_some_and(|(memory, at)| memory.write(&mut caller, at, &config[..n]).is_ok());
-                if written { len_i32(config.len()) } else { -1 }
+                wasmtime::Result::<i32>::Ok(if written { len_i32(config.len()) } else { -1 })
             })
             .map_err(|e| e.to_string())?;
         Ok(linker)

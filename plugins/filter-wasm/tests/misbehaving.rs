@@ -91,3 +91,14 @@ fn modules_that_are_not_filters_are_refused_at_load() {
     let error = runtime.instantiate(&module, LIMITS, b"{}").err().unwrap();
     assert!(error.contains("linkbus_filter"), "{error}");
 }
+
+#[test]
+fn a_guest_reads_its_configuration_through_the_host() {
+    let runtime = Runtime::new().unwrap();
+    let module = runtime.load(&fixture("config_echo")).unwrap();
+    let mut instance = runtime.instantiate(&module, LIMITS, br#"{"key":"kind"}"#).unwrap();
+    let m = message();
+    let (verdicts, fuel) = instance.call(AbiHook::OnDeliver, &[&m], 1 << 20).unwrap();
+    assert_eq!(verdicts, [Verdict::Drop { reason: r#"{"key":"kind"}"#.into() }]);
+    assert!(fuel >= 1_000, "the host call costs fuel: {fuel}");
+}
