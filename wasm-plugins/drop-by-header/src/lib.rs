@@ -1,7 +1,7 @@
 //! Drops messages whose header `key` has the value `value` (its configuration:
 //! `{"key": "priority", "value": "spam"}`); lets the others go on.
 
-use linkbus_filter_sdk::{counter_add, export_filter, json_field, Filter, Hook, Message, Verdict};
+use linkbus_filter_sdk::{config_text, counter_add, export_filter, Filter, Hook, Message, Verdict};
 
 struct DropByHeader {
     key: String,
@@ -10,9 +10,7 @@ struct DropByHeader {
 
 impl Filter for DropByHeader {
     fn init(config: &str) -> Result<Self, String> {
-        let key = json_field(config, "key").ok_or("configuration needs \"key\"")?;
-        let value = json_field(config, "value").ok_or("configuration needs \"value\"")?;
-        Ok(DropByHeader { key: key.to_owned(), value: value.to_owned() })
+        Ok(DropByHeader { key: config_text(config, "key")?, value: config_text(config, "value")? })
     }
 
     fn filter(&mut self, _hook: Hook, message: &Message) -> Verdict {

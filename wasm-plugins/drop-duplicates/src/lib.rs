@@ -6,7 +6,7 @@
 
 use std::collections::{HashSet, VecDeque};
 
-use linkbus_filter_sdk::{counter_add, export_filter, json_field, Filter, Hook, Message, Verdict};
+use linkbus_filter_sdk::{config_parsed, config_text, counter_add, export_filter, Filter, Hook, Message, Verdict};
 
 struct DropDuplicates {
     key: String,
@@ -17,11 +17,8 @@ struct DropDuplicates {
 
 impl Filter for DropDuplicates {
     fn init(config: &str) -> Result<Self, String> {
-        let key = json_field(config, "key").ok_or("configuration needs \"key\"")?.to_owned();
-        let window = match json_field(config, "window") {
-            Some(n) => n.parse().map_err(|_| format!("window: '{}' is not a count", n))?,
-            None => 10_000,
-        };
+        let key = config_text(config, "key")?;
+        let window = config_parsed(config, "window", Some(10_000))?;
         if window == 0 {
             return Err("window: give at least 1".to_owned());
         }

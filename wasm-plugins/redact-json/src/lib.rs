@@ -3,7 +3,7 @@
 //! `{"field": "card_number", "keep_last": 4}`. Messages without the field, or whose
 //! payload is sealed, pass unchanged; a redacted one gets the header `redacted: FIELD`.
 
-use linkbus_filter_sdk::{counter_add, export_filter, json_field, json_field_span, Filter, HeaderOp, Hook, Message, Verdict};
+use linkbus_filter_sdk::{config_parsed, config_text, counter_add, export_filter, json_field_span, Filter, HeaderOp, Hook, Message, Verdict};
 
 struct RedactJson {
     field: String,
@@ -12,12 +12,7 @@ struct RedactJson {
 
 impl Filter for RedactJson {
     fn init(config: &str) -> Result<Self, String> {
-        let field = json_field(config, "field").ok_or("configuration needs \"field\"")?.to_owned();
-        let keep_last = match json_field(config, "keep_last") {
-            Some(n) => n.parse().map_err(|_| format!("keep_last: '{}' is not a count", n))?,
-            None => 4,
-        };
-        Ok(RedactJson { field, keep_last })
+        Ok(RedactJson { field: config_text(config, "field")?, keep_last: config_parsed(config, "keep_last", Some(4))? })
     }
 
     fn filter(&mut self, _hook: Hook, message: &Message) -> Verdict {

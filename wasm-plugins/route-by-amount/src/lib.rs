@@ -3,7 +3,7 @@
 //! `{"field": "amount", "at_least": 1000, "copy_to": "AUDIT:review"}`. The static routes
 //! take the message from there, to its recipients and to the copy's.
 
-use linkbus_filter_sdk::{counter_add, export_filter, json_field, Filter, Hook, Message, Verdict};
+use linkbus_filter_sdk::{config_parsed, config_text, counter_add, export_filter, json_field, Filter, Hook, Message, Verdict};
 
 struct RouteByAmount {
     field: String,
@@ -13,10 +13,9 @@ struct RouteByAmount {
 
 impl Filter for RouteByAmount {
     fn init(config: &str) -> Result<Self, String> {
-        let field = json_field(config, "field").ok_or("configuration needs \"field\"")?.to_owned();
-        let at_least = json_field(config, "at_least").ok_or("configuration needs \"at_least\"")?;
-        let at_least = at_least.parse().map_err(|_| format!("at_least: '{}' is not a number", at_least))?;
-        let copy_to = json_field(config, "copy_to").ok_or("configuration needs \"copy_to\"")?.to_owned();
+        let field = config_text(config, "field")?;
+        let at_least = config_parsed(config, "at_least", None)?;
+        let copy_to = config_text(config, "copy_to")?;
         if !copy_to.contains(':') {
             return Err(format!("copy_to: '{}' is not NODE:QUEUE", copy_to));
         }

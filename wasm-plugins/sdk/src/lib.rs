@@ -114,6 +114,21 @@ pub fn json_field<'a>(json: &'a str, field: &str) -> Option<&'a str> {
     Some(value)
 }
 
+/// The text of the required `field` of a filter's configuration `json` (for
+/// [`Filter::init`]); its absence in the words a node shows.
+pub fn config_text(json: &str, field: &str) -> Result<String, String> {
+    json_field(json, field).map(str::to_owned).ok_or_else(|| format!("configuration needs \"{}\"", field))
+}
+
+/// The `field` of a filter's configuration `json` read as a `T` (a count, a number), or
+/// `default` when it is absent (`None`: it is required).
+pub fn config_parsed<T: std::str::FromStr>(json: &str, field: &str, default: Option<T>) -> Result<T, String> {
+    match json_field(json, field) {
+        Some(text) => text.parse().map_err(|_| format!("{}: '{}' is not a valid value", field, text)),
+        None => default.ok_or_else(|| format!("configuration needs \"{}\"", field)),
+    }
+}
+
 /// Where the value of `field` is in `json`: its byte range (inside the quotes for a
 /// string), and the value. Looks for the first `"field"` followed by `:`.
 pub fn json_field_span<'a>(json: &'a str, field: &str) -> Option<(std::ops::Range<usize>, &'a str)> {
