@@ -48,6 +48,13 @@ fn status(s: &Scratch, node: &str) -> String {
     stdout(&s.run(&["status", "--node", node]))
 }
 
+/// Asserts that `text` holds each of `expected`.
+fn says_all(text: &str, expected: &[&str]) {
+    for one in expected {
+        assert!(text.contains(one), "{one:?} in {text}");
+    }
+}
+
 /// The `status` line of filter `name`.
 fn filter_line(status: &str, name: &str) -> String {
     let prefix = format!("  {name} [");
@@ -240,15 +247,16 @@ fn modules_that_break_the_abi_are_refused_at_load_with_their_reason() {
     let path = s.write("typos.yaml", &yaml);
     let checked = s.run(&["config", "check", path.to_str().expect("utf-8 path")]);
     let checked = stdout(&checked) + &stderr(&checked);
-    for says in [
-        "plugins.filters[0].hooks",
-        "plugins.filters[0].on_failure: 'maybe'",
-        "plugins.filters[0].limits.fuel: unknown key",
-        "plugins.filters[0].sha256: expected 64 hexadecimal digits",
-        "plugins.filters[1].name: filter 'x' is named twice",
-    ] {
-        assert!(checked.contains(says), "{says} in {checked}");
-    }
+    says_all(
+        &checked,
+        &[
+            "plugins.filters[0].hooks",
+            "plugins.filters[0].on_failure: 'maybe'",
+            "plugins.filters[0].limits.fuel: unknown key",
+            "plugins.filters[0].sha256: expected 64 hexadecimal digits",
+            "plugins.filters[1].name: filter 'x' is named twice",
+        ],
+    );
 }
 
 #[test]
@@ -386,17 +394,18 @@ fn the_walkthrough_in_docs_filters_md_runs_as_written() {
         .expect("bash runs");
     let said = stdout(&out) + &stderr(&out);
     assert!(out.status.success(), "{said}");
-    for expected in [
-        "message 1: drop: header env is test\nmessage 2: pass\ncall 1: 2 messages, fuel ",
-        "counter dropped: 1",
-        "filters reloaded: 1 running (0 kept, 1 new)",
-        "filter 'no-test-orders' dropped it at on_send: header env is test",
-        "refused by the filter",
-        "{\"order\": 1}\n{\"order\": 3}\n",
-        "  no-test-orders [on_send, on_deliver]: 3 calls, 3 messages, 1 dropped, 0 rewritten, 0 routed; failures: none",
-    ] {
-        assert!(said.contains(expected), "{expected:?} in {said}");
-    }
+    says_all(
+        &said,
+        &[
+            "message 1: drop: header env is test\nmessage 2: pass\ncall 1: 2 messages, fuel ",
+            "counter dropped: 1",
+            "filters reloaded: 1 running (0 kept, 1 new)",
+            "filter 'no-test-orders' dropped it at on_send: header env is test",
+            "refused by the filter",
+            "{\"order\": 1}\n{\"order\": 3}\n",
+            "  no-test-orders [on_send, on_deliver]: 3 calls, 3 messages, 1 dropped, 0 rewritten, 0 routed; failures: none",
+        ],
+    );
 }
 
 #[test]
