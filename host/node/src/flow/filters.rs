@@ -13,7 +13,7 @@
 //! The running chain is replaced whole by [`Filters::reload`]; stages read it once per batch,
 //! so a reload takes effect at the next batch and nothing in flight is lost.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
@@ -167,6 +167,9 @@ struct Chain {
 /// The node's filters, as configured, and the stage that runs them.
 pub struct Filters {
     chain: RwLock<Arc<Chain>>,
+    /// Whether the running chain has no filter: what every batch asks first, without the
+    /// lock.
+    empty: AtomicBool,
     context: BuildContext,
     /// Largest payload a filter may write (`messages.message_bytes_max`).
     payload_bytes_max: usize,
@@ -187,11 +190,12 @@ impl Filters {
     pub(crate) fn build(config: &Config) -> Result<Arc<Self>, PluginError> {
         let filters = Self {
             chain: RwLock::default(),
+            empty: AtomicBool::new(true),
             context: BuildContext { node: config.node.name.clone(), data_dir: config.node.data_dir.clone() },
             payload_bytes_max: usize::try_from(config.messages.message_bytes_max).unwrap_or(usize::MAX),
         };
         let chain = filters.build_chain(&config.plugins.filters, &Chain::default())?;
-        *filters.chain.write().unwrap_or_else(std::sync::PoisonError::into_inner) = Arc::new(chain);
+        filters.replace(chain);
         Ok(Arc::new(filters))
     }
 
@@ -224,6 +228,13 @@ impl Filters {
         Ok(Chain { filters })
     }
 
+    /// Makes `chain` the running one.
+    fn replace(&self, chain: Chain) {
+        let empty = chain.filters.is_empty();
+        *self.chain.write().unwrap_or_else(std::sync::PoisonError::into_inner) = Arc::new(chain);
+        self.empty.store(empty, Ordering::Release);
+    }
+
     fn current(&self) -> Arc<Chain> {
         self.chain.read().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
     }
@@ -249,7 +260,7 @@ impl Filters {
             kept,
             chain.filters.len() - kept
         );
-        *self.chain.write().unwrap_or_else(std::sync::PoisonError::into_inner) = Arc::new(chain);
+        self.replace(chain);
         Ok(Some(line))
     }
 
@@ -290,7 +301,7 @@ struct FilterStage {
 
 impl Stage for FilterStage {
     fn is_idle(&self) -> bool {
-        self.filters.current().filters.is_empty()
+        self.filters.empty.load(Ordering::Acquire)
     }
 
     fn run(&mut self, batch: &mut StageBatch<'_, '_>) {
