@@ -233,6 +233,17 @@ impl<'a> Section<'a> {
         Some(Self { diag, path, entries, known: RefCell::new(Vec::new()) })
     }
 
+    /// This section's own path (empty for the document).
+    pub fn path(&self) -> &str {
+        &self.path
+    }
+
+    /// Every entry of the section, read or not: for a section whose keys are read elsewhere
+    /// (a native plugin reads its own across the library boundary).
+    pub fn entries(&self) -> &'a [(String, ConfigValue)] {
+        self.entries
+    }
+
     /// The path of `key` inside this section.
     pub fn path_of(&self, key: &str) -> String {
         if self.path.is_empty() { key.to_owned() } else { format!("{}.{key}", self.path) }

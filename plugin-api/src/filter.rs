@@ -166,4 +166,10 @@ pub trait Filter: Send + Sync {
     fn is_current(&self) -> bool {
         true
     }
+
+    /// Where its code comes from, for `linkbus plugins`: a module file and its digest
+    /// ([`crate::registry::Origin::Module`]), or the plugin itself ([`crate::registry::Origin::BuiltIn`]).
+    fn origin(&self) -> crate::registry::Origin {
+        crate::registry::Origin::BuiltIn
+    }
 }

@@ -13,6 +13,7 @@
 //! - [`handler`]: the [`MessageHandler`] trait (kinds expanded at the edges, e.g. files).
 //! - [`filter`]: the [`Filter`] trait (user hooks on send, route, forward and deliver).
 //! - [`hex`]: keys, ids and digests as hexadecimal text.
+//! - [`json`]: configuration values written as JSON (for filter guests and native plugins).
 //! - [`registry`]: [`PluginEntry`] and lookup of built-in plugins by name.
 //! - `testing` (feature `testing`): the conformance kit every plugin's tests run.
 #![forbid(unsafe_code)]
@@ -24,6 +25,7 @@ pub mod config;
 pub mod filter;
 pub mod handler;
 pub mod hex;
+pub mod json;
 pub mod message;
 pub mod name;
 pub mod registry;
@@ -43,7 +45,7 @@ pub use message::{
     Reliability, Step,
 };
 pub use name::{Address, NameError, NodeName, QueueName};
-pub use registry::{BuildContext, Factory, PluginEntry, PluginError};
+pub use registry::{BuildContext, Builder, Factory, Origin, Plugin, PluginEntry, PluginError, Registry};
 pub use router::{AddressPattern, Explanation, Pattern, RouteError, Router, Topology};
 /// The small-vector crate [`Recipients`] is made of, for its `smallvec!` macro.
 pub use smallvec;

@@ -143,3 +143,49 @@ pub trait Store: Send + Sync {
     /// [`StoreError`]; a failure poisons the store.
     fn sync(&self) -> Result<(), StoreError>;
 }
+
+/// Keys a [`scan_pages`] page holds: recovery reads whole spaces this many keys at a time,
+/// so no single scan (nor, for a native store, a single vector across the library
+/// boundary) holds a whole space.
+pub const SCAN_PAGE_KEYS: usize = 4096;
+
+/// Every entry of `space` in key order, read [`SCAN_PAGE_KEYS`] at a time: each page starts
+/// after the last key of the one before. An error ends the iteration after it is yielded.
+pub fn scan_pages<'a>(store: &'a dyn Store, space: &'a str) -> ScanPages<'a> {
+    ScanPages { store, space, after: None, page: Vec::new().into_iter(), done: false }
+}
+
+/// The iterator of [`scan_pages`].
+pub struct ScanPages<'a> {
+    store: &'a dyn Store,
+    space: &'a str,
+    after: Option<Bytes>,
+    page: std::vec::IntoIter<(Bytes, Bytes)>,
+    done: bool,
+}
+
+impl Iterator for ScanPages<'_> {
+    type Item = Result<(Bytes, Bytes), StoreError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if let Some(entry) = self.page.next() {
+            return Some(Ok(entry));
+        }
+        if self.done {
+            return None;
+        }
+        let from = self.after.as_deref().map_or(Bound::Unbounded, Bound::Excluded);
+        match self.store.scan(self.space, from, Bound::Unbounded, SCAN_PAGE_KEYS) {
+            Err(e) => {
+                self.done = true;
+                Some(Err(e))
+            }
+            Ok(page) => {
+                self.done = page.len() < SCAN_PAGE_KEYS;
+                self.after = page.last().map(|(key, _)| key.clone());
+                self.page = page.into_iter();
+                self.page.next().map(Ok)
+            }
+        }
+    }
+}

@@ -136,7 +136,7 @@ impl Pair {
 }
 
 /// Puts `lines` on A for `to`, with `reliability` (`--persistent` or `--volatile`).
-fn put_lines(s: &Scratch, to: &str, lines: &str, reliability: &str) {
+pub(crate) fn put_lines(s: &Scratch, to: &str, lines: &str, reliability: &str) {
     let put = s.run_with_input(
         &["put", "--node", "A", "--to", to, reliability, "-"],
         lines.as_bytes(),
@@ -455,7 +455,8 @@ fn soak_random_kills_of_either_node_lose_and_duplicate_nothing() {
 /// B or both at a random moment 0–80 ms later (messages queued, in flight, or just
 /// acknowledged) and restarts them in random order; a consumer takes from B now and then
 /// (its queue holds 100,000 at most); the history of everything put is checked at the end.
-fn random_kills_of_either_node(soak: &mut Soak, store: &str) {
+/// `store` is what follows `kind:` in `plugins.store` (a name, or a name and a library).
+pub(crate) fn random_kills_of_either_node(soak: &mut Soak, store: &str) {
     let s = Scratch::new();
     let pair = Pair::on(&s, store);
     let mut b = pair.start_b(&s);

@@ -22,6 +22,7 @@ mod in_process;
 mod link_faults;
 mod link_reset;
 mod multi_host;
+mod native;
 mod priority;
 mod put_limits;
 mod put_modes;

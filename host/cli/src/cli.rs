@@ -84,6 +84,24 @@ pub(crate) enum Command {
     /// Work with WebAssembly filters.
     #[command(subcommand)]
     Filter(FilterCommand),
+    /// List plugins: a running node's (`--node`), a configuration's (`--config`, loading
+    /// the native libraries it names), or this build's own; with each one's version, origin
+    /// (built in, or a library's or module's path and SHA-256) and whether it is used.
+    Plugins(PluginsArgs),
+}
+
+/// `linkbus plugins`.
+#[derive(Debug, Args)]
+pub(crate) struct PluginsArgs {
+    /// A running node's name, found in the runtime directory (`LINKBUS_RUNTIME_DIR`).
+    #[arg(long, conflicts_with_all = ["socket", "config"])]
+    pub node: Option<String>,
+    /// A running node's client socket, instead of a name.
+    #[arg(long, conflicts_with = "config")]
+    pub socket: Option<PathBuf>,
+    /// A configuration file: what a node started from it would load.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
 }
 
 /// `linkbus zstd ...`.
@@ -629,6 +647,25 @@ pub(crate) async fn route(command: RouteCommand) -> anyhow::Result<()> {
             }
         }
     }
+    Ok(())
+}
+
+/// Runs `linkbus plugins`.
+///
+/// # Errors
+/// When the node cannot be reached, or the configuration or a library it names is bad.
+pub(crate) async fn plugins(args: PluginsArgs) -> anyhow::Result<()> {
+    if args.node.is_some() || args.socket.is_some() {
+        let target = Target { node: args.node, socket: args.socket };
+        print!("{}", target.connect().await?.plugins().await?);
+        return Ok(());
+    }
+    let config = match &args.config {
+        Some(file) => config::load_file(Some(file), &Overrides::default())?,
+        // Defaults alone: this build's own plugins.
+        None => config::from_value(&config::parse_yaml("node: { name: A }")?)?,
+    };
+    print!("{}", config::plugins_table(&config, &[]));
     Ok(())
 }
 

@@ -63,6 +63,7 @@ fn main() -> ExitCode {
             Command::Keygen(args) => cli::keygen(&args),
             Command::Zstd(command) => cli::zstd(command),
             Command::Filter(command) => cli::filter(command),
+            Command::Plugins(args) => cli::plugins(args).await,
             Command::Config(_) => Ok(()),
         }
     });

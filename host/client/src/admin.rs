@@ -46,6 +46,15 @@ impl Client {
         self.text(Request::Reload, "reload").await
     }
 
+    /// The plugins the node can select (built in, or from the native libraries its
+    /// configuration names), which it uses, and each running filter's module, as a table.
+    ///
+    /// # Errors
+    /// [`ClientError`] when the node cannot be reached.
+    pub async fn plugins(&mut self) -> Result<String, ClientError> {
+        self.text(Request::Plugins, "plugins").await
+    }
+
     /// What became of messages this node accepted with results wanted
     /// ([`Content::with_results`]), one entry per id in order: each recipient with its final
     /// outcome, or `None` while it is open. Waits up to `wait` for every outcome to be final

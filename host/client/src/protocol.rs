@@ -10,7 +10,7 @@
 //! batch pushed as it comes, acknowledged at once), `Ack` / `Backout` (settle pending
 //! messages by tag), `Results` (of messages put with results wanted, waiting for the final
 //! ones), `Subscribe` / `Unsubscribe` / `Subscriptions` (event copies to a queue), `Begin` /
-//! `Commit` / `Rollback` (a transaction on the connection), `Status`, and `LinkReset` (accept
+//! `Commit` / `Rollback` (a transaction on the connection), `Status`, `Plugins`, and `LinkReset` (accept
 //! a peer's sequence numbers), `Limits`. Responses: `PutOk` (the ids given), `Messages` (with tags when
 //! pending), `Settled`, `Results`, `Status` text, `Limits`, or `Error` with a code, the number of puts
 //! accepted before the error, and a message. The protocol is not versioned: a client and its
@@ -46,6 +46,7 @@ const RELOAD: u8 = 17;
 const CONSUME: u8 = 18;
 const LIMITS: u8 = 19;
 const FOLLOW: u8 = 20;
+const PLUGINS: u8 = 21;
 const LIMITS_ANSWER: u8 = 106;
 const RESULTS_ANSWER: u8 = 105;
 const SETTLED: u8 = 104;
@@ -189,6 +190,9 @@ pub enum Request {
     /// Read the configuration file again and take up its routes (a bad file is refused and
     /// the running configuration stays). Answered with `Status` text.
     Reload,
+    /// List the plugins the node can select, where each comes from and which it uses
+    /// (`Status` text).
+    Plugins,
     /// The node's size limits, so a client refuses what would be too large before sending
     /// it. Answered with `Limits`.
     Limits,
@@ -366,6 +370,7 @@ impl Request {
             Self::LinkReset { peer } => frame(LINK_RESET, out, |out| put_name(out, peer)),
             Self::RouteExplain { destination } => frame(ROUTE_EXPLAIN, out, |out| put_name(out, destination)),
             Self::Reload => frame(RELOAD, out, |_| {}),
+            Self::Plugins => frame(PLUGINS, out, |_| {}),
             Self::Limits => frame(LIMITS, out, |_| {}),
         }
     }
@@ -434,6 +439,7 @@ impl Request {
             LINK_RESET => Self::LinkReset { peer: r.short_string()? },
             ROUTE_EXPLAIN => Self::RouteExplain { destination: r.short_string()? },
             RELOAD => Self::Reload,
+            PLUGINS => Self::Plugins,
             LIMITS => Self::Limits,
             other => return Err(ReadError::Invalid { field: "request type", detail: other.to_string() }),
         };

@@ -10,7 +10,6 @@
 //! subscriptions cannot feed each other in a loop.
 
 use std::fmt;
-use std::ops::Bound;
 use std::str::FromStr;
 use std::sync::{Mutex, RwLock};
 
@@ -219,7 +218,9 @@ impl Subscriptions {
             .iter()
             .map(|s| Subscription { kinds: s.kinds.clone(), to: s.to.clone(), from_client: false })
             .collect();
-        let stored = store.scan(SUBSCRIPTIONS_SPACE, Bound::Unbounded, Bound::Unbounded, usize::MAX)?;
+        // Collected first: the loop below deletes entries it reads.
+        let stored: Vec<_> =
+            linkbus_plugin_api::store::scan_pages(store, SUBSCRIPTIONS_SPACE).collect::<Result<_, _>>()?;
         for (key, value) in stored {
             let to = std::str::from_utf8(&key).ok().and_then(|k| k.parse::<Address>().ok());
             let kinds: Option<Vec<EventKind>> = std::str::from_utf8(&value).ok().and_then(|v| match v {
@@ -409,7 +410,12 @@ mod tests {
             .remove_unreachable(|to| if to.node.as_str() == "C" { Err("no peer".into()) } else { Ok(()) });
         store.write(forget, true).unwrap();
         assert!(again.all().iter().all(|s| !s.from_client), "{:?}", again.all());
-        assert!(store.scan(SUBSCRIPTIONS_SPACE, Bound::Unbounded, Bound::Unbounded, 10).unwrap().is_empty());
+        assert!(
+            store
+                .scan(SUBSCRIPTIONS_SPACE, std::ops::Bound::Unbounded, std::ops::Bound::Unbounded, 10)
+                .unwrap()
+                .is_empty()
+        );
     }
 
     #[test]

@@ -10,7 +10,6 @@
 //! leave only when acknowledged by their tag; backed out (or when the consumer goes away)
 //! they return to the head of their level, marked redelivered, their backout count raised.
 
-use std::ops::Bound;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
 
@@ -177,10 +176,10 @@ impl LocalQueue {
             next_key: KEY_MIDDLE,
             front_key: KEY_MIDDLE - 1,
         };
-        let stored = store.scan(&space, Bound::Unbounded, Bound::Unbounded, usize::MAX)?;
         let now_unix = crate::clock::unix_ms();
         let mut largest = 0u64;
-        for (key, value) in stored {
+        for entry in linkbus_plugin_api::store::scan_pages(store, &space) {
+            let (key, value) = entry?;
             let key = key_number(&key).ok_or_else(|| corrupt(&space, &key, "bad key"))?;
             let (message, enqueued_unix_ms) =
                 decode_record(value).map_err(|e| corrupt(&space, &key.to_be_bytes(), &e))?;

@@ -177,8 +177,9 @@ impl ResultBook {
     /// # Errors
     /// The store cannot be read.
     pub fn load(&self, store: &dyn Store, now: Instant) -> Result<Loaded, String> {
-        let records = store
-            .scan(RESULTS_SPACE, std::ops::Bound::Unbounded, std::ops::Bound::Unbounded, usize::MAX)
+        // Collected first: damaged records are moved while the loop runs.
+        let records: Vec<_> = linkbus_plugin_api::store::scan_pages(store, RESULTS_SPACE)
+            .collect::<Result<_, _>>()
             .map_err(|e| format!("{RESULTS_SPACE}: {e}"))?;
         let now_unix = crate::clock::unix_ms();
         let mut loaded = Loaded::default();

@@ -5,15 +5,13 @@
 //! - [`abi`]: the batch written for a guest and its verdicts read back, every length checked;
 //! - [`instance`]: the engine, modules checked at load, long-lived instances and their calls;
 //! - [`plugin`]: the registered `wasm` filter: a `plugins.filters` entry's settings, its
-//!   module pinned and compiled once, its instance rebuilt after repeated failures;
-//! - [`json`]: a filter's `config:` value as the JSON its guest reads.
+//!   module pinned and compiled once, its instance rebuilt after repeated failures.
 //!
 //! Only this crate (and the binary that links it) builds wasmtime.
 #![forbid(unsafe_code)]
 
 pub mod abi;
 pub mod instance;
-pub mod json;
 pub mod plugin;
 
 pub use plugin::{WasmFilter, WasmSettings};

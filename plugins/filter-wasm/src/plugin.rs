@@ -85,7 +85,8 @@ impl WasmSettings {
             limits
         });
         let traps_max = section.number("traps_max", TRAPS_MAX_DEFAULT, 1, 1_000_000);
-        let config = section.get("config").map_or_else(|| "null".to_owned(), crate::json::to_json);
+        let config =
+            section.get("config").map_or_else(|| "null".to_owned(), linkbus_plugin_api::json::to_json);
         Some(Self { name, module: PathBuf::from(module?), sha256, limits, traps_max, config })
     }
 }
@@ -324,5 +325,12 @@ impl Filter for WasmFilter {
 
     fn is_current(&self) -> bool {
         read_module(&self.settings.module, None).is_ok_and(|(_, digest)| digest == self.digest)
+    }
+
+    fn origin(&self) -> linkbus_plugin_api::Origin {
+        linkbus_plugin_api::Origin::Module {
+            path: self.settings.module.clone(),
+            sha256: linkbus_plugin_api::hex::encode(&self.digest),
+        }
     }
 }

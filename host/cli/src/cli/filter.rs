@@ -85,7 +85,7 @@ fn test(args: &FilterTestArgs) -> anyhow::Result<()> {
         sha256: None,
         limits,
         traps_max: TRAPS_MAX_DEFAULT,
-        config: linkbus_filter_wasm::json::to_json(&config),
+        config: linkbus_plugin_api::json::to_json(&config),
     };
     let filter = WasmFilter::new(settings).map_err(anyhow::Error::msg)?;
     println!(

@@ -69,6 +69,7 @@ fn requests_round_trip() {
     round_trip_request(Request::LinkReset { peer: "B".into() });
     round_trip_request(Request::RouteExplain { destination: "C1".into() });
     round_trip_request(Request::Reload);
+    round_trip_request(Request::Plugins);
     round_trip_request(Request::Ack { queue: "orders".into(), tags: vec![1, 2, u64::MAX] });
     round_trip_request(Request::Backout { queue: "orders".into(), tags: vec![] });
     round_trip_request(Request::Queues { name: String::new() });

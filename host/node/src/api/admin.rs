@@ -20,6 +20,12 @@ pub(super) fn reload(node: &NodeState) -> Response {
     }
 }
 
+/// `linkbus plugins`: every plugin the node can select, with its origin and whether the
+/// configuration uses it, then each running filter's module.
+pub(super) fn plugins(node: &NodeState) -> Response {
+    Response::Status(crate::config::plugins_table(node.config(), &node.filters().origins()))
+}
+
 pub(super) fn route_explain(node: &NodeState, destination: &str) -> Response {
     match linkbus_plugin_api::NodeName::new(destination) {
         Ok(name) => {

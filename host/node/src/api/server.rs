@@ -708,6 +708,7 @@ async fn handle(node: &NodeState, request: Request, held: &mut Held) -> (Respons
         Request::LinkReset { peer } => (admin::link_reset(node, &peer), None),
         Request::RouteExplain { destination } => (admin::route_explain(node, &destination), None),
         Request::Reload => (admin::reload(node), None),
+        Request::Plugins => (admin::plugins(node), None),
         Request::Limits => (
             Response::Limits {
                 message_bytes_max: node.config().messages.message_bytes_max,

@@ -5,6 +5,7 @@
 //! keeps it equal to [`Config::defaults_for`].
 
 mod filters;
+mod native;
 mod read;
 
 use std::path::PathBuf;
@@ -13,6 +14,7 @@ use linkbus_plugin_api::{ConfigValue, NodeName, QueueName, Reliability};
 use linkbus_proto::secure::Cipher;
 
 pub use filters::{DropPolicy, FILTER_KIND_DEFAULT, FailurePolicy, FilterChoice};
+pub use native::plugins_table;
 pub(crate) use read::find_stage;
 pub use read::{Overrides, apply_overrides, from_value, load_file, parse_yaml};
 
@@ -328,6 +330,8 @@ pub struct LinkSettings {
 pub struct PluginChoice {
     /// The registered plugin name (`kind:`).
     pub kind: String,
+    /// The native plugin library it comes from (`library:`), if not built in.
+    pub library: Option<LibraryChoice>,
     /// The whole section, handed to the plugin.
     pub section: ConfigValue,
 }
@@ -336,9 +340,26 @@ impl PluginChoice {
     fn named(kind: &str) -> Self {
         Self {
             kind: kind.to_owned(),
+            library: None,
             section: ConfigValue::Map(vec![("kind".into(), ConfigValue::Str(kind.into()))]),
         }
     }
+
+    /// The canonical path of the library the plugin comes from, once loaded.
+    pub fn library_path(&self) -> Option<&std::path::Path> {
+        self.library.as_ref().and_then(|l| l.loaded.as_deref())
+    }
+}
+
+/// A native plugin library named in a plugin's section.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LibraryChoice {
+    /// `library:`, as written (relative to the working directory).
+    pub path: PathBuf,
+    /// `sha256:`, the digest its bytes must have.
+    pub sha256: Option<[u8; 32]>,
+    /// Its canonical path once [`Config::load_libraries`] loaded it.
+    pub loaded: Option<PathBuf>,
 }
 
 /// `plugins:` — the plugin set.
@@ -356,6 +377,8 @@ pub struct PluginSettings {
     pub stages: Vec<PluginChoice>,
     /// User filters, in the order they run (`filters:`); taken up by `linkbus reload`.
     pub filters: Vec<FilterChoice>,
+    /// The plugins to choose from: the built-in ones, and those of the libraries loaded.
+    pub registry: linkbus_plugin_api::Registry,
 }
 
 impl Default for NodeSettings {
@@ -422,6 +445,7 @@ impl Default for PluginSettings {
             router: PluginChoice::named("static"),
             stages: Vec::new(),
             filters: Vec::new(),
+            registry: linkbus_plugin_api::Registry::built_in(),
         }
     }
 }

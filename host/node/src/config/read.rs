@@ -73,7 +73,8 @@ pub fn parse_yaml(text: &str) -> Result<ConfigValue, ConfigErrors> {
     serde_saphyr::from_str_with_options::<ConfigValue>(text, options).map_err(|e| one_issue("", e))
 }
 
-/// Reads `path`, applies `overrides`, and reads the result into a [`Config`].
+/// Reads `path`, applies `overrides`, reads the result into a [`Config`] and loads the
+/// native plugin libraries it names ([`Config::load_libraries`]).
 ///
 /// # Errors
 /// Every problem found, each with its YAML path (a read or syntax error is the only one).
@@ -92,7 +93,9 @@ pub fn load_file(path: Option<&Path>, overrides: &Overrides) -> Result<Config, C
         }
     };
     apply_overrides(&mut tree, overrides);
-    from_value(&tree)
+    let mut config = from_value(&tree)?;
+    config.load_libraries()?;
+    Ok(config)
 }
 
 fn entries(value: &mut ConfigValue) -> Option<&mut Vec<(String, ConfigValue)>> {
@@ -518,7 +521,14 @@ fn read_plugins(root: &Section<'_>) -> PluginSettings {
     let stages = read_stages(&s);
     let filters = super::filters::read_filters(&s);
     s.finish();
-    PluginSettings { transport, store, router, stages, filters }
+    PluginSettings {
+        transport,
+        store,
+        router,
+        stages,
+        filters,
+        registry: linkbus_plugin_api::Registry::built_in(),
+    }
 }
 
 /// The extension points a stage may serve, in the registry's words.
@@ -556,7 +566,7 @@ fn read_stages(plugins: &Section<'_>) -> Vec<PluginChoice> {
         }
         (entry.check)(&section);
         section.finish();
-        stages.push(PluginChoice { kind, section: value.clone() });
+        stages.push(PluginChoice { kind, library: None, section: value.clone() });
     }
     stages
 }
@@ -565,14 +575,27 @@ fn read_choice(plugins: &Section<'_>, point: &'static str, default: PluginChoice
     let Some(value) = plugins.get(point) else { return Some(default) };
     let section = Section::new(plugins.diagnostics(), plugins.path_of(point), value)?;
     let kind = section.required("kind", Section::string)?;
+    if let Some(library) = super::native::read_library(&section, point) {
+        // The plugin's own check reads the rest of the section once the library is loaded
+        // (`Config::load_libraries`), and reports the keys it does not know.
+        return Some(PluginChoice { kind, library: Some(library), section: value.clone() });
+    }
+    if section.get("library").is_some() {
+        return None; // `read_library` said why.
+    }
     let Some(entry) = registry::find(point, &kind) else {
         let known = registry::names(point).join(", ");
-        section.error("kind", format!("no {point} plugin named '{kind}'; available: {known}"));
+        let native = if super::native::NATIVE_POINTS.contains(&point) {
+            " (or a native library's: `library:`)"
+        } else {
+            ""
+        };
+        section.error("kind", format!("no {point} plugin named '{kind}'; available: {known}{native}"));
         return None;
     };
     (entry.check)(&section);
     section.finish();
-    Some(PluginChoice { kind, section: value.clone() })
+    Some(PluginChoice { kind, library: None, section: value.clone() })
 }
 
 fn check_relations(config: &Config, diag: &Diagnostics) {

@@ -269,6 +269,16 @@ impl Filters {
         self.current().filters.iter().map(Running::stats).collect()
     }
 
+    /// Each running filter's name, plugin and code origin (`linkbus plugins`).
+    pub(crate) fn origins(&self) -> Vec<(String, String, linkbus_plugin_api::Origin)> {
+        let chain = self.current();
+        chain
+            .filters
+            .iter()
+            .map(|r| (r.choice.name.clone(), r.choice.kind.clone(), r.filter.origin()))
+            .collect()
+    }
+
     /// The stage factory that runs the filters at every site.
     pub(crate) fn stage(self: &Arc<Self>) -> Arc<dyn StageFactory> {
         Arc::new(FilterStages(self.clone()))

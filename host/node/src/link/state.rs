@@ -252,12 +252,10 @@ impl SendRecord {
     /// # Errors
     /// An unreadable or damaged record, named.
     pub(crate) fn load(&self, store: &dyn Store) -> Result<Recovered, String> {
-        let all = store
-            .scan(&self.space, std::ops::Bound::Unbounded, std::ops::Bound::Unbounded, usize::MAX)
-            .map_err(|e| format!("{}: {e}", self.space))?;
         let now_unix = crate::clock::unix_ms();
         let mut recovered = Recovered { acked: vec![0; CHANNELS], ..Recovered::default() };
-        for (key, value) in all {
+        for entry in linkbus_plugin_api::store::scan_pages(store, &self.space) {
+            let (key, value) = entry.map_err(|e| format!("{}: {e}", self.space))?;
             let damaged = || format!("{}: damaged record at key {:02x?}", self.space, &key[..]);
             if let (Some(b'a'), 2) = (key.first(), key.len()) {
                 let through: [u8; 8] = value.as_ref().try_into().map_err(|_| damaged())?;

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 use std::time::Instant;
 
-use linkbus_plugin_api::registry::{self, BuildContext, Factory};
+use linkbus_plugin_api::registry::{BuildContext, Builder};
 use linkbus_plugin_api::{
     Address, Batch, Lifetime, NodeName, PluginError, QueueName, Store, StoreError, Transport,
 };
@@ -44,6 +44,9 @@ pub enum StartError {
     /// Key files are missing, unreadable, too open or malformed.
     #[error(transparent)]
     Security(#[from] linkbus_plugin_api::ConfigErrors),
+    /// A native plugin library named in the configuration could not be loaded or checked.
+    #[error(transparent)]
+    Libraries(linkbus_plugin_api::ConfigErrors),
     /// A node task ended while the node was running.
     #[error("node task failed: {0}")]
     TaskFailed(String),
@@ -160,17 +163,21 @@ pub(super) fn keep_recipients_routed_through(
 /// The plugins a node is built from.
 type Plugins = (Arc<dyn Transport>, Arc<dyn Store>);
 
-pub(super) fn build_plugins(config: &Config) -> Result<Plugins, StartError> {
+/// Builds the transport and the store, loading the native libraries the configuration
+/// names first (a configuration from [`crate::config::load_file`] has them loaded already).
+pub(super) fn build_plugins(config: &mut Config) -> Result<Plugins, StartError> {
+    config.load_libraries().map_err(StartError::Libraries)?;
     let ctx = BuildContext { node: config.node.name.clone(), data_dir: config.node.data_dir.clone() };
     let missing = |kind: &str| PluginError { plugin: kind.to_owned(), reason: "not registered".into() };
+    let registry = &config.plugins.registry;
     let t = &config.plugins.transport;
-    let transport = match registry::find("transport", &t.kind).map(|e| e.factory) {
-        Some(Factory::Transport(build)) => Arc::from(build(&t.section, &ctx)?),
+    let transport = match registry.find("transport", &t.kind, t.library_path()).map(|p| &p.builder) {
+        Some(Builder::Transport(build)) => Arc::from(build(&t.section, &ctx)?),
         _ => return Err(missing(&t.kind).into()),
     };
     let s = &config.plugins.store;
-    let store = match registry::find("store", &s.kind).map(|e| e.factory) {
-        Some(Factory::Store(build)) => Arc::from(build(&s.section, &ctx)?),
+    let store = match registry.find("store", &s.kind, s.library_path()).map(|p| &p.builder) {
+        Some(Builder::Store(build)) => Arc::from(build(&s.section, &ctx)?),
         _ => return Err(missing(&s.kind).into()),
     };
     Ok((transport, store))
@@ -211,8 +218,8 @@ impl NodeState {
     ///
     /// # Errors
     /// [`StartError`] when a plugin or the store fails.
-    pub fn new(config: Config) -> Result<Arc<Self>, StartError> {
-        let (transport, store) = build_plugins(&config)?;
+    pub fn new(mut config: Config) -> Result<Arc<Self>, StartError> {
+        let (transport, store) = build_plugins(&mut config)?;
         Self::with_plugins(config, transport, store)
     }
 
@@ -233,8 +240,11 @@ impl NodeState {
     ///
     /// # Errors
     /// As [`NodeState::new`].
-    pub fn with_stages(config: Config, stages: Vec<Arc<dyn StageFactory>>) -> Result<Arc<Self>, StartError> {
-        let plugins = build_plugins(&config)?;
+    pub fn with_stages(
+        mut config: Config,
+        stages: Vec<Arc<dyn StageFactory>>,
+    ) -> Result<Arc<Self>, StartError> {
+        let plugins = build_plugins(&mut config)?;
         Self::build(config, plugins, stages)
     }
 

@@ -245,8 +245,8 @@ fn crash_store_node(queues: &str) -> (Arc<NodeState>, Arc<CrashStore>) {
     );
     let mut tree = config::parse_yaml(&text).unwrap();
     config::apply_overrides(&mut tree, &Overrides::default());
-    let config = config::from_value(&tree).unwrap();
-    let transport = start::build_plugins(&config).unwrap().0;
+    let mut config = config::from_value(&tree).unwrap();
+    let transport = start::build_plugins(&mut config).unwrap().0;
     let store = Arc::new(CrashStore::default());
     (NodeState::with_plugins(config, transport, store.clone()).unwrap(), store)
 }

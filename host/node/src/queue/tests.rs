@@ -2,6 +2,7 @@
 use super::*;
 use linkbus_plugin_api::{Content, MessageId, NodeName, Priority, Reliability};
 use linkbus_store_memory::MemoryStore;
+use std::ops::Bound;
 use std::time::Duration;
 
 fn queue(order: QueueOrder, max: u64, store: Arc<dyn Store>) -> LocalQueue {

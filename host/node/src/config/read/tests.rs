@@ -94,7 +94,12 @@ fn bad_yaml_and_wrong_types_are_explained() {
 #[test]
 fn unknown_plugins_are_named_with_the_alternatives() {
     let errors = messages("node: { name: A }\nplugins: { store: { kind: rocks } }");
-    assert_eq!(errors, ["plugins.store.kind: no store plugin named 'rocks'; available: fjall, log, memory"]);
+    assert_eq!(
+        errors,
+        [
+            "plugins.store.kind: no store plugin named 'rocks'; available: fjall, log, memory (or a native library's: `library:`)"
+        ]
+    );
     let errors = messages("node: { name: A }\nplugins: { transport: { kind: tcp, nagle: on } }");
     assert!(errors[0].starts_with("plugins.transport.nagle: unknown key"), "{errors:?}");
 }

@@ -1,8 +1,9 @@
-//! A filter's `config:` value written as JSON, the form a guest reads it in.
+//! Configuration values written as JSON: the form a WebAssembly filter's `config:` reaches
+//! its guest in, and a native plugin's section crosses the library boundary in.
 
 use std::fmt::Write;
 
-use linkbus_plugin_api::ConfigValue;
+use crate::config::ConfigValue;
 
 /// `value` as compact JSON (a float that JSON cannot write, such as NaN, as `null`).
 pub fn to_json(value: &ConfigValue) -> String {

@@ -1,0 +1,217 @@
+//! The native plugin ABI, version [`NATIVE_ABI_VERSION`]: every type that crosses the
+//! boundary between a node and a plugin library.
+//!
+//! Nothing here is a host type: `Bytes`, `String`, `Bound`, `Vec`, tokio handles and Rust
+//! trait objects have no stable layout, so the store contract crosses as
+//! [`NativeStore`] (an abi_stable trait object of slices, `RVec`s and `RString`s), a
+//! configuration section as JSON text, and every failure (a panic included) as a
+//! [`NativeError`]. abi_stable records the layout of each of these types in the library and
+//! the loader compares it with its own before any plugin function runs.
+
+use abi_stable::library::RootModule;
+use abi_stable::sabi_types::VersionStrings;
+use abi_stable::std_types::{RBox, ROption, RResult, RSlice, RStr, RString, RVec};
+use abi_stable::{StableAbi, declare_root_module_statics, package_version_strings, sabi_trait};
+
+/// The version of this ABI. A library built against another version is refused before
+/// anything in it runs; it changes whenever a type below changes in a way older plugins or
+/// nodes cannot read. Separate from `linkbus_plugin_api::API_VERSION`, which nodes
+/// exchange on their links.
+pub const NATIVE_ABI_VERSION: u32 = 1;
+
+/// The symbol every plugin library exports its [`AbiTag`] under.
+pub const ABI_TAG_SYMBOL: &str = "linkbus_native_abi";
+
+/// The first thing the loader reads from a library: a plain C struct at a fixed symbol, so
+/// a library of another ABI version is named as such (expected and found) without reading
+/// anything whose layout could have changed.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AbiTag {
+    /// [`AbiTag::MAGIC`].
+    pub magic: [u8; 8],
+    /// The [`NATIVE_ABI_VERSION`] the library was built against.
+    pub abi_version: u32,
+}
+
+impl AbiTag {
+    /// Marks a linkbus plugin library.
+    pub const MAGIC: [u8; 8] = *b"linkbus\0";
+
+    /// The tag of a library built against this crate.
+    pub const CURRENT: Self = Self { magic: Self::MAGIC, abi_version: NATIVE_ABI_VERSION };
+}
+
+/// What kind of failure a [`NativeError`] reports.
+#[repr(u8)]
+#[derive(StableAbi, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NativeErrorKind {
+    /// The plugin reported a failure.
+    Failed,
+    /// A store refuses writes after a failed sync.
+    Poisoned,
+    /// The plugin panicked; the panic was caught at the boundary. A store that panicked
+    /// refuses every later call.
+    Panicked,
+}
+
+/// A failure, across the boundary.
+#[repr(C)]
+#[derive(StableAbi, Debug, Clone, PartialEq, Eq)]
+pub struct NativeError {
+    /// The kind.
+    pub kind: NativeErrorKind,
+    /// The operation that failed (`write`, `scan`, `make_store`, ...).
+    pub op: RString,
+    /// The plugin's explanation, or the panic's message.
+    pub reason: RString,
+}
+
+impl NativeError {
+    /// A failure of `op`.
+    pub fn new(kind: NativeErrorKind, op: &str, reason: impl Into<String>) -> Self {
+        Self { kind, op: op.into(), reason: RString::from(reason.into()) }
+    }
+}
+
+/// One change of a store write (`linkbus_plugin_api::WriteOp`), borrowed from the host.
+#[repr(u8)]
+#[derive(StableAbi, Debug, Clone, Copy)]
+pub enum NativeOp<'a> {
+    /// Sets `key` in `space` to `value`.
+    Put {
+        /// The key space.
+        space: RStr<'a>,
+        /// The key.
+        key: RSlice<'a, u8>,
+        /// The value.
+        value: RSlice<'a, u8>,
+    },
+    /// Removes `key` from `space`.
+    Delete {
+        /// The key space.
+        space: RStr<'a>,
+        /// The key.
+        key: RSlice<'a, u8>,
+    },
+}
+
+/// One end of a scan's range (`std::ops::Bound<&[u8]>`).
+#[repr(u8)]
+#[derive(StableAbi, Debug, Clone, Copy)]
+pub enum NativeBound<'a> {
+    /// No limit.
+    Unbounded,
+    /// The key itself is in the range.
+    Included(RSlice<'a, u8>),
+    /// The range stops short of the key.
+    Excluded(RSlice<'a, u8>),
+}
+
+/// A key and its value, from a scan.
+#[repr(C)]
+#[derive(StableAbi, Debug, Clone, PartialEq, Eq)]
+pub struct NativeEntry {
+    /// The key.
+    pub key: RVec<u8>,
+    /// The value.
+    pub value: RVec<u8>,
+}
+
+/// The store contract (`linkbus_plugin_api::Store`) across the boundary. Scans carry a limit
+/// the host keeps to a page (`linkbus_plugin_api::store::SCAN_PAGE_KEYS`) and resume after
+/// the last key they returned, so no call moves a whole space.
+#[sabi_trait]
+pub trait NativeStore: Send + Sync {
+    /// Whether data survives the process.
+    fn durable(&self) -> bool;
+
+    /// Applies `ops` atomically; with `sync`, returns once they are on stable storage.
+    fn write(&self, ops: RSlice<'_, NativeOp<'_>>, sync: bool) -> RResult<(), NativeError>;
+
+    /// The value of `key` in `space`.
+    fn get(&self, space: RStr<'_>, key: RSlice<'_, u8>) -> RResult<ROption<RVec<u8>>, NativeError>;
+
+    /// Up to `limit` entries of `space` between `from` and `to`, in key order.
+    fn scan(
+        &self,
+        space: RStr<'_>,
+        from: NativeBound<'_>,
+        to: NativeBound<'_>,
+        limit: u64,
+    ) -> RResult<RVec<NativeEntry>, NativeError>;
+
+    /// Names of the spaces that hold at least one key, in order.
+    fn spaces(&self) -> RResult<RVec<RString>, NativeError>;
+
+    /// Makes every write so far durable.
+    #[sabi(last_prefix_field)]
+    fn sync(&self) -> RResult<(), NativeError>;
+}
+
+/// A store made by a plugin, owned by the host.
+pub type NativeStoreBox = NativeStore_TO<'static, RBox<()>>;
+
+/// A plugin a library offers, as the loader lists it.
+#[repr(C)]
+#[derive(StableAbi, Debug, Clone, PartialEq, Eq)]
+pub struct NativePluginInfo {
+    /// The extension point (`store`, ...), as in `linkbus_plugin_api::Factory::kind`.
+    pub kind: RString,
+    /// The name YAML selects it by.
+    pub name: RString,
+    /// One line for listings and error messages.
+    pub summary: RString,
+}
+
+/// One problem `check` found in a plugin's section.
+#[repr(C)]
+#[derive(StableAbi, Debug, Clone, PartialEq, Eq)]
+pub struct NativeIssue {
+    /// The key's path inside the section (`journal.size`), empty for the section itself.
+    pub path: RString,
+    /// What is wrong.
+    pub message: RString,
+}
+
+/// What a plugin's builder may need from the node (`linkbus_plugin_api::BuildContext`).
+#[repr(C)]
+#[derive(StableAbi, Debug, Clone, PartialEq, Eq)]
+pub struct NativeContext {
+    /// The node's name.
+    pub node: RString,
+    /// The node's data directory, as UTF-8 text.
+    pub data_dir: RString,
+}
+
+/// The root module a plugin library exports: its ABI version, what it offers, and the
+/// functions the host calls. A prefix type, so later fields can be added without breaking
+/// libraries that lack them.
+#[repr(C)]
+#[derive(StableAbi)]
+#[sabi(kind(Prefix(prefix_ref = NativeModuleRef)))]
+#[sabi(missing_field(panic))]
+pub struct NativeModule {
+    /// [`NATIVE_ABI_VERSION`] as the library knows it (also in its [`AbiTag`]).
+    pub abi_version: u32,
+    /// The library's own version, for `linkbus plugins`.
+    pub version: extern "C" fn() -> RString,
+    /// The plugins the library offers.
+    pub plugins: extern "C" fn() -> RVec<NativePluginInfo>,
+    /// Checks plugin `name` of `kind`'s section (JSON text) without side effects.
+    pub check: extern "C" fn(kind: RStr<'_>, name: RStr<'_>, section: RStr<'_>) -> RVec<NativeIssue>,
+    /// Makes store `name` from its section (JSON text).
+    #[sabi(last_prefix_field)]
+    pub make_store: extern "C" fn(
+        name: RStr<'_>,
+        section: RStr<'_>,
+        context: &NativeContext,
+    ) -> RResult<NativeStoreBox, NativeError>,
+}
+
+impl RootModule for NativeModuleRef {
+    declare_root_module_statics! {NativeModuleRef}
+    const BASE_NAME: &'static str = "linkbus_plugin";
+    const NAME: &'static str = "linkbus native plugin";
+    const VERSION_STRINGS: VersionStrings = package_version_strings!();
+}

@@ -1,0 +1,223 @@
+//! The host side of a native plugin: its entries in the node's registry, and the adapter
+//! that makes a library's store a `linkbus_plugin_api::Store`.
+
+use std::ops::Bound;
+use std::sync::{Arc, OnceLock};
+
+use abi_stable::std_types::{RResult, RSlice};
+use bytes::Bytes;
+use linkbus_plugin_api::registry::{Builder, Origin, Plugin, PluginError};
+use linkbus_plugin_api::store::SCAN_PAGE_KEYS;
+use linkbus_plugin_api::{Batch, ConfigValue, Section, Store, StoreError, WriteOp};
+
+use crate::abi::{NativeBound, NativeError, NativeErrorKind, NativeOp, NativeStoreBox};
+use crate::loader::Library;
+
+/// The keys of a plugin section the node reads itself: they select and pin the library,
+/// and never reach the plugin.
+pub const HOST_KEYS: [&str; 2] = ["library", "sha256"];
+
+/// `section` without [`HOST_KEYS`]: what the plugin's check and builder see.
+pub fn plugin_section(section: &ConfigValue) -> ConfigValue {
+    match section {
+        ConfigValue::Map(entries) => ConfigValue::Map(
+            entries.iter().filter(|(k, _)| !HOST_KEYS.contains(&k.as_str())).cloned().collect(),
+        ),
+        other => other.clone(),
+    }
+}
+
+/// The library's plugins as registry entries: each checks its section through the library
+/// and builds through it.
+pub fn plugins(library: &Arc<Library>) -> Vec<Plugin> {
+    library
+        .plugins()
+        .iter()
+        .filter(|info| info.kind == "store")
+        .map(|info| {
+            let (check_library, build_library) = (Arc::clone(library), Arc::clone(library));
+            let (kind, name) = (info.kind.clone(), info.name.clone());
+            let check_name = name.clone();
+            Plugin {
+                name: name.clone(),
+                version: library.version().to_owned(),
+                summary: info.summary.clone(),
+                origin: Origin::Library { path: library.path().to_owned(), sha256: library.sha256_hex() },
+                check: Arc::new(move |section: &Section<'_>| {
+                    let value = plugin_section(&ConfigValue::Map(section.entries().to_vec()));
+                    for issue in check_library.check(&kind, &check_name, &value) {
+                        let path = match issue.path.as_str() {
+                            "" => section.path().to_owned(),
+                            inner => section.path_of(inner),
+                        };
+                        section.diagnostics().error(path, issue.message);
+                    }
+                }),
+                builder: Builder::Store(Arc::new(move |section, context| {
+                    let store = make_store(&build_library, &name, &plugin_section(section), context)?;
+                    Ok(Box::new(store))
+                })),
+            }
+        })
+        .collect()
+}
+
+fn make_store(
+    library: &Arc<Library>,
+    name: &str,
+    section: &ConfigValue,
+    context: &linkbus_plugin_api::BuildContext,
+) -> Result<NativeStoreAdapter, PluginError> {
+    let json = linkbus_plugin_api::json::to_json(section);
+    let made = library.module.make_store()(name.into(), json.as_str().into(), &Library::context(context));
+    match made {
+        RResult::ROk(store) => {
+            Ok(NativeStoreAdapter { store, library: Arc::clone(library), broken: OnceLock::new() })
+        }
+        RResult::RErr(e) => Err(PluginError {
+            plugin: name.to_owned(),
+            reason: format!("{} ({})", e.reason, library.path().display()),
+        }),
+    }
+}
+
+/// A library's store, seen by the node as any other.
+pub struct NativeStoreAdapter {
+    store: NativeStoreBox,
+    /// Keeps the library's record alive with the store (libraries are never unloaded).
+    library: Arc<Library>,
+    /// Set when the plugin panicked or a sync failed: every later write and sync fails
+    /// without reaching the plugin; after a panic, every read too.
+    broken: OnceLock<(bool, String)>,
+}
+
+impl NativeStoreAdapter {
+    fn refused(&self, read: bool) -> Option<StoreError> {
+        match self.broken.get() {
+            Some((true, reason)) => Some(StoreError::Poisoned(reason.clone())),
+            Some((false, reason)) if !read => Some(StoreError::Poisoned(reason.clone())),
+            _ => None,
+        }
+    }
+
+    /// The plugin's answer in the node's terms; a panic, or a failure of a call that
+    /// `syncs`, breaks the store.
+    fn answer<T>(
+        &self,
+        op: &'static str,
+        syncs: bool,
+        answer: RResult<T, NativeError>,
+    ) -> Result<T, StoreError> {
+        let error = match answer {
+            RResult::ROk(value) => return Ok(value),
+            RResult::RErr(error) => error,
+        };
+        let library = self.library.path().display();
+        match error.kind {
+            NativeErrorKind::Panicked => {
+                let reason = format!("the plugin panicked in {op} ({library}): {}", error.reason);
+                let _ = self.broken.set((true, reason.clone()));
+                Err(StoreError::Poisoned(reason))
+            }
+            NativeErrorKind::Poisoned => Err(StoreError::Poisoned(error.reason.into_string())),
+            NativeErrorKind::Failed if syncs => {
+                let _ = self.broken.set((false, error.reason.to_string()));
+                Err(StoreError::Backend { op, reason: error.reason.into_string() })
+            }
+            NativeErrorKind::Failed => Err(StoreError::Backend { op, reason: error.reason.into_string() }),
+        }
+    }
+}
+
+fn native_bound(bound: Bound<&[u8]>) -> NativeBound<'_> {
+    match bound {
+        Bound::Unbounded => NativeBound::Unbounded,
+        Bound::Included(key) => NativeBound::Included(key.into()),
+        Bound::Excluded(key) => NativeBound::Excluded(key.into()),
+    }
+}
+
+impl Store for NativeStoreAdapter {
+    fn durable(&self) -> bool {
+        self.store.durable()
+    }
+
+    fn write(&self, batch: Batch, sync: bool) -> Result<(), StoreError> {
+        if let Some(refused) = self.refused(false) {
+            return Err(refused);
+        }
+        let ops: Vec<NativeOp<'_>> = batch
+            .ops
+            .iter()
+            .map(|op| match op {
+                WriteOp::Put { space, key, value } => NativeOp::Put {
+                    space: space.as_str().into(),
+                    key: key[..].into(),
+                    value: value[..].into(),
+                },
+                WriteOp::Delete { space, key } => {
+                    NativeOp::Delete { space: space.as_str().into(), key: key[..].into() }
+                }
+            })
+            .collect();
+        let answer = self.store.write(RSlice::from_slice(&ops), sync);
+        self.answer("write", sync, answer)
+    }
+
+    fn get(&self, space: &str, key: &[u8]) -> Result<Option<Bytes>, StoreError> {
+        if let Some(refused) = self.refused(true) {
+            return Err(refused);
+        }
+        let answer = self.store.get(space.into(), key.into());
+        Ok(self.answer("get", false, answer)?.into_option().map(|value| Bytes::from(value.into_vec())))
+    }
+
+    /// Asks the plugin a page at a time: a larger `limit` is served by several calls, each
+    /// starting after the last key of the one before.
+    fn scan(
+        &self,
+        space: &str,
+        from: Bound<&[u8]>,
+        to: Bound<&[u8]>,
+        limit: usize,
+    ) -> Result<Vec<(Bytes, Bytes)>, StoreError> {
+        if let Some(refused) = self.refused(true) {
+            return Err(refused);
+        }
+        let mut entries: Vec<(Bytes, Bytes)> = Vec::new();
+        let mut after: Option<Bytes> = None;
+        while entries.len() < limit {
+            let page = (limit - entries.len()).min(SCAN_PAGE_KEYS);
+            let start = after.as_deref().map_or(from, Bound::Excluded);
+            let answer = self.store.scan(space.into(), native_bound(start), native_bound(to), page as u64);
+            let got = self.answer("scan", false, answer)?;
+            let short = got.len() < page;
+            entries.extend(
+                got.into_iter()
+                    .take(page)
+                    .map(|e| (Bytes::from(e.key.into_vec()), Bytes::from(e.value.into_vec()))),
+            );
+            if short {
+                break;
+            }
+            after = entries.last().map(|(key, _)| key.clone());
+        }
+        Ok(entries)
+    }
+
+    fn spaces(&self) -> Result<Vec<String>, StoreError> {
+        if let Some(refused) = self.refused(true) {
+            return Err(refused);
+        }
+        let answer = self.store.spaces();
+        Ok(self.answer("spaces", false, answer)?.into_iter().map(|s| s.into_string()).collect())
+    }
+
+    fn sync(&self) -> Result<(), StoreError> {
+        if let Some(refused) = self.refused(false) {
+            return Err(refused);
+        }
+        let answer = self.store.sync();
+        self.answer("sync", true, answer)
+    }
+}

@@ -1,0 +1,235 @@
+//! The plugin side of the ABI: what [`export_plugins!`](crate::export_plugins) expands to
+//! call. A plugin library implements the same traits as a built-in plugin
+//! (`linkbus_plugin_api::Store`, read through a `PluginEntry`), and this module carries them
+//! across: sections arrive as JSON and are read with the plugin's own `check`, every call
+//! runs under `catch_unwind`, and a store that panicked once refuses every later call.
+
+use std::any::Any;
+use std::ops::Bound;
+use std::panic::AssertUnwindSafe;
+use std::path::PathBuf;
+use std::sync::OnceLock;
+
+use abi_stable::prefix_type::PrefixTypeTrait;
+use abi_stable::sabi_trait::TD_Opaque;
+use abi_stable::std_types::{ROption, RResult, RSlice, RStr, RString, RVec};
+use linkbus_plugin_api::registry::{BuildContext, Factory, PluginEntry};
+use linkbus_plugin_api::{Batch, ConfigValue, Diagnostics, NodeName, Section, Store, StoreError};
+
+use crate::abi::{
+    NATIVE_ABI_VERSION, NativeBound, NativeContext, NativeEntry, NativeError, NativeErrorKind, NativeIssue,
+    NativeModule, NativeModuleRef, NativeOp, NativePluginInfo, NativeStore, NativeStore_TO, NativeStoreBox,
+};
+
+/// What a library exports, as [`export_plugins!`](crate::export_plugins) declares it.
+pub trait Exports: 'static {
+    /// The library's version.
+    const VERSION: &'static str;
+    /// Its plugins, each as a built-in plugin would register it.
+    const PLUGINS: &'static [&'static PluginEntry];
+}
+
+/// The extension points this ABI version carries.
+pub const KINDS: [&str; 1] = ["store"];
+
+/// The root module of a library exporting `E` (made once, when the library is loaded).
+pub fn module<E: Exports>() -> NativeModuleRef {
+    NativeModule {
+        abi_version: NATIVE_ABI_VERSION,
+        version: version::<E>,
+        plugins: plugins::<E>,
+        check: check::<E>,
+        make_store: make_store::<E>,
+    }
+    .leak_into_prefix()
+}
+
+/// Runs `call`, turning a panic into a [`NativeErrorKind::Panicked`] error of `op`.
+fn caught<T>(op: &str, call: impl FnOnce() -> Result<T, NativeError>) -> Result<T, NativeError> {
+    std::panic::catch_unwind(AssertUnwindSafe(call)).unwrap_or_else(|payload| {
+        Err(NativeError::new(NativeErrorKind::Panicked, op, panic_message(&*payload)))
+    })
+}
+
+fn panic_message(payload: &(dyn Any + Send)) -> String {
+    if let Some(text) = payload.downcast_ref::<&str>() {
+        (*text).to_owned()
+    } else if let Some(text) = payload.downcast_ref::<String>() {
+        text.clone()
+    } else {
+        "a panic without a message".to_owned()
+    }
+}
+
+fn failed(op: &str, reason: impl Into<String>) -> NativeError {
+    NativeError::new(NativeErrorKind::Failed, op, reason)
+}
+
+extern "C" fn version<E: Exports>() -> RString {
+    E::VERSION.into()
+}
+
+extern "C" fn plugins<E: Exports>() -> RVec<NativePluginInfo> {
+    E::PLUGINS
+        .iter()
+        .filter(|entry| KINDS.contains(&entry.factory.kind()))
+        .map(|entry| NativePluginInfo {
+            kind: entry.factory.kind().into(),
+            name: entry.name.into(),
+            summary: entry.summary.into(),
+        })
+        .collect()
+}
+
+fn find<E: Exports>(kind: &str, name: &str) -> Option<&'static PluginEntry> {
+    E::PLUGINS.iter().copied().find(|entry| entry.factory.kind() == kind && entry.name == name)
+}
+
+/// A section sent as JSON, read back as the host read it (JSON is YAML).
+fn parse_section(op: &str, text: &str) -> Result<ConfigValue, NativeError> {
+    serde_saphyr::from_str::<ConfigValue>(text).map_err(|e| failed(op, format!("unreadable section: {e}")))
+}
+
+extern "C" fn check<E: Exports>(kind: RStr<'_>, name: RStr<'_>, section: RStr<'_>) -> RVec<NativeIssue> {
+    let issue = |path: &str, message: String| NativeIssue { path: path.into(), message: message.into() };
+    let checked = caught("check", || {
+        let Some(entry) = find::<E>(kind.as_str(), name.as_str()) else {
+            return Ok(vec![issue("kind", format!("the library has no {kind} plugin named '{name}'"))]);
+        };
+        let value = parse_section("check", section.as_str())?;
+        let diag = Diagnostics::new();
+        if let Some(section) = Section::new(&diag, "", &value) {
+            let _ = section.get("kind");
+            (entry.check)(&section);
+            section.finish();
+        }
+        Ok(diag.finish().err().map(|errors| errors.0).unwrap_or_default())
+            .map(|issues| issues.into_iter().map(|i| issue(&i.path, i.message)).collect())
+    });
+    match checked {
+        Ok(issues) => issues.into(),
+        Err(e) => vec![issue("", format!("the plugin's check failed: {}", e.reason))].into(),
+    }
+}
+
+extern "C" fn make_store<E: Exports>(
+    name: RStr<'_>,
+    section: RStr<'_>,
+    context: &NativeContext,
+) -> RResult<NativeStoreBox, NativeError> {
+    caught("make_store", || {
+        let Some(Factory::Store(build)) = find::<E>("store", name.as_str()).map(|entry| entry.factory) else {
+            return Err(failed("make_store", format!("the library has no store plugin named '{name}'")));
+        };
+        let value = parse_section("make_store", section.as_str())?;
+        let node = NodeName::new(context.node.as_str()).map_err(|e| failed("make_store", e.to_string()))?;
+        let context = BuildContext { node, data_dir: PathBuf::from(context.data_dir.as_str()) };
+        let store = build(&value, &context).map_err(|e| failed("make_store", e.to_string()))?;
+        Ok(NativeStore_TO::from_value(StoreShim { inner: store, panicked: OnceLock::new() }, TD_Opaque))
+    })
+    .into()
+}
+
+/// A plugin's store behind the boundary.
+struct StoreShim {
+    inner: Box<dyn Store>,
+    /// The first panic's message: the store's state is unknown after it, so every later
+    /// call fails (the host treats the store as poisoned).
+    panicked: OnceLock<String>,
+}
+
+impl StoreShim {
+    fn call<T>(
+        &self,
+        op: &str,
+        call: impl FnOnce(&dyn Store) -> Result<T, StoreError>,
+    ) -> RResult<T, NativeError> {
+        if let Some(first) = self.panicked.get() {
+            return RResult::RErr(NativeError::new(
+                NativeErrorKind::Panicked,
+                op,
+                format!("the store panicked earlier: {first}"),
+            ));
+        }
+        let result = caught(op, || call(&*self.inner).map_err(|e| store_error(op, e)));
+        if let Err(NativeError { kind: NativeErrorKind::Panicked, reason, .. }) = &result {
+            let _ = self.panicked.set(reason.to_string());
+        }
+        result.into()
+    }
+}
+
+fn store_error(op: &str, error: StoreError) -> NativeError {
+    match error {
+        StoreError::Poisoned(reason) => NativeError::new(NativeErrorKind::Poisoned, op, reason),
+        StoreError::Backend { reason, .. } => failed(op, reason),
+        other => failed(op, other.to_string()),
+    }
+}
+
+fn bound(bound: NativeBound<'_>) -> Bound<&[u8]> {
+    match bound {
+        NativeBound::Unbounded => Bound::Unbounded,
+        NativeBound::Included(key) => Bound::Included(key.as_slice()),
+        NativeBound::Excluded(key) => Bound::Excluded(key.as_slice()),
+    }
+}
+
+impl NativeStore for StoreShim {
+    fn durable(&self) -> bool {
+        // A panic here is kept like any other; the store then says it is durable, so the
+        // host does not take its data for gone, and fails every later call.
+        self.call("durable", |store| Ok(store.durable())).unwrap_or(true)
+    }
+
+    fn write(&self, ops: RSlice<'_, NativeOp<'_>>, sync: bool) -> RResult<(), NativeError> {
+        self.call("write", |store| {
+            let mut batch = Batch { ops: Vec::with_capacity(ops.len()) };
+            for op in ops.iter() {
+                match *op {
+                    NativeOp::Put { space, key, value } => {
+                        batch.put(space.as_str(), key.to_vec(), value.to_vec());
+                    }
+                    NativeOp::Delete { space, key } => {
+                        batch.delete(space.as_str(), key.to_vec());
+                    }
+                }
+            }
+            store.write(batch, sync)
+        })
+    }
+
+    fn get(&self, space: RStr<'_>, key: RSlice<'_, u8>) -> RResult<ROption<RVec<u8>>, NativeError> {
+        self.call("get", |store| {
+            Ok(store.get(space.as_str(), key.as_slice())?.map(|value| RVec::from(Vec::from(value))).into())
+        })
+    }
+
+    fn scan(
+        &self,
+        space: RStr<'_>,
+        from: NativeBound<'_>,
+        to: NativeBound<'_>,
+        limit: u64,
+    ) -> RResult<RVec<NativeEntry>, NativeError> {
+        self.call("scan", |store| {
+            let limit = usize::try_from(limit).unwrap_or(usize::MAX);
+            let entries = store.scan(space.as_str(), bound(from), bound(to), limit)?;
+            Ok(entries
+                .into_iter()
+                .map(|(key, value)| NativeEntry {
+                    key: Vec::from(key).into(),
+                    value: Vec::from(value).into(),
+                })
+                .collect())
+        })
+    }
+
+    fn spaces(&self) -> RResult<RVec<RString>, NativeError> {
+        self.call("spaces", |store| Ok(store.spaces()?.into_iter().map(RString::from).collect()))
+    }
+
+    fn sync(&self) -> RResult<(), NativeError> {
+        self.call("sync", |store| store.sync())
+    }
+}

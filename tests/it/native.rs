@@ -1,0 +1,180 @@
+//! Native plugin libraries on real node processes: the `sqlite` store, loaded from its
+//! library by path with a SHA-256 pin, serves two nodes over Noise while either is killed
+//! with SIGKILL, and keeps a lone node's persistent messages; `linkbus plugins` says where
+//! every plugin came from; wrong libraries are refused with the YAML path and the reason;
+//! a store that panics stops its node, which says why.
+
+use crate::support;
+
+use std::path::{Path, PathBuf};
+
+use support::soak::Soak;
+use support::{Scratch, stderr, stdout};
+
+use crate::durability::{put_lines, random_kills_of_either_node};
+
+/// A plugin library the test build made: a crate's own (in `deps`, as this test binary) or
+/// an example's.
+fn built_library(file: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("test binary path");
+    let deps = exe.parent().expect("target/PROFILE/deps");
+    let path = if file.starts_with("libfixture_") {
+        deps.parent().expect("target/PROFILE").join("examples").join(file)
+    } else {
+        deps.join(file)
+    };
+    assert!(path.exists(), "{} is missing: `cargo test --workspace` builds it", path.display());
+    path
+}
+
+fn sqlite() -> PathBuf {
+    built_library("liblinkbus_store_sqlite.so")
+}
+
+fn sha256(path: &Path) -> String {
+    let bytes = std::fs::read(path).expect("read library");
+    let digest = <sha2::Sha256 as sha2::Digest>::digest(&bytes);
+    digest.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[test]
+fn the_sqlite_library_serves_two_nodes_through_random_kill_9s() {
+    let library = sqlite();
+    let store = format!("sqlite, library: '{}', sha256: '{}'", library.display(), sha256(&library));
+    random_kills_of_either_node(&mut Soak::new(8), &store);
+}
+
+#[test]
+fn persistent_messages_survive_kill_9_on_the_sqlite_store_and_plugins_says_where_it_came_from() {
+    let s = Scratch::new();
+    let library = sqlite();
+    let digest = sha256(&library);
+    let config = s.write(
+        "a.yaml",
+        &format!(
+            "node: {{ name: A, listen: none }}\nqueues: [ {{ name: q, order: fifo }} ]\n\
+             plugins: {{ store: {{ kind: sqlite, library: '{}', sha256: '{digest}', cache_mib: 4 }} }}\n",
+            library.display()
+        ),
+    );
+    let config = config.to_str().unwrap();
+    let mut a = s.start_node("A", &["-c", config]);
+    let lines: String = (1..=2000).map(|n| format!("p{n:04} {}\n", "x".repeat(200))).collect();
+    put_lines(&s, "A:q", &lines, "--persistent");
+    put_lines(&s, "A:q", "v1\nv2\n", "--volatile");
+    a.kill();
+
+    let _a = s.start_node("A", &["-c", config]);
+    let status = stdout(&s.run(&["status", "--node", "A"]));
+    assert!(status.contains("store: sqlite (durable: true)"), "{status}");
+    let plugins = stdout(&s.run(&["plugins", "--node", "A"]));
+    let canonical = library.canonicalize().unwrap();
+    let row = plugins.lines().find(|l| l.starts_with("store") && l.contains("sqlite")).expect("a sqlite row");
+    assert!(
+        row.contains(" yes ") && row.contains(&format!("library {} sha256 {digest}", canonical.display())),
+        "{plugins}"
+    );
+    assert!(plugins.lines().any(|l| l.starts_with("store") && l.contains("fjall") && l.contains("built in")));
+    let got = stdout(&s.run(&["get", "--node", "A", "q", "--count", "3000", "--wait", "1s"]));
+    assert_eq!(got, lines, "every persistent message, in order, and no volatile one");
+    assert!(s.path().join("linkbus-data/A/store.sqlite").exists(), "the database is in the data directory");
+
+    // The same listing from the configuration alone, without a node.
+    let offline = stdout(&s.run(&["plugins", "--config", config]));
+    assert!(
+        offline.lines().any(|l| l.starts_with("store") && l.contains("sqlite") && l.contains(&digest)),
+        "{offline}"
+    );
+}
+
+/// Each wrong library or section, through `config check` and a node's start: refused,
+/// naming the YAML path and what was wrong.
+#[test]
+fn wrong_libraries_and_sections_are_refused_with_their_yaml_path() {
+    let s = Scratch::new();
+    let text = s.write("notes.so", "not a library\n");
+    let library = sqlite();
+    let cases: Vec<(String, String)> = vec![
+        (
+            format!("kind: sqlite, library: '{}', sha256: '{}'", library.display(), "0".repeat(64)),
+            format!(
+                "plugins.store.library: {} has SHA-256 {}, not the pinned",
+                library.canonicalize().unwrap().display(),
+                sha256(&library)
+            ),
+        ),
+        (format!("kind: sqlite, library: '{}'", text.display()), "is not a loadable shared library".into()),
+        (
+            format!("kind: x, library: '{}'", built_library("libfixture_abi_v999.so").display()),
+            "was built for native plugin ABI version 999, and this node loads version 1".into(),
+        ),
+        (
+            format!("kind: x, library: '{}'", built_library("libfixture_no_root.so").display()),
+            "has no plugin root module".into(),
+        ),
+        (
+            format!("kind: sqlite, library: '{}/missing.so'", s.path().display()),
+            "plugins.store.library: cannot read".into(),
+        ),
+        (
+            format!("kind: sqlite3, library: '{}'", library.display()),
+            "offers no store plugin named 'sqlite3'; its store plugins: sqlite".into(),
+        ),
+        (
+            format!("kind: sqlite, library: '{}', colour: red", library.display()),
+            "plugins.store.colour: unknown key".into(),
+        ),
+        (
+            format!("kind: sqlite, library: '{}', cache_mib: lots", library.display()),
+            "plugins.store.cache_mib: ".into(),
+        ),
+        ("kind: fjall, sha256: 'abc'".into(), "plugins.store.sha256: expected 64 hexadecimal digits".into()),
+    ];
+    for (i, (section, expected)) in cases.iter().enumerate() {
+        let file = s.write(
+            &format!("bad{i}.yaml"),
+            &format!("node: {{ name: A, listen: none }}\nplugins: {{ store: {{ {section} }} }}\n"),
+        );
+        let check = s.run(&["config", "check", file.to_str().unwrap()]);
+        assert!(!check.status.success(), "{section}: accepted");
+        let said = format!("{}{}", stdout(&check), stderr(&check));
+        assert!(said.contains(expected.as_str()), "{section}: {said}");
+        let run = s.run(&["node", "run", "-c", file.to_str().unwrap()]);
+        assert!(
+            !run.status.success() && stderr(&run).contains(expected.as_str()),
+            "{section}: {}",
+            stderr(&run)
+        );
+    }
+}
+
+/// A store whose plugin panics: the panic is caught at the boundary, the store is poisoned,
+/// the put that needed it fails, and the node stops (exit status non-zero) saying why,
+/// rather than acknowledge what it could not keep.
+#[test]
+fn a_store_that_panics_stops_its_node_which_says_why() {
+    let s = Scratch::new();
+    let fixture = built_library("liblinkbus_native_fixtures.so");
+    let config = s.write(
+        "a.yaml",
+        &format!(
+            "node: {{ name: A, listen: none }}\nqueues: [ {{ name: q, order: fifo }} ]\n\
+             plugins: {{ store: {{ kind: fixture, library: '{}', panic_at_write: 5 }} }}\n",
+            fixture.display()
+        ),
+    );
+    let mut a = s.start_node("A", &["-c", config.to_str().unwrap()]);
+    // One persistent put after another (each a synced write) until one meets the panic.
+    let failed = (1..=40).find(|n| {
+        let put = s.run(&["put", "--node", "A", "--to", "A:q", "--persistent", &format!("m{n}")]);
+        !put.status.success()
+    });
+    assert!(failed.is_some(), "a put met the panic");
+    let status = a.wait_exit(std::time::Duration::from_secs(10)).expect("the node stops");
+    assert!(!status.success());
+    let log = a.log_text();
+    assert!(
+        log.contains("the plugin panicked in write") && log.contains("told to panic at write 5"),
+        "{log}"
+    );
+}
