@@ -178,3 +178,54 @@ fn a_store_that_panics_stops_its_node_which_says_why() {
         "{log}"
     );
 }
+
+#[test]
+fn the_walkthrough_in_docs_native_plugins_md_runs_as_written() {
+    let s = Scratch::new();
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
+    // The example as the repository holds it, its path dependencies made absolute (the
+    // scratch directory is not inside the repository), with its lock file.
+    let example = s.path().join("examples/native-plugin");
+    std::fs::create_dir_all(example.join("src")).expect("examples/");
+    for file in ["Cargo.lock", "src/lib.rs"] {
+        std::fs::copy(repo.join("examples/native-plugin").join(file), example.join(file)).expect("copy");
+    }
+    let manifest = std::fs::read_to_string(repo.join("examples/native-plugin/Cargo.toml")).expect("manifest");
+    let manifest = manifest.replace("\"../../", &format!("\"{}/", repo.display()));
+    std::fs::write(example.join("Cargo.toml"), manifest).expect("manifest");
+
+    let doc = std::fs::read_to_string(repo.join("docs/native-plugins.md")).expect("doc");
+    // `linkbus` on PATH is the binary itself, so `kill %1` ends the node it started.
+    let bin = s.path().join("bin");
+    std::fs::create_dir_all(&bin).expect("bin/");
+    std::os::unix::fs::symlink(support::linkbus_bin(), bin.join("linkbus")).expect("symlink");
+    let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap_or_default());
+    let mut script = "set -eu\ntrap 'kill $(jobs -p) 2>/dev/null || true' EXIT\n".to_owned();
+    for block in doc.split("```sh\n").skip(1) {
+        script.push_str(block.split("```").next().expect("a closed block"));
+    }
+    let out = std::process::Command::new("bash")
+        .arg("-c")
+        .arg(&script)
+        .current_dir(s.path())
+        .env("LINKBUS_RUNTIME_DIR", s.runtime_dir())
+        .env("PATH", path)
+        .env_remove("CARGO_TARGET_DIR")
+        .output()
+        .expect("bash runs");
+    let said = stdout(&out) + &stderr(&out);
+    assert!(out.status.success(), "{said}");
+    let library =
+        s.path().join("examples/my-store/target/release/libmy_store.so").canonicalize().expect("built");
+    let digest = sha256(&library);
+    for expected in [
+        "node.yaml: ok".to_owned(),
+        format!("tally             0.1.0    yes   library {} sha256 {digest}", library.display()),
+        "plugins.store.max_keys: expected an integer, found a string".to_owned(),
+        "{\"order\": 1}\n".to_owned(),
+        "store: tally (durable: false)".to_owned(),
+    ] {
+        assert!(said.contains(&expected), "{expected:?} in {said}");
+    }
+    assert_eq!(said.matches(&format!("library {} sha256 {digest}", library.display())).count(), 2, "{said}");
+}

@@ -53,6 +53,7 @@ mod raw;
 
 pub(crate) use chain::{BenchFilter, Setup, client_of, start_chain};
 use persistent::persistent_puts;
+pub(crate) use persistent::sqlite_beside_this_binary;
 use ping::{PING_PONG_RATE, ping_pong};
 use raw::raw_tcp;
 
@@ -130,7 +131,12 @@ pub(crate) const W1_SIZES: [usize; 4] = [W1_CASES[0].0, W1_CASES[1].0, W1_CASES[
 ///
 /// # Errors
 /// [`DemoError`] when a node, a client or the scratch directory fails.
-pub(crate) async fn run(names: &[String], scale: Scale, print: bool) -> Result<Vec<Row>, DemoError> {
+pub(crate) async fn run(
+    names: &[String],
+    scale: Scale,
+    store_library: Option<&Path>,
+    print: bool,
+) -> Result<Vec<Row>, DemoError> {
     let scratch = Scratch::new("bench")?;
     let wanted = |w: &str| names.is_empty() || names.iter().any(|n| n == w);
     let mut rows = Vec::new();
@@ -151,7 +157,7 @@ pub(crate) async fn run(names: &[String], scale: Scale, print: bool) -> Result<V
         }
     }
     if wanted("w2") {
-        for row in persistent_puts(&scratch.0, scale).await? {
+        for row in persistent_puts(&scratch.0, scale, store_library).await? {
             show(row, &mut rows);
         }
     }

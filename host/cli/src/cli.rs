@@ -459,6 +459,11 @@ pub(crate) struct BenchArgs {
     /// too, and reports the medians with the spread (this machine may be noisy).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=50))]
     pub rounds: u16,
+    /// A native store library `w2` runs on too, one row per store it offers (by default
+    /// `liblinkbus_store_sqlite.so` beside this binary, when there: `cargo build --release
+    /// -p linkbus-store-sqlite` puts it there).
+    #[arg(long, value_name = "LIBRARY")]
+    pub store_library: Option<PathBuf>,
 }
 
 /// Checks a `linkbus bench --size`: one of the sizes the workloads have cases of.
@@ -757,7 +762,8 @@ pub(crate) async fn bench(args: BenchArgs) -> anyhow::Result<()> {
         "linkbus bench: nodes in this process on 127.0.0.1, fjall stores in a temporary directory; {} cores",
         std::thread::available_parallelism().map_or(1, std::num::NonZero::get)
     );
-    let rows = crate::bench::run(&args.workloads, scale, true).await?;
+    let library = args.store_library.or_else(crate::bench::sqlite_beside_this_binary);
+    let rows = crate::bench::run(&args.workloads, scale, library.as_deref(), true).await?;
     if let (Some(size), true) = (args.size, rows.is_empty()) {
         bail!("none of the named workloads has a case of {size} bytes (w4 has 1024; w5 1024 and 65536)");
     }

@@ -1,7 +1,7 @@
 //! `w2`: persistent puts answered after the sync that covers them (group commit), against
 //! the same store syncing each record alone and the disk's raw write-and-sync rate.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -20,7 +20,11 @@ use linkbus_host::config::{self, Overrides};
 /// that covers it; on each of [`W2_STORES`], against the same store syncing each record
 /// alone, with the disk's raw sync rate in the note and the share of what group commit
 /// allows (the faster of the two sync rates times the puts per sync measured).
-pub(super) async fn persistent_puts(scratch: &Path, scale: Scale) -> Result<Vec<Row>, DemoError> {
+pub(super) async fn persistent_puts(
+    scratch: &Path,
+    scale: Scale,
+    store_library: Option<&Path>,
+) -> Result<Vec<Row>, DemoError> {
     let dir = scratch.join("w2");
     let duration = scale.duration;
     let raw_dir = dir.clone();
@@ -28,16 +32,18 @@ pub(super) async fn persistent_puts(scratch: &Path, scale: Scale) -> Result<Vec<
         .await
         .map_err(std::io::Error::other)??;
     let mut rows = Vec::new();
-    for store in W2_STORES {
+    for store in w2_stores(store_library)? {
         let mut measured = Vec::new();
         for batch in [1, W2_BATCH] {
-            let at = dir.join(format!("{store}-b{batch}"));
-            measured.push((batch, persistent_puts_in(&at, store, duration, batch).await?));
+            let at = dir.join(format!("{}-b{batch}", store.name));
+            measured.push((batch, persistent_puts_in(&at, &store.section, duration, batch).await?));
         }
-        let alone_dir = dir.join(format!("{store}-alone"));
-        let alone = tokio::task::spawn_blocking(move || sync_each(store, &alone_dir, duration))
+        let alone_dir = dir.join(format!("{}-alone", store.name));
+        let opened = store.clone();
+        let alone = tokio::task::spawn_blocking(move || sync_each(&opened, &alone_dir, duration))
             .await
             .map_err(std::io::Error::other)??;
+        let store = &store.name;
         rows.extend(measured.into_iter().map(|(batch, (rate, per_sync))| {
             let case = if batch == 1 {
                 format!("{W2_CLIENTS} clients, persistent puts one at a time, each answered after its sync, store {store}")
@@ -65,8 +71,45 @@ pub(super) async fn persistent_puts(scratch: &Path, scale: Scale) -> Result<Vec<
 const W2_CLIENTS: usize = 16;
 /// Puts per request in `w2`'s batched case.
 const W2_BATCH: usize = 256;
-/// The store plugins `w2` runs on: the default, and the log that writes each record once.
-const W2_STORES: [&str; 2] = ["fjall", "log"];
+/// A store `w2` runs on.
+#[derive(Debug, Clone)]
+struct W2Store {
+    /// Its plugin name.
+    name: String,
+    /// What follows `kind:` in its `plugins.store` section.
+    section: String,
+    /// The native library it comes from.
+    library: Option<PathBuf>,
+}
+
+/// The store plugins `w2` runs on: the default, the log that writes each record once, and
+/// each store of the native library `store_library`.
+fn w2_stores(store_library: Option<&Path>) -> Result<Vec<W2Store>, DemoError> {
+    let mut stores: Vec<W2Store> = ["fjall", "log"]
+        .into_iter()
+        .map(|name| W2Store { name: name.into(), section: name.into(), library: None })
+        .collect();
+    if let Some(path) = store_library {
+        let library =
+            linkbus_native::load(path, None).map_err(|e| DemoError::Io(std::io::Error::other(e)))?;
+        for plugin in library.plugins().iter().filter(|p| p.kind == "store") {
+            let section = format!("{}, library: '{}'", plugin.name, library.path().display());
+            stores.push(W2Store {
+                name: plugin.name.clone(),
+                section,
+                library: Some(library.path().to_owned()),
+            });
+        }
+    }
+    Ok(stores)
+}
+
+/// The SQLite store library beside the running binary, when it was built there
+/// (`cargo build --release -p linkbus-store-sqlite`).
+pub(crate) fn sqlite_beside_this_binary() -> Option<PathBuf> {
+    let exe = std::env::current_exe().ok()?;
+    Some(exe.parent()?.join("liblinkbus_store_sqlite.so")).filter(|path| path.exists())
+}
 
 /// One node in `dir` on the store plugin `store`, [`W2_CLIENTS`] clients putting `batch`
 /// persistent 1 KiB messages per request for `duration`: puts per second and puts per
@@ -111,17 +154,33 @@ async fn persistent_puts_in(
     Ok((count as f64 / elapsed.max(1e-9), count as f64 / syncs.max(1) as f64))
 }
 
-/// Records per second when the store plugin `store` (`fjall` or `log`) syncs each 1 KiB
-/// record on its own.
-fn sync_each(store: &str, dir: &Path, duration: Duration) -> Result<f64, DemoError> {
-    let failed = |e: linkbus_plugin_api::StoreError| DemoError::Io(std::io::Error::other(e.to_string()));
-    let store: Box<dyn linkbus_plugin_api::Store> = match store {
-        "log" => Box::new(
+/// Records per second when the store plugin `store` syncs each 1 KiB record on its own.
+fn sync_each(store: &W2Store, dir: &Path, duration: Duration) -> Result<f64, DemoError> {
+    let failed = |e: &dyn std::fmt::Display| DemoError::Io(std::io::Error::other(e.to_string()));
+    let store: Box<dyn linkbus_plugin_api::Store> = match (store.name.as_str(), &store.library) {
+        (name, Some(path)) => {
+            let library = linkbus_native::load(path, None).map_err(|e| failed(&e))?;
+            let plugins = linkbus_native::plugins(&library);
+            let Some(linkbus_plugin_api::Builder::Store(build)) =
+                plugins.iter().find(|p| p.name == name).map(|p| &p.builder)
+            else {
+                return Err(failed(&format!("{} offers no store named '{name}'", path.display())));
+            };
+            let section = linkbus_plugin_api::ConfigValue::Map(vec![(
+                "kind".into(),
+                linkbus_plugin_api::ConfigValue::Str(name.into()),
+            )]);
+            let node = linkbus_plugin_api::NodeName::new("A").map_err(|e| failed(&e))?;
+            let context = linkbus_plugin_api::BuildContext { node, data_dir: dir.to_owned() };
+            build(&section, &context).map_err(|e| failed(&e))?
+        }
+        ("log", None) => Box::new(
             linkbus_store_log::LogStore::open(dir, linkbus_store_log::SEGMENT_MIB_DEFAULT << 20)
-                .map_err(failed)?,
+                .map_err(|e| failed(&e))?,
         ),
-        _ => Box::new(linkbus_store_fjall::FjallStore::open(dir).map_err(failed)?),
+        _ => Box::new(linkbus_store_fjall::FjallStore::open(dir).map_err(|e| failed(&e))?),
     };
+    let failed = |e: linkbus_plugin_api::StoreError| failed(&e);
     let started = Instant::now();
     let mut written = 0u64;
     while started.elapsed() < duration {
