@@ -9,7 +9,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, PoisonError, RwLock};
 
-use linkbus_plugin_api::registry::{self, BuildContext, Factory, PluginError};
+use linkbus_plugin_api::registry::{BuildContext, Builder, PluginError};
 use linkbus_plugin_api::{ConfigValue, Explanation, NodeName, Router, Topology};
 
 use crate::config::Config;
@@ -42,7 +42,8 @@ impl std::fmt::Debug for Routing {
 /// The plugin is not registered, or refuses its configuration.
 pub fn build_router(config: &Config) -> Result<Arc<dyn Router>, PluginError> {
     let choice = &config.plugins.router;
-    let Some(Factory::Router(build)) = registry::find("router", &choice.kind).map(|e| e.factory) else {
+    let found = config.plugins.registry.find("router", &choice.kind, choice.library_path());
+    let Some(Builder::Router(build)) = found.map(|p| &p.builder) else {
         return Err(PluginError { plugin: choice.kind.clone(), reason: "not registered".into() });
     };
     let mut section = match &choice.section {

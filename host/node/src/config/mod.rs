@@ -15,7 +15,6 @@ use linkbus_proto::secure::Cipher;
 
 pub use filters::{DropPolicy, FILTER_KIND_DEFAULT, FailurePolicy, FilterChoice};
 pub use native::plugins_table;
-pub(crate) use read::find_stage;
 pub use read::{Overrides, apply_overrides, from_value, load_file, parse_yaml};
 
 /// Bytes an encoded message may need beyond its payload: the largest envelope a message can

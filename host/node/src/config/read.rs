@@ -5,7 +5,7 @@
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
-use linkbus_plugin_api::registry::{self, BuildContext, Factory};
+use linkbus_plugin_api::registry::{self, BuildContext, Builder};
 use linkbus_plugin_api::{
     ConfigErrors, ConfigIssue, ConfigValue, Diagnostics, NodeName, QueueName, Reliability, Section,
 };
@@ -665,8 +665,9 @@ fn check_relations(config: &Config, diag: &Diagnostics) {
 /// The configured transport, built only to check addresses (building a transport opens
 /// nothing).
 fn build_transport(config: &Config) -> Option<Box<dyn linkbus_plugin_api::Transport>> {
-    let entry = registry::find("transport", &config.plugins.transport.kind)?;
-    let Factory::Transport(build) = entry.factory else { return None };
+    let t = &config.plugins.transport;
+    let found = config.plugins.registry.find("transport", &t.kind, t.library_path());
+    let Some(Builder::Transport(build)) = found.map(|p| &p.builder) else { return None };
     let ctx = BuildContext { node: config.node.name.clone(), data_dir: config.node.data_dir.clone() };
     build(&config.plugins.transport.section, &ctx).ok()
 }

@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use bytes::Bytes;
 use linkbus_plugin_api::message::{ENCODING_STEPS_MAX, STEP_PARAM_BYTES_MAX};
-use linkbus_plugin_api::registry::{BuildContext, Factory};
+use linkbus_plugin_api::registry::{BuildContext, Builder};
 use linkbus_plugin_api::{Address, Cipher, CodecError, Compressor, Message, PluginError, Step};
 use linkbus_proto::wire::associated_data;
 
@@ -94,10 +94,10 @@ pub struct CodecCounts {
 }
 
 /// What a codec's origin stage did: its name and counts.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CodecStats {
     /// The codec's name (`zstd`).
-    pub name: &'static str,
+    pub name: Arc<str>,
     /// Messages it encoded.
     pub messages: u64,
     /// Their payload bytes before.
@@ -109,7 +109,7 @@ pub struct CodecStats {
 /// One configured codec: its registered name, the plugin, and what its stage did.
 #[derive(Clone)]
 struct Configured {
-    name: &'static str,
+    name: Arc<str>,
     codec: Codec,
     counts: Arc<CodecCounts>,
 }
@@ -122,7 +122,7 @@ pub(crate) struct Codecs {
 
 impl std::fmt::Debug for Codecs {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_list().entries(self.chain.iter().map(|c| c.name)).finish()
+        f.debug_list().entries(self.chain.iter().map(|c| &c.name)).finish()
     }
 }
 
@@ -147,11 +147,14 @@ impl Codecs {
         let mut codecs = Self::default();
         for choice in &config.plugins.stages {
             let failed = |reason: String| PluginError { plugin: choice.kind.clone(), reason };
-            let entry = crate::config::find_stage(&choice.kind)
+            let registry = &config.plugins.registry;
+            let entry = ["compressor", "cipher"]
+                .into_iter()
+                .find_map(|point| registry.find(point, &choice.kind, choice.library_path()))
                 .ok_or_else(|| failed("no such compressor or cipher".into()))?;
-            let codec = match entry.factory {
-                Factory::Compressor(build) => Codec::Compressor(Arc::from(build(&choice.section, &ctx)?)),
-                Factory::Cipher(build) => Codec::Cipher(Arc::from(build(&choice.section, &ctx)?)),
+            let codec = match &entry.builder {
+                Builder::Compressor(build) => Codec::Compressor(Arc::from(build(&choice.section, &ctx)?)),
+                Builder::Cipher(build) => Codec::Cipher(Arc::from(build(&choice.section, &ctx)?)),
                 other => return Err(failed(format!("is a {} plugin, not a stage", other.kind()))),
             };
             let id = codec.id();
@@ -164,7 +167,7 @@ impl Codecs {
             if let Some(other) = codecs.find(id) {
                 return Err(failed(format!("codec id {id} is also '{}''s", other.name)));
             }
-            codecs.chain.push(Configured { name: entry.name, codec, counts: Arc::default() });
+            codecs.chain.push(Configured { name: entry.name.clone().into(), codec, counts: Arc::default() });
         }
         Ok(codecs)
     }
@@ -184,7 +187,7 @@ impl Codecs {
         self.chain
             .iter()
             .map(|c| CodecStats {
-                name: c.name,
+                name: c.name.clone(),
                 messages: c.counts.messages.load(Ordering::Relaxed),
                 bytes_in: c.counts.bytes_in.load(Ordering::Relaxed),
                 bytes_out: c.counts.bytes_out.load(Ordering::Relaxed),
@@ -267,7 +270,7 @@ struct CodecStage(Configured);
 
 impl StageFactory for CodecStage {
     fn name(&self) -> &str {
-        self.0.name
+        &self.0.name
     }
 
     fn build(&self, context: &StageContext<'_>) -> Option<Box<dyn Stage>> {
@@ -384,7 +387,7 @@ fn opened(codecs: &Codecs, message: &Message, payload: Bytes) -> Message {
     let mut opened = message.clone();
     opened.content.payload = payload;
     let names: Vec<&str> =
-        message.encoding.iter().map(|s| codecs.find(s.codec).map_or("?", |c| c.name)).collect();
+        message.encoding.iter().map(|s| codecs.find(s.codec).map_or("?", |c| &*c.name)).collect();
     opened.content.headers.retain(|(k, _)| k != PAYLOAD_BYTES_HEADER && k != DECODED_HEADER);
     if opened.content.headers.len() < linkbus_plugin_api::message::HEADERS_MAX {
         opened.content.headers.push((DECODED_HEADER.to_owned(), names.join(",")));

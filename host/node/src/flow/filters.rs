@@ -18,7 +18,7 @@ use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 use linkbus_plugin_api::message::{check_headers, check_recipients};
-use linkbus_plugin_api::registry::{self, BuildContext, Factory};
+use linkbus_plugin_api::registry::{BuildContext, Builder};
 use linkbus_plugin_api::{
     FailureKind, Filter, FilterError, HeaderChange, Hook, Message, PluginError, Verdict,
 };
@@ -171,6 +171,8 @@ pub struct Filters {
     /// lock.
     empty: AtomicBool,
     context: BuildContext,
+    /// The plugins filters are built from.
+    registry: linkbus_plugin_api::Registry,
     /// Largest payload a filter may write (`messages.message_bytes_max`).
     payload_bytes_max: usize,
 }
@@ -192,6 +194,7 @@ impl Filters {
             chain: RwLock::default(),
             empty: AtomicBool::new(true),
             context: BuildContext { node: config.node.name.clone(), data_dir: config.node.data_dir.clone() },
+            registry: config.plugins.registry.clone(),
             payload_bytes_max: usize::try_from(config.messages.message_bytes_max).unwrap_or(usize::MAX),
         };
         let chain = filters.build_chain(&config.plugins.filters, &Chain::default())?;
@@ -214,8 +217,8 @@ impl Filters {
                 continue;
             }
             let failed = |reason: String| PluginError { plugin: format!("filter '{}'", choice.name), reason };
-            let filter = match registry::find("filter", &choice.kind).map(|e| e.factory) {
-                Some(Factory::Filter(build)) => build(&choice.section, &self.context)
+            let filter = match self.registry.find("filter", &choice.kind, None).map(|p| &p.builder) {
+                Some(Builder::Filter(build)) => build(&choice.section, &self.context)
                     .map_err(|e| failed(format!("{}: {}", e.plugin, e.reason)))?,
                 _ => return Err(failed(format!("no filter plugin named '{}' in this build", choice.kind))),
             };
