@@ -345,3 +345,36 @@ fn a_recipient_that_cannot_open_fails_alone() {
     assert_eq!(stdout(&s.run(&["get", "--node", "C", "orders", "--wait", "5s"])), "for both\n");
     assert!(stdout(&s.run(&["dlq", "ls", "--node", "B"])).contains("decrypt_failed  to B:q"));
 }
+
+/// The same chain with A's stages from a native library (the fixture library exports the
+/// `zstd` and `chacha20poly1305` plugins): what A compresses and seals through the library,
+/// C's built-in stages open, and `linkbus plugins` says where A's stages came from.
+#[test]
+fn stages_from_a_native_library_interoperate_with_the_built_in_ones() {
+    let s = Scratch::new();
+    let key = payload_key(&s, "orders");
+    let library = crate::native::built_library("liblinkbus_native_fixtures.so");
+    let library = library.display();
+    let origin = format!(
+        "plugins:\n  stages:\n    - {{ kind: zstd, library: '{library}', rules: [ {{ to: 'C:orders*', min_bytes: 32 }} ] }}\n    \
+         - {{ kind: chacha20poly1305, library: '{library}', rules: [ {{ to: 'C:orders*', key: '{key}' }} ] }}\n"
+    );
+    let nodes = chain(&origin, &requiring_stages(&key));
+    let (_cluster, _nodes) = Cluster::up(&s, &LINKS, &extra(&nodes));
+    let lines: String = (0..100).map(|n| order(n, "NATIVE-MARKER") + "\n").collect();
+    let results = put_lines(&s, "C:orders", &lines);
+    assert_eq!(results.matches("C:orders delivered").count(), 100, "{results}");
+    std::thread::sleep(Duration::from_millis(500));
+    let at_rest = files_holding(&s.path().join("linkbus-data"), b"NATIVE-MARKER");
+    assert!(at_rest.is_empty(), "the plaintext is at rest in {at_rest:?}");
+    let got = stdout(&s.run(&["get", "--node", "C", "orders", "--count", "1000", "--wait", "5s"]));
+    assert_eq!(got, lines, "C's built-in stages open what the library's sealed");
+    let plugins = stdout(&s.run(&["plugins", "--node", "A"]));
+    for kind in ["compressor", "cipher"] {
+        let from_library =
+            plugins.lines().any(|l| l.starts_with(kind) && l.contains(" yes ") && l.contains("library "));
+        assert!(from_library, "A's {kind} comes from the library: {plugins}");
+    }
+    let status = stdout(&s.run(&["status", "--node", "A"]));
+    assert!(status.contains("zstd") && status.contains("chacha20poly1305"), "{status}");
+}

@@ -15,7 +15,7 @@ use crate::durability::{put_lines, random_kills_of_either_node};
 
 /// A plugin library the test build made: a crate's own (in `deps`, as this test binary) or
 /// an example's.
-fn built_library(file: &str) -> PathBuf {
+pub(crate) fn built_library(file: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("test binary path");
     let deps = exe.parent().expect("target/PROFILE/deps");
     let path = if file.starts_with("libfixture_") {
@@ -145,6 +145,42 @@ fn wrong_libraries_and_sections_are_refused_with_their_yaml_path() {
             "{section}: {}",
             stderr(&run)
         );
+    }
+}
+
+/// Native stages: a library on an extension point ABI 1 does not carry, and a compressor
+/// after a cipher once the library's kinds are known, are refused with their paths.
+#[test]
+fn native_stages_are_checked_in_place() {
+    let s = Scratch::new();
+    let library = built_library("liblinkbus_native_fixtures.so");
+    let library = library.display();
+    let key = s.path().join("k.pkey");
+    let made = s.run(&["keygen", "--payload", "--out", key.to_str().unwrap()]);
+    assert!(made.status.success(), "{}", stderr(&made));
+    let cases = [
+        (
+            format!("transport: {{ kind: tcp, library: '{library}' }}"),
+            "plugins.transport.library: a native library can serve a store or a stage (compressor, cipher), not a transport".to_owned(),
+        ),
+        (
+            format!(
+                "stages: [ {{ kind: chacha20poly1305, library: '{library}', rules: [ {{ to: '*', key: '{}' }} ] }},                  {{ kind: zstd, library: '{library}' }} ]",
+                key.display()
+            ),
+            "plugins.stages[1].kind: compressor 'zstd' comes after cipher 'chacha20poly1305'".to_owned(),
+        ),
+        (format!("stages: [ {{ kind: lz4, library: '{library}' }} ]"), "offers no compressor or cipher plugin named 'lz4'; its compressor or cipher plugins: zstd, chacha20poly1305".to_owned()),
+        (format!("stages: [ {{ kind: zstd, library: '{library}', level: 99 }} ]"), "plugins.stages[0].level: unknown key".to_owned()),
+    ];
+    for (i, (plugins, expected)) in cases.iter().enumerate() {
+        let file = s.write(
+            &format!("bad{i}.yaml"),
+            &format!("node: {{ name: A, listen: none }}\nplugins: {{ {plugins} }}\n"),
+        );
+        let check = s.run(&["config", "check", file.to_str().unwrap()]);
+        let said = format!("{}{}", stdout(&check), stderr(&check));
+        assert!(!check.status.success() && said.contains(expected.as_str()), "{plugins}: {said}");
     }
 }
 

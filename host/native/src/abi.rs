@@ -152,6 +152,104 @@ pub trait NativeStore: Send + Sync {
 /// A store made by a plugin, owned by the host.
 pub type NativeStoreBox = NativeStore_TO<'static, RBox<()>>;
 
+/// What kind of failure a [`NativeCodecError`] reports (`linkbus_plugin_api::CodecError`).
+#[repr(u8)]
+#[derive(StableAbi, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NativeCodecErrorKind {
+    /// The output would pass its limit.
+    OutputTooLarge,
+    /// The input is damaged, or fails its authentication.
+    Corrupt,
+    /// Something it needs (a dictionary, a key) is not here.
+    Missing,
+    /// The codec refuses the call.
+    Refused,
+    /// The plugin panicked; the panic was caught at the boundary, and the codec refuses
+    /// every later call.
+    Panicked,
+}
+
+/// A codec's failure, across the boundary.
+#[repr(C)]
+#[derive(StableAbi, Debug, Clone, PartialEq, Eq)]
+pub struct NativeCodecError {
+    /// The kind.
+    pub kind: NativeCodecErrorKind,
+    /// The limit passed ([`NativeCodecErrorKind::OutputTooLarge`]).
+    pub limit: u64,
+    /// The plugin's explanation.
+    pub reason: RString,
+}
+
+/// What a codec made: the encoded bytes and the step's parameter (`None`: left as it was).
+#[repr(C)]
+#[derive(StableAbi, Debug, Clone, PartialEq, Eq)]
+pub struct NativeCoded {
+    /// The output.
+    pub output: RVec<u8>,
+    /// The step's `param`; `None` leaves the payload as it is.
+    pub param: ROption<RVec<u8>>,
+}
+
+/// The compressor contract (`linkbus_plugin_api::Compressor`) across the boundary.
+/// Recipients cross as `node:queue` text; outputs come back whole (the two sides'
+/// allocators differ, so the host copies them into its own buffers).
+#[sabi_trait]
+pub trait NativeCompressor: Send + Sync {
+    /// Its codec id (`1..=127`).
+    fn id(&self) -> u8;
+
+    /// Compresses `input`, a payload for `recipients`.
+    fn compress(
+        &self,
+        recipients: RSlice<'_, RString>,
+        input: RSlice<'_, u8>,
+    ) -> RResult<NativeCoded, NativeCodecError>;
+
+    /// Decompresses `input`, made with `param`, into at most `output_bytes_max` bytes.
+    #[sabi(last_prefix_field)]
+    fn decompress(
+        &self,
+        param: RSlice<'_, u8>,
+        input: RSlice<'_, u8>,
+        output_bytes_max: u64,
+    ) -> RResult<RVec<u8>, NativeCodecError>;
+}
+
+/// A compressor made by a plugin, owned by the host.
+pub type NativeCompressorBox = NativeCompressor_TO<'static, RBox<()>>;
+
+/// The cipher contract (`linkbus_plugin_api::Cipher`) across the boundary.
+#[sabi_trait]
+pub trait NativeCipher: Send + Sync {
+    /// Its codec id (`128..=255`).
+    fn id(&self) -> u8;
+
+    /// Seals `plaintext`, a payload for `recipients`, binding `associated_data`.
+    fn seal(
+        &self,
+        recipients: RSlice<'_, RString>,
+        plaintext: RSlice<'_, u8>,
+        associated_data: RSlice<'_, u8>,
+    ) -> RResult<NativeCoded, NativeCodecError>;
+
+    /// Whether `recipient` takes only payloads this cipher sealed.
+    fn requires(&self, recipient: RStr<'_>) -> bool;
+
+    /// Opens `sealed`, made with `param`, for `recipient`, checking `associated_data`.
+    #[sabi(last_prefix_field)]
+    fn open(
+        &self,
+        recipient: RStr<'_>,
+        param: RSlice<'_, u8>,
+        sealed: RSlice<'_, u8>,
+        associated_data: RSlice<'_, u8>,
+    ) -> RResult<RVec<u8>, NativeCodecError>;
+}
+
+/// A cipher made by a plugin, owned by the host.
+pub type NativeCipherBox = NativeCipher_TO<'static, RBox<()>>;
+
 /// A plugin a library offers, as the loader lists it.
 #[repr(C)]
 #[derive(StableAbi, Debug, Clone, PartialEq, Eq)]
@@ -207,6 +305,21 @@ pub struct NativeModule {
         section: RStr<'_>,
         context: &NativeContext,
     ) -> RResult<NativeStoreBox, NativeError>,
+    /// Makes compressor `name` from its section (JSON text). Fields from here on may be
+    /// missing in a library built before they were added: their accessors return `None`.
+    #[sabi(missing_field(option))]
+    pub make_compressor: extern "C" fn(
+        name: RStr<'_>,
+        section: RStr<'_>,
+        context: &NativeContext,
+    ) -> RResult<NativeCompressorBox, NativeError>,
+    /// Makes cipher `name` from its section (JSON text).
+    #[sabi(missing_field(option))]
+    pub make_cipher: extern "C" fn(
+        name: RStr<'_>,
+        section: RStr<'_>,
+        context: &NativeContext,
+    ) -> RResult<NativeCipherBox, NativeError>,
 }
 
 impl RootModule for NativeModuleRef {

@@ -1,16 +1,21 @@
-//! The host side of a native plugin: its entries in the node's registry, and the adapter
-//! that makes a library's store a `linkbus_plugin_api::Store`.
+//! The host side of a native plugin: its entries in the node's registry, and the adapters
+//! that make a library's store, compressor and cipher a `Store`, `Compressor` and `Cipher`.
 
 use std::ops::Bound;
 use std::sync::{Arc, OnceLock};
 
-use abi_stable::std_types::{RResult, RSlice};
+use abi_stable::std_types::{RResult, RSlice, RString, RVec};
 use bytes::Bytes;
 use linkbus_plugin_api::registry::{Builder, Origin, Plugin, PluginError};
 use linkbus_plugin_api::store::SCAN_PAGE_KEYS;
-use linkbus_plugin_api::{Batch, ConfigValue, Section, Store, StoreError, WriteOp};
+use linkbus_plugin_api::{
+    Address, Batch, Cipher, CodecError, Compressor, ConfigValue, Section, Store, StoreError, WriteOp,
+};
 
-use crate::abi::{NativeBound, NativeError, NativeErrorKind, NativeOp, NativeStoreBox};
+use crate::abi::{
+    NativeBound, NativeCipherBox, NativeCodecError, NativeCodecErrorKind, NativeCoded, NativeCompressorBox,
+    NativeError, NativeErrorKind, NativeOp, NativeStoreBox,
+};
 use crate::loader::Library;
 
 /// The keys of a plugin section the node reads itself: they select and pin the library,
@@ -33,7 +38,7 @@ pub fn plugins(library: &Arc<Library>) -> Vec<Plugin> {
     library
         .plugins()
         .iter()
-        .filter(|info| info.kind == "store")
+        .filter(|info| crate::export::KINDS.contains(&info.kind.as_str()))
         .map(|info| {
             let (check_library, build_library) = (Arc::clone(library), Arc::clone(library));
             let (kind, name) = (info.kind.clone(), info.name.clone());
@@ -53,13 +58,25 @@ pub fn plugins(library: &Arc<Library>) -> Vec<Plugin> {
                         section.diagnostics().error(path, issue.message);
                     }
                 }),
-                builder: Builder::Store(Arc::new(move |section, context| {
-                    let store = make_store(&build_library, &name, &plugin_section(section), context)?;
-                    Ok(Box::new(store))
-                })),
+                builder: builder(&info.kind, build_library, name.clone()),
             }
         })
         .collect()
+}
+
+/// The builder of plugin `name` of `kind` (one of [`crate::export::KINDS`]) in `library`.
+fn builder(kind: &str, library: Arc<Library>, name: String) -> Builder {
+    match kind {
+        "compressor" => Builder::Compressor(Arc::new(move |section, context| {
+            Ok(Box::new(make_compressor(&library, &name, &plugin_section(section), context)?))
+        })),
+        "cipher" => Builder::Cipher(Arc::new(move |section, context| {
+            Ok(Box::new(make_cipher(&library, &name, &plugin_section(section), context)?))
+        })),
+        _ => Builder::Store(Arc::new(move |section, context| {
+            Ok(Box::new(make_store(&library, &name, &plugin_section(section), context)?))
+        })),
+    }
 }
 
 fn make_store(
@@ -220,4 +237,168 @@ impl Store for NativeStoreAdapter {
         let answer = self.store.sync();
         self.answer("sync", true, answer)
     }
+}
+
+/// A library's compressor, seen by the node as any other.
+pub struct NativeCompressorAdapter {
+    compressor: NativeCompressorBox,
+    id: u8,
+}
+
+/// A library's cipher, seen by the node as any other.
+pub struct NativeCipherAdapter {
+    cipher: NativeCipherBox,
+    id: u8,
+}
+
+fn codec_answer<T>(answer: RResult<T, NativeCodecError>) -> Result<T, CodecError> {
+    let error = match answer {
+        RResult::ROk(value) => return Ok(value),
+        RResult::RErr(error) => error,
+    };
+    let reason = error.reason.into_string();
+    Err(match error.kind {
+        NativeCodecErrorKind::OutputTooLarge => {
+            CodecError::OutputTooLarge { limit: usize::try_from(error.limit).unwrap_or(usize::MAX) }
+        }
+        NativeCodecErrorKind::Corrupt => CodecError::Corrupt(reason),
+        NativeCodecErrorKind::Missing => CodecError::Missing(reason),
+        NativeCodecErrorKind::Refused | NativeCodecErrorKind::Panicked => CodecError::Refused(reason),
+    })
+}
+
+fn texts(recipients: &[Address]) -> Vec<RString> {
+    recipients.iter().map(|to| RString::from(to.to_string())).collect()
+}
+
+/// `coded`'s output appended to `output`; its parameter.
+fn take_coded(coded: NativeCoded, output: &mut Vec<u8>) -> Option<Vec<u8>> {
+    output.extend_from_slice(&coded.output);
+    coded.param.into_option().map(RVec::into_vec)
+}
+
+impl Compressor for NativeCompressorAdapter {
+    fn id(&self) -> u8 {
+        self.id
+    }
+
+    fn compress(
+        &self,
+        recipients: &[Address],
+        input: &[u8],
+        output: &mut Vec<u8>,
+    ) -> Result<Option<Vec<u8>>, CodecError> {
+        let recipients = texts(recipients);
+        let coded = codec_answer(self.compressor.compress(RSlice::from_slice(&recipients), input.into()))?;
+        Ok(take_coded(coded, output))
+    }
+
+    fn decompress(
+        &self,
+        param: &[u8],
+        input: &[u8],
+        output: &mut Vec<u8>,
+        output_bytes_max: usize,
+    ) -> Result<(), CodecError> {
+        let made =
+            codec_answer(self.compressor.decompress(param.into(), input.into(), output_bytes_max as u64))?;
+        if made.len() > output_bytes_max {
+            return Err(CodecError::OutputTooLarge { limit: output_bytes_max });
+        }
+        output.extend_from_slice(&made);
+        Ok(())
+    }
+}
+
+impl Cipher for NativeCipherAdapter {
+    fn id(&self) -> u8 {
+        self.id
+    }
+
+    fn seal(
+        &self,
+        recipients: &[Address],
+        plaintext: &[u8],
+        associated_data: &[u8],
+        output: &mut Vec<u8>,
+    ) -> Result<Option<Vec<u8>>, CodecError> {
+        let recipients = texts(recipients);
+        let coded = codec_answer(self.cipher.seal(
+            RSlice::from_slice(&recipients),
+            plaintext.into(),
+            associated_data.into(),
+        ))?;
+        Ok(take_coded(coded, output))
+    }
+
+    fn requires(&self, recipient: &Address) -> bool {
+        self.cipher.requires(recipient.to_string().as_str().into())
+    }
+
+    fn open(
+        &self,
+        recipient: &Address,
+        param: &[u8],
+        sealed: &[u8],
+        associated_data: &[u8],
+        output: &mut Vec<u8>,
+    ) -> Result<(), CodecError> {
+        let recipient = recipient.to_string();
+        let opened = codec_answer(self.cipher.open(
+            recipient.as_str().into(),
+            param.into(),
+            sealed.into(),
+            associated_data.into(),
+        ))?;
+        output.extend_from_slice(&opened);
+        Ok(())
+    }
+}
+
+/// Why a library cannot make a plugin of a kind its root module has no maker for.
+fn no_maker(library: &Library, name: &str, kind: &str) -> PluginError {
+    PluginError {
+        plugin: name.to_owned(),
+        reason: format!(
+            "{} was built without {kind} plugins (an older ABI 1 library)",
+            library.path().display()
+        ),
+    }
+}
+
+fn made<T>(library: &Library, name: &str, made: RResult<T, NativeError>) -> Result<T, PluginError> {
+    match made {
+        RResult::ROk(value) => Ok(value),
+        RResult::RErr(e) => Err(PluginError {
+            plugin: name.to_owned(),
+            reason: format!("{} ({})", e.reason, library.path().display()),
+        }),
+    }
+}
+
+fn make_compressor(
+    library: &Library,
+    name: &str,
+    section: &ConfigValue,
+    context: &linkbus_plugin_api::BuildContext,
+) -> Result<NativeCompressorAdapter, PluginError> {
+    let maker = library.module.make_compressor().ok_or_else(|| no_maker(library, name, "compressor"))?;
+    let json = linkbus_plugin_api::json::to_json(section);
+    let compressor =
+        made(library, name, maker(name.into(), json.as_str().into(), &Library::context(context)))?;
+    let id = compressor.id();
+    Ok(NativeCompressorAdapter { compressor, id })
+}
+
+fn make_cipher(
+    library: &Library,
+    name: &str,
+    section: &ConfigValue,
+    context: &linkbus_plugin_api::BuildContext,
+) -> Result<NativeCipherAdapter, PluginError> {
+    let maker = library.module.make_cipher().ok_or_else(|| no_maker(library, name, "cipher"))?;
+    let json = linkbus_plugin_api::json::to_json(section);
+    let cipher = made(library, name, maker(name.into(), json.as_str().into(), &Library::context(context)))?;
+    let id = cipher.id();
+    Ok(NativeCipherAdapter { cipher, id })
 }

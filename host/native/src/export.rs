@@ -1,8 +1,9 @@
 //! The plugin side of the ABI: what [`export_plugins!`](crate::export_plugins) expands to
-//! call. A plugin library implements the same traits as a built-in plugin
-//! (`linkbus_plugin_api::Store`, read through a `PluginEntry`), and this module carries them
+//! call. A plugin library implements the same traits as a built-in plugin (`Store`,
+//! `Compressor`, `Cipher`, each read through a `PluginEntry`), and this module carries them
 //! across: sections arrive as JSON and are read with the plugin's own `check`, every call
-//! runs under `catch_unwind`, and a store that panicked once refuses every later call.
+//! runs under `catch_unwind`, and a plugin object that panicked once refuses every later
+//! call.
 
 use std::any::Any;
 use std::ops::Bound;
@@ -14,11 +15,16 @@ use abi_stable::prefix_type::PrefixTypeTrait;
 use abi_stable::sabi_trait::TD_Opaque;
 use abi_stable::std_types::{ROption, RResult, RSlice, RStr, RString, RVec};
 use linkbus_plugin_api::registry::{BuildContext, Factory, PluginEntry};
-use linkbus_plugin_api::{Batch, ConfigValue, Diagnostics, NodeName, Section, Store, StoreError};
+use linkbus_plugin_api::{
+    Address, Batch, Cipher, CodecError, Compressor, ConfigValue, Diagnostics, NodeName, Section, Store,
+    StoreError,
+};
 
 use crate::abi::{
-    NATIVE_ABI_VERSION, NativeBound, NativeContext, NativeEntry, NativeError, NativeErrorKind, NativeIssue,
-    NativeModule, NativeModuleRef, NativeOp, NativePluginInfo, NativeStore, NativeStore_TO, NativeStoreBox,
+    NATIVE_ABI_VERSION, NativeBound, NativeCipher, NativeCipher_TO, NativeCipherBox, NativeCodecError,
+    NativeCodecErrorKind, NativeCoded, NativeCompressor, NativeCompressor_TO, NativeCompressorBox,
+    NativeContext, NativeEntry, NativeError, NativeErrorKind, NativeIssue, NativeModule, NativeModuleRef,
+    NativeOp, NativePluginInfo, NativeStore, NativeStore_TO, NativeStoreBox,
 };
 
 /// What a library exports, as [`export_plugins!`](crate::export_plugins) declares it.
@@ -30,7 +36,7 @@ pub trait Exports: 'static {
 }
 
 /// The extension points this ABI version carries.
-pub const KINDS: [&str; 1] = ["store"];
+pub const KINDS: [&str; 3] = ["store", "compressor", "cipher"];
 
 /// The root module of a library exporting `E` (made once, when the library is loaded).
 pub fn module<E: Exports>() -> NativeModuleRef {
@@ -40,6 +46,8 @@ pub fn module<E: Exports>() -> NativeModuleRef {
         plugins: plugins::<E>,
         check: check::<E>,
         make_store: make_store::<E>,
+        make_compressor: make_compressor::<E>,
+        make_cipher: make_cipher::<E>,
     }
     .leak_into_prefix()
 }
@@ -231,5 +239,212 @@ impl NativeStore for StoreShim {
 
     fn sync(&self) -> RResult<(), NativeError> {
         self.call("sync", |store| store.sync())
+    }
+}
+
+extern "C" fn make_compressor<E: Exports>(
+    name: RStr<'_>,
+    section: RStr<'_>,
+    context: &NativeContext,
+) -> RResult<NativeCompressorBox, NativeError> {
+    caught("make_compressor", || {
+        let Some(Factory::Compressor(build)) =
+            find::<E>("compressor", name.as_str()).map(|entry| entry.factory)
+        else {
+            return Err(failed(
+                "make_compressor",
+                format!("the library has no compressor plugin named '{name}'"),
+            ));
+        };
+        let value = parse_section("make_compressor", section.as_str())?;
+        let compressor = build(&value, &build_context("make_compressor", context)?)
+            .map_err(|e| failed("make_compressor", e.to_string()))?;
+        Ok(NativeCompressor_TO::from_value(
+            CodecShim { inner: compressor, panicked: OnceLock::new() },
+            TD_Opaque,
+        ))
+    })
+    .into()
+}
+
+extern "C" fn make_cipher<E: Exports>(
+    name: RStr<'_>,
+    section: RStr<'_>,
+    context: &NativeContext,
+) -> RResult<NativeCipherBox, NativeError> {
+    caught("make_cipher", || {
+        let Some(Factory::Cipher(build)) = find::<E>("cipher", name.as_str()).map(|entry| entry.factory)
+        else {
+            return Err(failed("make_cipher", format!("the library has no cipher plugin named '{name}'")));
+        };
+        let value = parse_section("make_cipher", section.as_str())?;
+        let cipher = build(&value, &build_context("make_cipher", context)?)
+            .map_err(|e| failed("make_cipher", e.to_string()))?;
+        Ok(NativeCipher_TO::from_value(CodecShim { inner: cipher, panicked: OnceLock::new() }, TD_Opaque))
+    })
+    .into()
+}
+
+fn build_context(op: &str, context: &NativeContext) -> Result<BuildContext, NativeError> {
+    let node = NodeName::new(context.node.as_str()).map_err(|e| failed(op, e.to_string()))?;
+    Ok(BuildContext { node, data_dir: PathBuf::from(context.data_dir.as_str()) })
+}
+
+/// A plugin's compressor or cipher behind the boundary; like [`StoreShim`], it refuses
+/// every call after one panicked.
+struct CodecShim<T: ?Sized> {
+    inner: Box<T>,
+    panicked: OnceLock<String>,
+}
+
+fn codec_error(error: CodecError) -> NativeCodecError {
+    let (kind, limit, reason) = match error {
+        CodecError::OutputTooLarge { limit } => {
+            (NativeCodecErrorKind::OutputTooLarge, limit as u64, String::new())
+        }
+        CodecError::Corrupt(reason) => (NativeCodecErrorKind::Corrupt, 0, reason),
+        CodecError::Missing(reason) => (NativeCodecErrorKind::Missing, 0, reason),
+        CodecError::Refused(reason) => (NativeCodecErrorKind::Refused, 0, reason),
+        other => (NativeCodecErrorKind::Refused, 0, other.to_string()),
+    };
+    NativeCodecError { kind, limit, reason: reason.into() }
+}
+
+fn addresses(recipients: RSlice<'_, RString>) -> Result<Vec<Address>, NativeCodecError> {
+    recipients
+        .iter()
+        .map(|text| {
+            text.as_str().parse::<Address>().map_err(|e| NativeCodecError {
+                kind: NativeCodecErrorKind::Refused,
+                limit: 0,
+                reason: format!("recipient '{text}': {e}").into(),
+            })
+        })
+        .collect()
+}
+
+fn coded(output: Vec<u8>, param: Option<Vec<u8>>) -> NativeCoded {
+    NativeCoded { output: output.into(), param: param.map(RVec::from).into() }
+}
+
+impl<T: ?Sized> CodecShim<T> {
+    fn call<R>(
+        &self,
+        op: &str,
+        call: impl FnOnce(&T) -> Result<R, NativeCodecError>,
+    ) -> RResult<R, NativeCodecError> {
+        let refused = |reason: String| NativeCodecError {
+            kind: NativeCodecErrorKind::Panicked,
+            limit: 0,
+            reason: reason.into(),
+        };
+        if let Some(first) = self.panicked.get() {
+            return RResult::RErr(refused(format!("the codec panicked earlier: {first}")));
+        }
+        match std::panic::catch_unwind(AssertUnwindSafe(|| call(&self.inner))) {
+            Ok(result) => result.into(),
+            Err(payload) => {
+                let message = panic_message(&*payload);
+                let _ = self.panicked.set(message.clone());
+                RResult::RErr(refused(format!("the plugin panicked in {op}: {message}")))
+            }
+        }
+    }
+}
+
+impl NativeCompressor for CodecShim<dyn Compressor> {
+    fn id(&self) -> u8 {
+        self.inner.id()
+    }
+
+    fn compress(
+        &self,
+        recipients: RSlice<'_, RString>,
+        input: RSlice<'_, u8>,
+    ) -> RResult<NativeCoded, NativeCodecError> {
+        self.call("compress", |compressor| {
+            let recipients = addresses(recipients)?;
+            let mut output = Vec::new();
+            let param =
+                compressor.compress(&recipients, input.as_slice(), &mut output).map_err(codec_error)?;
+            Ok(coded(output, param))
+        })
+    }
+
+    fn decompress(
+        &self,
+        param: RSlice<'_, u8>,
+        input: RSlice<'_, u8>,
+        output_bytes_max: u64,
+    ) -> RResult<RVec<u8>, NativeCodecError> {
+        self.call("decompress", |compressor| {
+            let mut output = Vec::new();
+            let max = usize::try_from(output_bytes_max).unwrap_or(usize::MAX);
+            compressor
+                .decompress(param.as_slice(), input.as_slice(), &mut output, max)
+                .map_err(codec_error)?;
+            Ok(output.into())
+        })
+    }
+}
+
+impl NativeCipher for CodecShim<dyn Cipher> {
+    fn id(&self) -> u8 {
+        self.inner.id()
+    }
+
+    fn seal(
+        &self,
+        recipients: RSlice<'_, RString>,
+        plaintext: RSlice<'_, u8>,
+        associated_data: RSlice<'_, u8>,
+    ) -> RResult<NativeCoded, NativeCodecError> {
+        self.call("seal", |cipher| {
+            let recipients = addresses(recipients)?;
+            let mut output = Vec::new();
+            let param = cipher
+                .seal(&recipients, plaintext.as_slice(), associated_data.as_slice(), &mut output)
+                .map_err(codec_error)?;
+            Ok(coded(output, param))
+        })
+    }
+
+    fn requires(&self, recipient: RStr<'_>) -> bool {
+        // A recipient the plugin cannot judge (a panic, an unreadable address) is held to
+        // the seal: an unsealed message for it is dead-lettered rather than delivered.
+        let answer = self.call("requires", |cipher| {
+            let recipient = recipient
+                .as_str()
+                .parse::<Address>()
+                .map_err(|e| codec_error(CodecError::Refused(e.to_string())))?;
+            Ok(cipher.requires(&recipient))
+        });
+        answer.unwrap_or(true)
+    }
+
+    fn open(
+        &self,
+        recipient: RStr<'_>,
+        param: RSlice<'_, u8>,
+        sealed: RSlice<'_, u8>,
+        associated_data: RSlice<'_, u8>,
+    ) -> RResult<RVec<u8>, NativeCodecError> {
+        self.call("open", |cipher| {
+            let recipient = recipient
+                .as_str()
+                .parse::<Address>()
+                .map_err(|e| codec_error(CodecError::Refused(e.to_string())))?;
+            let mut output = Vec::new();
+            cipher
+                .open(
+                    &recipient,
+                    param.as_slice(),
+                    sealed.as_slice(),
+                    associated_data.as_slice(),
+                    &mut output,
+                )
+                .map_err(codec_error)?;
+            Ok(output.into())
+        })
     }
 }

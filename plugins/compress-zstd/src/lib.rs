@@ -61,14 +61,16 @@ fn build(config: &ConfigValue, _ctx: &BuildContext) -> Result<Box<dyn Compressor
     Ok(Box::new(compressor))
 }
 
-inventory::submit! {
-    PluginEntry {
-        name: PLUGIN_NAME,
-        summary: "zstd payload compression by destination rules, with trained dictionaries; bounded decompression",
-        check,
-        factory: Factory::Compressor(build),
-    }
-}
+/// The plugin's registration: submitted to the built-in registry here, and what a native
+/// plugin library can export as it is (`linkbus_native::export_plugins!`).
+pub const ZSTD: PluginEntry = PluginEntry {
+    name: PLUGIN_NAME,
+    summary: "zstd payload compression by destination rules, with trained dictionaries; bounded decompression",
+    check,
+    factory: Factory::Compressor(build),
+};
+
+inventory::submit!(ZSTD);
 
 #[cfg(test)]
 mod tests {

@@ -74,14 +74,16 @@ fn build(config: &ConfigValue, _ctx: &BuildContext) -> Result<Box<dyn Cipher>, P
     Ok(Box::new(cipher))
 }
 
-inventory::submit! {
-    PluginEntry {
-        name: PLUGIN_NAME,
-        summary: "end-to-end payload encryption (XChaCha20-Poly1305) under keys chosen per recipient",
-        check,
-        factory: Factory::Cipher(build),
-    }
-}
+/// The plugin's registration: submitted to the built-in registry here, and what a native
+/// plugin library can export as it is (`linkbus_native::export_plugins!`).
+pub const CHACHA: PluginEntry = PluginEntry {
+    name: PLUGIN_NAME,
+    summary: "end-to-end payload encryption (XChaCha20-Poly1305) under keys chosen per recipient",
+    check,
+    factory: Factory::Cipher(build),
+};
+
+inventory::submit!(CHACHA);
 
 #[cfg(test)]
 mod tests {

@@ -13,8 +13,12 @@ use linkbus_plugin_api::{ConfigErrors, Diagnostics, Origin, Registry, Section};
 
 use super::{Config, LibraryChoice, PluginChoice};
 
-/// The extension points a native library can serve (native plugin ABI 1).
-pub(super) const NATIVE_POINTS: [&str; 1] = ["store"];
+/// The extension points a native library can serve (native plugin ABI 1); `stage` is an
+/// entry of `plugins.stages`, a compressor or a cipher.
+pub(super) const NATIVE_POINTS: [&str; 2] = ["store", "stage"];
+
+/// The extension points a stage may serve.
+const STAGE_POINTS: [&str; 2] = ["compressor", "cipher"];
 
 /// `library:` and `sha256:` of a plugin section at extension point `point`, when it names a
 /// library.
@@ -36,8 +40,7 @@ pub(super) fn read_library(section: &Section<'_>, point: &str) -> Option<Library
         section.error(
             "library",
             format!(
-                "a native library can serve {}, not a {point} (native plugin ABI 1)",
-                NATIVE_POINTS.join(", ")
+                "a native library can serve a store or a stage (compressor, cipher), not a {point} (native plugin ABI 1)"
             ),
         );
         return None;
@@ -57,15 +60,45 @@ impl Config {
     pub fn load_libraries(&mut self) -> Result<(), ConfigErrors> {
         let diag = Diagnostics::new();
         let plugins = &mut self.plugins;
-        load_choice(&diag, "plugins.store", "store", &mut plugins.store, &mut plugins.registry);
+        load_choice(&diag, "plugins.store", &["store"], &mut plugins.store, &mut plugins.registry);
+        let mut any_stage = false;
+        for (i, stage) in plugins.stages.iter_mut().enumerate() {
+            any_stage |= stage.library.is_some();
+            load_choice(&diag, &format!("plugins.stages[{i}]"), &STAGE_POINTS, stage, &mut plugins.registry);
+        }
+        if any_stage && !diag.has_errors() {
+            check_stage_order(&diag, &plugins.stages, &plugins.registry);
+        }
         diag.finish()
+    }
+}
+
+/// No compressor after a cipher (sealed bytes do not shrink), now that the native stages'
+/// kinds are known (`read_stages` checked the built-in ones among themselves).
+fn check_stage_order(diag: &Diagnostics, stages: &[PluginChoice], registry: &Registry) {
+    let mut cipher_seen: Option<&PluginChoice> = None;
+    for (i, stage) in stages.iter().enumerate() {
+        let point =
+            STAGE_POINTS.into_iter().find(|p| registry.find(p, &stage.kind, stage.library_path()).is_some());
+        match (point, cipher_seen) {
+            (Some("compressor"), Some(cipher)) if stage.library.is_some() || cipher.library.is_some() => diag
+                .error(
+                    format!("plugins.stages[{i}].kind"),
+                    format!(
+                        "compressor '{}' comes after cipher '{}': sealed bytes do not shrink, list it first",
+                        stage.kind, cipher.kind
+                    ),
+                ),
+            (Some("cipher"), _) => cipher_seen = Some(stage),
+            _ => {}
+        }
     }
 }
 
 fn load_choice(
     diag: &Diagnostics,
     path: &str,
-    point: &str,
+    points: &[&str],
     choice: &mut PluginChoice,
     registry: &mut Registry,
 ) {
@@ -77,10 +110,16 @@ fn load_choice(
     for plugin in linkbus_native::plugins(&loaded) {
         registry.add(plugin);
     }
-    let Some(plugin) = registry.find(point, &choice.kind, Some(loaded.path())) else {
-        let offered: Vec<&str> =
-            loaded.plugins().iter().filter(|p| p.kind == point).map(|p| p.name.as_str()).collect();
+    let found = points.iter().find_map(|point| registry.find(point, &choice.kind, Some(loaded.path())));
+    let Some(plugin) = found else {
+        let offered: Vec<&str> = loaded
+            .plugins()
+            .iter()
+            .filter(|p| points.contains(&p.kind.as_str()))
+            .map(|p| p.name.as_str())
+            .collect();
         let offered = if offered.is_empty() { "none".to_owned() } else { offered.join(", ") };
+        let point = points.join(" or ");
         return diag.error(
             format!("{path}.kind"),
             format!(

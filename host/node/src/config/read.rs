@@ -548,6 +548,20 @@ fn read_stages(plugins: &Section<'_>) -> Vec<PluginChoice> {
     for (path, value) in plugins.list("stages") {
         let Some(section) = Section::new(diag, path.clone(), value) else { continue };
         let Some(kind) = section.required("kind", Section::string) else { continue };
+        let twice = stages.iter().any(|s: &PluginChoice| s.kind == kind);
+        if let Some(library) = super::native::read_library(&section, "stage") {
+            if twice {
+                section
+                    .error("kind", format!("stage '{kind}' is listed twice; give one entry all its rules"));
+            }
+            // Checked once the library is loaded (`Config::load_libraries`), its place in
+            // the order too.
+            stages.push(PluginChoice { kind, library: Some(library), section: value.clone() });
+            continue;
+        }
+        if section.get("library").is_some() {
+            continue; // `read_library` said why.
+        }
         let Some(entry) = find_stage(&kind) else {
             let known: Vec<_> = STAGE_KINDS.iter().flat_map(|point| registry::names(point)).collect();
             section.error("kind", format!("no stage plugin named '{kind}'; available: {}", known.join(", ")));
@@ -561,7 +575,7 @@ fn read_stages(plugins: &Section<'_>) -> Vec<PluginChoice> {
             ("cipher", _) => cipher_seen = Some(kind.clone()),
             _ => {}
         }
-        if stages.iter().any(|s: &PluginChoice| s.kind == kind) {
+        if twice {
             section.error("kind", format!("stage '{kind}' is listed twice; give one entry all its rules"));
         }
         (entry.check)(&section);
