@@ -265,3 +265,67 @@ fn the_walkthrough_in_docs_native_plugins_md_runs_as_written() {
     }
     assert_eq!(said.matches(&format!("library {} sha256 {digest}", library.display())).count(), 2, "{said}");
 }
+
+/// A native filter (the fixture library's `drop-by-header`), taken up by `linkbus reload`
+/// on a running node: it refuses what it drops at the origin, with its reason, counts in
+/// `status`, and `linkbus plugins` names its library.
+#[test]
+fn a_native_filter_is_taken_up_by_reload_and_acts_on_a_running_node() {
+    let s = Scratch::new();
+    let library = built_library("liblinkbus_native_fixtures.so");
+    let base = "node: { name: A, listen: none }\nqueues: [ { name: orders } ]\n";
+    let config = s.write("a.yaml", base);
+    let _a = s.start_node("A", &["-c", config.to_str().unwrap()]);
+    let put = |env: &str, payload: &str| {
+        s.run(&["put", "--node", "A", "--to", "A:orders", "--header", &format!("env={env}"), payload])
+    };
+    assert!(put("test", "before").status.success(), "no filter yet");
+
+    s.write(
+        "a.yaml",
+        &format!(
+            "{base}plugins:\n  filters:\n    - {{ name: no-test, kind: drop-by-header, library: '{}', \
+             hooks: [on_send], key: env, value: test }}\n",
+            library.display()
+        ),
+    );
+    let reload = s.run(&["reload", "--node", "A"]);
+    assert!(reload.status.success(), "{}{}", stdout(&reload), stderr(&reload));
+    assert!(stdout(&reload).contains("filters reloaded: 1 running (0 kept, 1 new)"), "{}", stdout(&reload));
+
+    let refused = put("test", "after");
+    assert!(!refused.status.success());
+    assert!(
+        stderr(&refused).contains("filter 'no-test' dropped it at on_send: header env is test"),
+        "{}",
+        stderr(&refused)
+    );
+    assert!(put("prod", "passes").status.success());
+    let got = stdout(&s.run(&["get", "--node", "A", "orders", "--count", "10", "--wait", "1s"]));
+    assert_eq!(got, "before\npasses\n");
+
+    let status = stdout(&s.run(&["status", "--node", "A"]));
+    let line = status.lines().find(|l| l.starts_with("  no-test [")).unwrap_or_else(|| panic!("{status}"));
+    assert!(line.contains("2 calls, 2 messages, 1 dropped"), "{status}");
+    assert!(status.contains("dropped: 1"), "its own counter: {status}");
+    let plugins = stdout(&s.run(&["plugins", "--node", "A"]));
+    let canonical = library.canonicalize().unwrap();
+    let row = plugins
+        .lines()
+        .find(|l| l.contains("no-test (drop-by-header)"))
+        .unwrap_or_else(|| panic!("{plugins}"));
+    assert!(row.contains(&format!("library {}", canonical.display())), "{plugins}");
+
+    // A key the plugin does not know, through the plugin's own check, refuses the reload.
+    s.write(
+        "a.yaml",
+        &format!(
+            "{base}plugins:\n  filters:\n    - {{ name: no-test, kind: drop-by-header, library: '{}', \
+             hooks: [on_send], key: env, value: test, colour: red }}\n",
+            library.display()
+        ),
+    );
+    let refused = s.run(&["reload", "--node", "A"]);
+    let said = stdout(&refused) + &stderr(&refused);
+    assert!(!refused.status.success() && said.contains("plugins.filters[0].colour: unknown key"), "{said}");
+}

@@ -250,6 +250,146 @@ pub trait NativeCipher: Send + Sync {
 /// A cipher made by a plugin, owned by the host.
 pub type NativeCipherBox = NativeCipher_TO<'static, RBox<()>>;
 
+/// A message shown to a filter (`linkbus_plugin_api::Message`), its payload borrowed from
+/// the host; an encoded (sealed or compressed) message is shown with an empty payload.
+#[repr(C)]
+#[derive(StableAbi, Debug, Clone)]
+pub struct NativeMessage<'a> {
+    /// The accepting node.
+    pub source: RStr<'a>,
+    /// Its sequence number there.
+    pub sequence: u64,
+    /// When it was accepted, in milliseconds since the Unix epoch.
+    pub created_unix_ms: u64,
+    /// Relays crossed.
+    pub hop_count: u8,
+    /// `Kind::code`.
+    pub kind: u8,
+    /// `Priority::code`.
+    pub priority: u8,
+    /// Persistent rather than volatile.
+    pub persistent: bool,
+    /// Whether the origin wants results.
+    pub results: bool,
+    /// Whether the payload is encoded (and so not shown).
+    pub encoded: bool,
+    /// The user label.
+    pub name: RStr<'a>,
+    /// `node:queue` of each recipient.
+    pub recipients: RVec<RString>,
+    /// Key and value of each header.
+    pub headers: RVec<NativeHeader>,
+    /// The payload as written (empty when `encoded`).
+    pub payload: RSlice<'a, u8>,
+}
+
+/// A header.
+#[repr(C)]
+#[derive(StableAbi, Debug, Clone, PartialEq, Eq)]
+pub struct NativeHeader {
+    /// The key.
+    pub key: RString,
+    /// The value.
+    pub value: RString,
+}
+
+/// A header change of a verdict (`linkbus_plugin_api::HeaderChange`).
+#[repr(u8)]
+#[derive(StableAbi, Debug, Clone, PartialEq, Eq)]
+pub enum NativeHeaderChange {
+    /// Sets a header.
+    Set(NativeHeader),
+    /// Removes a header.
+    Remove(RString),
+}
+
+/// A filter's verdict on one message (`linkbus_plugin_api::Verdict`).
+#[repr(u8)]
+#[derive(StableAbi, Debug, Clone, PartialEq, Eq)]
+pub enum NativeVerdict {
+    /// Let it pass.
+    Pass,
+    /// Drop it, with a reason.
+    Drop(RString),
+    /// A new payload and header changes.
+    Change {
+        /// The new payload, if any.
+        payload: ROption<RVec<u8>>,
+        /// The header changes, in order.
+        headers: RVec<NativeHeaderChange>,
+    },
+    /// New recipients, as `node:queue` text.
+    Route(RVec<RString>),
+}
+
+/// How a filter call failed (`linkbus_plugin_api::FailureKind`).
+#[repr(u8)]
+#[derive(StableAbi, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NativeFailureKind {
+    /// Out of fuel.
+    Fuel,
+    /// Out of time.
+    Time,
+    /// Out of memory.
+    Memory,
+    /// A trap, or a panic caught at the boundary.
+    Trap,
+    /// Bad verdicts.
+    Output,
+}
+
+/// A filter call's failure.
+#[repr(C)]
+#[derive(StableAbi, Debug, Clone, PartialEq, Eq)]
+pub struct NativeFilterError {
+    /// The kind.
+    pub kind: NativeFailureKind,
+    /// The explanation.
+    pub reason: RString,
+}
+
+/// A filter's answer for a batch.
+#[repr(C)]
+#[derive(StableAbi, Debug, Clone, PartialEq, Eq)]
+pub struct NativeDecision {
+    /// One verdict per message, in order.
+    pub verdicts: RVec<NativeVerdict>,
+    /// The work it reports (a native filter has no fuel; it may count what it likes).
+    pub fuel: u64,
+}
+
+/// A filter's own counter.
+#[repr(C)]
+#[derive(StableAbi, Debug, Clone, PartialEq, Eq)]
+pub struct NativeCounter {
+    /// Its name.
+    pub name: RString,
+    /// Its value.
+    pub value: i64,
+}
+
+/// The filter contract (`linkbus_plugin_api::Filter`) across the boundary. `hook` is
+/// `Hook` as numbered in `Hook::ALL` (`on_send` 0 .. `on_deliver` 3).
+#[sabi_trait]
+pub trait NativeFilter: Send + Sync {
+    /// Decides on a batch at `hook`.
+    fn filter(
+        &self,
+        hook: u8,
+        messages: RSlice<'_, NativeMessage<'_>>,
+    ) -> RResult<NativeDecision, NativeFilterError>;
+
+    /// Its counters.
+    fn counters(&self) -> RVec<NativeCounter>;
+
+    /// Whether what it was built from is unchanged.
+    #[sabi(last_prefix_field)]
+    fn is_current(&self) -> bool;
+}
+
+/// A filter made by a plugin, owned by the host.
+pub type NativeFilterBox = NativeFilter_TO<'static, RBox<()>>;
+
 /// A plugin a library offers, as the loader lists it.
 #[repr(C)]
 #[derive(StableAbi, Debug, Clone, PartialEq, Eq)]
@@ -320,6 +460,13 @@ pub struct NativeModule {
         section: RStr<'_>,
         context: &NativeContext,
     ) -> RResult<NativeCipherBox, NativeError>,
+    /// Makes filter `name` from its section (JSON text).
+    #[sabi(missing_field(option))]
+    pub make_filter: extern "C" fn(
+        name: RStr<'_>,
+        section: RStr<'_>,
+        context: &NativeContext,
+    ) -> RResult<NativeFilterBox, NativeError>,
 }
 
 impl RootModule for NativeModuleRef {

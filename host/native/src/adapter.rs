@@ -1,5 +1,6 @@
 //! The host side of a native plugin: its entries in the node's registry, and the adapters
-//! that make a library's store, compressor and cipher a `Store`, `Compressor` and `Cipher`.
+//! that make a library's store, compressor, cipher and filter a `Store`, `Compressor`,
+//! `Cipher` and `Filter`.
 
 use std::ops::Bound;
 use std::sync::{Arc, OnceLock};
@@ -9,12 +10,14 @@ use bytes::Bytes;
 use linkbus_plugin_api::registry::{Builder, Origin, Plugin, PluginError};
 use linkbus_plugin_api::store::SCAN_PAGE_KEYS;
 use linkbus_plugin_api::{
-    Address, Batch, Cipher, CodecError, Compressor, ConfigValue, Section, Store, StoreError, WriteOp,
+    Address, Batch, Cipher, CodecError, Compressor, ConfigValue, Decision, FailureKind, Filter, FilterError,
+    HeaderChange, Hook, Message, Reliability, Section, Store, StoreError, Verdict, WriteOp,
 };
 
 use crate::abi::{
     NativeBound, NativeCipherBox, NativeCodecError, NativeCodecErrorKind, NativeCoded, NativeCompressorBox,
-    NativeError, NativeErrorKind, NativeOp, NativeStoreBox,
+    NativeError, NativeErrorKind, NativeFailureKind, NativeFilterBox, NativeHeader, NativeHeaderChange,
+    NativeMessage, NativeOp, NativeStoreBox, NativeVerdict,
 };
 use crate::loader::Library;
 
@@ -22,12 +25,14 @@ use crate::loader::Library;
 /// and never reach the plugin.
 pub const HOST_KEYS: [&str; 2] = ["library", "sha256"];
 
-/// `section` without [`HOST_KEYS`]: what the plugin's check and builder see.
-pub fn plugin_section(section: &ConfigValue) -> ConfigValue {
+/// `section` without [`HOST_KEYS`]: what the plugin's check and builder see. A filter's
+/// `name` is the node's too (a filter entry's other node keys are gone already).
+pub fn plugin_section(section: &ConfigValue, kind: &str) -> ConfigValue {
+    let hosts = |key: &str| HOST_KEYS.contains(&key) || (kind == "filter" && key == "name");
     match section {
-        ConfigValue::Map(entries) => ConfigValue::Map(
-            entries.iter().filter(|(k, _)| !HOST_KEYS.contains(&k.as_str())).cloned().collect(),
-        ),
+        ConfigValue::Map(entries) => {
+            ConfigValue::Map(entries.iter().filter(|(k, _)| !hosts(k)).cloned().collect())
+        }
         other => other.clone(),
     }
 }
@@ -49,7 +54,7 @@ pub fn plugins(library: &Arc<Library>) -> Vec<Plugin> {
                 summary: info.summary.clone(),
                 origin: Origin::Library { path: library.path().to_owned(), sha256: library.sha256_hex() },
                 check: Arc::new(move |section: &Section<'_>| {
-                    let value = plugin_section(&ConfigValue::Map(section.entries().to_vec()));
+                    let value = plugin_section(&ConfigValue::Map(section.entries().to_vec()), &kind);
                     for issue in check_library.check(&kind, &check_name, &value) {
                         let path = match issue.path.as_str() {
                             "" => section.path().to_owned(),
@@ -68,13 +73,16 @@ pub fn plugins(library: &Arc<Library>) -> Vec<Plugin> {
 fn builder(kind: &str, library: Arc<Library>, name: String) -> Builder {
     match kind {
         "compressor" => Builder::Compressor(Arc::new(move |section, context| {
-            Ok(Box::new(make_compressor(&library, &name, &plugin_section(section), context)?))
+            Ok(Box::new(make_compressor(&library, &name, &plugin_section(section, "compressor"), context)?))
         })),
         "cipher" => Builder::Cipher(Arc::new(move |section, context| {
-            Ok(Box::new(make_cipher(&library, &name, &plugin_section(section), context)?))
+            Ok(Box::new(make_cipher(&library, &name, &plugin_section(section, "cipher"), context)?))
+        })),
+        "filter" => Builder::Filter(Arc::new(move |section, context| {
+            Ok(Box::new(make_filter(&library, &name, &plugin_section(section, "filter"), context)?))
         })),
         _ => Builder::Store(Arc::new(move |section, context| {
-            Ok(Box::new(make_store(&library, &name, &plugin_section(section), context)?))
+            Ok(Box::new(make_store(&library, &name, &plugin_section(section, "store"), context)?))
         })),
     }
 }
@@ -401,4 +409,112 @@ fn make_cipher(
     let cipher = made(library, name, maker(name.into(), json.as_str().into(), &Library::context(context)))?;
     let id = cipher.id();
     Ok(NativeCipherAdapter { cipher, id })
+}
+
+/// A library's filter, seen by the node as any other.
+pub struct NativeFilterAdapter {
+    filter: NativeFilterBox,
+    origin: Origin,
+}
+
+fn make_filter(
+    library: &Library,
+    name: &str,
+    section: &ConfigValue,
+    context: &linkbus_plugin_api::BuildContext,
+) -> Result<NativeFilterAdapter, PluginError> {
+    let maker = library.module.make_filter().ok_or_else(|| no_maker(library, name, "filter"))?;
+    let json = linkbus_plugin_api::json::to_json(section);
+    let filter = made(library, name, maker(name.into(), json.as_str().into(), &Library::context(context)))?;
+    let origin = Origin::Library { path: library.path().to_owned(), sha256: library.sha256_hex() };
+    Ok(NativeFilterAdapter { filter, origin })
+}
+
+/// `message` as a filter is shown it: an encoded payload is not shown.
+fn shown(message: &Message) -> NativeMessage<'_> {
+    let content = &message.content;
+    let encoded = message.is_encoded();
+    NativeMessage {
+        source: message.id.source.as_str().into(),
+        sequence: message.id.sequence,
+        created_unix_ms: message.id.created_unix_ms,
+        hop_count: message.hop_count,
+        kind: content.kind.code(),
+        priority: content.priority.code(),
+        persistent: content.reliability == Reliability::Persistent,
+        results: content.results,
+        encoded,
+        name: content.name.as_str().into(),
+        recipients: content.recipients.iter().map(|to| RString::from(to.to_string())).collect(),
+        headers: content
+            .headers
+            .iter()
+            .map(|(key, value)| NativeHeader { key: key.as_str().into(), value: value.as_str().into() })
+            .collect(),
+        payload: if encoded { RSlice::EMPTY } else { content.payload[..].into() },
+    }
+}
+
+fn verdict(native: NativeVerdict) -> Result<Verdict, FilterError> {
+    Ok(match native {
+        NativeVerdict::Pass => Verdict::Pass,
+        NativeVerdict::Drop(reason) => Verdict::Drop { reason: reason.into_string() },
+        NativeVerdict::Change { payload, headers } => Verdict::Change {
+            payload: payload.into_option().map(|p| Bytes::from(p.into_vec())),
+            headers: headers
+                .into_iter()
+                .map(|change| match change {
+                    NativeHeaderChange::Set(h) => {
+                        HeaderChange::Set(h.key.into_string(), h.value.into_string())
+                    }
+                    NativeHeaderChange::Remove(key) => HeaderChange::Remove(key.into_string()),
+                })
+                .collect(),
+        },
+        NativeVerdict::Route(to) => Verdict::Route(
+            to.iter()
+                .map(|text| {
+                    text.as_str()
+                        .parse::<Address>()
+                        .map_err(|e| FilterError::new(FailureKind::Output, format!("route to '{text}': {e}")))
+                })
+                .collect::<Result<_, _>>()?,
+        ),
+    })
+}
+
+fn failure(kind: NativeFailureKind) -> FailureKind {
+    match kind {
+        NativeFailureKind::Fuel => FailureKind::Fuel,
+        NativeFailureKind::Time => FailureKind::Time,
+        NativeFailureKind::Memory => FailureKind::Memory,
+        NativeFailureKind::Trap => FailureKind::Trap,
+        NativeFailureKind::Output => FailureKind::Output,
+    }
+}
+
+impl Filter for NativeFilterAdapter {
+    fn filter(&self, hook: Hook, messages: &[&Message]) -> Result<Decision, FilterError> {
+        let number = Hook::ALL.iter().position(|h| *h == hook).unwrap_or_default() as u8;
+        let batch: Vec<NativeMessage<'_>> = messages.iter().map(|m| shown(m)).collect();
+        match self.filter.filter(number, RSlice::from_slice(&batch)) {
+            RResult::ROk(decision) => Ok(Decision {
+                verdicts: decision.verdicts.into_iter().map(verdict).collect::<Result<_, _>>()?,
+                fuel: decision.fuel,
+            }),
+            RResult::RErr(e) => Err(FilterError::new(failure(e.kind), e.reason.into_string())),
+        }
+    }
+
+    fn counters(&self) -> Vec<(String, i64)> {
+        self.filter.counters().into_iter().map(|c| (c.name.into_string(), c.value)).collect()
+    }
+
+    fn is_current(&self) -> bool {
+        self.filter.is_current()
+    }
+
+    fn origin(&self) -> Origin {
+        self.origin.clone()
+    }
 }

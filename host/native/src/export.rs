@@ -1,6 +1,6 @@
 //! The plugin side of the ABI: what [`export_plugins!`](crate::export_plugins) expands to
 //! call. A plugin library implements the same traits as a built-in plugin (`Store`,
-//! `Compressor`, `Cipher`, each read through a `PluginEntry`), and this module carries them
+//! `Compressor`, `Cipher`, `Filter`, each read through a `PluginEntry`), and this module carries them
 //! across: sections arrive as JSON and are read with the plugin's own `check`, every call
 //! runs under `catch_unwind`, and a plugin object that panicked once refuses every later
 //! call.
@@ -14,17 +14,21 @@ use std::sync::OnceLock;
 use abi_stable::prefix_type::PrefixTypeTrait;
 use abi_stable::sabi_trait::TD_Opaque;
 use abi_stable::std_types::{ROption, RResult, RSlice, RStr, RString, RVec};
+use bytes::Bytes;
 use linkbus_plugin_api::registry::{BuildContext, Factory, PluginEntry};
 use linkbus_plugin_api::{
-    Address, Batch, Cipher, CodecError, Compressor, ConfigValue, Diagnostics, NodeName, Section, Store,
-    StoreError,
+    Address, Batch, Cipher, CodecError, Compressor, ConfigValue, Content, Diagnostics, FailureKind, Filter,
+    HeaderChange, Hook, Kind, Message, MessageId, NodeName, Priority, Reliability, Section, Step, Store,
+    StoreError, Verdict,
 };
 
 use crate::abi::{
     NATIVE_ABI_VERSION, NativeBound, NativeCipher, NativeCipher_TO, NativeCipherBox, NativeCodecError,
     NativeCodecErrorKind, NativeCoded, NativeCompressor, NativeCompressor_TO, NativeCompressorBox,
-    NativeContext, NativeEntry, NativeError, NativeErrorKind, NativeIssue, NativeModule, NativeModuleRef,
-    NativeOp, NativePluginInfo, NativeStore, NativeStore_TO, NativeStoreBox,
+    NativeContext, NativeCounter, NativeDecision, NativeEntry, NativeError, NativeErrorKind,
+    NativeFailureKind, NativeFilter, NativeFilter_TO, NativeFilterBox, NativeFilterError, NativeHeader,
+    NativeHeaderChange, NativeIssue, NativeMessage, NativeModule, NativeModuleRef, NativeOp,
+    NativePluginInfo, NativeStore, NativeStore_TO, NativeStoreBox, NativeVerdict,
 };
 
 /// What a library exports, as [`export_plugins!`](crate::export_plugins) declares it.
@@ -36,7 +40,7 @@ pub trait Exports: 'static {
 }
 
 /// The extension points this ABI version carries.
-pub const KINDS: [&str; 3] = ["store", "compressor", "cipher"];
+pub const KINDS: [&str; 4] = ["store", "compressor", "cipher", "filter"];
 
 /// The root module of a library exporting `E` (made once, when the library is loaded).
 pub fn module<E: Exports>() -> NativeModuleRef {
@@ -48,6 +52,7 @@ pub fn module<E: Exports>() -> NativeModuleRef {
         make_store: make_store::<E>,
         make_compressor: make_compressor::<E>,
         make_cipher: make_cipher::<E>,
+        make_filter: make_filter::<E>,
     }
     .leak_into_prefix()
 }
@@ -446,5 +451,134 @@ impl NativeCipher for CodecShim<dyn Cipher> {
                 .map_err(codec_error)?;
             Ok(output.into())
         })
+    }
+}
+
+extern "C" fn make_filter<E: Exports>(
+    name: RStr<'_>,
+    section: RStr<'_>,
+    context: &NativeContext,
+) -> RResult<NativeFilterBox, NativeError> {
+    caught("make_filter", || {
+        let Some(Factory::Filter(build)) = find::<E>("filter", name.as_str()).map(|entry| entry.factory)
+        else {
+            return Err(failed("make_filter", format!("the library has no filter plugin named '{name}'")));
+        };
+        let value = parse_section("make_filter", section.as_str())?;
+        let filter = build(&value, &build_context("make_filter", context)?)
+            .map_err(|e| failed("make_filter", e.to_string()))?;
+        Ok(NativeFilter_TO::from_value(FilterShim(filter), TD_Opaque))
+    })
+    .into()
+}
+
+/// A plugin's filter behind the boundary. A panic fails the call (as a trap) and leaves the
+/// filter in place: the node's failure policy for the filter (`on_failure`) decides.
+struct FilterShim(Box<dyn Filter>);
+
+fn filter_error(kind: NativeFailureKind, reason: impl Into<String>) -> NativeFilterError {
+    NativeFilterError { kind, reason: reason.into().into() }
+}
+
+/// The message a host showed, rebuilt for the plugin's `Filter`.
+fn message(shown: &NativeMessage<'_>) -> Result<Message, NativeFilterError> {
+    let bad = |what: &str, e: &dyn std::fmt::Display| {
+        filter_error(NativeFailureKind::Output, format!("{what}: {e}"))
+    };
+    let source = NodeName::new(shown.source.as_str()).map_err(|e| bad("source", &e))?;
+    let recipients = shown
+        .recipients
+        .iter()
+        .map(|to| to.as_str().parse::<Address>().map_err(|e| bad("recipient", &e)))
+        .collect::<Result<_, _>>()?;
+    let content = Content {
+        kind: Kind::from_code(shown.kind).unwrap_or_default(),
+        name: shown.name.to_string(),
+        recipients,
+        priority: Priority::from_code(shown.priority).unwrap_or(Priority::DEFAULT),
+        reliability: if shown.persistent { Reliability::Persistent } else { Reliability::Volatile },
+        results: shown.results,
+        headers: shown.headers.iter().map(|h| (h.key.to_string(), h.value.to_string())).collect(),
+        payload: Bytes::copy_from_slice(shown.payload.as_slice()),
+        ..Content::default()
+    };
+    let id = MessageId { source, sequence: shown.sequence, created_unix_ms: shown.created_unix_ms };
+    let mut message = Message::new(id, content);
+    message.hop_count = shown.hop_count;
+    if shown.encoded {
+        // Marks the payload as encoded (`Message::is_encoded`); which codecs, the filter is
+        // not told, as in the WebAssembly ABI.
+        message.encoding.push(Step { codec: 0, param: Bytes::new() });
+    }
+    Ok(message)
+}
+
+fn native_verdict(verdict: Verdict) -> NativeVerdict {
+    let header = |change: HeaderChange| match change {
+        HeaderChange::Set(key, value) => {
+            NativeHeaderChange::Set(NativeHeader { key: key.into(), value: value.into() })
+        }
+        HeaderChange::Remove(key) => NativeHeaderChange::Remove(key.into()),
+    };
+    match verdict {
+        Verdict::Pass => NativeVerdict::Pass,
+        Verdict::Drop { reason } => NativeVerdict::Drop(reason.into()),
+        Verdict::Change { payload, headers } => NativeVerdict::Change {
+            payload: payload.map(|p| RVec::from(Vec::from(p))).into(),
+            headers: headers.into_iter().map(header).collect(),
+        },
+        Verdict::Route(to) => NativeVerdict::Route(to.iter().map(|a| RString::from(a.to_string())).collect()),
+    }
+}
+
+fn native_failure(kind: FailureKind) -> NativeFailureKind {
+    match kind {
+        FailureKind::Fuel => NativeFailureKind::Fuel,
+        FailureKind::Time => NativeFailureKind::Time,
+        FailureKind::Memory => NativeFailureKind::Memory,
+        FailureKind::Trap => NativeFailureKind::Trap,
+        FailureKind::Output => NativeFailureKind::Output,
+    }
+}
+
+impl NativeFilter for FilterShim {
+    fn filter(
+        &self,
+        hook: u8,
+        messages: RSlice<'_, NativeMessage<'_>>,
+    ) -> RResult<NativeDecision, NativeFilterError> {
+        let decided = std::panic::catch_unwind(AssertUnwindSafe(|| {
+            let hook = *Hook::ALL.get(usize::from(hook)).ok_or_else(|| {
+                filter_error(NativeFailureKind::Output, format!("hook {hook} is not one this ABI numbers"))
+            })?;
+            let rebuilt = messages.iter().map(message).collect::<Result<Vec<_>, _>>()?;
+            let shown: Vec<&Message> = rebuilt.iter().collect();
+            let decision =
+                self.0.filter(hook, &shown).map_err(|e| filter_error(native_failure(e.kind), e.reason))?;
+            Ok(NativeDecision {
+                verdicts: decision.verdicts.into_iter().map(native_verdict).collect(),
+                fuel: decision.fuel,
+            })
+        }));
+        decided
+            .unwrap_or_else(|payload| {
+                Err(filter_error(
+                    NativeFailureKind::Trap,
+                    format!("the plugin panicked: {}", panic_message(&*payload)),
+                ))
+            })
+            .into()
+    }
+
+    fn counters(&self) -> RVec<NativeCounter> {
+        std::panic::catch_unwind(AssertUnwindSafe(|| self.0.counters()))
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(name, value)| NativeCounter { name: name.into(), value })
+            .collect()
+    }
+
+    fn is_current(&self) -> bool {
+        std::panic::catch_unwind(AssertUnwindSafe(|| self.0.is_current())).unwrap_or(false)
     }
 }

@@ -1,6 +1,7 @@
 //! Micro-benchmarks of a call of the committed example filters through the `wasm` plugin, as
 //! a node makes it: a batch of 256 messages of 1 KiB (JSON-like text) at `on_send`, counted
-//! per message.
+//! per message; and the same `drop_by_header` as a native plugin library, through the native
+//! loader and ABI.
 
 use std::path::PathBuf;
 
@@ -48,7 +49,7 @@ fn batch() -> Vec<Message> {
         .collect()
 }
 
-fn run(bencher: Bencher, filter: &WasmFilter) {
+fn run(bencher: Bencher, filter: &dyn Filter) {
     let messages = batch();
     let shown: Vec<&Message> = messages.iter().collect();
     bencher
@@ -66,4 +67,24 @@ fn pass_through(bencher: Bencher) {
 #[divan::bench]
 fn redact(bencher: Bencher) {
     run(bencher, &filter("redact_json", r#"{"field":"customer","keep_last":0}"#));
+}
+
+/// `drop-by-header` of the native fixture library (the same filter, in Rust, through the
+/// native ABI: each message's fields copied across, the verdicts back).
+#[divan::bench]
+fn native_pass_through(bencher: Bencher) {
+    let exe = std::env::current_exe().expect("bench path");
+    let library = exe.parent().expect("deps").join("liblinkbus_native_fixtures.so");
+    let library = linkbus_native::load(&library, None).expect("the fixture library loads");
+    let plugins = linkbus_native::plugins(&library);
+    let plugin = plugins.iter().find(|p| p.name == "drop-by-header").expect("offered");
+    let linkbus_plugin_api::Builder::Filter(build) = &plugin.builder else { panic!("a filter") };
+    let section = linkbus_plugin_api::ConfigValue::Map(vec![
+        ("key".into(), linkbus_plugin_api::ConfigValue::Str("x-never".into())),
+        ("value".into(), linkbus_plugin_api::ConfigValue::Str("set".into())),
+    ]);
+    let context =
+        linkbus_plugin_api::BuildContext { node: "A".parse().expect("name"), data_dir: std::env::temp_dir() };
+    let filter = build(&section, &context).expect("builds");
+    run(bencher, &*filter);
 }

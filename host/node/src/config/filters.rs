@@ -60,6 +60,8 @@ pub struct FilterChoice {
     pub on_failure: FailurePolicy,
     /// Where dropped messages go.
     pub drops: DropPolicy,
+    /// The native plugin library it comes from (`library:`), if not built in.
+    pub library: Option<super::LibraryChoice>,
     /// The plugin's own keys (without the node's), handed to its `build`.
     pub section: ConfigValue,
 }
@@ -68,6 +70,11 @@ impl FilterChoice {
     /// Whether it runs at `hook`.
     pub fn runs_at(&self, hook: Hook) -> bool {
         self.hooks.contains(&hook)
+    }
+
+    /// The canonical path of the library its plugin comes from, once loaded.
+    pub fn library_path(&self) -> Option<&std::path::Path> {
+        self.library.as_ref().and_then(|l| l.loaded.as_deref())
     }
 }
 
@@ -85,8 +92,12 @@ pub(super) fn read_filters(plugins: &Section<'_>) -> Vec<FilterChoice> {
             }
             names.push(name.clone());
         }
-        filters.extend(read_filter(&section, value));
-        section.finish();
+        let filter = read_filter(&section, value);
+        // A native plugin's keys are its own check's to judge, once its library is loaded.
+        if filter.as_ref().is_none_or(|f| f.library.is_none()) {
+            section.finish();
+        }
+        filters.extend(filter);
     }
     filters
 }
@@ -99,8 +110,9 @@ fn read_filter(section: &Section<'_>, value: &ConfigValue) -> Option<FilterChoic
         section.error("name", "give 1 to 64 characters without spaces");
     }
     let kind = section.string("kind").unwrap_or_else(|| FILTER_KIND_DEFAULT.to_owned());
-    let entry = registry::find("filter", &kind);
-    if entry.is_none() {
+    let library = super::native::read_library(section, "filter");
+    let entry = if library.is_some() { None } else { registry::find("filter", &kind) };
+    if entry.is_none() && library.is_none() && section.get("library").is_none() {
         let known = registry::names("filter");
         let known = if known.is_empty() { "none in this build".to_owned() } else { known.join(", ") };
         section.error("kind", format!("no filter plugin named '{kind}'; available: {known}"));
@@ -134,6 +146,7 @@ fn read_filter(section: &Section<'_>, value: &ConfigValue) -> Option<FilterChoic
         to: to.unwrap_or_default(),
         on_failure: on_failure?,
         drops: drops?,
+        library,
         section: plugin_keys(value),
     })
 }

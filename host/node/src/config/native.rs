@@ -14,8 +14,8 @@ use linkbus_plugin_api::{ConfigErrors, Diagnostics, Origin, Registry, Section};
 use super::{Config, LibraryChoice, PluginChoice};
 
 /// The extension points a native library can serve (native plugin ABI 1); `stage` is an
-/// entry of `plugins.stages`, a compressor or a cipher.
-pub(super) const NATIVE_POINTS: [&str; 2] = ["store", "stage"];
+/// entry of `plugins.stages`, a compressor or a cipher; `filter` one of `plugins.filters`.
+pub(super) const NATIVE_POINTS: [&str; 3] = ["store", "stage", "filter"];
 
 /// The extension points a stage may serve.
 const STAGE_POINTS: [&str; 2] = ["compressor", "cipher"];
@@ -40,7 +40,7 @@ pub(super) fn read_library(section: &Section<'_>, point: &str) -> Option<Library
         section.error(
             "library",
             format!(
-                "a native library can serve a store or a stage (compressor, cipher), not a {point} (native plugin ABI 1)"
+                "a native library can serve a store, a stage (compressor, cipher) or a filter, not a {point} (native plugin ABI 1)"
             ),
         );
         return None;
@@ -68,6 +68,22 @@ impl Config {
         }
         if any_stage && !diag.has_errors() {
             check_stage_order(&diag, &plugins.stages, &plugins.registry);
+        }
+        for (i, filter) in plugins.filters.iter_mut().enumerate() {
+            let Some(library) = filter.library.as_mut() else { continue };
+            let mut choice = PluginChoice {
+                kind: filter.kind.clone(),
+                library: Some(library.clone()),
+                section: filter.section.clone(),
+            };
+            load_choice(
+                &diag,
+                &format!("plugins.filters[{i}]"),
+                &["filter"],
+                &mut choice,
+                &mut plugins.registry,
+            );
+            *library = choice.library.unwrap_or_else(|| library.clone());
         }
         diag.finish()
     }

@@ -18,7 +18,7 @@ use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 use linkbus_plugin_api::message::{check_headers, check_recipients};
-use linkbus_plugin_api::registry::{BuildContext, Builder};
+use linkbus_plugin_api::registry::{BuildContext, Builder, Registry};
 use linkbus_plugin_api::{
     FailureKind, Filter, FilterError, HeaderChange, Hook, Message, PluginError, Verdict,
 };
@@ -171,8 +171,7 @@ pub struct Filters {
     /// lock.
     empty: AtomicBool,
     context: BuildContext,
-    /// The plugins filters are built from.
-    registry: linkbus_plugin_api::Registry,
+
     /// Largest payload a filter may write (`messages.message_bytes_max`).
     payload_bytes_max: usize,
 }
@@ -194,17 +193,22 @@ impl Filters {
             chain: RwLock::default(),
             empty: AtomicBool::new(true),
             context: BuildContext { node: config.node.name.clone(), data_dir: config.node.data_dir.clone() },
-            registry: config.plugins.registry.clone(),
             payload_bytes_max: usize::try_from(config.messages.message_bytes_max).unwrap_or(usize::MAX),
         };
-        let chain = filters.build_chain(&config.plugins.filters, &Chain::default())?;
+        let chain =
+            filters.build_chain(&config.plugins.filters, &config.plugins.registry, &Chain::default())?;
         filters.replace(chain);
         Ok(Arc::new(filters))
     }
 
     /// The chain for `choices`: a filter configured as before, built from what is still
     /// current, is kept (with its state and counts); the others are built anew.
-    fn build_chain(&self, choices: &[FilterChoice], old: &Chain) -> Result<Chain, PluginError> {
+    fn build_chain(
+        &self,
+        choices: &[FilterChoice],
+        registry: &Registry,
+        old: &Chain,
+    ) -> Result<Chain, PluginError> {
         let mut filters = Vec::with_capacity(choices.len());
         for choice in choices {
             let kept = old.filters.iter().find(|r| r.choice == *choice && r.filter.is_current());
@@ -217,7 +221,10 @@ impl Filters {
                 continue;
             }
             let failed = |reason: String| PluginError { plugin: format!("filter '{}'", choice.name), reason };
-            let filter = match self.registry.find("filter", &choice.kind, None).map(|p| &p.builder) {
+            let filter = match registry
+                .find("filter", &choice.kind, choice.library_path())
+                .map(|p| &p.builder)
+            {
                 Some(Builder::Filter(build)) => build(&choice.section, &self.context)
                     .map_err(|e| failed(format!("{}: {}", e.plugin, e.reason)))?,
                 _ => return Err(failed(format!("no filter plugin named '{}' in this build", choice.kind))),
@@ -248,12 +255,16 @@ impl Filters {
     ///
     /// # Errors
     /// Why a filter does not build, named.
-    pub(crate) fn reload(&self, choices: &[FilterChoice]) -> Result<Option<String>, String> {
+    pub(crate) fn reload(
+        &self,
+        choices: &[FilterChoice],
+        registry: &Registry,
+    ) -> Result<Option<String>, String> {
         let old = self.current();
         if old.filters.is_empty() && choices.is_empty() {
             return Ok(None);
         }
-        let chain = self.build_chain(choices, &old).map_err(|e| e.to_string())?;
+        let chain = self.build_chain(choices, registry, &old).map_err(|e| e.to_string())?;
         let kept =
             chain.filters.iter().filter(|r| old.filters.iter().any(|o| Arc::ptr_eq(&o.filter, &r.filter)));
         let kept = kept.count();

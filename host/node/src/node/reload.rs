@@ -53,7 +53,7 @@ impl NodeState {
         // Filters first: a module that does not load leaves everything as it runs.
         let filters = self
             .filters
-            .reload(&new.plugins.filters)
+            .reload(&new.plugins.filters, &new.plugins.registry)
             .map_err(|e| format!("{e}; the running filters and routes stay"))?;
         self.routing.replace(router);
         let mut text =
