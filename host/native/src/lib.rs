@@ -47,11 +47,15 @@ macro_rules! export_plugins {
 
         /// The library's ABI tag, read before anything else in it.
         #[doc(hidden)]
+        // SAFETY: a symbol name only linkbus plugins export, once per library (this macro
+        // is used once), so it clashes with nothing the process links.
         #[unsafe(export_name = "linkbus_native_abi")]
         pub static LINKBUS_NATIVE_ABI: $crate::abi::AbiTag = $crate::abi::AbiTag::CURRENT;
 
         /// abi_stable's library header (the name is abi_stable's root module symbol).
         #[doc(hidden)]
+        // SAFETY: abi_stable's root module symbol (a test checks the name), defined once per
+        // library, as `#[export_root_module]` would define it.
         #[unsafe(export_name = "_1as_0lib_1header_0root_bmodule_bloader")]
         pub static LINKBUS_NATIVE_ROOT: $crate::abi_stable::library::LibHeader = {
             extern "C" fn root() -> $crate::abi_stable::library::RootModuleResult {
@@ -78,6 +82,7 @@ macro_rules! export_plugins {
 macro_rules! __export_abi_tag_only {
     ($version:expr) => {
         /// A tag with no root module behind it.
+        // SAFETY: as in `export_plugins!`; a test library uses one or the other, never both.
         #[unsafe(export_name = "linkbus_native_abi")]
         pub static LINKBUS_NATIVE_ABI: $crate::abi::AbiTag =
             $crate::abi::AbiTag { magic: $crate::abi::AbiTag::MAGIC, abi_version: $version };
