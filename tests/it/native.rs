@@ -128,7 +128,14 @@ fn wrong_libraries_and_sections_are_refused_with_their_yaml_path() {
             format!("kind: sqlite, library: '{}', cache_mib: lots", library.display()),
             "plugins.store.cache_mib: ".into(),
         ),
-        ("kind: fjall, sha256: 'abc'".into(), "plugins.store.sha256: expected 64 hexadecimal digits".into()),
+        (
+            "kind: fjall, sha256: 'abc'".into(),
+            "plugins.store.sha256: pins a native library: set `library:` too".into(),
+        ),
+        (
+            format!("kind: sqlite, library: '{}', sha256: 'abc'", library.display()),
+            "plugins.store.sha256: expected 64 hexadecimal digits".into(),
+        ),
     ];
     for (i, (section, expected)) in cases.iter().enumerate() {
         let file = s.write(
@@ -161,7 +168,7 @@ fn native_stages_are_checked_in_place() {
     let cases = [
         (
             format!("transport: {{ kind: tcp, library: '{library}' }}"),
-            "plugins.transport.library: a native library can serve a store or a stage (compressor, cipher), not a transport".to_owned(),
+            "plugins.transport.library: a native library can serve a store, a stage (compressor, cipher) or a filter, not a transport".to_owned(),
         ),
         (
             format!(

@@ -23,6 +23,13 @@ const STAGE_POINTS: [&str; 2] = ["compressor", "cipher"];
 /// `library:` and `sha256:` of a plugin section at extension point `point`, when it names a
 /// library.
 pub(super) fn read_library(section: &Section<'_>, point: &str) -> Option<LibraryChoice> {
+    if section.get("library").is_none() {
+        // A WebAssembly filter's `sha256` pins its module: that plugin reads it.
+        if point != "filter" && section.get("sha256").is_some() {
+            section.error("sha256", "pins a native library: set `library:` too");
+        }
+        return None;
+    }
     let sha256 = section.string("sha256").and_then(|text| {
         let pin = linkbus_plugin_api::hex::decode::<32>(text.as_bytes()).ok();
         if pin.is_none() {
@@ -30,12 +37,7 @@ pub(super) fn read_library(section: &Section<'_>, point: &str) -> Option<Library
         }
         pin
     });
-    let Some(path) = section.string("library") else {
-        if sha256.is_some() {
-            section.error("sha256", "pins a native library: set `library:` too");
-        }
-        return None;
-    };
+    let path = section.string("library")?;
     if !NATIVE_POINTS.contains(&point) {
         section.error(
             "library",
