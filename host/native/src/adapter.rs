@@ -94,16 +94,12 @@ fn make_store(
     context: &linkbus_plugin_api::BuildContext,
 ) -> Result<NativeStoreAdapter, PluginError> {
     let json = linkbus_plugin_api::json::to_json(section);
-    let made = library.module.make_store()(name.into(), json.as_str().into(), &Library::context(context));
-    match made {
-        RResult::ROk(store) => {
-            Ok(NativeStoreAdapter { store, library: Arc::clone(library), broken: OnceLock::new() })
-        }
-        RResult::RErr(e) => Err(PluginError {
-            plugin: name.to_owned(),
-            reason: format!("{} ({})", e.reason, library.path().display()),
-        }),
-    }
+    let store = made(
+        library,
+        name,
+        library.module.make_store()(name.into(), json.as_str().into(), &Library::context(context)),
+    )?;
+    Ok(NativeStoreAdapter { store, library: Arc::clone(library), broken: OnceLock::new() })
 }
 
 /// A library's store, seen by the node as any other.

@@ -135,9 +135,8 @@ extern "C" fn make_store<E: Exports>(
             return Err(failed("make_store", format!("the library has no store plugin named '{name}'")));
         };
         let value = parse_section("make_store", section.as_str())?;
-        let node = NodeName::new(context.node.as_str()).map_err(|e| failed("make_store", e.to_string()))?;
-        let context = BuildContext { node, data_dir: PathBuf::from(context.data_dir.as_str()) };
-        let store = build(&value, &context).map_err(|e| failed("make_store", e.to_string()))?;
+        let store = build(&value, &build_context("make_store", context)?)
+            .map_err(|e| failed("make_store", e.to_string()))?;
         Ok(NativeStore_TO::from_value(StoreShim { inner: store, panicked: OnceLock::new() }, TD_Opaque))
     })
     .into()
