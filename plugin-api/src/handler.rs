@@ -1,35 +1,132 @@
-//! The `MessageHandler` extension point: expands message kinds at the edges of the bus.
+//! The `MessageHandler` extension point: what file messages are read from and written to.
 //!
-//! The `file` handler, for instance, turns one file message into chunks at the sender and
-//! assembles them (with resume) at the receiver. Handlers keep their state through the host's
-//! store, never through their own I/O.
+//! The host drives a transfer (chunks, resume, results, records in its store); the handler
+//! owns the bytes: it opens a node's files directory ([`MessageHandler::open`]) and, through
+//! the [`FilesDir`] it returns, reads files at their origin, writes partial files at their
+//! recipient and moves a complete one into place. Every name it is given is a checked
+//! [`FileName`]; a handler must still never reach outside its root (through a symbolic link,
+//! for instance).
 
-use crate::message::{Kind, Message};
+use std::io;
+use std::path::Path;
 
-/// Why a handler refused or failed a message.
+use crate::file::{FileName, FileStamp};
+use crate::message::Kind;
+
+/// Why a handler refused or failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("handler failed: {0}")]
 pub struct HandlerError(pub String);
 
-/// Serves one message kind at the sending and receiving edges.
+/// Serves one message kind at the edges of the bus (the `file` plugin serves files).
 pub trait MessageHandler: Send + Sync {
     /// The kind this handler serves.
     fn kind(&self) -> Kind;
 
-    /// Expands a message at its origin into the messages that actually travel.
-    ///
-    /// # Errors
-    /// [`HandlerError`] when the message cannot be expanded.
-    fn expand(&self, message: Message) -> Result<Vec<Message>, HandlerError> {
-        Ok(vec![message])
-    }
+    /// Bytes of a file each chunk message carries.
+    fn chunk_bytes(&self) -> usize;
 
-    /// Takes one travelling message at the destination; returns the assembled message once
-    /// complete.
+    /// Bytes of one transfer the origin lets travel ahead of what the recipient confirmed.
+    fn window_bytes(&self) -> u64;
+
+    /// Opens (creating it if needed) the files directory at `root`.
     ///
     /// # Errors
-    /// [`HandlerError`] when the parts do not assemble.
-    fn assemble(&self, message: Message) -> Result<Option<Message>, HandlerError> {
-        Ok(Some(message))
-    }
+    /// When it cannot be created or opened.
+    fn open(&self, root: &Path) -> Result<Box<dyn FilesDir>, HandlerError>;
+}
+
+/// A node's files directory, as a handler serves it.
+pub trait FilesDir: Send + Sync {
+    /// Opens a file to send.
+    ///
+    /// # Errors
+    /// It does not exist, is not a regular file, or is outside the directory.
+    fn open_source(&self, name: &FileName) -> io::Result<Box<dyn SourceFile>>;
+
+    /// Whether a file (or anything else) is there under `name`.
+    ///
+    /// # Errors
+    /// When it cannot be told.
+    fn exists(&self, name: &FileName) -> io::Result<bool>;
+
+    /// Removes a file that was sent (delete after send).
+    ///
+    /// # Errors
+    /// When it cannot be removed.
+    fn remove(&self, name: &FileName) -> io::Result<()>;
+
+    /// Opens the partial file `id` (a name the host makes, letters, digits, `-` and `.`),
+    /// creating an empty one when `create`.
+    ///
+    /// # Errors
+    /// It cannot be opened or created (`NotFound` when absent and not `create`).
+    fn partial(&self, id: &str, create: bool) -> io::Result<Box<dyn PartialFile>>;
+
+    /// Removes the partial file `id`, if there.
+    ///
+    /// # Errors
+    /// When it cannot be removed.
+    fn remove_partial(&self, id: &str) -> io::Result<()>;
+
+    /// Moves the complete partial file `id` to `name` (creating its directories), durably,
+    /// never replacing anything there: `AlreadyExists` then, and the partial stays.
+    ///
+    /// # Errors
+    /// As said, or when it cannot be moved.
+    fn publish(&self, id: &str, name: &FileName) -> io::Result<()>;
+
+    /// The ids of the partial files there.
+    ///
+    /// # Errors
+    /// When they cannot be listed.
+    fn partials(&self) -> io::Result<Vec<String>>;
+}
+
+/// A file being sent.
+pub trait SourceFile: Send {
+    /// Its size and modification time now.
+    ///
+    /// # Errors
+    /// When they cannot be read.
+    fn stamp(&self) -> io::Result<FileStamp>;
+
+    /// Reads up to `buf.len()` bytes at `offset`; returns how many (0 at the end).
+    ///
+    /// # Errors
+    /// When it cannot be read.
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<usize>;
+}
+
+/// A file being received.
+pub trait PartialFile: Send {
+    /// Its length.
+    ///
+    /// # Errors
+    /// When it cannot be read.
+    fn len(&self) -> io::Result<u64>;
+
+    /// Writes all of `data` at `offset`.
+    ///
+    /// # Errors
+    /// When it cannot be written (a full disk: `StorageFull`).
+    fn write_at(&self, offset: u64, data: &[u8]) -> io::Result<()>;
+
+    /// Reads up to `buf.len()` bytes at `offset`; returns how many.
+    ///
+    /// # Errors
+    /// When it cannot be read.
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<usize>;
+
+    /// Cuts it to `len` bytes.
+    ///
+    /// # Errors
+    /// When it cannot be cut.
+    fn truncate(&self, len: u64) -> io::Result<()>;
+
+    /// Makes what was written durable.
+    ///
+    /// # Errors
+    /// When it cannot be synced.
+    fn sync(&self) -> io::Result<()>;
 }

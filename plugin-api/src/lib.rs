@@ -10,7 +10,8 @@
 //! - [`store`]: the [`Store`] trait (ordered key/value spaces, atomic batches, sync).
 //! - [`compressor`]: the [`Compressor`] trait (bounded payload compression).
 //! - [`cipher`]: the [`Cipher`] trait (end-to-end payload encryption).
-//! - [`handler`]: the [`MessageHandler`] trait (kinds expanded at the edges, e.g. files).
+//! - [`file`]: file names under a files directory, and the frames a file transfer is made of.
+//! - [`handler`]: the [`MessageHandler`] trait (files read and written under a files directory).
 //! - [`filter`]: the [`Filter`] trait (user hooks on send, route, forward and deliver).
 //! - [`hex`]: keys, ids and digests as hexadecimal text.
 //! - [`json`]: configuration values written as JSON (for filter guests and native plugins).
@@ -22,6 +23,7 @@
 pub mod cipher;
 pub mod compressor;
 pub mod config;
+pub mod file;
 pub mod filter;
 pub mod handler;
 pub mod hex;
@@ -39,7 +41,8 @@ pub use cipher::Cipher;
 pub use compressor::{CodecError, Compressor};
 pub use config::{ConfigErrors, ConfigIssue, ConfigValue, Diagnostics, Section, read_plugin_section};
 pub use filter::{Decision, FailureKind, Filter, FilterError, HeaderChange, Hook, Verdict};
-pub use handler::{HandlerError, MessageHandler};
+pub use file::{FileName, FileNameError, FileStamp};
+pub use handler::{FilesDir, HandlerError, MessageHandler, PartialFile, SourceFile};
 pub use message::{
     Content, Encoding, Group, Kind, Lifetime, Message, MessageError, MessageId, Priority, Recipients,
     Reliability, Step,
