@@ -236,6 +236,9 @@ pub struct Chunk {
     pub offset: u64,
     /// CRC-32C of `data`, as computed by the origin.
     pub crc: u32,
+    /// Bytes after which the recipient confirms what it has (`Progress`): the origin sends
+    /// at most a few times this ahead of what was confirmed.
+    pub ack_every: u32,
     /// The whole file's BLAKE3 digest, on the last chunk.
     pub digest: Option<Digest>,
     /// The bytes.
@@ -322,6 +325,7 @@ impl Frame {
                 out.put_u64(c.size);
                 out.put_u64(c.offset);
                 out.put_u32(c.crc);
+                out.put_u32(c.ack_every);
                 match &c.digest {
                     Some(d) => {
                         out.put_u8(1);
@@ -384,6 +388,7 @@ impl Frame {
                 let size = r.u64("size")?;
                 let offset = r.u64("offset")?;
                 let crc = r.u32("crc")?;
+                let ack_every = r.u32("ack_every")?;
                 let digest = match r.u8("digest flag")? {
                     0 => None,
                     1 => Some(r.digest("digest")?),
@@ -396,7 +401,7 @@ impl Frame {
                         data.len()
                     )));
                 }
-                return Ok(Self::Chunk(Chunk { attempt, name, size, offset, crc, digest, data }));
+                return Ok(Self::Chunk(Chunk { attempt, name, size, offset, crc, ack_every, digest, data }));
             }
             QUERY => Self::Query { attempt: r.u32("attempt")? },
             CANCEL => Self::Cancel { reason: r.text("reason")? },

@@ -40,8 +40,8 @@ pub mod transport;
 pub use cipher::Cipher;
 pub use compressor::{CodecError, Compressor};
 pub use config::{ConfigErrors, ConfigIssue, ConfigValue, Diagnostics, Section, read_plugin_section};
-pub use filter::{Decision, FailureKind, Filter, FilterError, HeaderChange, Hook, Verdict};
 pub use file::{FileName, FileNameError, FileStamp};
+pub use filter::{Decision, FailureKind, Filter, FilterError, HeaderChange, Hook, Verdict};
 pub use handler::{FilesDir, HandlerError, MessageHandler, PartialFile, SourceFile};
 pub use message::{
     Content, Encoding, Group, Kind, Lifetime, Message, MessageError, MessageId, Priority, Recipients,

@@ -15,6 +15,7 @@ use linkbus_host::config::{self, Overrides};
 mod bench;
 mod dlq;
 mod events;
+pub(crate) mod file;
 mod filter;
 mod keys;
 mod put;
@@ -45,6 +46,9 @@ pub(crate) enum Command {
     Node(NodeCommand),
     /// Send a message (or each line of standard input) through a local node.
     Put(PutArgs),
+    /// Send files from a node's files directory; list the transfers under way.
+    #[command(subcommand)]
+    File(file::FileCommand),
     /// Take messages from a queue of a local node and print one per line.
     Get(GetArgs),
     /// Show a local node's links and queues.
@@ -159,6 +163,9 @@ pub(crate) struct RunArgs {
     /// Data directory (overrides `node.data_dir`).
     #[arg(long)]
     pub data_dir: Option<PathBuf>,
+    /// Directory files are sent from and received into (overrides `node.files_dir`).
+    #[arg(long)]
+    pub files_dir: Option<PathBuf>,
     /// Client socket path (overrides `node.client_socket`).
     #[arg(long)]
     pub socket: Option<PathBuf>,
@@ -501,6 +508,7 @@ pub(crate) async fn node_run(args: RunArgs) -> anyhow::Result<()> {
         queues: args.queues,
         routes: args.routes,
         data_dir: args.data_dir,
+        files_dir: args.files_dir,
         client_socket: args.socket,
         insecure_plaintext: args.insecure_plaintext,
         key_file: args.key_file,

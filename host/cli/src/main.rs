@@ -58,6 +58,7 @@ fn main() -> ExitCode {
             Command::Dlq(command) => cli::dlq(command).await,
             Command::Events(args) => cli::events(args).await,
             Command::Result(args) => cli::result(args).await,
+            Command::File(command) => cli::file::run(command).await,
             Command::Demo(demo) => cli::demo(demo).await,
             Command::Bench(args) => cli::bench(args).await,
             Command::Keygen(args) => cli::keygen(&args),

@@ -42,6 +42,7 @@ use protocol::{ErrorCode, Request, Response, split_frame};
 mod admin;
 mod consumer;
 mod error;
+mod files;
 pub mod protocol;
 pub mod results;
 pub mod runtime_dir;
@@ -50,6 +51,7 @@ pub mod vectored;
 pub use consumer::Consumer;
 pub use error::ClientError;
 use error::counting_earlier;
+pub use files::{FileDirection, FileTransfer, SendFile};
 
 /// Encoded bytes [`Client::put_batch`] packs into one request at most (a larger single
 /// message goes alone).

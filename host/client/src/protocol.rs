@@ -47,6 +47,9 @@ const CONSUME: u8 = 18;
 const LIMITS: u8 = 19;
 const FOLLOW: u8 = 20;
 const PLUGINS: u8 = 21;
+const SEND_FILE: u8 = 22;
+const FILES: u8 = 23;
+const FILES_ANSWER: u8 = 107;
 const LIMITS_ANSWER: u8 = 106;
 const RESULTS_ANSWER: u8 = 105;
 const SETTLED: u8 = 104;
@@ -193,6 +196,11 @@ pub enum Request {
     /// List the plugins the node can select, where each comes from and which it uses
     /// (`Status` text).
     Plugins,
+    /// Send a file from the node's files directory; answered with `PutOk` (the transfer's
+    /// id).
+    SendFile(crate::SendFile),
+    /// The file transfers under way; answered with `Files`.
+    Files,
     /// The node's size limits, so a client refuses what would be too large before sending
     /// it. Answered with `Limits`.
     Limits,
@@ -265,6 +273,8 @@ pub enum Response {
     Results(Vec<Option<MessageResults>>),
     /// `Status` text.
     Status(String),
+    /// The file transfers under way.
+    Files(Vec<crate::FileTransfer>),
     /// The node's size limits.
     Limits {
         /// Largest payload the node accepts (`messages.message_bytes_max`).
@@ -371,6 +381,8 @@ impl Request {
             Self::RouteExplain { destination } => frame(ROUTE_EXPLAIN, out, |out| put_name(out, destination)),
             Self::Reload => frame(RELOAD, out, |_| {}),
             Self::Plugins => frame(PLUGINS, out, |_| {}),
+            Self::SendFile(send) => frame(SEND_FILE, out, |out| crate::files::put_send(out, send)),
+            Self::Files => frame(FILES, out, |_| {}),
             Self::Limits => frame(LIMITS, out, |_| {}),
         }
     }
@@ -440,6 +452,8 @@ impl Request {
             ROUTE_EXPLAIN => Self::RouteExplain { destination: r.short_string()? },
             RELOAD => Self::Reload,
             PLUGINS => Self::Plugins,
+            SEND_FILE => Self::SendFile(crate::files::read_send(&mut r)?),
+            FILES => Self::Files,
             LIMITS => Self::Limits,
             other => return Err(ReadError::Invalid { field: "request type", detail: other.to_string() }),
         };
@@ -485,6 +499,7 @@ impl Response {
                 results.iter().for_each(|r| put_results(out, r.as_ref()));
             }),
             Self::Status(text) => frame(STATUS_TEXT, out, |out| out.put_slice(text.as_bytes())),
+            Self::Files(all) => frame(FILES_ANSWER, out, |out| crate::files::put_transfers(out, all)),
             Self::Limits { message_bytes_max, frame_bytes_max } => frame(LIMITS_ANSWER, out, |out| {
                 out.put_u64(*message_bytes_max);
                 out.put_u64(*frame_bytes_max);
@@ -540,6 +555,7 @@ impl Response {
                 Self::Results(results)
             }
             STATUS_TEXT => Self::Status(String::from_utf8_lossy(&r.rest()).into_owned()),
+            FILES_ANSWER => Self::Files(crate::files::read_transfers(&mut r)?),
             LIMITS_ANSWER => Self::Limits { message_bytes_max: r.u64()?, frame_bytes_max: r.u64()? },
             ERROR => {
                 let code = ErrorCode::from_u16(r.u16()?);

@@ -25,6 +25,7 @@ pub mod config;
 mod disk;
 pub mod events;
 mod faults;
+pub mod files;
 pub mod flow;
 pub mod link;
 mod listener;
@@ -59,6 +60,7 @@ pub use node::{NodeState, StartError};
 // The linker drops a crate nothing names, and its plugin registrations with it.
 use linkbus_compress_zstd as _;
 use linkbus_encrypt_chacha as _;
+use linkbus_file as _;
 use linkbus_route_static as _;
 use linkbus_store_fjall as _;
 use linkbus_store_log as _;
@@ -121,6 +123,7 @@ impl Node {
         tasks.spawn(result_timer(state.clone(), watch_rx.clone()));
         tasks.spawn(warnings_timer(state.clone(), watch_rx.clone()));
         tasks.spawn(disk_timer(state.clone(), watch_rx.clone()));
+        tasks.spawn(files::run(state.clone(), watch_rx.clone()));
         if state.security().mode == linkbus_proto::secure::Mode::Plaintext {
             tracing::warn!(node = %state.name(), "INSECURE: links are plaintext, unauthenticated and unencrypted (security.insecure_plaintext).");
         }

@@ -38,6 +38,9 @@ pub(crate) mod reason {
     pub(crate) const LINK_CLOSED: &str = "link closed with an error";
     /// A message handed to a client does not open (its key or dictionary went away).
     pub(crate) const UNDECODABLE: &str = "message handed out still encoded";
+    /// A file transfer's frame that does not read, a write that failed, an answer with no
+    /// way back.
+    pub(crate) const BAD_FILE_FRAME: &str = "file transfer trouble";
 }
 
 /// How many of one reason are logged per interval before the rest are only counted.

@@ -8,7 +8,7 @@
 //! | --- | --- |
 //! | 0 | the system class (always written first) |
 //! | 1..=10 | user priority levels 0..=9 |
-//! | 11 | files |
+//! | 11 | files' chunks |
 //!
 //! Acknowledgements, NAKs, pings and pongs are not on a channel: they go out ahead of any
 //! packet waiting to be written.
@@ -23,12 +23,13 @@ pub const FILE_CHANNEL: u8 = 11;
 pub const EQUAL_WEIGHTS: [u32; CHANNELS] = [1; CHANNELS];
 
 /// The channel of a message with the priority of wire code `priority_code` (levels 0..=9;
-/// 10 is the system class), or the file channel for a file.
+/// 10 is the system class), or the file channel for a file's chunks (a file message of the
+/// system class, a transfer's small answers, goes on the system channel).
 pub fn channel_for(priority_code: u8, file: bool) -> u8 {
     match (file, priority_code) {
-        (true, _) => FILE_CHANNEL,
+        (true, 0..=9) => FILE_CHANNEL,
         (false, level @ 0..=9) => level + 1,
-        (false, _) => SYSTEM_CHANNEL,
+        (_, _) => SYSTEM_CHANNEL,
     }
 }
 
@@ -40,7 +41,8 @@ mod tests {
     fn every_priority_has_its_own_channel() {
         let channels: Vec<u8> = (0..=10).map(|p| channel_for(p, false)).collect();
         assert_eq!(channels, [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, SYSTEM_CHANNEL]);
-        assert_eq!(channel_for(10, true), FILE_CHANNEL);
+        assert_eq!(channel_for(3, true), FILE_CHANNEL);
+        assert_eq!(channel_for(10, true), SYSTEM_CHANNEL);
         assert!(channels.iter().all(|&c| (c as usize) < CHANNELS));
     }
 }

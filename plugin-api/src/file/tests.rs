@@ -55,6 +55,7 @@ fn chunk(digest: Option<Digest>) -> Frame {
         size: 1 << 30,
         offset: 256 << 10,
         crc: 0xdead_beef,
+        ack_every: 4 << 20,
         digest,
         data: Bytes::from_static(b"some bytes of the file"),
     })
@@ -88,6 +89,7 @@ fn bad_frames_are_named() {
         size: 4,
         offset: 2,
         crc: 0,
+        ack_every: 1,
         digest: None,
         data: Bytes::from_static(b"abc"),
     });
@@ -101,7 +103,7 @@ fn bad_frames_are_named() {
     named.put_u8(CHUNK);
     named.put_u32(0);
     put_text(&mut named, "../x");
-    named.put_slice(&[0; 21]);
+    named.put_slice(&[0; 25]);
     assert!(Frame::decode(named.freeze()).unwrap_err().to_string().contains("'..'"));
 }
 

@@ -36,7 +36,11 @@ fn check_id(id: &str) -> io::Result<()> {
         && id.len() <= 200
         && !id.starts_with('.')
         && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.' || b == b'_');
-    if plain { Ok(()) } else { Err(io::Error::new(io::ErrorKind::InvalidInput, format!("bad partial id {id:?}"))) }
+    if plain {
+        Ok(())
+    } else {
+        Err(io::Error::new(io::ErrorKind::InvalidInput, format!("bad partial id {id:?}")))
+    }
 }
 
 /// Syncs a directory (a new or removed entry in it becomes durable).

@@ -51,7 +51,8 @@ impl Default for FileHandler {
 
 fn read(section: &Section<'_>) -> FileHandler {
     let chunk_bytes = section.number("chunk_bytes", CHUNK_BYTES_DEFAULT, CHUNK_BYTES_MIN, CHUNK_BYTES_MAX);
-    let window_bytes = section.number("window_bytes", WINDOW_BYTES_DEFAULT, 2 * chunk_bytes, WINDOW_BYTES_MAX);
+    let window_bytes =
+        section.number("window_bytes", WINDOW_BYTES_DEFAULT, 2 * chunk_bytes, WINDOW_BYTES_MAX);
     FileHandler { chunk_bytes, window_bytes }
 }
 

@@ -20,8 +20,7 @@ fn canary_untouched(top: &Path) {
     let entries: Vec<_> = std::fs::read_dir(top.join("canary")).expect("canary").collect();
     assert_eq!(entries.len(), 1, "the canary directory changed");
     assert_eq!(std::fs::read(top.join("canary/keep")).expect("keep"), b"canary");
-    let names: Vec<_> =
-        std::fs::read_dir(top).expect("top").map(|e| e.expect("entry").file_name()).collect();
+    let names: Vec<_> = std::fs::read_dir(top).expect("top").map(|e| e.expect("entry").file_name()).collect();
     assert_eq!(names.len(), 2, "something was made beside the files directory: {names:?}");
 }
 

@@ -287,3 +287,15 @@ pub(super) fn status(node: &NodeState) -> String {
     }
     s
 }
+
+/// Starts sending a file (see [`crate::files`]); answered with the transfer's id.
+pub(super) async fn send_file(node: &NodeState, send: linkbus_client::SendFile) -> Response {
+    match crate::files::start(node, send).await {
+        Ok(id) => Response::PutOk {
+            source: id.source,
+            sequences: vec![id.sequence],
+            created_unix_ms: id.created_unix_ms,
+        },
+        Err(refusal) => Response::Error { code: refusal.code.into(), accepted: 0, message: refusal.reason },
+    }
+}

@@ -709,6 +709,8 @@ async fn handle(node: &NodeState, request: Request, held: &mut Held) -> (Respons
         Request::RouteExplain { destination } => (admin::route_explain(node, &destination), None),
         Request::Reload => (admin::reload(node), None),
         Request::Plugins => (admin::plugins(node), None),
+        Request::SendFile(send) => (admin::send_file(node, send).await, None),
+        Request::Files => (Response::Files(node.files().list()), None),
         Request::Limits => (
             Response::Limits {
                 message_bytes_max: node.config().messages.message_bytes_max,

@@ -112,6 +112,9 @@ pub struct NodeSettings {
     pub client_socket: Option<PathBuf>,
     /// Directory for the store and other state.
     pub data_dir: PathBuf,
+    /// Directory files are sent from and received into (`node.files_dir`, TongLink/Q's
+    /// FILESDIR); `None` is `files` in the data directory. See [`NodeSettings::files_dir`].
+    pub files_dir: Option<PathBuf>,
     /// Free bytes the data directory's file system must keep: below it persistent messages
     /// are refused (puts, commits, deliveries from links) until a quarter more is free again;
     /// 0 turns the check off.
@@ -376,8 +379,17 @@ pub struct PluginSettings {
     pub stages: Vec<PluginChoice>,
     /// User filters, in the order they run (`filters:`); taken up by `linkbus reload`.
     pub filters: Vec<FilterChoice>,
+    /// What reads and writes file messages (`files:`, default `file`).
+    pub files: PluginChoice,
     /// The plugins to choose from: the built-in ones, and those of the libraries loaded.
     pub registry: linkbus_plugin_api::Registry,
+}
+
+impl NodeSettings {
+    /// The files directory: `files_dir`, or `files` in the data directory.
+    pub fn files_dir(&self) -> PathBuf {
+        self.files_dir.clone().unwrap_or_else(|| self.data_dir.join("files"))
+    }
 }
 
 impl Default for NodeSettings {
@@ -387,6 +399,7 @@ impl Default for NodeSettings {
             listen: Some("127.0.0.1:7400".into()),
             client_socket: None,
             data_dir: PathBuf::from("linkbus-data"),
+            files_dir: None,
             data_free_bytes_min: 64 << 20,
         }
     }
@@ -444,6 +457,7 @@ impl Default for PluginSettings {
             router: PluginChoice::named("static"),
             stages: Vec::new(),
             filters: Vec::new(),
+            files: PluginChoice::named("file"),
             registry: linkbus_plugin_api::Registry::built_in(),
         }
     }

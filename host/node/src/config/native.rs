@@ -164,6 +164,7 @@ pub fn plugins_table(config: &Config, filters: &[(String, String, Origin)]) -> S
             "transport" => is(&p.transport),
             "store" => is(&p.store),
             "router" => is(&p.router),
+            "handler" => is(&p.files),
             "compressor" | "cipher" => p.stages.iter().any(is),
             "filter" => library.is_none() && p.filters.iter().any(|f| f.kind == name),
             _ => false,

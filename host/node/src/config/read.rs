@@ -35,6 +35,8 @@ pub struct Overrides {
     pub routes: Vec<String>,
     /// `--data-dir`.
     pub data_dir: Option<PathBuf>,
+    /// `--files-dir`.
+    pub files_dir: Option<PathBuf>,
     /// `--socket`.
     pub client_socket: Option<PathBuf>,
     /// `--insecure-plaintext`.
@@ -159,6 +161,7 @@ pub fn apply_overrides(tree: &mut ConfigValue, o: &Overrides) {
             ("name", o.name.as_deref().map(text)),
             ("listen", o.listen.as_deref().map(text)),
             ("data_dir", o.data_dir.as_ref().map(path)),
+            ("files_dir", o.files_dir.as_ref().map(path)),
             ("client_socket", o.client_socket.as_ref().map(path)),
         ] {
             if let Some(value) = value {
@@ -256,9 +259,10 @@ fn read_node(root: &Section<'_>) -> NodeSettings {
     let client_socket = s.string("client_socket").map(PathBuf::from);
     let name = name.unwrap_or(d.name);
     let data_dir = s.string("data_dir").map_or_else(|| super::default_data_dir(&name), PathBuf::from);
+    let files_dir = s.string("files_dir").map(PathBuf::from);
     let data_free_bytes_min = s.number("data_free_bytes_min", d.data_free_bytes_min, 0, BYTES_MAX);
     s.finish();
-    NodeSettings { name, listen, client_socket, data_dir, data_free_bytes_min }
+    NodeSettings { name, listen, client_socket, data_dir, files_dir, data_free_bytes_min }
 }
 
 fn read_peers(root: &Section<'_>) -> Vec<PeerConfig> {
@@ -520,6 +524,7 @@ fn read_plugins(root: &Section<'_>) -> PluginSettings {
     let router = read_choice(&s, "router", d.router.clone()).unwrap_or(d.router);
     let stages = read_stages(&s);
     let filters = super::filters::read_filters(&s);
+    let files = read_choice_as(&s, "files", "handler", d.files.clone()).unwrap_or(d.files);
     s.finish();
     PluginSettings {
         transport,
@@ -527,6 +532,7 @@ fn read_plugins(root: &Section<'_>) -> PluginSettings {
         router,
         stages,
         filters,
+        files,
         registry: linkbus_plugin_api::Registry::built_in(),
     }
 }
@@ -586,8 +592,18 @@ fn read_stages(plugins: &Section<'_>) -> Vec<PluginChoice> {
 }
 
 fn read_choice(plugins: &Section<'_>, point: &'static str, default: PluginChoice) -> Option<PluginChoice> {
-    let Some(value) = plugins.get(point) else { return Some(default) };
-    let section = Section::new(plugins.diagnostics(), plugins.path_of(point), value)?;
+    read_choice_as(plugins, point, point, default)
+}
+
+/// [`read_choice`] of key `key` for extension point `point` (`files:` chooses a `handler`).
+fn read_choice_as(
+    plugins: &Section<'_>,
+    key: &'static str,
+    point: &'static str,
+    default: PluginChoice,
+) -> Option<PluginChoice> {
+    let Some(value) = plugins.get(key) else { return Some(default) };
+    let section = Section::new(plugins.diagnostics(), plugins.path_of(key), value)?;
     let kind = section.required("kind", Section::string)?;
     if let Some(library) = super::native::read_library(&section, point) {
         // The plugin's own check reads the rest of the section once the library is loaded

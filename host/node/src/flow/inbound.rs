@@ -124,7 +124,8 @@ impl Inbound {
             let mut at = Vec::new();
             let mut messages: Vec<&mut Message> = Vec::new();
             for (i, arrival) in arrivals.iter_mut().enumerate() {
-                if here(&arrival.message) == for_here {
+                // Filters see messages, not the chunks of files.
+                if here(&arrival.message) == for_here && !crate::files::is_frame(&arrival.message) {
                     at.push(i);
                     messages.push(&mut arrival.message);
                 }
@@ -158,7 +159,8 @@ fn undecodable(node: &NodeState, arrivals: &mut [Arrival], now: Instant) -> Vec<
     let check_all = codecs.has_cipher();
     for (index, arrival) in arrivals.iter_mut().enumerate() {
         let message = &mut arrival.message;
-        if !message.is_encoded() && !check_all {
+        // (A transfer's frames are decoded where they are taken: `files`.)
+        if !message.is_encoded() && !check_all || crate::files::is_frame(message) {
             continue;
         }
         let mut decoded = None;
@@ -270,6 +272,10 @@ fn take_run(node: &NodeState, messages: Vec<Message>, now: Instant) -> Option<Ve
 /// without a duplicate.
 fn take_one(node: &NodeState, arrival: Arrival, now: Instant) -> Result<(), QueueError> {
     let Arrival { message, record } = arrival;
+    if crate::files::is_frame(&message) && message.content.recipients.iter().any(|to| &to.node == node.name())
+    {
+        return crate::files::arrived(node, message, record, now);
+    }
     if crate::results::is_result_message(&message)
         && message.content.recipients.iter().any(|to| &to.node == node.name())
     {

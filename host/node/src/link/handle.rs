@@ -316,6 +316,14 @@ impl LinkHandle {
         self.wake.notify_one();
     }
 
+    /// Queues a message that this node does not record, persistent or not: a file's chunk
+    /// at its origin, whose file is its record (after a restart the transfer asks its
+    /// recipient where to go on; the link fills the numbers it lost with skips).
+    pub fn enqueue_unrecorded(&self, message: Message, now: Instant) {
+        self.lock().push_checked(message, now, None);
+        self.wake.notify_one();
+    }
+
     /// Queues a message relayed from another link, with `with` (the inbound link's record)
     /// in the same store batch as its own record when it is persistent. Returns `with` when
     /// it was not written (nothing recorded here): the caller writes it.

@@ -123,7 +123,7 @@ impl TransmissionQueue {
     }
 
     pub(crate) fn class_of(message: &Message) -> usize {
-        if message.content.kind == Kind::File {
+        if message.content.kind == Kind::File && !message.content.priority.is_system() {
             return FILES;
         }
         (message.content.priority.code() as usize).min(SYSTEM)

@@ -98,6 +98,8 @@ pub struct NodeState {
     codecs: crate::flow::codecs::Codecs,
     /// The running user filters (see [`crate::flow::filters`]).
     filters: Arc<crate::flow::filters::Filters>,
+    /// The files directory and the transfers (see [`crate::files`]).
+    files: crate::files::Files,
 }
 
 impl std::fmt::Debug for NodeState {
@@ -125,6 +127,11 @@ impl NodeState {
     /// This process run's id.
     pub(crate) fn run_id(&self) -> u64 {
         self.run
+    }
+
+    /// The files directory and the file transfers.
+    pub fn files(&self) -> &crate::files::Files {
+        &self.files
     }
 
     /// The store.

@@ -288,6 +288,8 @@ impl NodeState {
         }
         let subscriptions = subscriptions(&config, store.as_ref(), &committer, &queues, &links, &routing)?;
         let (results, sequence_kept) = result_book(&config, store.as_ref(), &committer, now)?;
+        let files = crate::files::Files::open(&config, store.as_ref())
+            .map_err(|e| StartError::Io { what: "files".into(), source: std::io::Error::other(e) })?;
         // Sequence numbers must not repeat across restarts of a node whose store forgets:
         // start from the clock (microsecond resolution leaves room for 1 M puts a second),
         // and above any kept in the store (the clock may have gone back).
@@ -327,6 +329,7 @@ impl NodeState {
             stages,
             codecs,
             filters,
+            files,
         }))
     }
 }

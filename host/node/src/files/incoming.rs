@@ -1,0 +1,477 @@
+//! A recipient of transfers: chunks written into partial files and recorded with their
+//! CRC-32C, the file checked and moved into place, its queue told, its origin answered.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::{Duration, Instant};
+
+use linkbus_client::{FileDirection, FileTransfer};
+use linkbus_plugin_api::file::{Chunk, Digest, Frame, refused};
+use linkbus_plugin_api::{
+    Address, Batch, Content, FilesDir, Kind, Lifetime, Message, MessageId, PartialFile, Reliability,
+};
+use tracing::{info, warn};
+
+use super::record::{self, Ended, InKey, InRecord};
+use super::{DIGEST_HEADER, NAME_HEADER, SENDER_HEADER, SIZE_HEADER, TRANSFER_HEADER, answer_origin};
+use crate::flow::placement::{Came, Placement};
+use crate::node::NodeState;
+
+/// After a write failed (a full disk), how long a transfer waits before asking again.
+const STALL_RETRY: Duration = Duration::from_secs(5);
+/// How long a recipient remembers how a transfer ended (to answer its origin again).
+const ENDED_KEPT_MS: u64 = 7 * 86_400 * 1000;
+
+/// One transfer being received.
+struct Receiving {
+    record: InRecord,
+    partial: Box<dyn PartialFile>,
+    hasher: blake3::Hasher,
+    /// Offsets of the chunks recorded (forgotten with the transfer).
+    chunks: Vec<u64>,
+    /// `expected` when the origin was last told.
+    progress_sent: u64,
+    /// Bytes after which to tell it again.
+    ack_every: u64,
+    /// A `Resume` for the current attempt went out: chunks out of place are dropped quietly.
+    asked: bool,
+    /// A write failed: why, and when to ask for the bytes again.
+    stalled: Option<(String, Instant)>,
+    /// Damage found at start: ask for the bytes from `expected` once running.
+    damaged: bool,
+}
+
+/// Every transfer this node receives, and those that ended here lately.
+#[derive(Default)]
+pub(crate) struct Table {
+    open: BTreeMap<InKey, Receiving>,
+    ended: HashMap<InKey, (u64, Ended)>,
+}
+
+/// The recipient a frame is for (its first recipient on this node).
+fn recipient_here(node: &NodeState, message: &Message) -> Option<Address> {
+    message.content.recipients.iter().find(|to| &to.node == node.name()).cloned()
+}
+
+fn key_of(message: &Message, to: &Address) -> InKey {
+    InKey { origin: message.id.source.clone(), sequence: message.id.sequence, queue: to.queue.clone() }
+}
+
+/// Takes a frame from an origin (chunk, query, cancel) with the link's `record` of it.
+pub(crate) fn take(node: &NodeState, message: &Message, frame: Frame, record: Batch, now: Instant) {
+    let Some(to) = recipient_here(node, message) else {
+        node.committer().write(record);
+        return;
+    };
+    let key = key_of(message, &to);
+    let files = node.files();
+    let mut table = files.incoming();
+    match frame {
+        Frame::Chunk(chunk) => table.chunk(node, message, &to, key, chunk, record, now),
+        Frame::Query { attempt } => table.query(node, &to, key, attempt, record),
+        Frame::Cancel { reason } => {
+            table.end(node, &key, Ended::Refused(refused::CANCELLED.into(), reason.clone()), record);
+            info!(id = %message.id, reason, "File transfer cancelled by its origin; its partial file removed.");
+        }
+        _ => node.committer().write(record),
+    }
+}
+
+impl Table {
+    /// Reads back the transfers recorded in `store`, checking each partial file chunk by
+    /// chunk against the CRCs recorded: it is cut after the last chunk that checks (a
+    /// transfer with damage asks its origin for the rest once the node runs).
+    ///
+    /// # Errors
+    /// A record that cannot be read.
+    pub(crate) fn load(store: &dyn linkbus_plugin_api::Store, dir: &dyn FilesDir) -> Result<Self, String> {
+        let mut table = Self::default();
+        for (key, at, ended) in Ended::load(store)? {
+            table.ended.insert(key, (at, ended));
+        }
+        for recovered in record::load_incoming(store)? {
+            let id = recovered.key.partial_id();
+            let partial = dir.partial(&id, true).map_err(|e| format!("partial file {id}: {e}"))?;
+            let mut receiving = Receiving {
+                record: recovered.record,
+                partial,
+                hasher: blake3::Hasher::new(),
+                chunks: recovered.chunks.iter().map(|(offset, ..)| *offset).collect(),
+                progress_sent: 0,
+                ack_every: 0,
+                asked: false,
+                stalled: None,
+                damaged: false,
+            };
+            let verified = verify(&mut receiving, &recovered.chunks);
+            if verified < receiving.record.expected {
+                warn!(
+                    partial = id,
+                    recorded = receiving.record.expected,
+                    verified,
+                    "A partial file does not match its chunks' checksums; it resumes from the last good chunk."
+                );
+                receiving.damaged = true;
+            }
+            receiving.record.expected = verified;
+            receiving.progress_sent = verified;
+            receiving.partial.truncate(verified).map_err(|e| format!("partial file {id}: {e}"))?;
+            table.open.insert(recovered.key, receiving);
+        }
+        Ok(table)
+    }
+
+    /// Asks the origins of transfers found damaged at start for the bytes they lack.
+    pub(crate) fn resume_damaged(&mut self, node: &NodeState) {
+        for (key, r) in &mut self.open {
+            if std::mem::take(&mut r.damaged) {
+                let note = "the partial file was damaged; resuming from its last good chunk";
+                ask(node, key, r, note.to_owned(), Batch::new());
+            }
+        }
+    }
+
+    /// Every transfer being received.
+    pub(crate) fn list(&self) -> Vec<FileTransfer> {
+        self.open
+            .iter()
+            .map(|(key, r)| FileTransfer {
+                id: MessageId {
+                    source: key.origin.clone(),
+                    sequence: key.sequence,
+                    created_unix_ms: r.record.created_unix_ms,
+                },
+                direction: FileDirection::In,
+                peer: key.queue.to_string(),
+                name: r.record.name.to_string(),
+                size: r.record.size,
+                done_bytes: r.record.expected,
+                note: r.stalled.as_ref().map(|(why, _)| why.clone()).unwrap_or_default(),
+            })
+            .collect()
+    }
+
+    /// Removes transfers whose lifetime ran out here (their partial files too), asks again
+    /// for the bytes of stalled ones, and forgets endings kept long enough.
+    pub(crate) fn sweep(&mut self, node: &NodeState, now_unix_ms: u64, now: Instant) {
+        let expired: Vec<InKey> = self
+            .open
+            .iter()
+            .filter(|(_, r)| r.record.deadline_unix_ms != 0 && now_unix_ms >= r.record.deadline_unix_ms)
+            .map(|(k, _)| k.clone())
+            .collect();
+        for key in expired {
+            warn!(origin = %key.origin, transfer = key.sequence, "A file transfer's lifetime ran out here; its partial file removed.");
+            self.end(
+                node,
+                &key,
+                Ended::Refused("expired".into(), "its lifetime ran out".into()),
+                Batch::new(),
+            );
+        }
+        for (key, r) in &mut self.open {
+            if r.stalled.as_ref().is_some_and(|(_, at)| *at <= now) {
+                let why = r.stalled.take().map(|(why, _)| why).unwrap_or_default();
+                ask(node, key, r, format!("resuming after: {why}"), Batch::new());
+            }
+        }
+        let old: Vec<InKey> = self
+            .ended
+            .iter()
+            .filter(|(_, (at, _))| now_unix_ms.saturating_sub(*at) > ENDED_KEPT_MS)
+            .map(|(k, _)| k.clone())
+            .collect();
+        let mut batch = Batch::new();
+        for key in old {
+            self.ended.remove(&key);
+            batch.delete(record::DONE_SPACE, key.bytes());
+        }
+        if !batch.is_empty() {
+            node.committer().write(batch);
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn chunk(
+        &mut self,
+        node: &NodeState,
+        message: &Message,
+        to: &Address,
+        key: InKey,
+        chunk: Chunk,
+        record: Batch,
+        now: Instant,
+    ) {
+        if self.ended.contains_key(&key) {
+            return node.committer().write(record); // A chunk of a transfer already ended here.
+        }
+        if !self.open.contains_key(&key) {
+            match begin(node, message, to, &key, &chunk) {
+                Ok(receiving) => {
+                    self.open.insert(key.clone(), receiving);
+                }
+                Err((code, reason)) => {
+                    warn!(id = %message.id, code, reason, "File refused.");
+                    let ended = Ended::Refused(code.to_owned(), reason);
+                    return self.end(node, &key, ended, record);
+                }
+            }
+        }
+        let Some(r) = self.open.get_mut(&key) else { return node.committer().write(record) };
+        if chunk.attempt < r.record.attempt || r.stalled.is_some() {
+            return node.committer().write(record);
+        }
+        if chunk.attempt > r.record.attempt {
+            r.record.attempt = chunk.attempt;
+            r.asked = false;
+        }
+        r.ack_every = u64::from(chunk.ack_every).max(1);
+        let crc = linkbus_proto::crc::crc32c(&chunk.data);
+        if chunk.offset != r.record.expected || crc != chunk.crc {
+            if r.asked {
+                return node.committer().write(record);
+            }
+            let note = if crc == chunk.crc { "bytes missing here" } else { "a chunk failed its checksum" };
+            return ask(node, &key, r, note.to_owned(), record);
+        }
+        if let Err(e) = r.partial.write_at(chunk.offset, &chunk.data) {
+            stall(node, &key, r, &e, now);
+            return node.committer().write(record);
+        }
+        r.hasher.update(&chunk.data);
+        r.record.expected += chunk.data.len() as u64;
+        r.chunks.push(chunk.offset);
+        let mut batch = record;
+        record::write_chunk(&key, chunk.offset, chunk.data.len() as u32, crc, &mut batch);
+        r.record.write(&key, &mut batch);
+        if r.record.expected == r.record.size {
+            return self.finish(node, &key, to, chunk.digest, batch, now);
+        }
+        if r.record.expected - r.progress_sent >= r.ack_every {
+            r.progress_sent = r.record.expected;
+            let progress = Frame::Progress { transfer: key.sequence, verified: r.record.expected };
+            return answer_origin(node, &key.origin, to, &progress, batch);
+        }
+        node.committer().write(batch);
+    }
+
+    /// The last chunk is in: checks the digest, moves the file into place, tells its queue
+    /// and its origin (one store batch with `batch`).
+    fn finish(
+        &mut self,
+        node: &NodeState,
+        key: &InKey,
+        to: &Address,
+        sent: Option<Digest>,
+        batch: Batch,
+        now: Instant,
+    ) {
+        let Some(r) = self.open.get_mut(key) else { return node.committer().write(batch) };
+        let digest = *r.hasher.finalize().as_bytes();
+        if sent.is_some_and(|sent| sent != digest) {
+            warn!(origin = %key.origin, transfer = key.sequence, "A file's digest differs from its origin's; receiving it again.");
+            let mut batch = batch;
+            record::forget(key, r.chunks.drain(..), &mut batch);
+            r.record.expected = 0;
+            r.hasher = blake3::Hasher::new();
+            let _ = r.partial.truncate(0);
+            let note = "its BLAKE3 digest differed from the origin's; starting again".to_owned();
+            return ask(node, key, r, note, batch);
+        }
+        let id = key.partial_id();
+        let published = r.partial.sync().and_then(|()| node.files().dir.publish(&id, &r.record.name));
+        if let Err(e) = published {
+            if e.kind() != std::io::ErrorKind::AlreadyExists {
+                stall(node, key, r, &e, now);
+                return node.committer().write(batch);
+            }
+            let reason =
+                format!("a file '{}' is already in {}'s files directory", r.record.name, node.name());
+            return self.end(node, key, Ended::Refused(refused::EXISTS.into(), reason), batch);
+        }
+        info!(origin = %key.origin, transfer = key.sequence, file = %r.record.name, size = r.record.size, "File received.");
+        let notice = notice(key, r, to, &digest);
+        let hold = node.committer().hold();
+        self.end(node, key, Ended::Delivered(digest), batch);
+        let placement = Placement::of(node, &notice, Came::Arrived).or_dead_letter(node, &notice);
+        placement.apply(node, notice, now, Came::Arrived, Batch::new());
+        drop(hold);
+    }
+
+    /// Answers an origin's `Query`: where the transfer stands here.
+    fn query(&mut self, node: &NodeState, to: &Address, key: InKey, attempt: u32, record: Batch) {
+        let frame = match (self.ended.get(&key), self.open.get_mut(&key)) {
+            (Some((_, Ended::Delivered(digest))), _) => {
+                Frame::Done { transfer: key.sequence, digest: *digest }
+            }
+            (Some((_, Ended::Refused(code, reason))), _) => {
+                Frame::Refuse { transfer: key.sequence, code: code.clone(), reason: reason.clone() }
+            }
+            (None, Some(r)) => {
+                r.record.attempt = r.record.attempt.max(attempt);
+                r.asked = true;
+                let mut batch = record;
+                r.record.write(&key, &mut batch);
+                let note = r.stalled.as_ref().map(|(why, _)| why.clone()).unwrap_or_default();
+                let frame = Frame::Resume {
+                    transfer: key.sequence,
+                    attempt: r.record.attempt,
+                    from: r.record.expected,
+                    note,
+                };
+                return answer_origin(node, &key.origin, to, &frame, batch);
+            }
+            (None, None) => Frame::Resume { transfer: key.sequence, attempt, from: 0, note: String::new() },
+        };
+        answer_origin(node, &key.origin, to, &frame, record);
+    }
+
+    /// Ends a transfer here: its partial file and records removed, how it ended kept (and,
+    /// for a refusal, told to its origin), in one store batch with `with`.
+    fn end(&mut self, node: &NodeState, key: &InKey, ended: Ended, with: Batch) {
+        let mut batch = with;
+        if let Some(r) = self.open.remove(key) {
+            record::forget(key, r.chunks, &mut batch);
+            if !matches!(ended, Ended::Delivered(_))
+                && let Err(e) = node.files().dir.remove_partial(&key.partial_id())
+            {
+                warn!(partial = key.partial_id(), error = %e, "A partial file could not be removed.");
+            }
+        }
+        ended.write(key, &mut batch);
+        self.ended.insert(key.clone(), (crate::clock::unix_ms(), ended.clone()));
+        let to = Address::new(node.name().clone(), key.queue.clone());
+        match ended {
+            Ended::Delivered(digest) => {
+                answer_origin(node, &key.origin, &to, &Frame::Done { transfer: key.sequence, digest }, batch);
+            }
+            Ended::Refused(code, _) if code == refused::CANCELLED || code == "expired" => {
+                node.committer().write(batch);
+            }
+            Ended::Refused(code, reason) => {
+                answer_origin(
+                    node,
+                    &key.origin,
+                    &to,
+                    &Frame::Refuse { transfer: key.sequence, code, reason },
+                    batch,
+                );
+            }
+        }
+    }
+}
+
+/// Starts receiving a transfer at its first chunk: the queue must be here, the name free.
+fn begin(
+    node: &NodeState,
+    message: &Message,
+    to: &Address,
+    key: &InKey,
+    chunk: &Chunk,
+) -> Result<Receiving, (&'static str, String)> {
+    if node.queue(to.queue.as_str()).is_none() {
+        return Err((refused::NO_QUEUE, format!("no queue '{}' on node {}", to.queue, node.name())));
+    }
+    let files = node.files();
+    let write_failed =
+        |e: std::io::Error| (refused::WRITE_FAILED, format!("{}: {e}", files.root().display()));
+    if files.dir.exists(&chunk.name).map_err(write_failed)? {
+        return Err((
+            refused::EXISTS,
+            format!("a file '{}' is already in {}'s files directory", chunk.name, node.name()),
+        ));
+    }
+    let partial = files.dir.partial(&key.partial_id(), true).map_err(write_failed)?;
+    partial.truncate(0).map_err(write_failed)?;
+    let deadline_unix_ms = match message.content.lifetime {
+        Some(l) if !l.is_unlimited() => crate::clock::unix_ms().saturating_add(l.as_ms()),
+        _ => 0,
+    };
+    let record = InRecord {
+        created_unix_ms: message.id.created_unix_ms,
+        name: chunk.name.clone(),
+        size: chunk.size,
+        attempt: chunk.attempt,
+        expected: 0,
+        deadline_unix_ms,
+    };
+    // A transfer first seen past its start (this node lost it) starts again from zero: the
+    // chunk is out of place, so the origin is asked for the bytes from 0.
+    Ok(Receiving {
+        record,
+        partial,
+        hasher: blake3::Hasher::new(),
+        chunks: Vec::new(),
+        progress_sent: 0,
+        ack_every: u64::from(chunk.ack_every).max(1),
+        asked: false,
+        stalled: None,
+        damaged: false,
+    })
+}
+
+/// Asks the origin for the bytes from `expected` on, as a new attempt (chunks of older ones
+/// are dropped from now on), in one store batch with `with`.
+fn ask(node: &NodeState, key: &InKey, r: &mut Receiving, note: String, with: Batch) {
+    r.record.attempt += 1;
+    r.asked = true;
+    r.damaged = false;
+    let mut batch = with;
+    r.record.write(key, &mut batch);
+    let to = Address::new(node.name().clone(), key.queue.clone());
+    let frame =
+        Frame::Resume { transfer: key.sequence, attempt: r.record.attempt, from: r.record.expected, note };
+    answer_origin(node, &key.origin, &to, &frame, batch);
+}
+
+/// A write failed: the transfer waits, then asks for the bytes again.
+fn stall(node: &NodeState, key: &InKey, r: &mut Receiving, error: &std::io::Error, now: Instant) {
+    if node.warnings().admit(crate::warnings::reason::BAD_FILE_FRAME) {
+        warn!(partial = key.partial_id(), error = %error, "Cannot write a file being received; it resumes later.");
+    }
+    r.stalled = Some((error.to_string(), now + STALL_RETRY));
+    r.asked = true;
+}
+
+/// Checks a partial file against its chunks (in offset order) and digests what checks;
+/// returns the bytes that do.
+fn verify(r: &mut Receiving, chunks: &[(u64, u32, u32)]) -> u64 {
+    let mut verified = 0;
+    let mut buf = Vec::new();
+    for &(offset, len, crc) in chunks {
+        if offset != verified || verified + u64::from(len) > r.record.expected {
+            break;
+        }
+        buf.resize(len as usize, 0);
+        let read = r.partial.read_at(offset, &mut buf).unwrap_or(0);
+        if read != buf.len() || linkbus_proto::crc::crc32c(&buf) != crc {
+            break;
+        }
+        r.hasher.update(&buf);
+        verified += u64::from(len);
+    }
+    verified
+}
+
+/// The message the recipient queue gets for a file received.
+fn notice(key: &InKey, r: &Receiving, to: &Address, digest: &Digest) -> Message {
+    let hex = linkbus_plugin_api::hex::encode(digest);
+    let id = MessageId {
+        source: key.origin.clone(),
+        sequence: key.sequence,
+        created_unix_ms: r.record.created_unix_ms,
+    };
+    let text = format!("{} ({} bytes, blake3 {hex}) from {}", r.record.name, r.record.size, key.origin);
+    let mut content = Content::buf(to.clone(), text)
+        .with_reliability(Reliability::Persistent)
+        .with_lifetime(Lifetime::UNLIMITED);
+    content.kind = Kind::File;
+    content.name = r.record.name.to_string();
+    content.headers.extend([
+        (NAME_HEADER.into(), r.record.name.to_string()),
+        (SIZE_HEADER.into(), r.record.size.to_string()),
+        (DIGEST_HEADER.into(), hex),
+        (SENDER_HEADER.into(), key.origin.to_string()),
+        (TRANSFER_HEADER.into(), id.to_string()),
+    ]);
+    Message::new(id, content)
+}

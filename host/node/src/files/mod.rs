@@ -1,0 +1,268 @@
+//! File messages: a file under the origin's files directory travels to a recipient queue's
+//! node as chunk messages on the links' file channel, lands under that node's files
+//! directory, and the queue gets a message describing it.
+//!
+//! - [`outgoing`]: the origin. A transfer is recorded (file, stamp, recipients) before the
+//!   send is answered; one task per recipient reads chunks from the file as the recipient
+//!   confirms them (at most the handler's `window_bytes` ahead), so memory stays bounded
+//!   whatever the file's size. Chunks are not stored at the origin: the file is their
+//!   record, and a restart asks each recipient how far it is (`Query`).
+//! - [`incoming`]: a recipient. Each chunk is written into a partial file and recorded with
+//!   its CRC-32C in the same store batch as the link's record of the message; the last one
+//!   is followed by the BLAKE3 check, the move into place (never replacing a file), the
+//!   notice into the queue and `Done` to the origin, in one batch again.
+//! - [`record`]: what both record in the store.
+//!
+//! Relays see chunks as ordinary persistent messages (stored, forwarded, acknowledged): a
+//! transfer needs nothing from them. Every answer to the origin (`Resume`, `Progress`,
+//! `Done`, `Refuse`) is a persistent message of the system class.
+
+mod incoming;
+mod outgoing;
+mod record;
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use linkbus_plugin_api::file::Frame;
+use linkbus_plugin_api::{
+    Address, Batch, Content, FilesDir, Kind, Lifetime, Message, MessageHandler, Priority, Reliability,
+};
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinSet;
+use tracing::warn;
+
+use crate::config::Config;
+use crate::flow::placement::{Came, Placement};
+use crate::node::NodeState;
+use crate::queue::QueueError;
+
+pub use outgoing::{SOURCE_CHANGED, SOURCE_UNREADABLE, start};
+
+/// `name` of the messages that carry a transfer's frames.
+pub const FRAME_NAME: &str = "linkbus.file";
+/// Header of an answer to the origin: the recipient it comes from (`node:queue`).
+pub const RECIPIENT_HEADER: &str = "linkbus.file.recipient";
+/// Headers of the message a recipient queue gets for a file received.
+pub const NAME_HEADER: &str = "linkbus.file.name";
+/// Its size in bytes.
+pub const SIZE_HEADER: &str = "linkbus.file.size";
+/// Its BLAKE3 digest, hexadecimal.
+pub const DIGEST_HEADER: &str = "linkbus.file.blake3";
+/// The node that sent it.
+pub const SENDER_HEADER: &str = "linkbus.file.sender";
+/// The transfer's id (`node/sequence`).
+pub const TRANSFER_HEADER: &str = "linkbus.file.transfer";
+
+/// How often transfers are looked over (lifetimes, stalled recipients, silent ones).
+const SWEEP: Duration = Duration::from_secs(1);
+
+pub use linkbus_client::{FileTransfer, SendFile};
+
+/// The node's files: its directory (through the handler plugin) and its transfers.
+pub struct Files {
+    handler: Box<dyn MessageHandler>,
+    dir: Box<dyn FilesDir>,
+    root: PathBuf,
+    outgoing: outgoing::Table,
+    incoming: Mutex<incoming::Table>,
+    starts: mpsc::UnboundedSender<outgoing::Start>,
+    started: Mutex<Option<mpsc::UnboundedReceiver<outgoing::Start>>>,
+}
+
+impl std::fmt::Debug for Files {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Files").field("root", &self.root).finish_non_exhaustive()
+    }
+}
+
+impl Files {
+    /// Builds the handler (`plugins.files`), opens the files directory and reads back the
+    /// transfers recorded in `store` (checking every partial file against its chunks').
+    ///
+    /// # Errors
+    /// The handler cannot be built, the directory opened, or a record read.
+    pub(crate) fn open(config: &Config, store: &dyn linkbus_plugin_api::Store) -> Result<Self, String> {
+        let choice = &config.plugins.files;
+        let ctx = linkbus_plugin_api::BuildContext {
+            node: config.node.name.clone(),
+            data_dir: config.node.data_dir.clone(),
+        };
+        let registry = &config.plugins.registry;
+        let handler = match registry.find("handler", &choice.kind, choice.library_path()).map(|p| &p.builder)
+        {
+            Some(linkbus_plugin_api::Builder::Handler(build)) => {
+                build(&choice.section, &ctx).map_err(|e| e.to_string())?
+            }
+            _ => return Err(format!("plugins.files: no handler plugin named '{}'", choice.kind)),
+        };
+        let root = config.node.files_dir();
+        let dir = handler.open(&root).map_err(|e| format!("node.files_dir: {}", e.0))?;
+        let incoming = incoming::Table::load(store, dir.as_ref())?;
+        let outgoing = outgoing::Table::load(store, &config.node.name)?;
+        let (starts, started) = mpsc::unbounded_channel();
+        Ok(Self {
+            handler,
+            dir,
+            root,
+            outgoing,
+            incoming: Mutex::new(incoming),
+            starts,
+            started: Mutex::new(Some(started)),
+        })
+    }
+
+    /// The files directory.
+    pub fn root(&self) -> &std::path::Path {
+        &self.root
+    }
+
+    fn incoming(&self) -> std::sync::MutexGuard<'_, incoming::Table> {
+        self.incoming.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Every transfer under way, both ways.
+    pub fn list(&self) -> Vec<FileTransfer> {
+        let mut all = self.outgoing.list();
+        all.extend(self.incoming().list());
+        all
+    }
+}
+
+/// Whether `message` is one of a transfer's frames.
+pub(crate) fn is_frame(message: &Message) -> bool {
+    message.content.kind == Kind::File && message.content.name == FRAME_NAME
+}
+
+/// Takes a frame that arrived for this node (with the link's record of it, written in the
+/// same store batch as what the frame changes).
+///
+/// # Errors
+/// When a refusal cannot be dead-lettered (no room): nothing was written then.
+pub(crate) fn arrived(
+    node: &NodeState,
+    message: Message,
+    record: Batch,
+    now: Instant,
+) -> Result<(), QueueError> {
+    let payload = match decoded_payload(node, &message) {
+        Ok(payload) => payload,
+        Err(reason) => return bad_frame(node, message, record, &reason, now),
+    };
+    let frame = match Frame::decode(payload) {
+        Ok(frame) => frame,
+        Err(e) => return bad_frame(node, message, record, &e.to_string(), now),
+    };
+    match frame {
+        Frame::Chunk(_) | Frame::Query { .. } | Frame::Cancel { .. } => {
+            incoming::take(node, &message, frame, record, now);
+        }
+        answer => {
+            let recipient = message.content.header(RECIPIENT_HEADER).and_then(|a| a.parse::<Address>().ok());
+            match recipient {
+                Some(recipient) => outgoing::answer(node, &recipient, answer),
+                None => return bad_frame(node, message, record, "an answer without its recipient", now),
+            }
+            node.committer().write(record);
+        }
+    }
+    Ok(())
+}
+
+/// The frame's bytes: the payload, decoded when its origin's codecs encoded it.
+fn decoded_payload(node: &NodeState, message: &Message) -> Result<bytes::Bytes, String> {
+    if !message.is_encoded() {
+        return Ok(message.content.payload.clone());
+    }
+    let Some(to) = message.content.recipients.first() else { return Err("no recipient".into()) };
+    let max = usize::try_from(node.config().messages.message_bytes_max).unwrap_or(usize::MAX);
+    node.codecs().decode(message, to, max).map_err(|r| r.reason)
+}
+
+/// A frame that does not read goes to the dead-letter queue with the reason.
+fn bad_frame(
+    node: &NodeState,
+    message: Message,
+    record: Batch,
+    reason: &str,
+    now: Instant,
+) -> Result<(), QueueError> {
+    if node.warnings().admit(crate::warnings::reason::BAD_FILE_FRAME) {
+        warn!(id = %message.id, reason, "A file frame does not read; dead-lettered.");
+    }
+    crate::flow::dead_letter::check_room(node, 1)?;
+    let why = crate::flow::DeadLetter {
+        code: crate::flow::DeadLetterCode::DecodeFailed,
+        reason: &format!("bad file frame: {reason}"),
+        failed: message.content.recipients.to_vec(),
+    };
+    crate::flow::dead_letter::put(node, message, why, now, record);
+    Ok(())
+}
+
+/// Sends `frame` from this node (a recipient) to `origin`'s node about the transfer to
+/// `recipient`, in one store batch with `with`. An answer for this node itself is taken at
+/// once.
+fn answer_origin(
+    node: &NodeState,
+    origin: &linkbus_plugin_api::NodeName,
+    recipient: &Address,
+    frame: &Frame,
+    with: Batch,
+) {
+    if origin == node.name() {
+        outgoing::answer(node, recipient, frame.clone());
+        node.committer().write(with);
+        return;
+    }
+    let to = Address::new(origin.clone(), node.event_queue().queue.clone());
+    let mut content = Content::buf(to, frame.encode())
+        .with_priority(Priority::SYSTEM)
+        .with_reliability(Reliability::Persistent)
+        .with_lifetime(Lifetime::UNLIMITED);
+    content.kind = Kind::File;
+    content.name = FRAME_NAME.to_owned();
+    content.headers.push((RECIPIENT_HEADER.into(), recipient.to_string()));
+    let message = crate::flow::origin::stamp(node, content, crate::clock::unix_ms());
+    match Placement::of(node, &message, Came::Put).reachable() {
+        Ok(placement) => placement.apply(node, message, Instant::now(), Came::Put, with),
+        Err(refusal) => {
+            if node.warnings().admit(crate::warnings::reason::BAD_FILE_FRAME) {
+                warn!(origin = %origin, reason = refusal.reason, "A file transfer's answer has no way to its origin.");
+            }
+            node.committer().write(with);
+        }
+    }
+}
+
+/// Runs the node's transfers until shutdown: starts a task per recipient of each transfer
+/// (those read back at start ask their recipients how far they are first), and looks them
+/// over every [`SWEEP`].
+pub(crate) async fn run(node: Arc<NodeState>, mut shutdown: watch::Receiver<bool>) {
+    let files = node.files();
+    let Some(mut starts) = files.started.lock().unwrap_or_else(PoisonError::into_inner).take() else {
+        return;
+    };
+    let mut tasks = JoinSet::new();
+    for start in files.outgoing.recovered(&node) {
+        tasks.spawn(outgoing::send(node.clone(), start));
+    }
+    files.incoming().resume_damaged(&node);
+    let mut sweep = tokio::time::interval(SWEEP);
+    loop {
+        tokio::select! {
+            Some(start) = starts.recv() => {
+                tasks.spawn(outgoing::send(node.clone(), start));
+            }
+            _ = sweep.tick() => {
+                let now = crate::clock::unix_ms();
+                files.outgoing.sweep(&node, now);
+                files.incoming().sweep(&node, now, Instant::now());
+            }
+            Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
+            _ = shutdown.changed() => break,
+        }
+    }
+    tasks.abort_all();
+}
