@@ -15,6 +15,7 @@ mod demo;
 mod disk_full;
 mod durability;
 mod events;
+mod files;
 mod filters;
 mod flags;
 mod handshake_flood;

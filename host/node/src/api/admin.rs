@@ -232,6 +232,7 @@ pub(super) fn status(node: &NodeState) -> String {
         node.committer().stats.waiters.load(Ordering::Relaxed)
     );
     let _ = writeln!(s, "disk: {}", node.disk().describe());
+    let _ = writeln!(s, "{}", node.files().describe());
     stage_lines(node, &mut s);
     filter_lines(node, &mut s);
     let _ = writeln!(s, "links:");

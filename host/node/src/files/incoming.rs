@@ -2,6 +2,7 @@
 //! CRC-32C, the file checked and moved into place, its queue told, its origin answered.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use linkbus_client::{FileDirection, FileTransfer};
@@ -217,7 +218,10 @@ impl Table {
             }
         }
         let Some(r) = self.open.get_mut(&key) else { return node.committer().write(record) };
+        let stats = &node.files().stats;
+        let len = chunk.data.len() as u64;
         if chunk.attempt < r.record.attempt || r.stalled.is_some() {
+            stats.discarded_bytes.fetch_add(len, Ordering::Relaxed);
             return node.committer().write(record);
         }
         if chunk.attempt > r.record.attempt {
@@ -227,6 +231,7 @@ impl Table {
         r.ack_every = u64::from(chunk.ack_every).max(1);
         let crc = linkbus_proto::crc::crc32c(&chunk.data);
         if chunk.offset != r.record.expected || crc != chunk.crc {
+            stats.discarded_bytes.fetch_add(len, Ordering::Relaxed);
             if r.asked {
                 return node.committer().write(record);
             }
@@ -237,8 +242,9 @@ impl Table {
             stall(node, &key, r, &e, now);
             return node.committer().write(record);
         }
+        stats.written_bytes.fetch_add(len, Ordering::Relaxed);
         r.hasher.update(&chunk.data);
-        r.record.expected += chunk.data.len() as u64;
+        r.record.expected += len;
         r.chunks.push(chunk.offset);
         let mut batch = record;
         record::write_chunk(&key, chunk.offset, chunk.data.len() as u32, crc, &mut batch);
@@ -289,6 +295,7 @@ impl Table {
             return self.end(node, key, Ended::Refused(refused::EXISTS.into(), reason), batch);
         }
         info!(origin = %key.origin, transfer = key.sequence, file = %r.record.name, size = r.record.size, "File received.");
+        node.files().stats.received.fetch_add(1, Ordering::Relaxed);
         let notice = notice(key, r, to, &digest);
         let hold = node.committer().hold();
         self.end(node, key, Ended::Delivered(digest), batch);
@@ -412,6 +419,7 @@ fn begin(
 /// Asks the origin for the bytes from `expected` on, as a new attempt (chunks of older ones
 /// are dropped from now on), in one store batch with `with`.
 fn ask(node: &NodeState, key: &InKey, r: &mut Receiving, note: String, with: Batch) {
+    node.files().stats.resumes.fetch_add(1, Ordering::Relaxed);
     r.record.attempt += 1;
     r.asked = true;
     r.damaged = false;

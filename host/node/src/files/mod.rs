@@ -22,6 +22,7 @@ mod outgoing;
 mod record;
 
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -60,8 +61,27 @@ const SWEEP: Duration = Duration::from_secs(1);
 
 pub use linkbus_client::{FileTransfer, SendFile};
 
+/// What the node's transfers did since it started.
+#[derive(Debug, Default)]
+pub struct FileStats {
+    /// Chunk bytes sent (origin).
+    pub sent_bytes: AtomicU64,
+    /// Of those, bytes sent again (a recipient asked for them after a fault).
+    pub resent_bytes: AtomicU64,
+    /// Chunk bytes written into partial files (recipient).
+    pub written_bytes: AtomicU64,
+    /// Chunk bytes that came and were not written: stale or out of place after a fault.
+    pub discarded_bytes: AtomicU64,
+    /// Times a recipient asked its origin to go on from a point (`Resume`).
+    pub resumes: AtomicU64,
+    /// Files received whole and in place.
+    pub received: AtomicU64,
+}
+
 /// The node's files: its directory (through the handler plugin) and its transfers.
 pub struct Files {
+    /// Counters.
+    pub stats: FileStats,
     handler: Box<dyn MessageHandler>,
     dir: Box<dyn FilesDir>,
     root: PathBuf,
@@ -103,6 +123,7 @@ impl Files {
         let outgoing = outgoing::Table::load(store, &config.node.name)?;
         let (starts, started) = mpsc::unbounded_channel();
         Ok(Self {
+            stats: FileStats::default(),
             handler,
             dir,
             root,
@@ -120,6 +141,26 @@ impl Files {
 
     fn incoming(&self) -> std::sync::MutexGuard<'_, incoming::Table> {
         self.incoming.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The status line: the directory, transfers under way, counters.
+    pub fn describe(&self) -> String {
+        let n = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        let s = &self.stats;
+        let all = self.list();
+        let out = all.iter().filter(|t| t.direction == linkbus_client::FileDirection::Out).count();
+        format!(
+            "files: {} ({} sending, {} receiving); sent {} B (again {} B), written {} B, discarded {} B, resumes {}, received {}",
+            self.root.display(),
+            out,
+            all.len() - out,
+            n(&s.sent_bytes),
+            n(&s.resent_bytes),
+            n(&s.written_bytes),
+            n(&s.discarded_bytes),
+            n(&s.resumes),
+            n(&s.received)
+        )
     }
 
     /// Every transfer under way, both ways.

@@ -2,6 +2,7 @@
 //! chunks within the window its recipient confirms, and what the recipients' answers do.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -376,6 +377,8 @@ pub(crate) async fn send(node: Arc<NodeState>, start: Start) {
             return settle_all(&node, &transfer, &Outcome::failed(SOURCE_UNREADABLE, &reason), &reason);
         }
     };
+    // The end of what this task sent, so bytes sent again are counted.
+    let mut high = 0u64;
     let mut reader = Some(Reader { file, stamp, hasher: blake3::Hasher::new(), hashed: 0 });
     let chunk_bytes = files.handler.chunk_bytes() as u64;
     let window = files.handler.window_bytes();
@@ -418,6 +421,10 @@ pub(crate) async fn send(node: Arc<NodeState>, start: Start) {
             }
         };
         let ack_every = u32::try_from((window / 4).max(chunk_bytes)).unwrap_or(u32::MAX);
+        let stats = &files.stats;
+        stats.sent_bytes.fetch_add(len, Ordering::Relaxed);
+        stats.resent_bytes.fetch_add(high.min(offset + len).saturating_sub(offset), Ordering::Relaxed);
+        high = high.max(offset + len);
         let name = transfer.lock().0.name.clone();
         let message = chunk_message(
             &transfer,
