@@ -100,12 +100,6 @@ pub trait SourceFile: Send {
 
 /// A file being received.
 pub trait PartialFile: Send {
-    /// Its length.
-    ///
-    /// # Errors
-    /// When it cannot be read.
-    fn len(&self) -> io::Result<u64>;
-
     /// Writes all of `data` at `offset`.
     ///
     /// # Errors

@@ -146,10 +146,6 @@ impl SourceFile for Source {
 struct Partial(std::fs::File);
 
 impl PartialFile for Partial {
-    fn len(&self) -> io::Result<u64> {
-        Ok(self.0.metadata()?.len())
-    }
-
     fn write_at(&self, offset: u64, data: &[u8]) -> io::Result<()> {
         self.0.write_all_at(data, offset)
     }

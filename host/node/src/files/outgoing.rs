@@ -365,91 +365,123 @@ impl Reader {
 /// The task of one recipient: sends chunks while the window allows, until it is settled.
 pub(crate) async fn send(node: Arc<NodeState>, start: Start) {
     let Start { transfer, stream } = start;
-    let files = node.files();
-    let (source, stamp) = {
-        let inner = transfer.lock();
-        (inner.0.source.clone(), inner.0.stamp)
-    };
-    let file = match files.dir.open_source(&source) {
-        Ok(file) => file,
-        Err(e) => {
-            let reason = format!("cannot read '{source}': {e}");
-            return settle_all(&node, &transfer, &Outcome::failed(SOURCE_UNREADABLE, &reason), &reason);
-        }
-    };
-    // The end of what this task sent, so bytes sent again are counted.
-    let mut high = 0u64;
-    let mut reader = Some(Reader { file, stamp, hasher: blake3::Hasher::new(), hashed: 0 });
-    let chunk_bytes = files.handler.chunk_bytes() as u64;
-    let window = files.handler.window_bytes();
-    let mut stages = crate::flow::stages::Stages::build(
-        &node.codecs().stages(),
-        &crate::flow::StageContext { node: node.name(), site: crate::flow::Site::Origin, peer: None },
-    );
+    let Some(mut sender) = Sender::new(&node, &transfer, stream) else { return };
     loop {
         let changed = transfer.changed.notified();
         tokio::pin!(changed);
         changed.as_mut().enable();
-        let (attempt, offset, len) = match next(&transfer, stream, chunk_bytes, window) {
+        match next(&transfer, stream, sender.chunk_bytes, sender.window) {
             Next::Done => return,
             Next::Wait => {
                 let _ = tokio::time::timeout(Duration::from_secs(1), changed).await;
-                continue;
             }
-            Next::Chunk { attempt, offset, len } => (attempt, offset, len),
+            Next::Chunk { attempt, offset, len } => {
+                if !sender.chunk(&node, &transfer, (attempt, offset, len)).await {
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// What one recipient's task keeps: the source, its codec stages, how far it sent.
+struct Sender {
+    stream: usize,
+    source: FileName,
+    reader: Option<Reader>,
+    stages: crate::flow::stages::Stages,
+    chunk_bytes: u64,
+    window: u64,
+    /// The end of what this task sent, so bytes sent again are counted.
+    high: u64,
+}
+
+impl Sender {
+    /// Opens the source; settles the transfer as failed when it cannot be read.
+    fn new(node: &NodeState, transfer: &Transfer, stream: usize) -> Option<Self> {
+        let files = node.files();
+        let (source, stamp) = {
+            let inner = transfer.lock();
+            (inner.0.source.clone(), inner.0.stamp)
         };
+        let file = match files.dir.open_source(&source) {
+            Ok(file) => file,
+            Err(e) => {
+                let reason = format!("cannot read '{source}': {e}");
+                settle_all(node, transfer, &Outcome::failed(SOURCE_UNREADABLE, &reason), &reason);
+                return None;
+            }
+        };
+        let context =
+            crate::flow::StageContext { node: node.name(), site: crate::flow::Site::Origin, peer: None };
+        Some(Self {
+            stream,
+            source,
+            reader: Some(Reader { file, stamp, hasher: blake3::Hasher::new(), hashed: 0 }),
+            stages: crate::flow::stages::Stages::build(&node.codecs().stages(), &context),
+            chunk_bytes: files.handler.chunk_bytes() as u64,
+            window: files.handler.window_bytes(),
+            high: 0,
+        })
+    }
+
+    /// Reads and sends one chunk; `false` once the transfer ended for this recipient.
+    async fn chunk(
+        &mut self,
+        node: &NodeState,
+        transfer: &Transfer,
+        (attempt, offset, len): (u32, u64, u64),
+    ) -> bool {
         // Reading (and hashing again after a resume) waits on the disk: not on a runtime worker.
-        let Some(mut taken) = reader.take() else { return };
-        let (back, read) = match tokio::task::spawn_blocking(move || {
+        let Some(mut taken) = self.reader.take() else { return false };
+        let Ok((back, read)) = tokio::task::spawn_blocking(move || {
             let read = taken.read(offset, len);
             (taken, read)
         })
         .await
-        {
-            Ok(done) => done,
-            Err(_) => return,
+        else {
+            return false;
         };
-        reader = Some(back);
+        let stamp = back.stamp;
+        self.reader = Some(back);
         let (data, digest) = match read {
             Ok(read) => read,
             Err(ReadError::Changed(reason)) => {
-                return settle_all(&node, &transfer, &Outcome::failed(SOURCE_CHANGED, &reason), &reason);
+                settle_all(node, transfer, &Outcome::failed(SOURCE_CHANGED, &reason), &reason);
+                return false;
             }
             Err(ReadError::Io(e)) => {
-                let reason = format!("cannot read '{source}': {e}");
-                return settle_all(&node, &transfer, &Outcome::failed(SOURCE_UNREADABLE, &reason), &reason);
+                let reason = format!("cannot read '{}': {e}", self.source);
+                settle_all(node, transfer, &Outcome::failed(SOURCE_UNREADABLE, &reason), &reason);
+                return false;
             }
         };
-        let ack_every = u32::try_from((window / 4).max(chunk_bytes)).unwrap_or(u32::MAX);
-        let stats = &files.stats;
+        let stats = &node.files().stats;
         stats.sent_bytes.fetch_add(len, Ordering::Relaxed);
-        stats.resent_bytes.fetch_add(high.min(offset + len).saturating_sub(offset), Ordering::Relaxed);
-        high = high.max(offset + len);
+        stats.resent_bytes.fetch_add(self.high.min(offset + len).saturating_sub(offset), Ordering::Relaxed);
+        self.high = self.high.max(offset + len);
         let name = transfer.lock().0.name.clone();
-        let message = chunk_message(
-            &transfer,
-            stream,
-            Chunk {
-                attempt,
-                name,
-                size: stamp.size,
-                offset,
-                crc: linkbus_proto::crc::crc32c(&data),
-                ack_every,
-                digest,
-                data,
-            },
-        );
-        let mut message = message;
-        if !stages.is_empty() {
-            stages.run(&mut [&mut message]);
+        let chunk = Chunk {
+            attempt,
+            name,
+            size: stamp.size,
+            offset,
+            crc: linkbus_proto::crc::crc32c(&data),
+            ack_every: u32::try_from((self.window / 4).max(self.chunk_bytes)).unwrap_or(u32::MAX),
+            digest,
+            data,
+        };
+        let mut message = chunk_message(transfer, self.stream, chunk);
+        if !self.stages.is_empty() {
+            self.stages.run(&mut [&mut message]);
         }
-        if let Err(reason) = deliver(&node, message) {
-            let to = transfer.lock().0.recipients[stream].0.clone();
-            settle(&node, &transfer, stream, Outcome::failed("no_route", &reason));
+        if let Err(reason) = deliver(node, message) {
+            let to = transfer.lock().0.recipients[self.stream].0.clone();
+            settle(node, transfer, self.stream, Outcome::failed("no_route", &reason));
             warn!(id = %transfer.id, to = %to, reason, "File transfer to a recipient failed.");
-            return;
+            return false;
         }
+        true
     }
 }
 

@@ -271,13 +271,7 @@ impl NodeState {
                 .map_err(|source| StartError::Io { what: "store thread".into(), source })?,
         );
         let queues = open_queues(&config, store.as_ref(), &committer, &room, now)?;
-        let event_queue = Address::new(
-            config.node.name.clone(),
-            QueueName::new(EVENT_QUEUE).map_err(|e| StartError::Io {
-                what: "the event queue".into(),
-                source: std::io::Error::other(e.to_string()),
-            })?,
-        );
+        let event_queue = event_queue(&config)?;
         let dead_letters = queues.get(DEAD_LETTER_QUEUE).cloned().ok_or_else(|| StartError::Io {
             what: "the dead-letter queue".into(),
             source: std::io::Error::other("not opened"),
@@ -288,8 +282,7 @@ impl NodeState {
         }
         let subscriptions = subscriptions(&config, store.as_ref(), &committer, &queues, &links, &routing)?;
         let (results, sequence_kept) = result_book(&config, store.as_ref(), &committer, now)?;
-        let files = crate::files::Files::open(&config, store.as_ref())
-            .map_err(|e| StartError::Io { what: "files".into(), source: std::io::Error::other(e) })?;
+        let files = open_files(&config, store.as_ref())?;
         // Sequence numbers must not repeat across restarts of a node whose store forgets:
         // start from the clock (microsecond resolution leaves room for 1 M puts a second),
         // and above any kept in the store (the clock may have gone back).
@@ -332,6 +325,21 @@ impl NodeState {
             files,
         }))
     }
+}
+
+/// This node's `EVENT` queue.
+fn event_queue(config: &Config) -> Result<Address, StartError> {
+    let queue = QueueName::new(EVENT_QUEUE).map_err(|e| StartError::Io {
+        what: "the event queue".into(),
+        source: std::io::Error::other(e.to_string()),
+    })?;
+    Ok(Address::new(config.node.name.clone(), queue))
+}
+
+/// The files directory and the transfers recorded in `store`.
+fn open_files(config: &Config, store: &dyn Store) -> Result<crate::files::Files, StartError> {
+    crate::files::Files::open(config, store)
+        .map_err(|e| StartError::Io { what: "files".into(), source: std::io::Error::other(e) })
 }
 
 /// One link handle per configured peer; `committer` when the store keeps anything.
