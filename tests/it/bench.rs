@@ -55,7 +55,8 @@ fn check_full_run(text: &str) {
     let workloads: Vec<&str> = rows.iter().filter_map(|l| l.split_whitespace().next()).collect();
     let expected = [
         "w1", "w1", "w1", "w1", "w1", "w1", "w1", "w1", "w1", "w1", "w1", "w1", "w2", "w2", "w2", "w2", "w3",
-        "w3", "w4", "w5", "w5", "w5", "w5", "w5", "w5", "w5", "w5", "w5", "w5", "w5", "w5", "w5", "w5", "w7",
+        "w3", "w4", "w5", "w5", "w5", "w5", "w5", "w5", "w5", "w5", "w5", "w5", "w5", "w5", "w5", "w5", "w6",
+        "w7",
     ];
     assert_eq!(workloads, expected, "{text}");
     assert!(rows[0].contains("64 B") && rows[9].contains("1 MiB"), "{text}");

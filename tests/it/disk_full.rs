@@ -15,10 +15,10 @@ use std::time::Duration;
 use support::{Scratch, stderr, stdout};
 
 /// A tmpfs mounted for the test, unmounted when dropped.
-struct Tmpfs(PathBuf);
+pub(crate) struct Tmpfs(pub(crate) PathBuf);
 
 impl Tmpfs {
-    fn mount(at: &Path, size: &str) -> Option<Self> {
+    pub(crate) fn mount(at: &Path, size: &str) -> Option<Self> {
         std::fs::create_dir_all(at).ok()?;
         let status = Command::new("mount")
             .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
@@ -27,7 +27,7 @@ impl Tmpfs {
         status.ok().filter(|s| s.success()).map(|_| Self(at.to_owned()))
     }
 
-    fn resize(&self, size: &str) -> bool {
+    pub(crate) fn resize(&self, size: &str) -> bool {
         let status =
             Command::new("mount").args(["-o", &format!("remount,size={size}")]).arg(&self.0).status();
         status.is_ok_and(|s| s.success())

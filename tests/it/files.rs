@@ -238,3 +238,34 @@ fn refusals_name_their_rule_and_touch_nothing() {
     assert_eq!(std::fs::read(files_dir(&s, "B").join("keep.bin")).expect("there").len(), 2000);
     assert_eq!(std::fs::read(&canary).expect("canary"), b"canary");
 }
+
+#[test]
+fn a_full_disk_stalls_a_transfer_which_resumes_once_there_is_room() {
+    let s = Scratch::new();
+    let Some(disk) = crate::disk_full::Tmpfs::mount(&s.path().join("disk"), "8m") else {
+        eprintln!("SKIPPED: cannot mount a tmpfs here (the test needs root)");
+        return;
+    };
+    let extra = format!("{FILES}queues: [ {{ name: inbox }} ]\n");
+    let cluster = Cluster::write(&s, &[("A", "B")], &[("A", FILES), ("B", &extra)]);
+    let b_files = disk.0.join("files");
+    let b_files_arg = b_files.to_str().expect("utf-8 path").to_owned();
+    let _b = s.start_node("B", &["-c", &cluster.configs["B"], "--files-dir", &b_files_arg]);
+    let a = cluster.start(&s, "A");
+    a.wait_for_log("Link up.", 1, Duration::from_secs(10));
+    let source = write_file(&s, "A", "full.bin", 12 * MIB, 13);
+    let id = send(&s, "A", "B:inbox", "full.bin", &[]);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let listing = stdout(&s.run(&["file", "ls", "--node", "B"]));
+        if listing.contains("No space left") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no stall shown: {listing}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(result(&s, "A", &id, "0s").contains("no result yet"), "a full disk fails nothing");
+    assert!(disk.resize("64m"), "remount");
+    assert!(result(&s, "A", &id, "60s").contains("B:inbox delivered"));
+    assert_eq!(digest(&b_files.join("full.bin")), digest(&source));
+}

@@ -27,6 +27,9 @@
 //!   measured in the same rounds);
 //! - `w5`: `w1` at 1 KiB and 64 KiB over Noise links, with AES-256-GCM and with
 //!   ChaCha20-Poly1305, against plaintext (measured in the same rounds);
+//! - `w6`: a 1 GiB file sent from A to B (`linkbus file send`, two node processes of this
+//!   binary, plaintext links), against the same bytes copied file to file over one TCP
+//!   connection; each node's peak resident memory in the note;
 //! - `w7`: the link from A to B saturated by 1 KiB messages of priorities 0..=8 (three
 //!   producers, a consumer draining them on B), and 20 urgent messages a second (priority
 //!   9, 64 B, to their own queue): each urgent message's put-to-get latency (p50, p99,
@@ -46,6 +49,7 @@ use crate::demo::{DemoError, is_payload, payload};
 use linkbus_client::Client;
 
 mod chain;
+mod files;
 mod hops;
 mod persistent;
 mod ping;
@@ -184,6 +188,9 @@ pub(crate) async fn run(
                 show(row, &mut rows);
             }
         }
+    }
+    if wanted("w6") {
+        show(files::file_transfer(&scratch.0, scale).await?, &mut rows);
     }
     if wanted("w7") {
         show(urgent_under_load(&scratch.0, scale).await?, &mut rows);

@@ -80,7 +80,8 @@ pub(crate) enum Command {
     /// Measure named workloads against their baselines, side by side, with nodes in this
     /// process: w1 (two nodes against raw TCP), w2 (persistent puts against a sync each),
     /// w3 (ping-pong latency against raw TCP), w4 (a relay against w1), w5 (Noise against
-    /// plaintext), w7 (urgent latency while the link is saturated).
+    /// plaintext), w6 (a 1 GiB file against a socket copy), w7 (urgent latency while the
+    /// link is saturated).
     Bench(BenchArgs),
     /// Make a node key (prints its public half), a cluster pre-shared key, or a payload key.
     Keygen(KeygenArgs),

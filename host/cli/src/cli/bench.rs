@@ -8,8 +8,8 @@ use clap::Args;
 /// `linkbus bench`.
 #[derive(Debug, Args)]
 pub(crate) struct BenchArgs {
-    /// The workloads to run (w1, w2, w3, w4, w5, w7); all when none is named.
-    #[arg(value_parser = ["w1", "w2", "w3", "w4", "w5", "w7"])]
+    /// The workloads to run (w1, w2, w3, w4, w5, w6, w7); all when none is named.
+    #[arg(value_parser = ["w1", "w2", "w3", "w4", "w5", "w6", "w7"])]
     pub workloads: Vec<String>,
     /// Print the rows as JSON (after the table).
     #[arg(long)]
@@ -22,7 +22,7 @@ pub(crate) struct BenchArgs {
     /// w5: 1024, 65536; the others have one size and ignore it); for profiling one case.
     #[arg(long, value_parser = parse_bench_size)]
     pub size: Option<usize>,
-    /// Runs each throughput case (w1, w4, w5) this many times, its baseline in every round
+    /// Runs each throughput case (w1, w4, w5, w6) this many times, its baseline in every round
     /// too, and reports the medians with the spread (this machine may be noisy).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=50))]
     pub rounds: u16,
