@@ -269,3 +269,25 @@ fn a_full_disk_stalls_a_transfer_which_resumes_once_there_is_room() {
     assert!(result(&s, "A", &id, "60s").contains("B:inbox delivered"));
     assert_eq!(digest(&b_files.join("full.bin")), digest(&source));
 }
+
+#[test]
+fn a_transfer_whose_lifetime_runs_out_expires_and_its_partial_file_goes() {
+    let s = Scratch::new();
+    let extra = format!("{FILES}queues: [ {{ name: inbox }} ]\n");
+    let (cluster, mut nodes) = Cluster::up(&s, &[("A", "B")], &[("A", FILES), ("B", &extra)]);
+    write_file(&s, "A", "slow.bin", 96 * MIB, 17);
+    let id = send(&s, "A", "B:inbox", "slow.bin", &["--ttl", "4s"]);
+    wait_received(&s, "B", 8 * MIB);
+    let mut a = nodes.remove("A").expect("A");
+    a.kill();
+    let partials = files_dir(&s, "B").join(".linkbus-partial");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while partials.read_dir().expect("partials").count() > 0 {
+        assert!(Instant::now() < deadline, "the partial file outlived the transfer");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    a = cluster.start(&s, "A");
+    let results = result(&s, "A", &id, "30s");
+    assert!(results.contains("B:inbox expired"), "{results}\n{}", a.log_text());
+    assert!(!files_dir(&s, "B").join("slow.bin").exists());
+}
