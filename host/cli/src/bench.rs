@@ -49,7 +49,7 @@ use crate::demo::{DemoError, is_payload, payload};
 use linkbus_client::Client;
 
 mod chain;
-mod files;
+pub(crate) mod files;
 mod hops;
 mod persistent;
 mod ping;

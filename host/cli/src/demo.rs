@@ -58,6 +58,21 @@ pub(crate) struct DemoReport {
     pub plaintext_at_rest: Option<Vec<(String, Searched)>>,
     /// From the first put to the last get.
     pub elapsed: Duration,
+    /// The file sent after the messages, if one was.
+    pub file: Option<FileSent>,
+}
+
+/// What became of the file the demo sends from A to C.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct FileSent {
+    /// Its size.
+    pub bytes: u64,
+    /// From the send to the result.
+    pub elapsed: Duration,
+    /// C's result, as `linkbus result` prints it.
+    pub outcome: String,
+    /// Whether C's copy has the BLAKE3 digest of A's.
+    pub intact: bool,
 }
 
 impl DemoReport {
@@ -69,6 +84,7 @@ impl DemoReport {
             && self.intact == self.sent
             && self.out_of_order == 0
             && self.duplicates == 0
+            && self.file.as_ref().is_none_or(|f| f.intact)
     }
 }
 
@@ -124,6 +140,18 @@ impl std::fmt::Display for DemoReport {
                 filter.failures.iter().map(|(_, n)| n).sum::<u64>(),
                 filter.fuel / filter.calls.max(1),
                 filter.p50_us
+            )?;
+        }
+        if let Some(file) = &self.file {
+            let secs = file.elapsed.as_secs_f64().max(1e-9);
+            write!(
+                f,
+                "\nfile      {} MiB from A's files directory to C:orders through B ({}): {:.2} s, {:.0} MB/s; C's copy {}",
+                file.bytes >> 20,
+                file.outcome,
+                secs,
+                file.bytes as f64 / secs / 1e6,
+                if file.intact { "has the same BLAKE3 digest" } else { "DIFFERS" }
             )?;
         }
         if let Some(found) = &self.plaintext_at_rest {
@@ -309,6 +337,9 @@ fn index_of(payload: &[u8]) -> Option<usize> {
 ///
 /// # Errors
 /// [`DemoError`] when a node or client fails; a report with losses is not an error.
+/// The file the demo sends after its messages.
+const DEMO_FILE_BYTES: u64 = 32 << 20;
+
 pub(crate) async fn run(messages: usize, size: usize) -> Result<DemoReport, DemoError> {
     let scratch = crate::bench::Scratch::new("demo")?;
     let setup = Setup {
@@ -319,6 +350,7 @@ pub(crate) async fn run(messages: usize, size: usize) -> Result<DemoReport, Demo
         persistent: true,
         dictionary: true,
         filter: Some(BenchFilter::Redact),
+        file_bytes: DEMO_FILE_BYTES,
     };
     deliver_through(&scratch.0, &["A", "B", "C"], setup, false, messages, size).await
 }
@@ -361,6 +393,9 @@ pub(crate) async fn deliver_through(
     produced.map_err(std::io::Error::other)??;
     let mut report = consumed.map_err(std::io::Error::other)??;
     report.elapsed = started.elapsed();
+    if setup.file_bytes > 0 {
+        report.file = Some(send_file(first, last, setup.file_bytes, in_process).await?);
+    }
     report.stages = first.codec_stats();
     report.filters = first.filter_stats();
     let data_dirs: Vec<_> = nodes
@@ -467,6 +502,7 @@ async fn consume(
         stages: Vec::new(),
         filters: Vec::new(),
         plaintext_at_rest: None,
+        file: None,
     };
     let mut seen = vec![false; messages];
     let mut last = None;
@@ -485,6 +521,36 @@ async fn consume(
         }
     }
     Ok(report)
+}
+
+/// Sends a file of `bytes` bytes of noise from `first`'s files directory to `last`'s
+/// `orders` and checks the copy that lands in `last`'s files directory.
+async fn send_file(
+    first: &linkbus_host::Node,
+    last: &linkbus_host::Node,
+    bytes: u64,
+    in_process: bool,
+) -> Result<FileSent, DemoError> {
+    let name = "demo/q3 report.bin";
+    let source = first.state().config().node.files_dir().join(name);
+    crate::bench::files::write_noise(&source, bytes)?;
+    let mut client = crate::bench::client_of(first, in_process).await?;
+    let to = format!("{}:orders", last.state().name());
+    let started = Instant::now();
+    let id = client.send_file(linkbus_client::SendFile::new(name, to)).await?;
+    let results = client.results(std::slice::from_ref(&id), Duration::from_secs(300)).await?;
+    let elapsed = started.elapsed();
+    let outcome = results
+        .first()
+        .and_then(Option::as_ref)
+        .and_then(|r| {
+            r.recipients.first().map(|(_, o)| o.as_ref().map_or("no result".to_owned(), ToString::to_string))
+        })
+        .unwrap_or_else(|| "unknown".to_owned());
+    let copy = last.state().config().node.files_dir().join(name);
+    let digest = |path: &std::path::Path| std::fs::read(path).map(|b| blake3::hash(&b));
+    let intact = matches!((digest(&source), digest(&copy)), (Ok(a), Ok(b)) if a == b);
+    Ok(FileSent { bytes, elapsed, outcome, intact })
 }
 
 #[cfg(test)]

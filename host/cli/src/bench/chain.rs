@@ -37,6 +37,9 @@ pub(crate) struct Setup {
     pub dictionary: bool,
     /// A filter at the first node's `on_send`.
     pub filter: Option<BenchFilter>,
+    /// After the messages, a file of this many bytes sent from the first node's files
+    /// directory to the last's `orders` (0: none).
+    pub file_bytes: u64,
 }
 
 /// The filters a chain may run (example modules of `wasm-plugins/built`, built in).

@@ -75,8 +75,11 @@ async fn connect(socket: &Path) -> Result<Client, DemoError> {
     }
 }
 
-/// Writes `size` bytes of noise to `path`, 1 MiB at a time.
-fn write_noise(path: &Path, size: u64) -> std::io::Result<()> {
+/// Writes `size` bytes of noise to `path` (its directory made), 1 MiB at a time.
+pub(crate) fn write_noise(path: &Path, size: u64) -> std::io::Result<()> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
     let mut file = std::io::BufWriter::new(std::fs::File::create(path)?);
     let mut state = 0x9E37_79B9_7F4A_7C15_u64;
     let mut block = vec![0u8; 1 << 20];

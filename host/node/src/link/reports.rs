@@ -89,6 +89,10 @@ impl Link {
     /// reports it to the message's origin: for its recipients on the peer it failed (expired
     /// before it was sent from its origin) or expired (after it was `sent`, or on a relay).
     pub(super) fn expired(&self, message: &linkbus_plugin_api::Message, sent: bool) {
+        // A transfer's frames: the transfer reports its own lifetime (`files`).
+        if crate::files::is_frame(message) {
+            return;
+        }
         if message.content.kind == linkbus_plugin_api::Kind::Event {
             if message.content.name == RESULT_MESSAGE_NAME {
                 self.node.count_result_dropped();
