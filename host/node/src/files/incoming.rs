@@ -39,6 +39,11 @@ struct Receiving {
     stalled: Option<(String, Instant)>,
     /// Damage found at start: ask for the bytes from `expected` once running.
     damaged: bool,
+    /// Found complete at start: finish it once running.
+    complete: bool,
+    /// Found in place at start (the node stopped between the move and its record): the
+    /// move is not made again.
+    published: bool,
 }
 
 /// Every transfer this node receives, and those that ended here lately.
@@ -102,8 +107,29 @@ impl Table {
                 asked: false,
                 stalled: None,
                 damaged: false,
+                complete: false,
+                published: false,
             };
-            let verified = verify(&mut receiving, &recovered.chunks);
+            let expected = receiving.record.expected;
+            let partial = &receiving.partial;
+            let mut verified = verify(
+                &|at, buf| partial.read_at(at, buf),
+                &recovered.chunks,
+                expected,
+                &mut receiving.hasher,
+            );
+            if verified < expected && expected == receiving.record.size {
+                // Moved into place before the node stopped? Then the file there checks.
+                if let Ok(file) = dir.open_source(&receiving.record.name) {
+                    let mut hasher = blake3::Hasher::new();
+                    if verify(&|at, buf| file.read_at(at, buf), &recovered.chunks, expected, &mut hasher)
+                        == expected
+                    {
+                        (verified, receiving.hasher, receiving.published) = (expected, hasher, true);
+                    }
+                }
+            }
+            receiving.complete = verified == receiving.record.size;
             if verified < receiving.record.expected {
                 warn!(
                     partial = id,
@@ -115,19 +141,29 @@ impl Table {
             }
             receiving.record.expected = verified;
             receiving.progress_sent = verified;
-            receiving.partial.truncate(verified).map_err(|e| format!("partial file {id}: {e}"))?;
+            if !receiving.published {
+                receiving.partial.truncate(verified).map_err(|e| format!("partial file {id}: {e}"))?;
+            }
             table.open.insert(recovered.key, receiving);
         }
         Ok(table)
     }
 
-    /// Asks the origins of transfers found damaged at start for the bytes they lack.
-    pub(crate) fn resume_damaged(&mut self, node: &NodeState) {
+    /// Once the node runs: asks the origins of transfers found damaged at start for the
+    /// bytes they lack, and finishes those found complete.
+    pub(crate) fn after_start(&mut self, node: &NodeState) {
+        let mut complete = Vec::new();
         for (key, r) in &mut self.open {
-            if std::mem::take(&mut r.damaged) {
+            if std::mem::take(&mut r.complete) {
+                complete.push(key.clone());
+            } else if std::mem::take(&mut r.damaged) {
                 let note = "the partial file was damaged; resuming from its last good chunk";
                 ask(node, key, r, note.to_owned(), Batch::new());
             }
+        }
+        for key in complete {
+            let to = Address::new(node.name().clone(), key.queue.clone());
+            self.finish(node, &key, &to, None, Batch::new(), Instant::now());
         }
     }
 
@@ -284,7 +320,10 @@ impl Table {
             return ask(node, key, r, note, batch);
         }
         let id = key.partial_id();
-        let published = r.partial.sync().and_then(|()| node.files().dir.publish(&id, &r.record.name));
+        let published = match r.published {
+            true => Ok(()),
+            false => r.partial.sync().and_then(|()| node.files().dir.publish(&id, &r.record.name)),
+        };
         if let Err(e) = published {
             if e.kind() != std::io::ErrorKind::AlreadyExists {
                 stall(node, key, r, &e, now);
@@ -413,6 +452,8 @@ fn begin(
         asked: false,
         stalled: None,
         damaged: false,
+        complete: false,
+        published: false,
     })
 }
 
@@ -440,21 +481,35 @@ fn stall(node: &NodeState, key: &InKey, r: &mut Receiving, error: &std::io::Erro
     r.asked = true;
 }
 
-/// Checks a partial file against its chunks (in offset order) and digests what checks;
-/// returns the bytes that do.
-fn verify(r: &mut Receiving, chunks: &[(u64, u32, u32)]) -> u64 {
+/// What a file is read through (`read_at`).
+type ReadAt<'a> = dyn Fn(u64, &mut [u8]) -> std::io::Result<usize> + 'a;
+
+/// Checks a file against the chunks recorded (in offset order) up to `expected`, and
+/// digests what checks; returns the bytes that do.
+fn verify(
+    read_at: &ReadAt<'_>,
+    chunks: &[(u64, u32, u32)],
+    expected: u64,
+    hasher: &mut blake3::Hasher,
+) -> u64 {
     let mut verified = 0;
     let mut buf = Vec::new();
     for &(offset, len, crc) in chunks {
-        if offset != verified || verified + u64::from(len) > r.record.expected {
+        if offset != verified || verified + u64::from(len) > expected {
             break;
         }
         buf.resize(len as usize, 0);
-        let read = r.partial.read_at(offset, &mut buf).unwrap_or(0);
+        let mut read = 0;
+        while read < buf.len() {
+            match read_at(offset + read as u64, &mut buf[read..]) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => read += n,
+            }
+        }
         if read != buf.len() || linkbus_proto::crc::crc32c(&buf) != crc {
             break;
         }
-        r.hasher.update(&buf);
+        hasher.update(&buf);
         verified += u64::from(len);
     }
     verified

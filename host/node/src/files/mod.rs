@@ -289,7 +289,7 @@ pub(crate) async fn run(node: Arc<NodeState>, mut shutdown: watch::Receiver<bool
     for start in files.outgoing.recovered(&node) {
         tasks.spawn(outgoing::send(node.clone(), start));
     }
-    files.incoming().resume_damaged(&node);
+    files.incoming().after_start(&node);
     let mut sweep = tokio::time::interval(SWEEP);
     loop {
         tokio::select! {
