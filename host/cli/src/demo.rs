@@ -75,6 +75,21 @@ pub(crate) struct FileSent {
     pub intact: bool,
 }
 
+impl std::fmt::Display for FileSent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let secs = self.elapsed.as_secs_f64().max(1e-9);
+        write!(
+            f,
+            "file      {} MiB from A's files directory to C:orders through B ({}): {:.2} s, {:.0} MB/s; C's copy {}",
+            self.bytes >> 20,
+            self.outcome,
+            secs,
+            self.bytes as f64 / secs / 1e6,
+            if self.intact { "has the same BLAKE3 digest" } else { "DIFFERS" }
+        )
+    }
+}
+
 impl DemoReport {
     /// Whether every message arrived once, intact and in order (and no data directory
     /// held a sealed payload's plaintext).
@@ -143,16 +158,7 @@ impl std::fmt::Display for DemoReport {
             )?;
         }
         if let Some(file) = &self.file {
-            let secs = file.elapsed.as_secs_f64().max(1e-9);
-            write!(
-                f,
-                "\nfile      {} MiB from A's files directory to C:orders through B ({}): {:.2} s, {:.0} MB/s; C's copy {}",
-                file.bytes >> 20,
-                file.outcome,
-                secs,
-                file.bytes as f64 / secs / 1e6,
-                if file.intact { "has the same BLAKE3 digest" } else { "DIFFERS" }
-            )?;
+            write!(f, "\n{file}")?;
         }
         if let Some(found) = &self.plaintext_at_rest {
             for (node, searched) in found {
