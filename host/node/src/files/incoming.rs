@@ -288,7 +288,7 @@ impl Table {
         if r.record.expected == r.record.size {
             return self.finish(node, &key, to, chunk.digest, batch, now);
         }
-        if r.record.expected - r.progress_sent >= r.ack_every {
+        if r.record.expected.saturating_sub(r.progress_sent) >= r.ack_every {
             r.progress_sent = r.record.expected;
             let progress = Frame::Progress { transfer: key.sequence, verified: r.record.expected };
             return answer_origin(node, &key.origin, to, &progress, batch);
@@ -314,6 +314,7 @@ impl Table {
             let mut batch = batch;
             record::forget(key, r.chunks.drain(..), &mut batch);
             r.record.expected = 0;
+            r.progress_sent = 0;
             r.hasher = blake3::Hasher::new();
             let _ = r.partial.truncate(0);
             let note = "its BLAKE3 digest differed from the origin's; starting again".to_owned();
