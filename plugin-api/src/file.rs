@@ -245,6 +245,55 @@ pub struct Chunk {
     pub data: Bytes,
 }
 
+/// The head of a chunk frame, written before its data so that a sender can read the data
+/// straight into the frame: [`ChunkHead::write`], then the data, then
+/// [`ChunkHead::finish`] with the data's CRC-32C and, on the last chunk, the digest.
+#[derive(Debug, Clone, Copy)]
+pub struct ChunkHead<'a> {
+    /// As [`Chunk::attempt`].
+    pub attempt: u32,
+    /// As [`Chunk::name`].
+    pub name: &'a FileName,
+    /// As [`Chunk::size`].
+    pub size: u64,
+    /// As [`Chunk::offset`].
+    pub offset: u64,
+    /// As [`Chunk::ack_every`].
+    pub ack_every: u32,
+}
+
+/// Bytes of a chunk head after the name: size, offset, CRC, ack interval, digest flag and
+/// digest (always there, zeros without the flag).
+const CHUNK_TAIL_BYTES: usize = 8 + 8 + 4 + 4 + 1 + 32;
+
+impl ChunkHead<'_> {
+    /// Appends the head to `out` (CRC and digest left empty); returns where the data starts.
+    pub fn write(&self, out: &mut Vec<u8>) -> usize {
+        out.push(VERSION);
+        out.push(CHUNK);
+        out.extend_from_slice(&self.attempt.to_be_bytes());
+        let name = self.name.as_str().as_bytes();
+        out.extend_from_slice(&(name.len() as u16).to_be_bytes());
+        out.extend_from_slice(name);
+        out.extend_from_slice(&self.size.to_be_bytes());
+        out.extend_from_slice(&self.offset.to_be_bytes());
+        out.extend_from_slice(&[0; 4]);
+        out.extend_from_slice(&self.ack_every.to_be_bytes());
+        out.extend_from_slice(&[0; 33]);
+        out.len()
+    }
+
+    /// Fills in the CRC and the digest of a frame whose head is `frame[..head_len]`.
+    pub fn finish(frame: &mut [u8], head_len: usize, crc: u32, digest: Option<&Digest>) {
+        let at = head_len - CHUNK_TAIL_BYTES + 16;
+        frame[at..at + 4].copy_from_slice(&crc.to_be_bytes());
+        if let Some(digest) = digest {
+            frame[at + 8] = 1;
+            frame[at + 9..at + 41].copy_from_slice(digest);
+        }
+    }
+}
+
 /// Why a frame could not be read.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("bad file frame: {0}")]
@@ -318,22 +367,18 @@ impl Frame {
         out.put_u8(VERSION);
         match self {
             Self::Chunk(c) => {
-                out.reserve(64 + c.name.as_str().len() + c.data.len());
-                out.put_u8(CHUNK);
-                out.put_u32(c.attempt);
-                put_text(&mut out, c.name.as_str());
-                out.put_u64(c.size);
-                out.put_u64(c.offset);
-                out.put_u32(c.crc);
-                out.put_u32(c.ack_every);
-                match &c.digest {
-                    Some(d) => {
-                        out.put_u8(1);
-                        out.put_slice(d);
-                    }
-                    None => out.put_u8(0),
-                }
-                out.put_slice(&c.data);
+                let mut frame = Vec::with_capacity(64 + c.name.as_str().len() + c.data.len());
+                let head = ChunkHead {
+                    attempt: c.attempt,
+                    name: &c.name,
+                    size: c.size,
+                    offset: c.offset,
+                    ack_every: c.ack_every,
+                };
+                let head_len = head.write(&mut frame);
+                frame.extend_from_slice(&c.data);
+                ChunkHead::finish(&mut frame, head_len, c.crc, c.digest.as_ref());
+                return Bytes::from(frame);
             }
             Self::Query { attempt } => {
                 out.put_u8(QUERY);
@@ -389,9 +434,11 @@ impl Frame {
                 let offset = r.u64("offset")?;
                 let crc = r.u32("crc")?;
                 let ack_every = r.u32("ack_every")?;
-                let digest = match r.u8("digest flag")? {
+                let flag = r.u8("digest flag")?;
+                let digest = r.digest("digest")?;
+                let digest = match flag {
                     0 => None,
-                    1 => Some(r.digest("digest")?),
+                    1 => Some(digest),
                     other => return Err(FrameError(format!("digest flag {other}"))),
                 };
                 let data = std::mem::take(&mut r.0);

@@ -96,6 +96,31 @@ pub trait SourceFile: Send {
     /// # Errors
     /// When it cannot be read.
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<usize>;
+
+    /// Appends `len` bytes read at `offset` to `out` (fewer at the end of the file). The
+    /// default fills zeroed room through [`SourceFile::read_at`]; a handler that can read
+    /// into `out`'s spare room directly saves that.
+    ///
+    /// # Errors
+    /// When it cannot be read.
+    fn read_into(&self, offset: u64, len: usize, out: &mut Vec<u8>) -> io::Result<()> {
+        let start = out.len();
+        out.resize(start + len, 0);
+        let mut done = 0;
+        while done < len {
+            match self.read_at(offset + done as u64, &mut out[start + done..]) {
+                Ok(0) => break,
+                Ok(n) => done += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    out.truncate(start);
+                    return Err(e);
+                }
+            }
+        }
+        out.truncate(start + done);
+        Ok(())
+    }
 }
 
 /// A file being received.

@@ -1,6 +1,6 @@
 //! The files directory as a capability: every path is looked up beneath its handle.
 
-use std::io;
+use std::io::{self, Read, Seek, SeekFrom};
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 
@@ -140,6 +140,16 @@ impl SourceFile for Source {
 
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
         self.0.read_at(buf, offset)
+    }
+
+    fn read_into(&self, offset: u64, len: usize, out: &mut Vec<u8>) -> io::Result<()> {
+        // Read into `out`'s spare room (nothing zeroed first). The handle's position is
+        // this source's alone: one task reads it at a time.
+        let mut file = &self.0;
+        file.seek(SeekFrom::Start(offset))?;
+        out.reserve(len);
+        file.take(len as u64).read_to_end(out)?;
+        Ok(())
     }
 }
 

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use linkbus_client::{FileDirection, FileTransfer, SendFile};
-use linkbus_plugin_api::file::{Chunk, Digest, FileName, FileStamp, Frame};
+use linkbus_plugin_api::file::{ChunkHead, FileName, FileStamp, Frame};
 use linkbus_plugin_api::{
     Address, Batch, Content, Kind, Lifetime, Message, MessageId, Priority, Reliability, SourceFile,
 };
@@ -318,10 +318,12 @@ impl Reader {
         Ok(())
     }
 
-    /// Reads exactly `len` bytes at `offset`, the digest following when it is the next read
-    /// in order (else hashing again from the start up to `offset` first).
-    fn read(&mut self, offset: u64, len: u64) -> Result<(Bytes, Option<Digest>), ReadError> {
+    /// Reads exactly `len` bytes at `offset` straight into a chunk frame (`head`), with
+    /// its CRC and, on the last chunk, the file's digest, hashed in order (first again from
+    /// the start up to `offset` when it is not the next read in order).
+    fn frame(&mut self, head: ChunkHead<'_>, len: u64) -> Result<Bytes, ReadError> {
         self.check()?;
+        let offset = head.offset;
         if offset != self.hashed {
             self.hasher = blake3::Hasher::new();
             self.hashed = 0;
@@ -333,14 +335,22 @@ impl Reader {
                 self.hashed += got as u64;
             }
         }
-        let mut data = vec![0; usize::try_from(len).unwrap_or(0)];
-        self.fill(offset, &mut data)?;
-        self.hasher.update(&data);
-        self.hashed = offset + len;
+        let len = usize::try_from(len).unwrap_or(0);
+        let mut frame = Vec::with_capacity(128 + head.name.as_str().len() + len);
+        let head_len = head.write(&mut frame);
+        self.file.read_into(offset, len, &mut frame).map_err(|e| ReadError::Io(e.to_string()))?;
+        let data = &frame[head_len..];
+        if data.len() != len {
+            return Err(ReadError::Changed("the source is shorter than when the transfer began".into()));
+        }
+        self.hasher.update(data);
+        self.hashed = offset + len as u64;
+        let crc = linkbus_proto::crc::crc32c(data);
         // A change during the read is caught by the stamp read after it.
         self.check()?;
         let digest = (self.hashed == self.stamp.size).then(|| *self.hasher.finalize().as_bytes());
-        Ok((Bytes::from(data), digest))
+        ChunkHead::finish(&mut frame, head_len, crc, digest.as_ref());
+        Ok(Bytes::from(frame))
     }
 
     /// Fills `buf` from `offset`; a file shorter than its stamp changed.
@@ -434,18 +444,20 @@ impl Sender {
     ) -> bool {
         // Reading (and hashing again after a resume) waits on the disk: not on a runtime worker.
         let Some(mut taken) = self.reader.take() else { return false };
+        let name = transfer.lock().0.name.clone();
+        let ack_every = u32::try_from((self.window / 4).max(self.chunk_bytes)).unwrap_or(u32::MAX);
         let Ok((back, read)) = tokio::task::spawn_blocking(move || {
-            let read = taken.read(offset, len);
+            let read = taken
+                .frame(ChunkHead { attempt, name: &name, size: taken.stamp.size, offset, ack_every }, len);
             (taken, read)
         })
         .await
         else {
             return false;
         };
-        let stamp = back.stamp;
         self.reader = Some(back);
-        let (data, digest) = match read {
-            Ok(read) => read,
+        let frame = match read {
+            Ok(frame) => frame,
             Err(ReadError::Changed(reason)) => {
                 settle_all(node, transfer, &Outcome::failed(SOURCE_CHANGED, &reason), &reason);
                 return false;
@@ -460,18 +472,7 @@ impl Sender {
         stats.sent_bytes.fetch_add(len, Ordering::Relaxed);
         stats.resent_bytes.fetch_add(self.high.min(offset + len).saturating_sub(offset), Ordering::Relaxed);
         self.high = self.high.max(offset + len);
-        let name = transfer.lock().0.name.clone();
-        let chunk = Chunk {
-            attempt,
-            name,
-            size: stamp.size,
-            offset,
-            crc: linkbus_proto::crc::crc32c(&data),
-            ack_every: u32::try_from((self.window / 4).max(self.chunk_bytes)).unwrap_or(u32::MAX),
-            digest,
-            data,
-        };
-        let mut message = chunk_message(transfer, self.stream, chunk);
+        let mut message = chunk_message(transfer, self.stream, frame);
         if !self.stages.is_empty() {
             self.stages.run(&mut [&mut message]);
         }
@@ -508,17 +509,11 @@ fn next(transfer: &Transfer, stream: usize, chunk_bytes: u64, window: u64) -> Ne
     Next::Chunk { attempt: *attempt, offset, len }
 }
 
-/// A frame of `transfer` for recipient `stream`, as a message of the transfer's id.
-fn chunk_message(transfer: &Transfer, stream: usize, chunk: Chunk) -> Message {
+/// A chunk frame of `transfer` for recipient `stream`, as a message of the transfer's id.
+fn chunk_message(transfer: &Transfer, stream: usize, frame: Bytes) -> Message {
     let inner = transfer.lock();
     let record = &inner.0;
-    frame_message(
-        &transfer.id,
-        record.priority,
-        &record.recipients[stream].0,
-        remaining(record),
-        &Frame::Chunk(chunk),
-    )
+    frame_message(&transfer.id, record.priority, &record.recipients[stream].0, remaining(record), frame)
 }
 
 /// What is left of a transfer's lifetime.
@@ -529,9 +524,9 @@ fn remaining(record: &OutRecord) -> Lifetime {
     }
 }
 
-fn frame_message(id: &MessageId, priority: u8, to: &Address, lifetime: Lifetime, frame: &Frame) -> Message {
+fn frame_message(id: &MessageId, priority: u8, to: &Address, lifetime: Lifetime, frame: Bytes) -> Message {
     let priority = Priority::from_code(priority).unwrap_or_default();
-    let mut content = Content::buf(to.clone(), frame.encode())
+    let mut content = Content::buf(to.clone(), frame)
         .with_priority(priority)
         .with_reliability(Reliability::Persistent)
         .with_lifetime(lifetime);
@@ -575,7 +570,10 @@ fn send_stored(node: &NodeState, message: Message) {
 
 /// Asks `to` how far it is with the transfer (answered by `Resume`).
 fn query(node: &NodeState, id: &MessageId, priority: u8, to: &Address, attempt: u32) {
-    send_stored(node, frame_message(id, priority, to, Lifetime::UNLIMITED, &Frame::Query { attempt }));
+    send_stored(
+        node,
+        frame_message(id, priority, to, Lifetime::UNLIMITED, Frame::Query { attempt }.encode()),
+    );
 }
 
 /// Takes a recipient's answer about one of this node's transfers.
@@ -688,7 +686,7 @@ fn settle_all(node: &NodeState, transfer: &Transfer, outcome: &Outcome, reason: 
     };
     for (stream, to, priority) in open {
         let cancel = Frame::Cancel { reason: reason.to_owned() };
-        send_stored(node, frame_message(&transfer.id, priority, &to, Lifetime::UNLIMITED, &cancel));
+        send_stored(node, frame_message(&transfer.id, priority, &to, Lifetime::UNLIMITED, cancel.encode()));
         settle(node, transfer, stream, outcome.clone());
     }
     warn!(id = %transfer.id, reason, "File transfer ended.");
