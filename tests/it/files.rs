@@ -80,6 +80,26 @@ fn files_counter(s: &Scratch, node: &str, label: &str) -> u64 {
     after.split([' ', ',', ')']).next().expect("a number").parse().expect("a number")
 }
 
+/// B's configuration: the window, and its queue `inbox`.
+fn with_inbox() -> String {
+    format!("{FILES}queues: [ {{ name: inbox }} ]\n")
+}
+
+/// A dials B (which has `inbox`), both with [`FILES`]; both started.
+fn pair(s: &Scratch) -> (Cluster, std::collections::BTreeMap<String, NodeProcess>) {
+    Cluster::up(s, &[("A", "B")], &[("A", FILES), ("B", &with_inbox())])
+}
+
+/// Waits until `node` holds no partial file (at most 20 s).
+fn wait_no_partials(s: &Scratch, node: &str, log: &NodeProcess) {
+    let partials = files_dir(s, node).join(".linkbus-partial");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while partials.read_dir().expect("partials").count() > 0 {
+        assert!(Instant::now() < deadline, "the partial file stayed: {}", log.log_text());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 fn restart(cluster: &Cluster, s: &Scratch, node: &mut NodeProcess, name: &str) {
     node.kill();
     *node = cluster.start(s, name);
@@ -88,8 +108,7 @@ fn restart(cluster: &Cluster, s: &Scratch, node: &mut NodeProcess, name: &str) {
 #[test]
 fn killing_the_receiver_then_the_sender_resends_only_what_was_in_flight() {
     let s = Scratch::new();
-    let extra = format!("{FILES}queues: [ {{ name: inbox }} ]\n");
-    let (cluster, mut nodes) = Cluster::up(&s, &[("A", "B")], &[("A", FILES), ("B", &extra)]);
+    let (cluster, mut nodes) = pair(&s);
     let source = write_file(&s, "A", "data/big file.bin", 96 * MIB, 7);
     let id = send(&s, "A", "B:inbox", "data/big file.bin", &[]);
     wait_received(&s, "B", 20 * MIB);
@@ -134,8 +153,7 @@ fn a_file_crosses_a_relay_killed_twice_whole() {
 #[test]
 fn a_partial_file_damaged_while_its_receiver_is_down_resumes_from_its_last_good_chunk() {
     let s = Scratch::new();
-    let extra = format!("{FILES}queues: [ {{ name: inbox }} ]\n");
-    let (cluster, mut nodes) = Cluster::up(&s, &[("A", "B")], &[("A", FILES), ("B", &extra)]);
+    let (cluster, mut nodes) = pair(&s);
     let source = write_file(&s, "A", "d.bin", 64 * MIB, 3);
     let id = send(&s, "A", "B:inbox", "d.bin", &[]);
     wait_received(&s, "B", 24 * MIB);
@@ -157,8 +175,7 @@ fn a_partial_file_damaged_while_its_receiver_is_down_resumes_from_its_last_good_
 #[test]
 fn a_source_changed_between_attempts_fails_and_nothing_is_spliced() {
     let s = Scratch::new();
-    let extra = format!("{FILES}queues: [ {{ name: inbox }} ]\n");
-    let (cluster, mut nodes) = Cluster::up(&s, &[("A", "B")], &[("A", FILES), ("B", &extra)]);
+    let (cluster, mut nodes) = pair(&s);
     let source = write_file(&s, "A", "s.bin", 64 * MIB, 5);
     let id = send(&s, "A", "B:inbox", "s.bin", &[]);
     wait_received(&s, "B", 8 * MIB);
@@ -169,20 +186,14 @@ fn a_source_changed_between_attempts_fails_and_nothing_is_spliced() {
     let results = result(&s, "A", &id, "60s");
     assert!(results.contains("failed file_source_changed"), "{results}");
     assert!(!files_dir(&s, "B").join("s.bin").exists(), "nothing was put in place");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let partials = files_dir(&s, "B").join(".linkbus-partial");
-    while partials.read_dir().expect("partials").count() > 0 {
-        assert!(Instant::now() < deadline, "the partial file stayed: {}", b.log_text());
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_no_partials(&s, "B", &b);
     drop(cluster);
 }
 
 #[test]
 fn refusals_name_their_rule_and_touch_nothing() {
     let s = Scratch::new();
-    let extra = format!("{FILES}queues: [ {{ name: inbox }} ]\n");
-    let (_cluster, _nodes) = Cluster::up(&s, &[("A", "B")], &[("A", FILES), ("B", &extra)]);
+    let (_cluster, _nodes) = pair(&s);
     write_file(&s, "A", "r.bin", 1000, 1);
     write_file(&s, "A", "keep.bin", 2000, 2);
     let taken = write_file(&s, "B", "r.bin", 10, 9);
@@ -246,8 +257,7 @@ fn a_full_disk_stalls_a_transfer_which_resumes_once_there_is_room() {
         eprintln!("SKIPPED: cannot mount a tmpfs here (the test needs root)");
         return;
     };
-    let extra = format!("{FILES}queues: [ {{ name: inbox }} ]\n");
-    let cluster = Cluster::write(&s, &[("A", "B")], &[("A", FILES), ("B", &extra)]);
+    let cluster = Cluster::write(&s, &[("A", "B")], &[("A", FILES), ("B", &with_inbox())]);
     let b_files = disk.0.join("files");
     let b_files_arg = b_files.to_str().expect("utf-8 path").to_owned();
     let _b = s.start_node("B", &["-c", &cluster.configs["B"], "--files-dir", &b_files_arg]);
@@ -273,19 +283,13 @@ fn a_full_disk_stalls_a_transfer_which_resumes_once_there_is_room() {
 #[test]
 fn a_transfer_whose_lifetime_runs_out_expires_and_its_partial_file_goes() {
     let s = Scratch::new();
-    let extra = format!("{FILES}queues: [ {{ name: inbox }} ]\n");
-    let (cluster, mut nodes) = Cluster::up(&s, &[("A", "B")], &[("A", FILES), ("B", &extra)]);
+    let (cluster, mut nodes) = pair(&s);
     write_file(&s, "A", "slow.bin", 96 * MIB, 17);
     let id = send(&s, "A", "B:inbox", "slow.bin", &["--ttl", "4s"]);
     wait_received(&s, "B", 8 * MIB);
     let mut a = nodes.remove("A").expect("A");
     a.kill();
-    let partials = files_dir(&s, "B").join(".linkbus-partial");
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while partials.read_dir().expect("partials").count() > 0 {
-        assert!(Instant::now() < deadline, "the partial file outlived the transfer");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    wait_no_partials(&s, "B", &nodes["B"]);
     a = cluster.start(&s, "A");
     let results = result(&s, "A", &id, "30s");
     assert!(results.contains("B:inbox expired"), "{results}\n{}", a.log_text());
