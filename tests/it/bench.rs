@@ -56,7 +56,7 @@ fn check_full_run(text: &str) {
     let expected = [
         "w1", "w1", "w1", "w1", "w1", "w1", "w1", "w1", "w1", "w1", "w1", "w1", "w2", "w2", "w2", "w2", "w3",
         "w3", "w4", "w5", "w5", "w5", "w5", "w5", "w5", "w5", "w5", "w5", "w5", "w5", "w5", "w5", "w5", "w6",
-        "w7",
+        "w7", "w7",
     ];
     assert_eq!(workloads, expected, "{text}");
     assert!(rows[0].contains("64 B") && rows[9].contains("1 MiB"), "{text}");

@@ -33,7 +33,8 @@
 //! - `w7`: the link from A to B saturated by 1 KiB messages of priorities 0..=8 (three
 //!   producers, a consumer draining them on B), and 20 urgent messages a second (priority
 //!   9, 64 B, to their own queue): each urgent message's put-to-get latency (p50, p99,
-//!   max), against the same urgent messages on the idle link.
+//!   max), against the same urgent messages on the idle link; and the same urgent messages
+//!   while files of 256 MiB cross the link one after another (`linkbus file send`).
 //!
 //! Every payload is checked byte for byte where it is taken, on both sides of a ratio.
 
@@ -194,6 +195,7 @@ pub(crate) async fn run(
     }
     if wanted("w7") {
         show(urgent_under_load(&scratch.0, scale).await?, &mut rows);
+        show(files::urgent_under_files(&scratch.0, scale).await?, &mut rows);
     }
     Ok(rows)
 }

@@ -133,17 +133,17 @@ fn socket_copy(source: &Path, target: &Path) -> std::io::Result<f64> {
     Ok(started.elapsed().as_secs_f64())
 }
 
-/// Sends `name` as `as_name` from A to B and waits for B's result; seconds taken.
-async fn send_file(a: &mut Client, name: &str, as_name: &str) -> Result<f64, DemoError> {
+/// Sends `name` as `as_name` from A to queue `to` and waits for its result; seconds taken.
+async fn send_file(a: &mut Client, name: &str, as_name: &str, to: &str) -> Result<f64, DemoError> {
     let started = Instant::now();
-    let send = SendFile { name: Some(as_name.to_owned()), ..SendFile::new(name, "B:inbox") };
+    let send = SendFile { name: Some(as_name.to_owned()), ..SendFile::new(name, to) };
     let id = a.send_file(send).await.map_err(failed)?;
     let results = a.results(std::slice::from_ref(&id), Duration::from_secs(600)).await.map_err(failed)?;
     let delivered = results.first().and_then(Option::as_ref).is_some_and(|r| {
         r.recipients.iter().all(|(_, o)| *o == Some(linkbus_host::results::Outcome::Delivered))
     });
     if !delivered {
-        return Err(failed(format!("w6: the file was not delivered: {results:?}")));
+        return Err(failed(format!("the file was not delivered: {results:?}")));
     }
     Ok(started.elapsed().as_secs_f64())
 }
@@ -175,7 +175,7 @@ pub(crate) async fn file_transfer(scratch: &Path, scale: Scale) -> Result<Row, D
         copies.push(1.0 / seconds);
         let _ = std::fs::remove_file(&copy);
         let as_name = format!("big-{round}.bin");
-        sends.push(1.0 / send_file(&mut a, "big.bin", &as_name).await?);
+        sends.push(1.0 / send_file(&mut a, "big.bin", &as_name, "B:inbox").await?);
         let received = dir.join("B").join("files").join(&as_name);
         let same = std::fs::metadata(&received).map(|m| m.len()).map_err(failed)? == size;
         let _ = std::fs::remove_file(&received);
@@ -210,4 +210,64 @@ pub(crate) async fn file_transfer(scratch: &Path, scale: Scale) -> Result<Row, D
 
 fn size_text(size: u64) -> String {
     if size >= 1 << 30 { format!("{} GiB", size >> 30) } else { format!("{} MiB", size >> 20) }
+}
+
+/// `w7`'s second row: urgent messages (priority 9, 64 B) from A to B while files of
+/// `size` bytes cross the same link one after another (nodes in this process, plaintext
+/// links), against the same urgent messages on the idle link.
+pub(crate) async fn urgent_under_files(scratch: &Path, scale: Scale) -> Result<Row, DemoError> {
+    let size: u64 = if scale.divisor > 1 { 16 << 20 } else { 256 << 20 };
+    let nodes = super::start_chain(scratch, &["A", "B"], super::Setup::default()).await?;
+    let (a, b) = (nodes[0].socket_path().to_owned(), nodes[1].socket_path().to_owned());
+    write_noise(&nodes[0].state().config().node.files_dir().join("load.bin"), size)?;
+    let seconds = scale.duration.as_secs_f64().max(0.5) * 2.0;
+    let count = ((f64::from(super::URGENT_RATE) * seconds) as usize).max(10);
+    let idle = super::urgent_latencies(&a, &b, count).await?;
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sender = {
+        let (stop, a) = (stop.clone(), a.clone());
+        tokio::spawn(async move {
+            let mut client = Client::connect(&a).await?;
+            let (mut sent, started) = (0u64, Instant::now());
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let as_name = format!("load-{sent}.bin");
+                send_file(&mut client, "load.bin", &as_name, "B:orders").await?;
+                sent += 1;
+            }
+            Ok::<f64, DemoError>(sent as f64 * size as f64 / started.elapsed().as_secs_f64().max(1e-9))
+        })
+    };
+    // Let the first file fill the link before measuring.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let loaded = super::urgent_latencies(&a, &b, count).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let bytes_per_s = sender.await.map_err(std::io::Error::other)??;
+    for node in nodes {
+        node.shutdown().await;
+    }
+    let (mut loaded, mut idle) = (loaded?, idle);
+    let [l50, l99, _] = super::percentiles(&mut loaded);
+    let [i50, i99, _] = super::percentiles(&mut idle);
+    let max = |t: &[Duration]| t.iter().max().map_or(0.0, |d| d.as_secs_f64() * 1e6);
+    Ok(row(
+        "w7",
+        format!(
+            "files of {} sent A -> B one after another, with {count} urgent messages (priority 9, 64 B) at {}/s",
+            size_text(size),
+            super::URGENT_RATE
+        ),
+        1 << 20,
+        bytes_per_s / f64::from(1u32 << 20),
+        "the urgent messages on the idle link",
+        0.0,
+        format!(
+            "urgent put-to-get p50/p99/max {:.1}/{:.1}/{:.1} ms while files cross, {:.1}/{:.1}/{:.1} ms idle (the rate column is the files', in MiB)",
+            l50 / 1e3,
+            l99 / 1e3,
+            max(&loaded) / 1e3,
+            i50 / 1e3,
+            i99 / 1e3,
+            max(&idle) / 1e3
+        ),
+    ))
 }
