@@ -44,6 +44,8 @@ struct Receiving {
     /// Found in place at start (the node stopped between the move and its record): the
     /// move is not made again.
     published: bool,
+    /// Its sync and move are under way (a blocking job).
+    finishing: bool,
 }
 
 /// Every transfer this node receives, and those that ended here lately.
@@ -109,6 +111,7 @@ impl Table {
                 damaged: false,
                 complete: false,
                 published: false,
+                finishing: false,
             };
             let expected = receiving.record.expected;
             let partial = &receiving.partial;
@@ -162,8 +165,7 @@ impl Table {
             }
         }
         for key in complete {
-            let to = Address::new(node.name().clone(), key.queue.clone());
-            self.finish(node, &key, &to, None, Batch::new(), Instant::now());
+            self.finish(node, &key, None, Batch::new());
         }
     }
 
@@ -193,7 +195,9 @@ impl Table {
         let expired: Vec<InKey> = self
             .open
             .iter()
-            .filter(|(_, r)| r.record.deadline_unix_ms != 0 && now_unix_ms >= r.record.deadline_unix_ms)
+            .filter(|(_, r)| {
+                !r.finishing && r.record.deadline_unix_ms != 0 && now_unix_ms >= r.record.deadline_unix_ms
+            })
             .map(|(k, _)| k.clone())
             .collect();
         for key in expired {
@@ -205,11 +209,19 @@ impl Table {
                 Batch::new(),
             );
         }
+        let mut complete = Vec::new();
         for (key, r) in &mut self.open {
             if r.stalled.as_ref().is_some_and(|(_, at)| *at <= now) {
                 let why = r.stalled.take().map(|(why, _)| why).unwrap_or_default();
-                ask(node, key, r, format!("resuming after: {why}"), Batch::new());
+                if r.record.expected == r.record.size {
+                    complete.push(key.clone()); // Whole here: only the move failed.
+                } else {
+                    ask(node, key, r, format!("resuming after: {why}"), Batch::new());
+                }
             }
+        }
+        for key in complete {
+            self.finish(node, &key, None, Batch::new());
         }
         let old: Vec<InKey> = self
             .ended
@@ -286,7 +298,7 @@ impl Table {
         record::write_chunk(&key, chunk.offset, chunk.data.len() as u32, crc, &mut batch);
         r.record.write(&key, &mut batch);
         if r.record.expected == r.record.size {
-            return self.finish(node, &key, to, chunk.digest, batch, now);
+            return self.finish(node, &key, chunk.digest, batch);
         }
         if r.record.expected.saturating_sub(r.progress_sent) >= r.ack_every {
             r.progress_sent = r.record.expected;
@@ -296,17 +308,11 @@ impl Table {
         node.committer().write(batch);
     }
 
-    /// The last chunk is in: checks the digest, moves the file into place, tells its queue
-    /// and its origin (one store batch with `batch`).
-    fn finish(
-        &mut self,
-        node: &NodeState,
-        key: &InKey,
-        to: &Address,
-        sent: Option<Digest>,
-        batch: Batch,
-        now: Instant,
-    ) {
+    /// The last chunk is in: checks the digest (a mismatch starts again from zero), records
+    /// the transfer complete (with `batch`), and hands the sync and the move into place to
+    /// a blocking job ([`super::publish`]): they wait on the disk, which a link's task must
+    /// not (urgent messages come through it).
+    fn finish(&mut self, node: &NodeState, key: &InKey, sent: Option<Digest>, batch: Batch) {
         let Some(r) = self.open.get_mut(key) else { return node.committer().write(batch) };
         let digest = *r.hasher.finalize().as_bytes();
         if sent.is_some_and(|sent| sent != digest) {
@@ -320,25 +326,40 @@ impl Table {
             let note = "its BLAKE3 digest differed from the origin's; starting again".to_owned();
             return ask(node, key, r, note, batch);
         }
-        let id = key.partial_id();
-        let published = match r.published {
-            true => Ok(()),
-            false => r.partial.sync().and_then(|()| node.files().dir.publish(&id, &r.record.name)),
-        };
-        if let Err(e) = published {
+        r.finishing = true;
+        node.committer().write(batch);
+        let job = super::Publish { key: key.clone(), name: r.record.name.clone(), digest, done: r.published };
+        node.files().publish_later(job);
+    }
+
+    /// What the blocking job made of a complete file: in place (the queue told, the origin
+    /// answered, in one store batch), a name taken (refused), or a failure (stalled, the job
+    /// run again later).
+    pub(crate) fn published(
+        &mut self,
+        node: &NodeState,
+        key: &InKey,
+        digest: Digest,
+        result: std::io::Result<()>,
+    ) {
+        let now = Instant::now();
+        let Some(r) = self.open.get_mut(key) else { return };
+        r.finishing = false;
+        if let Err(e) = result {
             if e.kind() != std::io::ErrorKind::AlreadyExists {
-                stall(node, key, r, &e, now);
-                return node.committer().write(batch);
+                return stall(node, key, r, &e, now);
             }
             let reason =
                 format!("a file '{}' is already in {}'s files directory", r.record.name, node.name());
-            return self.end(node, key, Ended::Refused(refused::EXISTS.into(), reason), batch);
+            return self.end(node, key, Ended::Refused(refused::EXISTS.into(), reason), Batch::new());
         }
+        r.published = true;
         info!(origin = %key.origin, transfer = key.sequence, file = %r.record.name, size = r.record.size, "File received.");
         node.files().stats.received.fetch_add(1, Ordering::Relaxed);
-        let notice = notice(key, r, to, &digest);
+        let to = Address::new(node.name().clone(), key.queue.clone());
+        let notice = notice(key, r, &to, &digest);
         let hold = node.committer().hold();
-        self.end(node, key, Ended::Delivered(digest), batch);
+        self.end(node, key, Ended::Delivered(digest), Batch::new());
         let placement = Placement::of(node, &notice, Came::Arrived).or_dead_letter(node, &notice);
         placement.apply(node, notice, now, Came::Arrived, Batch::new());
         drop(hold);
@@ -455,6 +476,7 @@ fn begin(
         damaged: false,
         complete: false,
         published: false,
+        finishing: false,
     })
 }
 

@@ -89,6 +89,18 @@ pub struct Files {
     incoming: Mutex<incoming::Table>,
     starts: mpsc::UnboundedSender<outgoing::Start>,
     started: Mutex<Option<mpsc::UnboundedReceiver<outgoing::Start>>>,
+    publishes: mpsc::UnboundedSender<Publish>,
+    to_publish: Mutex<Option<mpsc::UnboundedReceiver<Publish>>>,
+}
+
+/// A complete file to sync and move into place, off the link's task.
+#[derive(Debug, Clone)]
+pub(crate) struct Publish {
+    key: record::InKey,
+    name: linkbus_plugin_api::FileName,
+    digest: linkbus_plugin_api::file::Digest,
+    /// Already in place (found so at start): nothing to move.
+    done: bool,
 }
 
 impl std::fmt::Debug for Files {
@@ -122,7 +134,10 @@ impl Files {
         let incoming = incoming::Table::load(store, dir.as_ref())?;
         let outgoing = outgoing::Table::load(store, &config.node.name)?;
         let (starts, started) = mpsc::unbounded_channel();
+        let (publishes, to_publish) = mpsc::unbounded_channel();
         Ok(Self {
+            publishes,
+            to_publish: Mutex::new(Some(to_publish)),
             stats: FileStats::default(),
             handler,
             dir,
@@ -161,6 +176,11 @@ impl Files {
             n(&s.resumes),
             n(&s.received)
         )
+    }
+
+    /// Queues a complete file's sync and move for [`run`]'s blocking jobs.
+    fn publish_later(&self, job: Publish) {
+        let _ = self.publishes.send(job);
     }
 
     /// Every transfer under way, both ways.
@@ -285,6 +305,9 @@ pub(crate) async fn run(node: Arc<NodeState>, mut shutdown: watch::Receiver<bool
     let Some(mut starts) = files.started.lock().unwrap_or_else(PoisonError::into_inner).take() else {
         return;
     };
+    let Some(mut to_publish) = files.to_publish.lock().unwrap_or_else(PoisonError::into_inner).take() else {
+        return;
+    };
     let mut tasks = JoinSet::new();
     for start in files.outgoing.recovered(&node) {
         tasks.spawn(outgoing::send(node.clone(), start));
@@ -296,6 +319,9 @@ pub(crate) async fn run(node: Arc<NodeState>, mut shutdown: watch::Receiver<bool
             Some(start) = starts.recv() => {
                 tasks.spawn(outgoing::send(node.clone(), start));
             }
+            Some(job) = to_publish.recv() => {
+                tasks.spawn(publish(node.clone(), job));
+            }
             _ = sweep.tick() => {
                 let now = crate::clock::unix_ms();
                 files.outgoing.sweep(&node, now);
@@ -306,4 +332,22 @@ pub(crate) async fn run(node: Arc<NodeState>, mut shutdown: watch::Receiver<bool
         }
     }
     tasks.abort_all();
+}
+
+/// Syncs a complete partial file and moves it into place (blocking, on a thread of its
+/// own), then hands the outcome to the transfer.
+async fn publish(node: Arc<NodeState>, job: Publish) {
+    let (on, what) = (node.clone(), job.clone());
+    let moved = tokio::task::spawn_blocking(move || {
+        if what.done {
+            return Ok(());
+        }
+        let files = on.files();
+        let id = what.key.partial_id();
+        files.dir.partial(&id, false)?.sync()?;
+        files.dir.publish(&id, &what.name)
+    })
+    .await
+    .unwrap_or_else(|e| Err(std::io::Error::other(e.to_string())));
+    node.files().incoming().published(&node, &job.key, job.digest, moved);
 }
