@@ -107,6 +107,11 @@ fn check_full_run(text: &str) {
             assert!(row.contains(filter) && row.contains("us more per message"), "{text}");
         }
     }
-    assert!(rows[33].contains("urgent put-to-get p50/p99/max"), "{text}");
-    assert_eq!(text.matches("\"workload\":").count(), 34, "{text}");
+    assert!(rows[33].contains("linkbus file send") && rows[33].contains("peak RSS A"), "{text}");
+    assert!(rows[34].contains("urgent put-to-get p50/p99/max"), "{text}");
+    assert!(
+        rows[35].contains("urgent put-to-get p50/p99/max") && rows[35].contains("while files cross"),
+        "{text}"
+    );
+    assert_eq!(text.matches("\"workload\":").count(), 36, "{text}");
 }

@@ -19,7 +19,13 @@ fn demo_delivers_every_message_intact() {
     // Compressed with a dictionary, then sealed end to end; no data directory holds a
     // payload's plaintext.
     assert!(text.contains("stage     zstd at A: 10000 messages") && text.contains("ratio"), "{text}");
-    assert!(text.contains("stage     chacha20poly1305 at A: 10000 messages"), "{text}");
+    // The cipher sealed the file's 128 chunks too (its rule names C:orders).
+    assert!(text.contains("stage     chacha20poly1305 at A: 10128 messages"), "{text}");
+    assert!(
+        text.contains("file      32 MiB from A's files directory to C:orders through B (delivered)")
+            && text.contains("C's copy has the same BLAKE3 digest"),
+        "{text}"
+    );
     for node in ["A", "B", "C"] {
         assert!(text.contains(&format!("node {node}'s data directory")) && !text.contains("HOLD"), "{text}");
     }
