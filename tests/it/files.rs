@@ -48,6 +48,14 @@ fn send(s: &Scratch, from: &str, to: &str, name: &str, extra: &[&str]) -> String
     stdout(&out).trim().to_owned()
 }
 
+/// Sends `name` from A to `to` and waits up to a minute for the result (`extra`: more
+/// options).
+fn send_and_wait(s: &Scratch, to: &str, name: &str, extra: &[&str]) -> std::process::Output {
+    let mut args = vec!["file", "send", "--node", "A", "--to", to, name, "--wait", "60s"];
+    args.extend_from_slice(extra);
+    s.run(&args)
+}
+
 /// The results of transfer `id` at `from`, waiting up to `wait`.
 fn result(s: &Scratch, from: &str, id: &str, wait: &str) -> String {
     stdout(&s.run(&["result", "--node", from, id, "--wait", wait]))
@@ -219,37 +227,15 @@ fn refusals_name_their_rule_and_touch_nothing() {
     let out = s.run(&["file", "send", "--node", "A", "--to", "B:inbox", "r.bin", "--as", "../x"]);
     assert!(stderr(&out).contains("'..' component"), "{}", stderr(&out));
     // A name taken at the recipient: refused there, nothing replaced, the source kept.
-    let out = s.run(&[
-        "file",
-        "send",
-        "--node",
-        "A",
-        "--to",
-        "B:inbox",
-        "r.bin",
-        "--delete-after",
-        "--wait",
-        "60s",
-    ]);
+    let out = send_and_wait(&s, "B:inbox", "r.bin", &["--delete-after"]);
     assert!(stdout(&out).contains("failed file_exists"), "{}", stdout(&out));
     assert_eq!(std::fs::read(&taken).expect("kept").len(), 10);
     assert!(files_dir(&s, "A").join("r.bin").exists(), "a refused file is not deleted");
     // A queue that is not there.
-    let out = s.run(&["file", "send", "--node", "A", "--to", "B:nowhere", "keep.bin", "--wait", "60s"]);
+    let out = send_and_wait(&s, "B:nowhere", "keep.bin", &[]);
     assert!(stdout(&out).contains("failed file_no_queue"), "{}", stdout(&out));
     // Delete after send: only once delivered.
-    let out = s.run(&[
-        "file",
-        "send",
-        "--node",
-        "A",
-        "--to",
-        "B:inbox",
-        "keep.bin",
-        "--delete-after",
-        "--wait",
-        "60s",
-    ]);
+    let out = send_and_wait(&s, "B:inbox", "keep.bin", &["--delete-after"]);
     assert!(out.status.success() && stdout(&out).contains("delivered"), "{}", stdout(&out));
     assert!(!files_dir(&s, "A").join("keep.bin").exists(), "deleted after send");
     assert_eq!(std::fs::read(files_dir(&s, "B").join("keep.bin")).expect("there").len(), 2000);

@@ -531,10 +531,7 @@ async fn urgent_under_load(scratch: &Path, scale: Scale) -> Result<Row, DemoErro
     for node in nodes {
         node.shutdown().await;
     }
-    let (mut loaded, mut idle) = (loaded?, idle);
-    let [l50, l99, _] = percentiles(&mut loaded);
-    let [i50, i99, _] = percentiles(&mut idle);
-    let max = |t: &[Duration]| t.iter().max().map_or(0.0, |d| d.as_secs_f64() * 1e6);
+    let note = urgent_note(&mut loaded?, &mut { idle }, "under load", "the bulk's");
     Ok(row(
         "w7",
         format!(
@@ -544,16 +541,25 @@ async fn urgent_under_load(scratch: &Path, scale: Scale) -> Result<Row, DemoErro
         bulk_per_s,
         "the urgent messages on the idle link",
         0.0,
-        format!(
-            "urgent put-to-get p50/p99/max {:.1}/{:.1}/{:.1} ms under load, {:.1}/{:.1}/{:.1} ms idle (the rate column is the bulk's)",
-            l50 / 1e3,
-            l99 / 1e3,
-            max(&loaded) / 1e3,
-            i50 / 1e3,
-            i99 / 1e3,
-            max(&idle) / 1e3
-        ),
+        note,
     ))
+}
+
+/// `w7`'s note: the urgent messages' put-to-get p50/p99/max `while` the link is loaded and
+/// when idle; `rate` says whose rate the row's column is.
+fn urgent_note(loaded: &mut [Duration], idle: &mut [Duration], while_: &str, rate: &str) -> String {
+    let [l50, l99, _] = percentiles(loaded);
+    let [i50, i99, _] = percentiles(idle);
+    let max = |t: &[Duration]| t.iter().max().map_or(0.0, |d| d.as_secs_f64() * 1e6);
+    format!(
+        "urgent put-to-get p50/p99/max {:.1}/{:.1}/{:.1} ms {while_}, {:.1}/{:.1}/{:.1} ms idle (the rate column is {rate})",
+        l50 / 1e3,
+        l99 / 1e3,
+        max(loaded) / 1e3,
+        i50 / 1e3,
+        i99 / 1e3,
+        max(idle) / 1e3
+    )
 }
 
 type BulkTask = tokio::task::JoinHandle<Result<(), linkbus_client::ClientError>>;

@@ -543,12 +543,11 @@ async fn send_file(
     let mut client = crate::bench::client_of(first, in_process).await?;
     let to = format!("{}:orders", last.state().name());
     let started = Instant::now();
-    let id = client.send_file(linkbus_client::SendFile::new(name, to)).await?;
-    let results = client.results(std::slice::from_ref(&id), Duration::from_secs(300)).await?;
+    let send = linkbus_client::SendFile::new(name, to);
+    let (_, results) = client.send_file_and_wait(send, Duration::from_secs(300)).await?;
     let elapsed = started.elapsed();
     let outcome = results
-        .first()
-        .and_then(Option::as_ref)
+        .as_ref()
         .and_then(|r| {
             r.recipients.first().map(|(_, o)| o.as_ref().map_or("no result".to_owned(), ToString::to_string))
         })

@@ -137,9 +137,8 @@ fn socket_copy(source: &Path, target: &Path) -> std::io::Result<f64> {
 async fn send_file(a: &mut Client, name: &str, as_name: &str, to: &str) -> Result<f64, DemoError> {
     let started = Instant::now();
     let send = SendFile { name: Some(as_name.to_owned()), ..SendFile::new(name, to) };
-    let id = a.send_file(send).await.map_err(failed)?;
-    let results = a.results(std::slice::from_ref(&id), Duration::from_secs(600)).await.map_err(failed)?;
-    let delivered = results.first().and_then(Option::as_ref).is_some_and(|r| {
+    let (_, results) = a.send_file_and_wait(send, Duration::from_secs(600)).await.map_err(failed)?;
+    let delivered = results.as_ref().is_some_and(|r| {
         r.recipients.iter().all(|(_, o)| *o == Some(linkbus_host::results::Outcome::Delivered))
     });
     if !delivered {
@@ -245,10 +244,7 @@ pub(crate) async fn urgent_under_files(scratch: &Path, scale: Scale) -> Result<R
     for node in nodes {
         node.shutdown().await;
     }
-    let (mut loaded, mut idle) = (loaded?, idle);
-    let [l50, l99, _] = super::percentiles(&mut loaded);
-    let [i50, i99, _] = super::percentiles(&mut idle);
-    let max = |t: &[Duration]| t.iter().max().map_or(0.0, |d| d.as_secs_f64() * 1e6);
+    let note = super::urgent_note(&mut loaded?, &mut { idle }, "while files cross", "the files', in MiB");
     Ok(row(
         "w7",
         format!(
@@ -260,14 +256,6 @@ pub(crate) async fn urgent_under_files(scratch: &Path, scale: Scale) -> Result<R
         bytes_per_s / f64::from(1u32 << 20),
         "the urgent messages on the idle link",
         0.0,
-        format!(
-            "urgent put-to-get p50/p99/max {:.1}/{:.1}/{:.1} ms while files cross, {:.1}/{:.1}/{:.1} ms idle (the rate column is the files', in MiB)",
-            l50 / 1e3,
-            l99 / 1e3,
-            max(&loaded) / 1e3,
-            i50 / 1e3,
-            i99 / 1e3,
-            max(&idle) / 1e3
-        ),
+        note,
     ))
 }

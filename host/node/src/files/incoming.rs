@@ -48,6 +48,26 @@ struct Receiving {
     finishing: bool,
 }
 
+impl Receiving {
+    /// A transfer at the point `record` says, its partial file open, nothing hashed yet.
+    fn new(record: InRecord, partial: Box<dyn PartialFile>, ack_every: u64) -> Self {
+        Self {
+            record,
+            partial,
+            hasher: blake3::Hasher::new(),
+            chunks: Vec::new(),
+            progress_sent: 0,
+            ack_every,
+            asked: false,
+            stalled: None,
+            damaged: false,
+            complete: false,
+            published: false,
+            finishing: false,
+        }
+    }
+}
+
 /// Every transfer this node receives, and those that ended here lately.
 #[derive(Default)]
 pub(crate) struct Table {
@@ -99,20 +119,8 @@ impl Table {
         for recovered in record::load_incoming(store)? {
             let id = recovered.key.partial_id();
             let partial = dir.partial(&id, true).map_err(|e| format!("partial file {id}: {e}"))?;
-            let mut receiving = Receiving {
-                record: recovered.record,
-                partial,
-                hasher: blake3::Hasher::new(),
-                chunks: recovered.chunks.iter().map(|(offset, ..)| *offset).collect(),
-                progress_sent: 0,
-                ack_every: 0,
-                asked: false,
-                stalled: None,
-                damaged: false,
-                complete: false,
-                published: false,
-                finishing: false,
-            };
+            let mut receiving = Receiving::new(recovered.record, partial, 0);
+            receiving.chunks = recovered.chunks.iter().map(|(offset, ..)| *offset).collect();
             let expected = receiving.record.expected;
             let partial = &receiving.partial;
             let mut verified = verify(
@@ -464,20 +472,7 @@ fn begin(
     };
     // A transfer first seen past its start (this node lost it) starts again from zero: the
     // chunk is out of place, so the origin is asked for the bytes from 0.
-    Ok(Receiving {
-        record,
-        partial,
-        hasher: blake3::Hasher::new(),
-        chunks: Vec::new(),
-        progress_sent: 0,
-        ack_every: u64::from(chunk.ack_every).max(1),
-        asked: false,
-        stalled: None,
-        damaged: false,
-        complete: false,
-        published: false,
-        finishing: false,
-    })
+    Ok(Receiving::new(record, partial, u64::from(chunk.ack_every).max(1)))
 }
 
 /// Asks the origin for the bytes from `expected` on, as a new attempt (chunks of older ones

@@ -285,12 +285,18 @@ fn answer_origin(
     content.kind = Kind::File;
     content.name = FRAME_NAME.to_owned();
     content.headers.push((RECIPIENT_HEADER.into(), recipient.to_string()));
-    let message = crate::flow::origin::stamp(node, content, crate::clock::unix_ms());
+    place(node, crate::flow::origin::stamp(node, content, crate::clock::unix_ms()), with);
+}
+
+/// Queues a frame that must arrive (an answer, a `Query`, a `Cancel`) like any persistent
+/// message, in one store batch with `with`: stored until its link's peer has it. One
+/// without a way there is logged and dropped (`with` is written all the same).
+fn place(node: &NodeState, message: Message, with: Batch) {
     match Placement::of(node, &message, Came::Put).reachable() {
         Ok(placement) => placement.apply(node, message, Instant::now(), Came::Put, with),
         Err(refusal) => {
             if node.warnings().admit(crate::warnings::reason::BAD_FILE_FRAME) {
-                warn!(origin = %origin, reason = refusal.reason, "A file transfer's answer has no way to its origin.");
+                warn!(id = %message.id, reason = refusal.reason, "A file frame has no way to its node.");
             }
             node.committer().write(with);
         }

@@ -17,7 +17,6 @@ use tracing::{info, warn};
 
 use super::FRAME_NAME;
 use super::record::{self, OutRecord, StreamState};
-use crate::flow::placement::{Came, Placement};
 use crate::flow::refusal::{Refusal, RefusalCode};
 use crate::node::NodeState;
 use crate::results::Outcome;
@@ -398,6 +397,8 @@ pub(crate) async fn send(node: Arc<NodeState>, start: Start) {
 struct Sender {
     stream: usize,
     source: FileName,
+    /// The name the file takes at its recipient.
+    name: FileName,
     reader: Option<Reader>,
     stages: crate::flow::stages::Stages,
     chunk_bytes: u64,
@@ -410,9 +411,9 @@ impl Sender {
     /// Opens the source; settles the transfer as failed when it cannot be read.
     fn new(node: &NodeState, transfer: &Transfer, stream: usize) -> Option<Self> {
         let files = node.files();
-        let (source, stamp) = {
+        let (source, name, stamp) = {
             let inner = transfer.lock();
-            (inner.0.source.clone(), inner.0.stamp)
+            (inner.0.source.clone(), inner.0.name.clone(), inner.0.stamp)
         };
         let file = match files.dir.open_source(&source) {
             Ok(file) => file,
@@ -427,6 +428,7 @@ impl Sender {
         Some(Self {
             stream,
             source,
+            name,
             reader: Some(Reader { file, stamp, hasher: blake3::Hasher::new(), hashed: 0 }),
             stages: crate::flow::stages::Stages::build(&node.codecs().stages(), &context),
             chunk_bytes: files.handler.chunk_bytes() as u64,
@@ -444,7 +446,7 @@ impl Sender {
     ) -> bool {
         // Reading (and hashing again after a resume) waits on the disk: not on a runtime worker.
         let Some(mut taken) = self.reader.take() else { return false };
-        let name = transfer.lock().0.name.clone();
+        let name = self.name.clone();
         let ack_every = u32::try_from((self.window / 4).max(self.chunk_bytes)).unwrap_or(u32::MAX);
         let Ok((back, read)) = tokio::task::spawn_blocking(move || {
             let read = taken
@@ -560,12 +562,7 @@ fn send_stored(node: &NodeState, message: Message) {
         let _ = super::arrived(node, message, Batch::new(), Instant::now());
         return;
     }
-    match Placement::of(node, &message, Came::Put).reachable() {
-        Ok(placement) => placement.apply(node, message, Instant::now(), Came::Put, Batch::new()),
-        Err(refusal) => {
-            warn!(id = %message.id, reason = refusal.reason, "A file frame has no way to its recipient.")
-        }
-    }
+    super::place(node, message, Batch::new());
 }
 
 /// Asks `to` how far it is with the transfer (answered by `Resume`).
