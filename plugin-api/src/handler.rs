@@ -148,4 +148,16 @@ pub trait PartialFile: Send {
     /// # Errors
     /// When it cannot be synced.
     fn sync(&self) -> io::Result<()>;
+
+    /// Starts writing `len` bytes at `offset` to the disk without waiting for it, and lets
+    /// the memory of those already written go. Called a few MiB behind the writes: a large
+    /// file then never fills memory with pages waiting for the disk, and its final
+    /// [`sync`](Self::sync) is short. (Doing nothing is correct, only slower.)
+    ///
+    /// # Errors
+    /// When the advice is refused.
+    fn write_behind(&self, offset: u64, len: u64) -> io::Result<()> {
+        let _ = (offset, len);
+        Ok(())
+    }
 }

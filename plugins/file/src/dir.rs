@@ -171,4 +171,11 @@ impl PartialFile for Partial {
     fn sync(&self) -> io::Result<()> {
         self.0.sync_data()
     }
+
+    fn write_behind(&self, offset: u64, len: u64) -> io::Result<()> {
+        // On Linux, `DONTNEED` starts the writeback of the range's dirty pages (not waiting
+        // for it) and drops its clean ones.
+        let Some(len) = std::num::NonZeroU64::new(len) else { return Ok(()) };
+        rustix::fs::fadvise(&self.0, offset, Some(len), rustix::fs::Advice::DontNeed).map_err(io::Error::from)
+    }
 }

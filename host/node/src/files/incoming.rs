@@ -1,5 +1,6 @@
-//! A recipient of transfers: chunks written into partial files and recorded with their
-//! CRC-32C, the file checked and moved into place, its queue told, its origin answered.
+//! A recipient of transfers: chunks checked and recorded with their CRC-32C on the link's
+//! task, written into partial files by each transfer's [`Writer`], the file checked and
+//! moved into place, its queue told, its origin answered.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::Ordering;
@@ -8,11 +9,13 @@ use std::time::{Duration, Instant};
 use linkbus_client::{FileDirection, FileTransfer};
 use linkbus_plugin_api::file::{Chunk, Digest, Frame, refused};
 use linkbus_plugin_api::{
-    Address, Batch, Content, FilesDir, Kind, Lifetime, Message, MessageId, PartialFile, Reliability,
+    Address, Batch, Content, FilesDir, Kind, Lifetime, Message, MessageId, Reliability,
 };
+use tokio::sync::mpsc::UnboundedSender;
 use tracing::{info, warn};
 
 use super::record::{self, Ended, InKey, InRecord};
+use super::writer::{Writer, Written};
 use super::{DIGEST_HEADER, NAME_HEADER, SENDER_HEADER, SIZE_HEADER, TRANSFER_HEADER, answer_origin};
 use crate::flow::placement::{Came, Placement};
 use crate::node::NodeState;
@@ -24,12 +27,19 @@ const ENDED_KEPT_MS: u64 = 7 * 86_400 * 1000;
 
 /// One transfer being received.
 struct Receiving {
+    /// Where it stands as recorded: `expected` is the end of the chunks taken (checked and
+    /// recorded), which the writer may not have written yet.
     record: InRecord,
-    partial: Box<dyn PartialFile>,
-    hasher: blake3::Hasher,
+    writer: Writer,
+    /// The end of what the writer wrote.
+    written: u64,
+    /// The digest the origin sent with the last chunk.
+    sent_digest: Option<Digest>,
+    /// The digest of the complete file, once the writer made it and it matched.
+    digest: Option<Digest>,
     /// Offsets of the chunks recorded (forgotten with the transfer).
     chunks: Vec<u64>,
-    /// `expected` when the origin was last told.
+    /// `written` when the origin was last told.
     progress_sent: u64,
     /// Bytes after which to tell it again.
     ack_every: u64,
@@ -44,19 +54,21 @@ struct Receiving {
     /// Found in place at start (the node stopped between the move and its record): the
     /// move is not made again.
     published: bool,
-    /// Its sync and move are under way (a blocking job).
+    /// Its last chunk is taken: its digest, sync and move are under way.
     finishing: bool,
 }
 
 impl Receiving {
-    /// A transfer at the point `record` says, its partial file open, nothing hashed yet.
-    fn new(record: InRecord, partial: Box<dyn PartialFile>, ack_every: u64) -> Self {
+    /// A transfer at the point `record` says, written that far, with its writer.
+    fn new(record: InRecord, writer: Writer, ack_every: u64) -> Self {
         Self {
+            written: record.expected,
+            progress_sent: record.expected,
             record,
-            partial,
-            hasher: blake3::Hasher::new(),
+            writer,
+            sent_digest: None,
+            digest: None,
             chunks: Vec::new(),
-            progress_sent: 0,
             ack_every,
             asked: false,
             stalled: None,
@@ -85,7 +97,7 @@ fn key_of(message: &Message, to: &Address) -> InKey {
 }
 
 /// Takes a frame from an origin (chunk, query, cancel) with the link's `record` of it.
-pub(crate) fn take(node: &NodeState, message: &Message, frame: Frame, record: Batch, now: Instant) {
+pub(crate) fn take(node: &NodeState, message: &Message, frame: Frame, record: Batch) {
     let Some(to) = recipient_here(node, message) else {
         node.committer().write(record);
         return;
@@ -94,7 +106,7 @@ pub(crate) fn take(node: &NodeState, message: &Message, frame: Frame, record: Ba
     let files = node.files();
     let mut table = files.incoming();
     match frame {
-        Frame::Chunk(chunk) => table.chunk(node, message, &to, key, chunk, record, now),
+        Frame::Chunk(chunk) => table.chunk(node, message, &to, key, chunk, record),
         Frame::Query { attempt } => table.query(node, &to, key, attempt, record),
         Frame::Cancel { reason } => {
             table.end(node, &key, Ended::Refused(refused::CANCELLED.into(), reason.clone()), record);
@@ -107,68 +119,77 @@ pub(crate) fn take(node: &NodeState, message: &Message, frame: Frame, record: Ba
 impl Table {
     /// Reads back the transfers recorded in `store`, checking each partial file chunk by
     /// chunk against the CRCs recorded: it is cut after the last chunk that checks (a
-    /// transfer with damage asks its origin for the rest once the node runs).
+    /// transfer with damage asks its origin for the rest once the node runs). A transfer
+    /// whose file is in place already and checks whole (the node stopped between the move
+    /// and its record) is not moved again. Each gets its writer, reporting to `events`.
     ///
     /// # Errors
-    /// A record that cannot be read.
-    pub(crate) fn load(store: &dyn linkbus_plugin_api::Store, dir: &dyn FilesDir) -> Result<Self, String> {
+    /// A record that cannot be read, a writer that cannot be started.
+    pub(crate) fn load(
+        store: &dyn linkbus_plugin_api::Store,
+        dir: &dyn FilesDir,
+        events: &UnboundedSender<Written>,
+    ) -> Result<Self, String> {
         let mut table = Self::default();
         for (key, at, ended) in Ended::load(store)? {
             table.ended.insert(key, (at, ended));
         }
         for recovered in record::load_incoming(store)? {
             let id = recovered.key.partial_id();
-            let partial = dir.partial(&id, true).map_err(|e| format!("partial file {id}: {e}"))?;
-            let mut receiving = Receiving::new(recovered.record, partial, 0);
-            receiving.chunks = recovered.chunks.iter().map(|(offset, ..)| *offset).collect();
-            let expected = receiving.record.expected;
-            let partial = &receiving.partial;
-            let mut verified = verify(
-                &|at, buf| partial.read_at(at, buf),
-                &recovered.chunks,
-                expected,
-                &mut receiving.hasher,
-            );
-            if verified < expected && expected == receiving.record.size {
-                // Moved into place before the node stopped? Then the file there checks.
-                if let Ok(file) = dir.open_source(&receiving.record.name) {
-                    let mut hasher = blake3::Hasher::new();
-                    if verify(&|at, buf| file.read_at(at, buf), &recovered.chunks, expected, &mut hasher)
-                        == expected
-                    {
-                        (verified, receiving.hasher, receiving.published) = (expected, hasher, true);
-                    }
+            let failed = |e: std::io::Error| format!("partial file {id}: {e}");
+            let partial = dir.partial(&id, true).map_err(failed)?;
+            let mut record = recovered.record;
+            let (size, recorded) = (record.size, record.expected);
+            let mut hasher = blake3::Hasher::new();
+            let mut published = false;
+            let in_place = (recorded == size).then(|| dir.open_source(&record.name).ok()).flatten();
+            let mut verified = 0;
+            if let Some(file) = in_place {
+                let mut whole = blake3::Hasher::new();
+                if verify(&|at, buf| file.read_at(at, buf), &recovered.chunks, size, &mut whole) == size {
+                    (verified, hasher, published) = (size, whole, true);
                 }
             }
-            receiving.complete = verified == receiving.record.size;
-            if verified < receiving.record.expected {
+            if !published {
+                verified =
+                    verify(&|at, buf| partial.read_at(at, buf), &recovered.chunks, recorded, &mut hasher);
+                partial.truncate(verified).map_err(failed)?;
+            }
+            if verified < recorded {
                 warn!(
                     partial = id,
-                    recorded = receiving.record.expected,
+                    recorded,
                     verified,
                     "A partial file does not match its chunks' checksums; it resumes from the last good chunk."
                 );
-                receiving.damaged = true;
             }
-            receiving.record.expected = verified;
-            receiving.progress_sent = verified;
-            if !receiving.published {
-                receiving.partial.truncate(verified).map_err(|e| format!("partial file {id}: {e}"))?;
-            }
+            record.expected = verified;
+            let writer = Writer::start(recovered.key.clone(), partial, verified, hasher, events.clone())
+                .map_err(failed)?;
+            let mut receiving = Receiving::new(record, writer, 0);
+            receiving.chunks = recovered.chunks.iter().map(|(offset, ..)| *offset).collect();
+            receiving.published = published;
+            receiving.complete = verified == size;
+            receiving.damaged = verified < recorded;
             table.open.insert(recovered.key, receiving);
         }
         Ok(table)
     }
 
-    /// Once the node runs: asks the origins of transfers found damaged at start for the
-    /// bytes they lack, and finishes those found complete.
+    /// Once the node runs: asks the origins of the transfers read back for the bytes they
+    /// lack (chunks they sent before the restart may be lost: they travel volatile on a
+    /// direct link), and finishes those found complete.
     pub(crate) fn after_start(&mut self, node: &NodeState) {
         let mut complete = Vec::new();
         for (key, r) in &mut self.open {
             if std::mem::take(&mut r.complete) {
                 complete.push(key.clone());
-            } else if std::mem::take(&mut r.damaged) {
-                let note = "the partial file was damaged; resuming from its last good chunk";
+            } else {
+                let note = if std::mem::take(&mut r.damaged) {
+                    "the partial file was damaged; resuming from its last good chunk"
+                } else {
+                    "resuming after the recipient restarted"
+                };
                 ask(node, key, r, note.to_owned(), Batch::new());
             }
         }
@@ -191,7 +212,7 @@ impl Table {
                 peer: key.queue.to_string(),
                 name: r.record.name.to_string(),
                 size: r.record.size,
-                done_bytes: r.record.expected,
+                done_bytes: r.written,
                 note: r.stalled.as_ref().map(|(why, _)| why.clone()).unwrap_or_default(),
             })
             .collect()
@@ -256,7 +277,6 @@ impl Table {
         key: InKey,
         chunk: Chunk,
         record: Batch,
-        now: Instant,
     ) {
         if self.ended.contains_key(&key) {
             return node.committer().write(record); // A chunk of a transfer already ended here.
@@ -294,48 +314,94 @@ impl Table {
             let note = if crc == chunk.crc { "bytes missing here" } else { "a chunk failed its checksum" };
             return ask(node, &key, r, note.to_owned(), record);
         }
-        if let Err(e) = r.partial.write_at(chunk.offset, &chunk.data) {
-            stall(node, &key, r, &e, now);
-            return node.committer().write(record);
-        }
-        stats.written_bytes.fetch_add(len, Ordering::Relaxed);
-        r.hasher.update(&chunk.data);
+        r.writer.write(chunk.offset, chunk.data);
         r.record.expected += len;
         r.chunks.push(chunk.offset);
         let mut batch = record;
-        record::write_chunk(&key, chunk.offset, chunk.data.len() as u32, crc, &mut batch);
+        record::write_chunk(&key, chunk.offset, len as u32, crc, &mut batch);
         r.record.write(&key, &mut batch);
         if r.record.expected == r.record.size {
             return self.finish(node, &key, chunk.digest, batch);
         }
-        if r.record.expected.saturating_sub(r.progress_sent) >= r.ack_every {
-            r.progress_sent = r.record.expected;
-            let progress = Frame::Progress { transfer: key.sequence, verified: r.record.expected };
-            return answer_origin(node, &key.origin, to, &progress, batch);
-        }
         node.committer().write(batch);
     }
 
-    /// The last chunk is in: checks the digest (a mismatch starts again from zero), records
-    /// the transfer complete (with `batch`), and hands the sync and the move into place to
-    /// a blocking job ([`super::publish`]): they wait on the disk, which a link's task must
-    /// not (urgent messages come through it).
+    /// Takes what a transfer's writer reports: bytes written (confirmed to the origin every
+    /// `ack_every`: returned as a `Progress` to send once the store is synced, as the chunks'
+    /// records must survive the node for the bytes to count), a write that failed (the
+    /// transfer cut back to what is written, stalled, and asking again later), or the
+    /// digest of the complete file (checked, then the file synced and moved into place by
+    /// a blocking job).
+    pub(crate) fn written(&mut self, node: &NodeState, event: Written) -> Option<(InKey, Frame)> {
+        let now = Instant::now();
+        match event {
+            Written::Upto { key, written } => {
+                let r = self.open.get_mut(&key)?;
+                let stats = &node.files().stats;
+                stats.written_bytes.fetch_add(written.saturating_sub(r.written), Ordering::Relaxed);
+                r.written = written;
+                if !r.finishing && written.saturating_sub(r.progress_sent) >= r.ack_every {
+                    r.progress_sent = written;
+                    let progress = Frame::Progress { transfer: key.sequence, verified: written };
+                    return Some((key, progress));
+                }
+            }
+            Written::Failed { key, written, error } => {
+                let r = self.open.get_mut(&key)?;
+                r.finishing = false;
+                r.written = written;
+                let mut batch = Batch::new();
+                if r.record.expected > written {
+                    let beyond: Vec<u64> = r.chunks.iter().copied().filter(|at| *at >= written).collect();
+                    r.chunks.retain(|at| *at < written);
+                    record::forget_chunks(&key, beyond, &mut batch);
+                    r.record.expected = written;
+                    r.record.write(&key, &mut batch);
+                }
+                r.writer.cut(written);
+                stall(node, &key, r, &error, now);
+                node.committer().write(batch);
+            }
+            Written::Complete { key, digest } => {
+                let r = self.open.get_mut(&key)?;
+                if r.sent_digest.is_some_and(|sent| sent != digest) {
+                    warn!(origin = %key.origin, transfer = key.sequence, "A file's digest differs from its origin's; receiving it again.");
+                    let mut batch = Batch::new();
+                    record::forget(&key, r.chunks.drain(..), &mut batch);
+                    (r.record.expected, r.written, r.progress_sent, r.finishing) = (0, 0, 0, false);
+                    r.writer.cut(0);
+                    let note = "its BLAKE3 digest differed from the origin's; starting again".to_owned();
+                    ask(node, &key, r, note, batch);
+                    return None;
+                }
+                r.digest = Some(digest);
+                self.publish(node, &key);
+            }
+        }
+        None
+    }
+
+    /// The last chunk is taken (recorded with `batch`): the writer reports the file's
+    /// digest once it has written it ([`Self::written`] checks it against `sent`), unless
+    /// it is known already (only the move failed before).
     fn finish(&mut self, node: &NodeState, key: &InKey, sent: Option<Digest>, batch: Batch) {
         let Some(r) = self.open.get_mut(key) else { return node.committer().write(batch) };
-        let digest = *r.hasher.finalize().as_bytes();
-        if sent.is_some_and(|sent| sent != digest) {
-            warn!(origin = %key.origin, transfer = key.sequence, "A file's digest differs from its origin's; receiving it again.");
-            let mut batch = batch;
-            record::forget(key, r.chunks.drain(..), &mut batch);
-            r.record.expected = 0;
-            r.progress_sent = 0;
-            r.hasher = blake3::Hasher::new();
-            let _ = r.partial.truncate(0);
-            let note = "its BLAKE3 digest differed from the origin's; starting again".to_owned();
-            return ask(node, key, r, note, batch);
-        }
         r.finishing = true;
+        r.sent_digest = sent.or(r.sent_digest);
         node.committer().write(batch);
+        if r.digest.is_some() {
+            return self.publish(node, key);
+        }
+        r.writer.finish();
+    }
+
+    /// Hands a complete file's sync and move into place to a blocking job
+    /// ([`super::publish`]): they wait on the disk, which a link's task must not (urgent
+    /// messages come through it).
+    fn publish(&mut self, node: &NodeState, key: &InKey) {
+        let Some(r) = self.open.get_mut(key) else { return };
+        let Some(digest) = r.digest else { return };
+        r.finishing = true;
         let job = super::Publish { key: key.clone(), name: r.record.name.clone(), digest, done: r.published };
         node.files().publish_later(job);
     }
@@ -407,9 +473,8 @@ impl Table {
         let mut batch = with;
         if let Some(r) = self.open.remove(key) {
             record::forget(key, r.chunks, &mut batch);
-            if !matches!(ended, Ended::Delivered(_))
-                && let Err(e) = node.files().dir.remove_partial(&key.partial_id())
-            {
+            // (Gone already once moved into place, unless the node stopped in between.)
+            if let Err(e) = node.files().dir.remove_partial(&key.partial_id()) {
                 warn!(partial = key.partial_id(), error = %e, "A partial file could not be removed.");
             }
         }
@@ -470,9 +535,11 @@ fn begin(
         expected: 0,
         deadline_unix_ms,
     };
+    let writer = Writer::start(key.clone(), partial, 0, blake3::Hasher::new(), files.written_events())
+        .map_err(write_failed)?;
     // A transfer first seen past its start (this node lost it) starts again from zero: the
     // chunk is out of place, so the origin is asked for the bytes from 0.
-    Ok(Receiving::new(record, partial, u64::from(chunk.ack_every).max(1)))
+    Ok(Receiving::new(record, writer, u64::from(chunk.ack_every).max(1)))
 }
 
 /// Asks the origin for the bytes from `expected` on, as a new attempt (chunks of older ones

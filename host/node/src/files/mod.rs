@@ -7,10 +7,11 @@
 //!   confirms them (at most the handler's `window_bytes` ahead), so memory stays bounded
 //!   whatever the file's size. Chunks are not stored at the origin: the file is their
 //!   record, and a restart asks each recipient how far it is (`Query`).
-//! - [`incoming`]: a recipient. Each chunk is written into a partial file and recorded with
-//!   its CRC-32C in the same store batch as the link's record of the message; the last one
-//!   is followed by the BLAKE3 check, the move into place (never replacing a file), the
-//!   notice into the queue and `Done` to the origin, in one batch again.
+//! - [`incoming`]: a recipient. Each chunk is checked and recorded with its CRC-32C in the
+//!   same store batch as the link's record of the message, and handed to the transfer's
+//!   [`writer`], a thread that writes it into the partial file off the link's task; the
+//!   last one is followed by the BLAKE3 check, the move into place (never replacing a
+//!   file), the notice into the queue and `Done` to the origin, in one batch again.
 //! - [`record`]: what both record in the store.
 //!
 //! Relays see chunks as ordinary persistent messages (stored, forwarded, acknowledged): a
@@ -20,6 +21,7 @@
 mod incoming;
 mod outgoing;
 mod record;
+mod writer;
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -91,6 +93,8 @@ pub struct Files {
     started: Mutex<Option<mpsc::UnboundedReceiver<outgoing::Start>>>,
     publishes: mpsc::UnboundedSender<Publish>,
     to_publish: Mutex<Option<mpsc::UnboundedReceiver<Publish>>>,
+    written: mpsc::UnboundedSender<writer::Written>,
+    to_take_written: Mutex<Option<mpsc::UnboundedReceiver<writer::Written>>>,
 }
 
 /// A complete file to sync and move into place, off the link's task.
@@ -131,13 +135,16 @@ impl Files {
         };
         let root = config.node.files_dir();
         let dir = handler.open(&root).map_err(|e| format!("node.files_dir: {}", e.0))?;
-        let incoming = incoming::Table::load(store, dir.as_ref())?;
+        let (written, to_take_written) = mpsc::unbounded_channel();
+        let incoming = incoming::Table::load(store, dir.as_ref(), &written)?;
         let outgoing = outgoing::Table::load(store, &config.node.name)?;
         let (starts, started) = mpsc::unbounded_channel();
         let (publishes, to_publish) = mpsc::unbounded_channel();
         Ok(Self {
             publishes,
             to_publish: Mutex::new(Some(to_publish)),
+            written,
+            to_take_written: Mutex::new(Some(to_take_written)),
             stats: FileStats::default(),
             handler,
             dir,
@@ -183,6 +190,11 @@ impl Files {
         let _ = self.publishes.send(job);
     }
 
+    /// Where transfers' writers report.
+    fn written_events(&self) -> mpsc::UnboundedSender<writer::Written> {
+        self.written.clone()
+    }
+
     /// Every transfer under way, both ways.
     pub fn list(&self) -> Vec<FileTransfer> {
         let mut all = self.outgoing.list();
@@ -217,7 +229,7 @@ pub(crate) fn arrived(
     };
     match frame {
         Frame::Chunk(_) | Frame::Query { .. } | Frame::Cancel { .. } => {
-            incoming::take(node, &message, frame, record, now);
+            incoming::take(node, &message, frame, record);
         }
         answer => {
             let recipient = message.content.header(RECIPIENT_HEADER).and_then(|a| a.parse::<Address>().ok());
@@ -314,6 +326,10 @@ pub(crate) async fn run(node: Arc<NodeState>, mut shutdown: watch::Receiver<bool
     let Some(mut to_publish) = files.to_publish.lock().unwrap_or_else(PoisonError::into_inner).take() else {
         return;
     };
+    let Some(mut written) = files.to_take_written.lock().unwrap_or_else(PoisonError::into_inner).take()
+    else {
+        return;
+    };
     let mut tasks = JoinSet::new();
     for start in files.outgoing.recovered(&node) {
         tasks.spawn(outgoing::send(node.clone(), start));
@@ -328,6 +344,12 @@ pub(crate) async fn run(node: Arc<NodeState>, mut shutdown: watch::Receiver<bool
             Some(job) = to_publish.recv() => {
                 tasks.spawn(publish(node.clone(), job));
             }
+            Some(event) = written.recv() => {
+                let progress = files.incoming().written(&node, event);
+                if let Some((key, frame)) = progress {
+                    tasks.spawn(confirm(node.clone(), key, frame));
+                }
+            }
             _ = sweep.tick() => {
                 let now = crate::clock::unix_ms();
                 files.outgoing.sweep(&node, now);
@@ -338,6 +360,15 @@ pub(crate) async fn run(node: Arc<NodeState>, mut shutdown: watch::Receiver<bool
         }
     }
     tasks.abort_all();
+}
+
+/// Tells a transfer's origin how far its recipient is once the store is synced (the
+/// chunks' records with it).
+async fn confirm(node: Arc<NodeState>, key: record::InKey, progress: Frame) {
+    if node.committer().sync().await.is_ok() {
+        let to = Address::new(node.name().clone(), key.queue.clone());
+        answer_origin(&node, &key.origin, &to, &progress, Batch::new());
+    }
 }
 
 /// Syncs a complete partial file and moves it into place (blocking, on a thread of its

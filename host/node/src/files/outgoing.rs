@@ -27,6 +27,9 @@ pub const SOURCE_CHANGED: &str = "file_source_changed";
 pub const SOURCE_UNREADABLE: &str = "file_source_unreadable";
 /// How long a restarted origin waits for an answer to its `Query` before asking again.
 const QUERY_AGAIN: Duration = Duration::from_secs(30);
+/// How long an origin waits for word from a recipient with bytes outstanding before it
+/// asks where the recipient is (chunks lost with a restart of a link's end, say).
+const QUIET: Duration = Duration::from_secs(10);
 
 /// A recipient's task to start.
 pub(crate) struct Start {
@@ -46,6 +49,8 @@ struct Stream {
     querying: Option<Instant>,
     /// What the recipient said last (a stall), for `file ls`.
     note: String,
+    /// When the recipient was last heard from (or the task started).
+    heard: Option<Instant>,
 }
 
 /// One transfer: its record (attempts and states per recipient) and the streams.
@@ -67,6 +72,8 @@ enum Next {
     Chunk { attempt: u32, offset: u64, len: u64 },
     /// Wait for an answer.
     Wait,
+    /// Ask the recipient where it is, as attempt `attempt` (recorded with `record`).
+    Ask { attempt: u32, to: Address, priority: u8, record: Batch },
     /// The recipient is settled.
     Done,
 }
@@ -384,6 +391,11 @@ pub(crate) async fn send(node: Arc<NodeState>, start: Start) {
             Next::Wait => {
                 let _ = tokio::time::timeout(Duration::from_secs(1), changed).await;
             }
+            Next::Ask { attempt, to, priority, record } => {
+                warn!(id = %transfer.id, to = %to, "No word from a file's recipient; asking where it is.");
+                node.committer().write(record);
+                query(&node, &transfer.id, priority, &to, attempt);
+            }
             Next::Chunk { attempt, offset, len } => {
                 if !sender.chunk(&node, &transfer, (attempt, offset, len)).await {
                     return;
@@ -498,7 +510,20 @@ fn next(transfer: &Transfer, stream: usize, chunk_bytes: u64, window: u64) -> Ne
         return Next::Done;
     }
     let size = record.stamp.size;
-    if s.querying.is_some() || s.next >= size && size > 0 || s.next.saturating_sub(s.confirmed) >= window {
+    if s.querying.is_some() {
+        return Next::Wait;
+    }
+    let now = Instant::now();
+    if s.next > s.confirmed && s.heard.get_or_insert(now).elapsed() >= QUIET {
+        let (to, attempt, _) = &mut record.recipients[stream];
+        *attempt += 1;
+        (s.querying, s.heard) = (Some(now), Some(now));
+        let (to, attempt) = (to.clone(), *attempt);
+        let mut batch = Batch::new();
+        record.write(&mut batch);
+        return Next::Ask { attempt, to, priority: record.priority, record: batch };
+    }
+    if s.next >= size && size > 0 || s.next.saturating_sub(s.confirmed) >= window {
         return Next::Wait;
     }
     if size == 0 && s.next > 0 {
@@ -539,7 +564,13 @@ fn frame_message(id: &MessageId, priority: u8, to: &Address, lifetime: Lifetime,
 
 /// Hands a chunk to the link towards its recipient, without a record (the file is its
 /// record), or takes it here for a recipient of this node.
-fn deliver(node: &NodeState, message: Message) -> Result<(), String> {
+///
+/// On a link straight to the recipient's node a chunk travels volatile: the recipient then
+/// takes it without syncing its store before acknowledging it (the transfer's own records
+/// need no sync: a restarted recipient checks its partial file against them and asks for
+/// what it lacks). Through relays it stays persistent, so that each relay spools it to
+/// disk.
+fn deliver(node: &NodeState, mut message: Message) -> Result<(), String> {
     let Some(to) = message.content.recipients.first().cloned() else { return Ok(()) };
     let now = Instant::now();
     match node.routing().next_hop(&to.node)? {
@@ -548,6 +579,9 @@ fn deliver(node: &NodeState, message: Message) -> Result<(), String> {
         }
         crate::routing::Hop::Via(peer) => {
             let link = node.link(&peer).ok_or_else(|| format!("no link to {peer}"))?;
+            if peer == to.node {
+                message.content.reliability = Reliability::Volatile;
+            }
             link.enqueue_unrecorded(message, now);
             Ok(())
         }
@@ -591,6 +625,7 @@ pub(crate) fn answer(node: &NodeState, recipient: &Address, frame: Frame) {
             let mut inner = transfer.lock();
             let s = &mut inner.1[stream];
             s.confirmed = s.confirmed.max(verified);
+            s.heard = Some(Instant::now());
             s.note.clear();
         }
         Frame::Resume { attempt, from, note, .. } => resume(node, &transfer, stream, attempt, from, note),
@@ -621,6 +656,7 @@ fn resume(node: &NodeState, transfer: &Transfer, stream: usize, attempt: u32, fr
         }
         *current = attempt;
         s.querying = None;
+        s.heard = Some(Instant::now());
         s.next = from.min(record.stamp.size);
         s.confirmed = s.next;
         s.note = note;

@@ -277,6 +277,11 @@ pub(crate) fn write_chunk(key: &InKey, offset: u64, len: u32, crc: u32, batch: &
 /// The writes forgetting a transfer's record and its chunks' (`chunks`: their offsets).
 pub(crate) fn forget(key: &InKey, chunks: impl IntoIterator<Item = u64>, batch: &mut Batch) {
     batch.delete(IN_SPACE, key.bytes());
+    forget_chunks(key, chunks, batch);
+}
+
+/// The writes forgetting some of a transfer's chunks (their offsets), its record kept.
+pub(crate) fn forget_chunks(key: &InKey, chunks: impl IntoIterator<Item = u64>, batch: &mut Batch) {
     for offset in chunks {
         batch.delete(IN_SPACE, key.chunk_key(offset));
     }

@@ -240,6 +240,7 @@ fn may_run(message: &Message) -> bool {
     message.content.reliability == Reliability::Volatile
         && !message.content.results
         && !message.content.priority.is_system()
+        && !crate::files::is_frame(message)
 }
 
 /// Whether `a` and `b` may go in one run (both may run): the same recipients, as many relays, the same
