@@ -15,8 +15,10 @@
 //! - [`record`]: what both record in the store.
 //!
 //! Relays see chunks as ordinary persistent messages (stored, forwarded, acknowledged): a
-//! transfer needs nothing from them. Every answer to the origin (`Resume`, `Progress`,
-//! `Done`, `Refuse`) is a persistent message of the system class.
+//! transfer needs nothing from them. On a link straight to the recipient's node chunks
+//! travel volatile, so that neither end syncs its store for them. Every answer to the
+//! origin (`Resume`, `Done`, `Refuse`) is a persistent message of the system class, but
+//! `Progress`, volatile.
 
 mod incoming;
 mod outgoing;
@@ -290,9 +292,13 @@ fn answer_origin(
         return;
     }
     let to = Address::new(origin.clone(), node.event_queue().queue.clone());
+    // A `Progress` only moves the origin's window on: volatile, it costs the origin's link
+    // no store sync (one lost with a node is made up by the origin asking, `Query`).
+    let reliability =
+        if matches!(frame, Frame::Progress { .. }) { Reliability::Volatile } else { Reliability::Persistent };
     let mut content = Content::buf(to, frame.encode())
         .with_priority(Priority::SYSTEM)
-        .with_reliability(Reliability::Persistent)
+        .with_reliability(reliability)
         .with_lifetime(Lifetime::UNLIMITED);
     content.kind = Kind::File;
     content.name = FRAME_NAME.to_owned();
