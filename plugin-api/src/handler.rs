@@ -29,6 +29,13 @@ pub trait MessageHandler: Send + Sync {
     /// Bytes of one transfer the origin lets travel ahead of what the recipient confirmed.
     fn window_bytes(&self) -> u64;
 
+    /// Bytes of all the node's transfers together travelling ahead of what their recipients
+    /// confirmed (at least [`window_bytes`](Self::window_bytes)): what many transfers at
+    /// once hold in memory at their origin.
+    fn in_flight_bytes(&self) -> u64 {
+        self.window_bytes().saturating_mul(4)
+    }
+
     /// Opens (creating it if needed) the files directory at `root`.
     ///
     /// # Errors

@@ -287,3 +287,71 @@ fn a_transfer_whose_lifetime_runs_out_expires_and_its_partial_file_goes() {
     assert!(results.contains("B:inbox expired"), "{results}\n{}", a.log_text());
     assert!(!files_dir(&s, "B").join("slow.bin").exists());
 }
+
+/// Peak resident memory of `node` so far, in bytes (Linux `VmHWM`).
+fn peak_rss(node: &NodeProcess) -> u64 {
+    let pid = node.pid().expect("running");
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+    let line = status.lines().find(|l| l.starts_with("VmHWM:")).expect("VmHWM");
+    line.split_whitespace().nth(1).and_then(|kib| kib.parse::<u64>().ok()).expect("a number") * 1024
+}
+
+#[test]
+fn many_transfers_at_once_share_the_origins_budget() {
+    let s = Scratch::new();
+    // A window of 16 MiB per transfer, 16 MiB for all of them: twelve at once would hold
+    // 192 MiB at the origin without the budget.
+    let a = "plugins: { files: { kind: file, window_bytes: 16777216, in_flight_bytes: 16777216 } }\n";
+    let (_cluster, nodes) = Cluster::up(&s, &[("A", "B")], &[("A", a), ("B", &with_inbox())]);
+    let names: Vec<String> = (0..12).map(|i| format!("many/{i}.bin")).collect();
+    let sources: Vec<PathBuf> =
+        names.iter().zip(100..).map(|(name, seed)| write_file(&s, "A", name, 32 * MIB, seed)).collect();
+    let before = peak_rss(&nodes["A"]);
+    let ids: Vec<String> = names.iter().map(|name| send(&s, "A", "B:inbox", name, &[])).collect();
+    let deadline = Instant::now() + Duration::from_secs(180);
+    for ((id, name), source) in ids.iter().zip(&names).zip(&sources) {
+        let mut results = result(&s, "A", id, "10s");
+        while !results.contains("B:inbox delivered") && Instant::now() < deadline {
+            results = result(&s, "A", id, "10s");
+        }
+        let listing = stdout(&s.run(&["file", "ls", "--node", "A"]));
+        assert!(results.contains("B:inbox delivered"), "{name}: {results}\n{listing}");
+        assert_eq!(digest(&files_dir(&s, "B").join(name)), digest(source), "{name}");
+    }
+    let grown = peak_rss(&nodes["A"]).saturating_sub(before);
+    assert!(grown < 64 * MIB, "A's peak memory grew by {} MiB for twelve transfers at once", grown / MIB);
+}
+
+#[test]
+fn a_receiver_stopped_between_the_move_and_its_record_delivers_the_file_once() {
+    let s = Scratch::new();
+    let (cluster, mut nodes) = pair(&s);
+    let mut b = nodes.remove("B").expect("B");
+    for leave_partial in [false, true] {
+        b.kill();
+        b = cluster.start_env(&s, "B", &[("LINKBUS_TEST_CRASH_AFTER_MOVE", "1")]);
+        let name = format!("moved-{leave_partial}.bin");
+        let source = write_file(&s, "A", &name, 8 * MIB, 19);
+        let id = send(&s, "A", "B:inbox", &name, &[]);
+        assert!(b.wait_exit(Duration::from_secs(60)).is_some(), "B did not stop: {}", b.log_text());
+        let placed = files_dir(&s, "B").join(&name);
+        assert_eq!(digest(&placed), digest(&source), "in place before the stop");
+        if leave_partial {
+            // As if it stopped between the hard link and the removal of the partial name.
+            let partial = format!("{}-inbox", id.replace('/', "-"));
+            std::fs::hard_link(&placed, files_dir(&s, "B").join(".linkbus-partial").join(partial))
+                .expect("a partial name");
+        }
+        b = cluster.start(&s, "B");
+        let results = result(&s, "A", &id, "60s");
+        assert!(results.contains("B:inbox delivered"), "{results}\n{}", b.log_text());
+        assert_eq!(digest(&placed), digest(&source), "not moved again");
+        wait_no_partials(&s, "B", &b);
+        let notice = s.run(&["get", "--node", "B", "inbox"]);
+        assert!(stdout(&notice).contains(&name), "{}", stdout(&notice));
+        let again = s.run(&["get", "--node", "B", "inbox"]);
+        assert!(!again.status.success(), "one notice: {}", stdout(&again));
+        let events = stdout(&s.run(&["events", "--node", "B"]));
+        assert!(events.contains(&format!("file_received file {name} (8388608 bytes) from A")), "{events}");
+    }
+}

@@ -229,7 +229,7 @@ pub(crate) enum EventsCommand {
         #[command(flatten)]
         target: Target,
         /// Event kinds, comma-separated (link_up, link_down, link_stopped, expired,
-        /// dead_letter, queue_full, result), or `all`.
+        /// dead_letter, queue_full, result, file_received), or `all`.
         #[arg(long, value_delimiter = ',', required = true)]
         kinds: Vec<String>,
         /// The queue that gets the copies, as NODE:QUEUE.

@@ -35,11 +35,13 @@ pub enum EventKind {
     QueueFull,
     /// The final outcome of a message of this node for one recipient (see `results`).
     Result,
+    /// A file was received whole into this node's files directory (see `files`).
+    FileReceived,
 }
 
 impl EventKind {
     /// Every kind, for `all` in subscriptions.
-    pub const ALL: [EventKind; 7] = [
+    pub const ALL: [EventKind; 8] = [
         Self::LinkUp,
         Self::LinkDown,
         Self::LinkStopped,
@@ -47,6 +49,7 @@ impl EventKind {
         Self::DeadLetter,
         Self::QueueFull,
         Self::Result,
+        Self::FileReceived,
     ];
 
     /// The kind's name in configuration, headers and output.
@@ -59,6 +62,7 @@ impl EventKind {
             Self::DeadLetter => "dead_letter",
             Self::QueueFull => "queue_full",
             Self::Result => "result",
+            Self::FileReceived => "file_received",
         }
     }
 }

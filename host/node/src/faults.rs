@@ -11,6 +11,22 @@ pub(crate) const SKIP_DEDUP_ENV: &str = "LINKBUS_TEST_SKIP_DEDUP";
 /// Store what arrives but never acknowledge it (`1`), so a test can crash a receiver that
 /// holds messages its peer still waits on.
 pub(crate) const HOLD_ACKS_ENV: &str = "LINKBUS_TEST_HOLD_ACKS";
+/// Stop the node abruptly (`1`) right after it moved a file received into place, before
+/// that is recorded: the crash a recipient's restart must recognise.
+pub(crate) const CRASH_AFTER_MOVE_ENV: &str = "LINKBUS_TEST_CRASH_AFTER_MOVE";
+
+/// See [`CRASH_AFTER_MOVE_ENV`].
+pub(crate) fn crash_after_move() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| {
+        set(
+            CRASH_AFTER_MOVE_ENV,
+            true,
+            Some("the node stops right after moving a file into place (test-only)."),
+        )
+    })
+}
+
 /// Milliseconds added to this node's wall clock, to run nodes whose clocks disagree on one
 /// machine.
 pub(crate) const CLOCK_OFFSET_ENV: &str = "LINKBUS_TEST_CLOCK_OFFSET_MS";

@@ -8,9 +8,10 @@
 //! their name only when complete, with a hard link (which never replaces a file there) and
 //! the removal of the partial name, each directory synced.
 //!
-//! Settings (`plugins.files`): `chunk_bytes` (bytes per chunk message, default 256 KiB) and
+//! Settings (`plugins.files`): `chunk_bytes` (bytes per chunk message, default 256 KiB),
 //! `window_bytes` (bytes of one transfer travelling ahead of what its recipient confirmed,
-//! default 16 MiB).
+//! default 16 MiB) and `in_flight_bytes` (of all the node's transfers together, default
+//! 64 MiB, at least `window_bytes`).
 #![forbid(unsafe_code)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
@@ -35,17 +36,26 @@ pub const CHUNK_BYTES_MAX: u64 = 2 << 20;
 pub const WINDOW_BYTES_DEFAULT: u64 = 16 << 20;
 /// Largest `window_bytes`.
 pub const WINDOW_BYTES_MAX: u64 = 1 << 30;
+/// Default `in_flight_bytes`.
+pub const IN_FLIGHT_BYTES_DEFAULT: u64 = 64 << 20;
+/// Largest `in_flight_bytes`.
+pub const IN_FLIGHT_BYTES_MAX: u64 = 4 << 30;
 
 /// The handler: its settings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FileHandler {
     chunk_bytes: u64,
     window_bytes: u64,
+    in_flight_bytes: u64,
 }
 
 impl Default for FileHandler {
     fn default() -> Self {
-        Self { chunk_bytes: CHUNK_BYTES_DEFAULT, window_bytes: WINDOW_BYTES_DEFAULT }
+        Self {
+            chunk_bytes: CHUNK_BYTES_DEFAULT,
+            window_bytes: WINDOW_BYTES_DEFAULT,
+            in_flight_bytes: IN_FLIGHT_BYTES_DEFAULT,
+        }
     }
 }
 
@@ -53,7 +63,13 @@ fn read(section: &Section<'_>) -> FileHandler {
     let chunk_bytes = section.number("chunk_bytes", CHUNK_BYTES_DEFAULT, CHUNK_BYTES_MIN, CHUNK_BYTES_MAX);
     let window_bytes =
         section.number("window_bytes", WINDOW_BYTES_DEFAULT, 2 * chunk_bytes, WINDOW_BYTES_MAX);
-    FileHandler { chunk_bytes, window_bytes }
+    let in_flight_bytes = section.number(
+        "in_flight_bytes",
+        IN_FLIGHT_BYTES_DEFAULT.max(window_bytes),
+        window_bytes,
+        IN_FLIGHT_BYTES_MAX,
+    );
+    FileHandler { chunk_bytes, window_bytes, in_flight_bytes }
 }
 
 fn check(section: &Section<'_>) {
@@ -77,6 +93,10 @@ impl MessageHandler for FileHandler {
 
     fn window_bytes(&self) -> u64 {
         self.window_bytes
+    }
+
+    fn in_flight_bytes(&self) -> u64 {
+        self.in_flight_bytes
     }
 
     fn open(&self, root: &Path) -> Result<Box<dyn FilesDir>, HandlerError> {
@@ -113,6 +133,13 @@ mod tests {
         let Factory::Handler(build) = entry.factory else { panic!("not a handler") };
         let handler = build(&section, &ctx).expect("builds");
         assert_eq!((handler.chunk_bytes(), handler.window_bytes()), (65536, WINDOW_BYTES_DEFAULT));
+        assert_eq!(handler.in_flight_bytes(), IN_FLIGHT_BYTES_DEFAULT);
+        let small = ConfigValue::Map(vec![
+            ("window_bytes".into(), ConfigValue::Uint(8 << 20)),
+            ("in_flight_bytes".into(), ConfigValue::Uint(1 << 20)),
+        ]);
+        let error = build(&small, &ctx).err().expect("refused").to_string();
+        assert!(error.contains("plugins.files.in_flight_bytes"), "{error}");
         let bad = ConfigValue::Map(vec![("chunk_bytes".into(), ConfigValue::Uint(1))]);
         let error = build(&bad, &ctx).err().expect("refused").to_string();
         assert!(error.contains("plugins.files.chunk_bytes"), "{error}");

@@ -340,7 +340,9 @@ impl Table {
                 let stats = &node.files().stats;
                 stats.written_bytes.fetch_add(written.saturating_sub(r.written), Ordering::Relaxed);
                 r.written = written;
-                if !r.finishing && written.saturating_sub(r.progress_sent) >= r.ack_every {
+                // At each multiple of `ack_every` passed (where the origin's blocks end).
+                let every = r.ack_every.max(1);
+                if !r.finishing && written / every > r.progress_sent / every {
                     r.progress_sent = written;
                     let progress = Frame::Progress { transfer: key.sequence, verified: written };
                     return Some((key, progress));
@@ -432,6 +434,17 @@ impl Table {
         node.files().stats.received.fetch_add(1, Ordering::Relaxed);
         let to = Address::new(node.name().clone(), key.queue.clone());
         let notice = notice(key, r, &to, &digest);
+        node.emit(
+            crate::events::Event::new(
+                crate::events::EventKind::FileReceived,
+                format!("file {} ({} bytes) from {} into {to}", r.record.name, r.record.size, key.origin),
+            )
+            .with("name", &r.record.name)
+            .with("size", r.record.size)
+            .with("blake3", linkbus_plugin_api::hex::encode(&digest))
+            .with("sender", &key.origin)
+            .with("queue", &to),
+        );
         let hold = node.committer().hold();
         self.end(node, key, Ended::Delivered(digest), Batch::new());
         let placement = Placement::of(node, &notice, Came::Arrived).or_dead_letter(node, &notice);

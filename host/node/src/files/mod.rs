@@ -97,6 +97,9 @@ pub struct Files {
     to_publish: Mutex<Option<mpsc::UnboundedReceiver<Publish>>>,
     written: mpsc::UnboundedSender<writer::Written>,
     to_take_written: Mutex<Option<mpsc::UnboundedReceiver<writer::Written>>>,
+    /// Bytes all transfers from here may have travelling unconfirmed together (the
+    /// handler's `in_flight_bytes`), a permit per byte.
+    budget: Arc<tokio::sync::Semaphore>,
 }
 
 /// A complete file to sync and move into place, off the link's task.
@@ -147,6 +150,11 @@ impl Files {
             to_publish: Mutex::new(Some(to_publish)),
             written,
             to_take_written: Mutex::new(Some(to_take_written)),
+            budget: Arc::new(tokio::sync::Semaphore::new(
+                usize::try_from(handler.in_flight_bytes())
+                    .unwrap_or(usize::MAX)
+                    .min(tokio::sync::Semaphore::MAX_PERMITS),
+            )),
             stats: FileStats::default(),
             handler,
             dir,
@@ -388,7 +396,11 @@ async fn publish(node: Arc<NodeState>, job: Publish) {
         let files = on.files();
         let id = what.key.partial_id();
         files.dir.partial(&id, false)?.sync()?;
-        files.dir.publish(&id, &what.name)
+        files.dir.publish(&id, &what.name)?;
+        if crate::faults::crash_after_move() {
+            std::process::abort();
+        }
+        Ok(())
     })
     .await
     .unwrap_or_else(|e| Err(std::io::Error::other(e.to_string())));

@@ -72,6 +72,8 @@ enum Next {
     Chunk { attempt: u32, offset: u64, len: u64 },
     /// Wait for an answer.
     Wait,
+    /// Take the budget of the block the next chunk starts (`from`..`to`).
+    Budget { from: u64, to: u64 },
     /// Ask the recipient where it is, as attempt `attempt` (recorded with `record`).
     Ask { attempt: u32, to: Address, priority: u8, record: Batch },
     /// The recipient is settled.
@@ -378,18 +380,36 @@ impl Reader {
     }
 }
 
-/// The task of one recipient: sends chunks while the window allows, until it is settled.
+/// The task of one recipient: sends chunks while the window and the node's budget allow,
+/// until it is settled.
 pub(crate) async fn send(node: Arc<NodeState>, start: Start) {
     let Start { transfer, stream } = start;
     let Some(mut sender) = Sender::new(&node, &transfer, stream) else { return };
+    let budget = node.files().budget.clone();
     loop {
         let changed = transfer.changed.notified();
         tokio::pin!(changed);
         changed.as_mut().enable();
-        match next(&transfer, stream, sender.chunk_bytes, sender.window) {
+        sender.release(&transfer);
+        let limit = sender.held.back().map_or(0, |(end, _)| *end);
+        match next(&transfer, stream, &sender, limit) {
             Next::Done => return,
             Next::Wait => {
                 let _ = tokio::time::timeout(Duration::from_secs(1), changed).await;
+            }
+            Next::Budget { from, to } => {
+                // The block's share of the node's budget (other transfers give theirs back
+                // as their recipients confirm whole blocks; a settled transfer, all of it).
+                let permits = u32::try_from(to - from).unwrap_or(u32::MAX);
+                tokio::select! {
+                    permit = budget.clone().acquire_many_owned(permits) => {
+                        if let Ok(permit) = permit {
+                            sender.held.push_back((to, permit));
+                        }
+                    }
+                    () = &mut changed => {}
+                    () = tokio::time::sleep(Duration::from_secs(1)) => {}
+                }
             }
             Next::Ask { attempt, to, priority, record } => {
                 warn!(id = %transfer.id, to = %to, "No word from a file's recipient; asking where it is.");
@@ -397,6 +417,7 @@ pub(crate) async fn send(node: Arc<NodeState>, start: Start) {
                 query(&node, &transfer.id, priority, &to, attempt);
             }
             Next::Chunk { attempt, offset, len } => {
+                sender.last_end = offset + len;
                 if !sender.chunk(&node, &transfer, (attempt, offset, len)).await {
                     return;
                 }
@@ -417,6 +438,13 @@ struct Sender {
     window: u64,
     /// The end of what this task sent, so bytes sent again are counted.
     high: u64,
+    /// Bytes after which the recipient confirms: the file in blocks of it, each taking its
+    /// share of the node's budget ([`super::Files::budget`]) before its chunks go.
+    ack_every: u64,
+    /// The blocks held (each one's end), in order.
+    held: std::collections::VecDeque<(u64, tokio::sync::OwnedSemaphorePermit)>,
+    /// The end of the last chunk sent.
+    last_end: u64,
 }
 
 impl Sender {
@@ -446,7 +474,27 @@ impl Sender {
             chunk_bytes: files.handler.chunk_bytes() as u64,
             window: files.handler.window_bytes(),
             high: 0,
+            ack_every: (files.handler.window_bytes() / 4).max(files.handler.chunk_bytes() as u64),
+            held: std::collections::VecDeque::new(),
+            last_end: 0,
         })
+    }
+
+    /// Gives back the budget of blocks confirmed, or of all when the recipient asked to go
+    /// on from an earlier point (its blocks are sent again, each taking its share again).
+    fn release(&mut self, transfer: &Transfer) {
+        let (next, confirmed) = {
+            let inner = transfer.lock();
+            let s = &inner.1[self.stream];
+            (s.next, s.confirmed)
+        };
+        if next < self.last_end {
+            self.held.clear();
+            self.last_end = next;
+        }
+        while self.held.front().is_some_and(|(end, _)| *end <= confirmed) {
+            self.held.pop_front();
+        }
     }
 
     /// Reads and sends one chunk; `false` once the transfer ended for this recipient.
@@ -459,7 +507,7 @@ impl Sender {
         // Reading (and hashing again after a resume) waits on the disk: not on a runtime worker.
         let Some(mut taken) = self.reader.take() else { return false };
         let name = self.name.clone();
-        let ack_every = u32::try_from((self.window / 4).max(self.chunk_bytes)).unwrap_or(u32::MAX);
+        let ack_every = u32::try_from(self.ack_every).unwrap_or(u32::MAX);
         let Ok((back, read)) = tokio::task::spawn_blocking(move || {
             let read = taken
                 .frame(ChunkHead { attempt, name: &name, size: taken.stamp.size, offset, ack_every }, len);
@@ -501,7 +549,7 @@ impl Sender {
 }
 
 /// What the task of `stream` does next, moving its `next` on when it sends.
-fn next(transfer: &Transfer, stream: usize, chunk_bytes: u64, window: u64) -> Next {
+fn next(transfer: &Transfer, stream: usize, sender: &Sender, limit: u64) -> Next {
     let mut inner = transfer.lock();
     let (record, streams) = &mut *inner;
     let (_, attempt, state) = &record.recipients[stream];
@@ -523,14 +571,19 @@ fn next(transfer: &Transfer, stream: usize, chunk_bytes: u64, window: u64) -> Ne
         record.write(&mut batch);
         return Next::Ask { attempt, to, priority: record.priority, record: batch };
     }
-    if s.next >= size && size > 0 || s.next.saturating_sub(s.confirmed) >= window {
+    if s.next >= size && size > 0 || s.next.saturating_sub(s.confirmed) >= sender.window {
         return Next::Wait;
     }
     if size == 0 && s.next > 0 {
         return Next::Wait;
     }
     let offset = s.next;
-    let len = chunk_bytes.min(size - offset);
+    if offset >= limit {
+        // Blocks end at multiples of `ack_every`, where the recipient confirms.
+        let end = (offset / sender.ack_every + 1).saturating_mul(sender.ack_every);
+        return Next::Budget { from: offset, to: end.min(size).max(offset + 1) };
+    }
+    let len = sender.chunk_bytes.min(size - offset).min(limit - offset);
     // An empty file is one empty chunk (marked sent by moving past it).
     s.next = if size == 0 { 1 } else { offset + len };
     Next::Chunk { attempt: *attempt, offset, len }
