@@ -22,6 +22,8 @@ use crate::node::NodeState;
 
 /// After a write failed (a full disk), how long a transfer waits before asking again.
 const STALL_RETRY: Duration = Duration::from_secs(5);
+/// How often at least a recipient receiving bytes tells its origin how far it is.
+const PROGRESS_EVERY: Duration = Duration::from_secs(2);
 /// How long a recipient remembers how a transfer ended (to answer its origin again).
 const ENDED_KEPT_MS: u64 = 7 * 86_400 * 1000;
 
@@ -41,6 +43,8 @@ struct Receiving {
     chunks: Vec<u64>,
     /// `written` when the origin was last told.
     progress_sent: u64,
+    /// When the origin was last told.
+    progress_at: Instant,
     /// Bytes after which to tell it again.
     ack_every: u64,
     /// A `Resume` for the current attempt went out: chunks out of place are dropped quietly.
@@ -64,6 +68,7 @@ impl Receiving {
         Self {
             written: record.expected,
             progress_sent: record.expected,
+            progress_at: Instant::now(),
             record,
             writer,
             sent_digest: None,
@@ -342,8 +347,12 @@ impl Table {
                 r.written = written;
                 // At each multiple of `ack_every` passed (where the origin's blocks end).
                 let every = r.ack_every.max(1);
-                if !r.finishing && written / every > r.progress_sent / every {
-                    r.progress_sent = written;
+                // And at least every `PROGRESS_EVERY` while bytes come (a slow link would
+                // otherwise leave the origin without word for long: it asks after `QUIET`).
+                let due = written / every > r.progress_sent / every
+                    || written > r.progress_sent && r.progress_at.elapsed() >= PROGRESS_EVERY;
+                if !r.finishing && due {
+                    (r.progress_sent, r.progress_at) = (written, now);
                     let progress = Frame::Progress { transfer: key.sequence, verified: written };
                     return Some((key, progress));
                 }

@@ -28,8 +28,9 @@ pub const SOURCE_UNREADABLE: &str = "file_source_unreadable";
 /// How long a restarted origin waits for an answer to its `Query` before asking again.
 const QUERY_AGAIN: Duration = Duration::from_secs(30);
 /// How long an origin waits for word from a recipient with bytes outstanding before it
-/// asks where the recipient is (chunks lost with a restart of a link's end, say).
-const QUIET: Duration = Duration::from_secs(10);
+/// asks where the recipient is (chunks lost with a restart of a link's end, say). A
+/// recipient receiving bytes says how far it is at least every 2 s, however slow its link.
+const QUIET: Duration = Duration::from_secs(30);
 
 /// A recipient's task to start.
 pub(crate) struct Start {
