@@ -94,3 +94,44 @@ fn a_message_larger_than_the_consumer_takes_stays_and_the_error_gives_its_size()
     let empty = s.run(&["get", "--node", "A", "q"]);
     assert!(!empty.status.success(), "acknowledged: gone");
 }
+
+#[test]
+fn a_message_backed_out_to_its_queues_threshold_moves_to_the_backout_queue() {
+    let s = Scratch::new();
+    let yaml = "queues: [ { name: q, backout_threshold: 2, backout_queue: poison }, { name: poison }, \
+                { name: d, backout_threshold: 1 } ]\n";
+    let config = s.path().join("A.yaml");
+    std::fs::write(&config, format!("node: {{ name: A }}\n{yaml}")).unwrap();
+    let data = s.path().join("A-data");
+    let a = s.start_node(
+        "A",
+        &["-c", config.to_str().unwrap(), "--listen", "none", "--data-dir", data.to_str().unwrap()],
+    );
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        let mut c = Client::connect(&a.socket).await.unwrap();
+        for text in ["bad", "good"] {
+            c.put(Content::buf("A:q".parse().unwrap(), text)).await.unwrap();
+        }
+        // Backed out once: it comes back. Twice: it moves to `poison`, never seen in q again.
+        for round in 0..2u16 {
+            let taken = c.get_pending("q", 1, Duration::ZERO, u64::MAX).await.unwrap();
+            assert_eq!(payloads([taken[0].message.clone()]), [("bad".into(), round > 0, round)]);
+            assert_eq!(c.backout("q", &[taken[0].tag]).await.unwrap(), 1);
+        }
+        assert_eq!(payloads(c.get("q", 10, Duration::ZERO).await.unwrap()), [("good".into(), false, 0)]);
+        let poison = c.get("poison", 1, Duration::from_secs(5)).await.unwrap();
+        assert_eq!(payloads(poison.clone()), [("bad".into(), true, 2)]);
+        assert_eq!(poison[0].content.header("linkbus.dead_letter_code"), Some("backout_threshold"));
+        // A consumer that goes away holding it counts as a backout too: `d` sends to the DLQ.
+        c.put(Content::buf("A:d".parse().unwrap(), "dies")).await.unwrap();
+        let mut consumer = Client::connect(&a.socket).await.unwrap();
+        assert_eq!(consumer.get_pending("d", 1, Duration::ZERO, u64::MAX).await.unwrap().len(), 1);
+        drop(consumer);
+        let dead = c.get("DLQ", 1, Duration::from_secs(5)).await.unwrap();
+        assert_eq!(payloads(dead), [("dies".into(), true, 1)]);
+        assert!(c.get("d", 10, Duration::ZERO).await.unwrap().is_empty(), "gone from d");
+    });
+    let events = stdout(&s.run(&["events", "--node", "A"]));
+    assert!(events.contains("dead_letter") && events.contains("(backout_threshold) into poison"), "{events}");
+}

@@ -102,6 +102,8 @@ fn local_queue(order: QueueOrder) -> LocalQueue {
         message_bytes_max: 1 << 20,
         reliability: Reliability::Volatile,
         when_full: WhenFull::Reject,
+        backout_threshold: None,
+        backout_queue: None,
     };
     let committer = Arc::new(Committer::direct(store.clone()));
     LocalQueue::open(config, store.as_ref(), committer, Arc::new(Notify::new()), Instant::now())

@@ -79,6 +79,19 @@ pub struct LocalQueue {
     notify: Notify,
     /// Notified when messages leave, for puts waiting for room (shared by the node).
     room: Arc<Notify>,
+    /// Where messages backed out `backout_threshold` times go (set once the node runs).
+    poison: std::sync::OnceLock<PoisonHook>,
+}
+
+/// Takes messages that reached their queue's backout threshold, in order, with the store
+/// batch that deletes them from it (to write with wherever they go).
+pub type PoisonHook = Arc<dyn Fn(Vec<Message>, Batch, Instant) + Send + Sync>;
+
+/// Messages a requeue took out as poison, and the deletes of their records.
+#[derive(Default)]
+struct Poisoned {
+    messages: Vec<Message>,
+    batch: Batch,
 }
 
 impl std::fmt::Debug for LocalQueue {
@@ -224,7 +237,15 @@ impl LocalQueue {
         let mut batch = Batch::new();
         batch.put(META_SPACE, limits_key, limits);
         store.write(batch, true)?;
-        Ok(Self { config, space, committer, inner: Mutex::new(levels), notify: Notify::new(), room })
+        Ok(Self {
+            config,
+            space,
+            committer,
+            inner: Mutex::new(levels),
+            notify: Notify::new(),
+            room,
+            poison: std::sync::OnceLock::new(),
+        })
     }
 
     /// The queue's configuration.
@@ -349,8 +370,22 @@ impl LocalQueue {
         Ok(tags.len())
     }
 
+    /// Where messages that reach the backout threshold go (once; later calls are ignored).
+    pub fn set_poison_hook(&self, hook: PoisonHook) {
+        let _ = self.poison.set(hook);
+    }
+
+    /// Hands messages taken out as poison to the hook (no lock held).
+    fn hand_over(&self, poisoned: Poisoned, now: Instant) {
+        match self.poison.get() {
+            Some(hook) if !poisoned.messages.is_empty() => hook(poisoned.messages, poisoned.batch, now),
+            _ => self.committer.write(poisoned.batch),
+        }
+    }
+
     /// Gives pending messages back: they return to the head of their level in their
-    /// order, marked redelivered, their backout count raised.
+    /// order, marked redelivered, their backout count raised. One whose count reaches the
+    /// queue's `backout_threshold` leaves it instead, for the poison hook.
     ///
     /// # Errors
     /// As [`LocalQueue::ack`].
@@ -378,8 +413,9 @@ impl LocalQueue {
             }
         }
         self.committer.write(expired);
-        self.requeue_locked(&mut levels, messages, now);
+        let poisoned = self.requeue_locked(&mut levels, messages, now);
         drop(levels);
+        self.hand_over(poisoned, now);
         self.notify.notify_waiters();
         self.room.notify_waiters();
         Ok(count)
@@ -395,21 +431,32 @@ impl LocalQueue {
     pub fn restore(&self, messages: Vec<Message>, now: Instant) {
         let mut levels = self.lock();
         // Their old keys are gone from the store already (0 is never a key: no delete).
-        self.requeue_locked(&mut levels, messages.into_iter().map(|m| (0, m)).collect(), now);
+        let poisoned = self.requeue_locked(&mut levels, messages.into_iter().map(|m| (0, m)).collect(), now);
         drop(levels);
+        self.hand_over(poisoned, now);
         self.notify.notify_waiters();
     }
 
     /// Puts `(old key, message)` pairs back at the head of their levels, in their order,
-    /// marked redelivered with their backout count raised, under new keys (old ones deleted).
-    fn requeue_locked(&self, levels: &mut Levels, messages: Vec<(u64, Message)>, now: Instant) {
+    /// marked redelivered with their backout count raised, under new keys (old ones deleted);
+    /// returns those that reached the backout threshold instead (when a hook takes them).
+    fn requeue_locked(&self, levels: &mut Levels, messages: Vec<(u64, Message)>, now: Instant) -> Poisoned {
         let mut batch = Batch::new();
         let mut entries = Vec::with_capacity(messages.len());
         let mut front_key = levels.front_key;
+        let threshold = self.config.backout_threshold.filter(|_| self.poison.get().is_some());
+        let mut poisoned = Poisoned::default();
         for (old, mut message) in messages.into_iter().rev() {
             // The consumer may have seen it before it went away.
             message.redelivered = true;
             message.backout_count = message.backout_count.saturating_add(1);
+            if threshold.is_some_and(|t| message.backout_count >= t) {
+                if old != 0 {
+                    self.delete_op(&mut poisoned.batch, old, &message);
+                }
+                poisoned.messages.push(message);
+                continue;
+            }
             if old != 0 {
                 self.delete_op(&mut batch, old, &message);
             }
@@ -424,6 +471,8 @@ impl LocalQueue {
             unpop_entry(levels, self.config.order, entry);
             levels.len += 1;
         }
+        poisoned.messages.reverse();
+        poisoned
     }
 
     /// Queues `message`, stored before it becomes visible.

@@ -223,6 +223,11 @@ pub struct QueueConfig {
     pub reliability: Reliability,
     /// What a put from a client of this node finds when the queue is full.
     pub when_full: WhenFull,
+    /// Backouts after which a message leaves for [`QueueConfig::backout_queue`] instead of
+    /// coming back (a poison message); `None`: it always comes back.
+    pub backout_threshold: Option<u16>,
+    /// Where such a message goes: a queue of this node (`None`: the dead-letter queue).
+    pub backout_queue: Option<QueueName>,
 }
 
 /// What a put from a client finds when its queue is full. (A message arriving from a link

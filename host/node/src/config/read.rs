@@ -336,6 +336,16 @@ fn read_queues(root: &Section<'_>, messages: &MessageSettings) -> Vec<QueueConfi
                 WhenFull::Block
             }
         };
+        let backout_threshold = s.get("backout_threshold").map(|_| {
+            u16::try_from(s.number("backout_threshold", 1, 1, u64::from(u16::MAX))).unwrap_or(u16::MAX)
+        });
+        let backout_queue = s.parsed::<QueueName>("backout_queue");
+        if backout_queue.is_some() && backout_threshold.is_none() {
+            s.error(
+                "backout_queue",
+                "needs backout_threshold (the backouts after which a message goes there)",
+            );
+        }
         s.finish();
         let Some(name) = name else { continue };
         if crate::queue::is_reserved(&name) {
@@ -351,9 +361,30 @@ fn read_queues(root: &Section<'_>, messages: &MessageSettings) -> Vec<QueueConfi
             message_bytes_max,
             reliability,
             when_full,
+            backout_threshold,
+            backout_queue,
         });
     }
+    check_backout_queues(diag, &queues);
     queues
+}
+
+/// Each `backout_queue` names another queue of this node (or the dead-letter queue).
+fn check_backout_queues(diag: &Diagnostics, queues: &[QueueConfig]) {
+    for (i, q) in queues.iter().enumerate() {
+        let Some(to) = &q.backout_queue else { continue };
+        let path = format!("queues[{i}].backout_queue");
+        if to == &q.name {
+            diag.error(path, format!("'{to}' is this queue itself"));
+        } else if to.as_str() != crate::flow::dead_letter::DEAD_LETTER_QUEUE
+            && !queues.iter().any(|other| &other.name == to)
+        {
+            diag.error(
+                path,
+                format!("no queue '{to}' on this node (declare it, or leave it out for the DLQ)"),
+            );
+        }
+    }
 }
 
 fn read_messages(root: &Section<'_>) -> MessageSettings {

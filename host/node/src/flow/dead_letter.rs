@@ -45,6 +45,9 @@ pub enum DeadLetterCode {
     DecodeFailed,
     /// Its payload does not open here (a wrong or missing key, a changed payload or header).
     DecryptFailed,
+    /// It was backed out of its queue as many times as the queue's `backout_threshold` (a
+    /// poison message); it may have gone to the queue's `backout_queue` instead.
+    BackoutThreshold,
 }
 
 impl DeadLetterCode {
@@ -61,6 +64,7 @@ impl DeadLetterCode {
             Self::StageFailed => "stage_failed",
             Self::DecodeFailed => "decode_failed",
             Self::DecryptFailed => "decrypt_failed",
+            Self::BackoutThreshold => "backout_threshold",
         }
     }
 }
@@ -107,7 +111,19 @@ pub(crate) fn put_bounded(
 /// Puts `message` into the dead-letter queue, marked with why, with `with` in the same
 /// store batch; reports the failure to its origin and raises a `dead_letter` event.
 // Invariant: room was checked (`check_room`) before; the push goes past the bound.
-pub(crate) fn put(node: &NodeState, mut message: Message, why: DeadLetter<'_>, now: Instant, with: Batch) {
+pub(crate) fn put(node: &NodeState, message: Message, why: DeadLetter<'_>, now: Instant, with: Batch) {
+    put_into(node, node.dead_letters(), message, why, now, with);
+}
+
+/// Like [`put`], into `queue` (a queue's `backout_queue`) rather than the dead-letter queue.
+pub(crate) fn put_into(
+    node: &NodeState,
+    queue: &crate::queue::LocalQueue,
+    mut message: Message,
+    why: DeadLetter<'_>,
+    now: Instant,
+    with: Batch,
+) {
     let DeadLetter { code, reason, failed } = why;
     let id = message.id.clone();
     let result_to = ResultTo::of(&message);
@@ -116,7 +132,7 @@ pub(crate) fn put(node: &NodeState, mut message: Message, why: DeadLetter<'_>, n
     let outcomes = failed.iter().map(|to| (to.clone(), Outcome::failed(code.as_str(), reason))).collect();
     let event = message.content.kind == linkbus_plugin_api::Kind::Event;
     mark(&mut message, code, reason, &failed);
-    node.dead_letters().push_past_bound(message, now, with);
+    queue.push_past_bound(message, now, with);
     if node.warnings().admit(crate::warnings::reason::DEAD_LETTER) {
         warn!(%id, code = code.as_str(), reason, "Message dead-lettered.");
     }
@@ -125,12 +141,46 @@ pub(crate) fn put(node: &NodeState, mut message: Message, why: DeadLetter<'_>, n
         node.emit(
             Event::new(
                 EventKind::DeadLetter,
-                format!("message {id} dead-lettered ({}): {reason}", code.as_str()),
+                format!(
+                    "message {id} dead-lettered ({}) into {}: {reason}",
+                    code.as_str(),
+                    queue.config().name
+                ),
             )
             .with("id", &id)
             .with("code", code.as_str())
-            .with("reason", reason),
+            .with("reason", reason)
+            .with("queue", &queue.config().name),
         );
+    }
+}
+
+/// Gives every queue with a `backout_threshold` its poison hook: a message backed out that
+/// many times goes to the queue's `backout_queue` (the dead-letter queue by default), with
+/// reason `backout_threshold`, in the same store batch as its removal, and an event.
+pub(crate) fn take_poison(node: &std::sync::Arc<NodeState>) {
+    for queue in node.queues() {
+        let config = queue.config();
+        let Some(threshold) = config.backout_threshold else { continue };
+        let from = Address::new(node.name().clone(), config.name.clone());
+        let to = config.backout_queue.clone().unwrap_or_else(|| node.dead_letters().config().name.clone());
+        let weak = std::sync::Arc::downgrade(node);
+        queue.set_poison_hook(std::sync::Arc::new(
+            move |messages: Vec<Message>, batch: Batch, now: Instant| {
+                let Some(node) = weak.upgrade() else { return };
+                let Some(target) = node.queue(to.as_str()) else { return node.committer().write(batch) };
+                let reason = format!("backed out {threshold} times from {from} (its backout_threshold)");
+                let mut with = batch;
+                for message in messages {
+                    let why = DeadLetter {
+                        code: DeadLetterCode::BackoutThreshold,
+                        reason: &reason,
+                        failed: vec![from.clone()],
+                    };
+                    put_into(&node, target, message, why, now, std::mem::take(&mut with));
+                }
+            },
+        ));
     }
 }
 

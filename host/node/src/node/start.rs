@@ -98,6 +98,8 @@ fn open_queues(
         message_bytes_max: config.messages.message_bytes_max,
         reliability: linkbus_plugin_api::Reliability::Volatile,
         when_full: WhenFull::Block,
+        backout_threshold: None,
+        backout_queue: None,
     };
     let dead_letters = own(DEAD_LETTER_QUEUE, config.messages.dead_letter_messages_max);
     let events = own(EVENT_QUEUE, config.events.queue_messages_max);
@@ -290,7 +292,7 @@ impl NodeState {
             AtomicU64::new(crate::clock::unix_ms().saturating_mul(1000).max(sequence_kept.saturating_add(1)));
         let recycled_bytes_max = usize::try_from(config.links.recycled_bytes_max).unwrap_or(usize::MAX);
         let recycler = Arc::new(linkbus_proto::recycle::Recycler::new(recycled_bytes_max));
-        Ok(Arc::new(Self {
+        let node = Arc::new(Self {
             recycler,
             warnings: crate::warnings::Warnings::from_settings(config.log),
             disk: disk_room(&config, store.as_ref()),
@@ -323,7 +325,9 @@ impl NodeState {
             codecs,
             filters,
             files,
-        }))
+        });
+        crate::flow::dead_letter::take_poison(&node);
+        Ok(node)
     }
 }
 

@@ -250,6 +250,8 @@ fn config(order: QueueOrder, max: u64, bytes_max: u64) -> QueueConfig {
         message_bytes_max: bytes_max,
         reliability: Reliability::Volatile,
         when_full: crate::config::WhenFull::Block,
+        backout_threshold: None,
+        backout_queue: None,
     }
 }
 

@@ -301,3 +301,24 @@ fn the_acknowledgement_delay_is_zero_to_a_second() {
     let want = "links.ack_delay_ms: must be less than links.retransmit_timeout_ms";
     assert!(errors.iter().any(|m| m.starts_with(want)), "{errors:#?}");
 }
+
+#[test]
+fn a_backout_queue_must_be_another_queue_here_and_needs_a_threshold() {
+    let config = load(
+        "node: { name: A }\nqueues: [ { name: q, backout_threshold: 3, backout_queue: poison }, { name: poison } ]",
+    )
+    .unwrap();
+    assert_eq!(config.queues[0].backout_threshold, Some(3));
+    assert_eq!(config.queues[0].backout_queue.as_ref().map(QueueName::as_str), Some("poison"));
+    assert_eq!(config.queues[1].backout_threshold, None);
+    let errors = messages(
+        "node: { name: A }\nqueues: [ { name: q, backout_threshold: 3, backout_queue: nowhere }, \
+         { name: r, backout_threshold: 1, backout_queue: r }, { name: s, backout_queue: q }, \
+         { name: t, backout_threshold: 0 } ]",
+    )
+    .join("\n");
+    assert!(errors.contains("queues[0].backout_queue: no queue 'nowhere' on this node"), "{errors}");
+    assert!(errors.contains("queues[1].backout_queue: 'r' is this queue itself"), "{errors}");
+    assert!(errors.contains("queues[2].backout_queue: needs backout_threshold"), "{errors}");
+    assert!(errors.contains("queues[3].backout_threshold: 0 is out of range"), "{errors}");
+}
