@@ -273,7 +273,6 @@ impl Table {
         }
     }
 
-    #[allow(clippy::too_many_arguments)]
     fn chunk(
         &mut self,
         node: &NodeState,

@@ -314,9 +314,9 @@ fn answer_origin(
     place(node, crate::flow::origin::stamp(node, content, crate::clock::unix_ms()), with);
 }
 
-/// Queues a frame that must arrive (an answer, a `Query`, a `Cancel`) like any persistent
-/// message, in one store batch with `with`: stored until its link's peer has it. One
-/// without a way there is logged and dropped (`with` is written all the same).
+/// Queues a frame (an answer, a `Query`, a `Cancel`) like any message, in one store batch
+/// with `with`: a persistent one is stored until its link's peer has it. One without a way
+/// there is logged and dropped (`with` is written all the same).
 fn place(node: &NodeState, message: Message, with: Batch) {
     match Placement::of(node, &message, Came::Put).reachable() {
         Ok(placement) => placement.apply(node, message, Instant::now(), Came::Put, with),

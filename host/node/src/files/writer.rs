@@ -76,7 +76,8 @@ impl Writer {
         let _ = self.jobs.send(Job::Finish);
     }
 
-    /// Cuts the file to `len` bytes (0: starting again) and goes on writing from there.
+    /// Cuts the file back to `len` bytes, which is what was written (after a failed write)
+    /// or 0 (starting over), and goes on writing from there.
     pub(crate) fn cut(&self, len: u64) {
         let _ = self.jobs.send(Job::Cut(len));
     }
@@ -152,27 +153,15 @@ impl State {
         }
     }
 
-    /// Cuts the file to `len`, the digest brought to it (read again when it is not where
-    /// the writes stopped).
+    /// Cuts the file back to what was written (`len` at least that: after a failed write,
+    /// whose bytes may be there in part) or to nothing (any `len` short of it: starting
+    /// over), the digest with it.
     fn cut(&mut self, len: u64) -> std::io::Result<()> {
-        let len = len.min(self.written);
-        self.partial.truncate(len)?;
-        if len != self.written {
+        if len < self.written {
             self.hasher = blake3::Hasher::new();
-            let mut buf = vec![0; 1 << 20];
-            let mut at = 0;
-            while at < len {
-                let want = (len - at).min(buf.len() as u64) as usize;
-                let got = self.partial.read_at(at, &mut buf[..want])?;
-                if got == 0 {
-                    return Err(std::io::ErrorKind::UnexpectedEof.into());
-                }
-                self.hasher.update(&buf[..got]);
-                at += got as u64;
-            }
+            self.written = 0;
         }
-        self.written = len;
-        self.behind = len;
-        Ok(())
+        self.behind = self.written;
+        self.partial.truncate(self.written)
     }
 }
