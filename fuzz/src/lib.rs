@@ -290,7 +290,14 @@ fn client_seeds() -> Vec<(String, Vec<u8>)> {
     let content = linkbus_plugin_api::Content::buf("B:q".parse().expect("valid address"), "hello");
     let requests = [
         Request::Put { contents: vec![content.clone(), content], timeout_ms: 10, no_wait: false },
-        Request::Get { queue: "q".into(), count_max: 10, wait_ms: 100, bytes_max: 1 << 20, pending: true },
+        Request::Get {
+            queue: "q".into(),
+            count_max: 10,
+            wait_ms: 100,
+            bytes_max: 1 << 20,
+            pending: true,
+            groups: linkbus_client::protocol::GetGroups::Whole,
+        },
         Request::Consume { queue: "q".into(), count_max: 10, bytes_max: 1 << 20 },
         Request::Follow { queue: "EVENT".into(), after: 3, count_max: 10, wait_ms: 5 },
         Request::Ack { queue: "q".into(), tags: vec![1, 2] },

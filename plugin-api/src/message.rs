@@ -257,6 +257,13 @@ impl Content {
         self
     }
 
+    /// As member `index` of group `id` (`last`: the group's last member).
+    #[must_use]
+    pub fn in_group(mut self, id: &str, index: u32, last: bool) -> Self {
+        self.group = Some(Group { id: id.to_owned(), index, last });
+        self
+    }
+
     /// Asks for results (see [`Content::results`]).
     #[must_use]
     pub fn with_results(mut self) -> Self {
@@ -282,6 +289,9 @@ impl Content {
         check_headers(&self.headers)?;
         if let Some(group) = &self.group {
             check_len("group id", group.id.len(), GROUP_ID_BYTES_MAX)?;
+            if group.id.is_empty() {
+                return Err(MessageError::EmptyGroupId);
+            }
         }
         if let Some(correlation) = &self.correlation_id {
             check_len("correlation id", correlation.len(), CORRELATION_ID_BYTES_MAX)?;
@@ -462,6 +472,9 @@ pub enum MessageError {
     /// A lifetime of zero: the message would be expired before it is accepted.
     #[error("lifetime is zero")]
     ZeroLifetime,
+    /// A group whose id is empty.
+    #[error("group id is empty")]
+    EmptyGroupId,
 }
 
 #[cfg(test)]

@@ -358,6 +358,7 @@ async fn requests_received_before_a_shutdown_are_answered_and_acknowledgements_k
         wait_ms,
         bytes_max: u64::MAX,
         pending,
+        groups: Default::default(),
     };
     stream.write_all(&frames(vec![get("kept", 0, true)])).await?;
     let Some(Response::Messages { tags, .. }) = answers(&mut stream, 1).await?.pop() else {
@@ -409,8 +410,15 @@ async fn an_answer_a_client_does_not_read_at_shutdown_goes_back_to_its_queue() -
     node.client().put(Content::buf("A:big".parse()?, payload.clone())).await?;
     let mut stream = tokio::net::UnixStream::connect(node.socket_path()).await?;
     let mut out = BytesMut::new();
-    Request::Get { queue: "big".into(), count_max: 1, wait_ms: 0, bytes_max: u64::MAX, pending: false }
-        .encode(&mut out);
+    let get = Request::Get {
+        queue: "big".into(),
+        count_max: 1,
+        wait_ms: 0,
+        bytes_max: u64::MAX,
+        pending: false,
+        groups: Default::default(),
+    };
+    get.encode(&mut out);
     stream.write_all(&out).await?;
     // Time for the node to take the message and fill the socket; nothing is read.
     tokio::time::sleep(Duration::from_millis(500)).await;

@@ -10,6 +10,7 @@ use clap::{Args, Parser, Subcommand};
 use linkbus_plugin_api::{Address, MessageId};
 
 use linkbus_client::Client;
+use linkbus_client::protocol::GetGroups;
 use linkbus_host::config::{self, Overrides};
 
 mod bench;
@@ -381,6 +382,10 @@ pub(crate) struct PutArgs {
     /// queued, or none (at most 10,000 messages and 64 MiB).
     #[arg(long)]
     pub transaction: bool,
+    /// Put the messages as one message group with this id: line N is member N (from 0), the
+    /// last line closes the group. Recipients hold the members until all have come.
+    #[arg(long, value_name = "ID")]
+    pub group: Option<String>,
     /// Ask for a result per recipient (delivered, expired, failed): see them with
     /// `linkbus result ID` or as `result` events.
     #[arg(long)]
@@ -424,6 +429,14 @@ pub(crate) struct GetArgs {
     /// `; ` (the node's own `linkbus.*` headers left out).
     #[arg(long)]
     pub headers: bool,
+    /// Take whole message groups (`--count` of them), each only once all its members have
+    /// arrived, members in index order; messages outside groups stay.
+    #[arg(long, conflicts_with = "members")]
+    pub group: bool,
+    /// Take members of groups still arriving too, one by one in index order (acknowledged
+    /// as they are taken). Without it, a group's members wait until the group is complete.
+    #[arg(long)]
+    pub members: bool,
 }
 
 /// `linkbus config ...`.
@@ -556,36 +569,70 @@ pub(crate) async fn get(args: GetArgs) -> anyhow::Result<()> {
     let deadline = tokio::time::Instant::now() + args.wait;
     let mut got = 0u32;
     let mut out = std::io::stdout().lock();
-    while got < args.count {
+    // Tags written out and not yet acknowledged: a group is acknowledged after its last
+    // member, so a get that reaches into a group goes on to its end.
+    let (mut tags, mut inside_group) = (Vec::new(), false);
+    while got < args.count || inside_group {
         let wait = deadline.saturating_duration_since(tokio::time::Instant::now());
+        let groups = match (args.group, args.members) {
+            (true, _) => GetGroups::Whole,
+            (_, true) => GetGroups::Members,
+            _ => GetGroups::Complete,
+        };
         // Pending, and acknowledged only once written out: a get killed halfway loses
         // nothing (the node gives unacknowledged messages back when the connection ends).
-        let deliveries = client.get_pending(&args.queue, args.count - got, wait, args.max_bytes).await?;
+        // (Members taken one by one cannot wait for their group's end: acknowledged at once.)
+        let deliveries = if args.members {
+            let messages =
+                client.get_members(&args.queue, args.count.saturating_sub(got).max(1), wait).await?;
+            messages.into_iter().map(|message| linkbus_client::Delivery { tag: 0, message }).collect()
+        } else {
+            let want = if args.group { 1 } else { args.count.saturating_sub(got).max(1) };
+            client.get_pending_with(&args.queue, want, wait, args.max_bytes, groups).await?
+        };
         if deliveries.is_empty() {
             break;
         }
-        let mut tags = Vec::with_capacity(deliveries.len());
+        got += if args.group { 1 } else { deliveries.len() as u32 };
         for d in deliveries {
-            out.write_all(&d.message.content.payload)?;
-            if args.headers {
-                let headers: Vec<String> = (d.message.content.headers.iter())
-                    .filter(|(k, _)| !k.starts_with("linkbus."))
-                    .map(|(k, v)| format!("{k}={v}"))
-                    .collect();
-                write!(out, "\t{}", headers.join("; "))?;
-            }
-            out.write_all(b"\n")?;
+            write_delivery(&mut out, &d.message, args.headers)?;
+            inside_group = d.message.content.group.as_ref().is_some_and(|g| !g.last);
             tags.push(d.tag);
-            got += 1;
         }
         out.flush()?;
-        client.ack(&args.queue, &tags).await?;
+        if !inside_group && !args.members {
+            client.ack(&args.queue, &std::mem::take(&mut tags)).await?;
+        }
     }
     out.flush()?;
+    if inside_group && !args.members {
+        bail!(
+            "the get ended inside a message group whose last member did not come within {:?}; it stays queued",
+            args.wait
+        );
+    }
     if got < args.count {
-        bail!("{got} of {} messages arrived within {:?}", args.count, args.wait);
+        let what = if args.group { "groups" } else { "messages" };
+        bail!("{got} of {} {what} arrived within {:?}", args.count, args.wait);
     }
     Ok(())
+}
+
+/// Writes a message's payload (and with `headers`, a tab and its user headers) as a line.
+fn write_delivery(
+    out: &mut impl Write,
+    message: &linkbus_plugin_api::Message,
+    headers: bool,
+) -> std::io::Result<()> {
+    out.write_all(&message.content.payload)?;
+    if headers {
+        let headers: Vec<String> = (message.content.headers.iter())
+            .filter(|(k, _)| !k.starts_with("linkbus."))
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        write!(out, "\t{}", headers.join("; "))?;
+    }
+    out.write_all(b"\n")
 }
 
 /// Runs `linkbus status`.

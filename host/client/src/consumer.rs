@@ -7,7 +7,7 @@ use linkbus_plugin_api::Message;
 use tokio::net::UnixStream;
 
 use super::{Client, ClientError, To, read_response, send};
-use crate::protocol::{Request, Response};
+use crate::protocol::{GetGroups, Request, Response};
 
 /// How long an in-process consumer's get waits before it asks again.
 const IN_PROCESS_WAIT: Duration = Duration::from_secs(1);
@@ -107,7 +107,10 @@ impl Consumer {
             Pushed::InProcess { client, queue, count_max, bytes_max } => {
                 let wait = IN_PROCESS_WAIT;
                 loop {
-                    match client.get_request(queue, *count_max, wait, *bytes_max, false).await {
+                    match client
+                        .get_request(queue, *count_max, wait, *bytes_max, false, GetGroups::Complete)
+                        .await
+                    {
                         Ok((messages, _)) if messages.is_empty() => {}
                         Ok((messages, _)) => break Ok(messages),
                         Err(e) => break Err(e),

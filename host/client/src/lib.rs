@@ -37,7 +37,7 @@ use linkbus_proto::wire::Chunks;
 use tokio::io::AsyncReadExt;
 use tokio::net::UnixStream;
 
-use protocol::{ErrorCode, Request, Response, split_frame};
+use protocol::{ErrorCode, GetGroups, Request, Response, split_frame};
 
 mod admin;
 mod consumer;
@@ -46,12 +46,14 @@ mod files;
 pub mod protocol;
 pub mod results;
 pub mod runtime_dir;
+mod transaction;
 pub mod vectored;
 
 pub use consumer::Consumer;
 pub use error::ClientError;
 use error::counting_earlier;
 pub use files::{FileDirection, FileTransfer, SendFile};
+pub use transaction::Transaction;
 
 /// Encoded bytes [`Client::put_batch`] packs into one request at most (a larger single
 /// message goes alone).
@@ -93,6 +95,8 @@ pub struct Client {
     outcomes: Vec<Result<MessageId, ClientError>>,
     /// The node's size limits, once asked for (see [`Client::limits`]).
     limits: Option<NodeLimits>,
+    /// A [`Transaction`] guard was dropped without commit: its rollback goes first.
+    rollback_due: bool,
     to: To,
 }
 
@@ -181,6 +185,7 @@ impl Client {
             put_timeout: PUT_TIMEOUT_DEFAULT,
             no_wait: false,
             broken: false,
+            rollback_due: false,
             unanswered: 0,
             outcomes: Vec::new(),
             limits: None,
@@ -198,6 +203,21 @@ impl Client {
 
     async fn call(&mut self, request: Request) -> Result<Response, ClientError> {
         self.settle_unanswered(0).await?;
+        self.settle_rollback().await?;
+        self.exchange(request).await
+    }
+
+    /// Rolls back the transaction of a [`Transaction`] guard dropped without commit.
+    async fn settle_rollback(&mut self) -> Result<(), ClientError> {
+        if std::mem::take(&mut self.rollback_due) {
+            self.settle_unanswered(0).await?;
+            self.exchange(Request::Rollback).await?;
+        }
+        Ok(())
+    }
+
+    /// Sends `request` and reads its answer (no answers owed before it).
+    async fn exchange(&mut self, request: Request) -> Result<Response, ClientError> {
         // Until the answer is in: a call abandoned half way (or failed) leaves the stream
         // out of step, and the client refuses further calls rather than mix up answers.
         self.broken = true;
@@ -259,6 +279,9 @@ impl Client {
         self.settle_unanswered(PUTS_UNANSWERED_MAX - 1).await?;
         let timeout_ms = wait_ms(self.put_timeout);
         let request = Request::Put { contents: vec![content], timeout_ms, no_wait: self.no_wait };
+        if self.rollback_due {
+            self.settle_rollback().await?;
+        }
         let To::Socket { stream, out, parts, .. } = &mut self.to else {
             let outcome = self.call(request).await.and_then(single_id);
             self.outcomes.push(outcome);
@@ -336,6 +359,32 @@ impl Client {
     /// As [`Client::put`].
     pub async fn put_batch(&mut self, contents: Vec<Content>) -> Result<Vec<MessageId>, ClientError> {
         self.put_batch_within(contents, self.put_timeout).await
+    }
+
+    /// Puts `contents` as one message group named `id`: member `i` gets index `i`, the last
+    /// one closes the group. The recipients hold the members until all have arrived and
+    /// hand them out together, in index order ([`Client::get_group`]). Inside a
+    /// transaction, a group must end before another begins.
+    ///
+    /// # Errors
+    /// As [`Client::put_batch`]; [`ClientError::Refused`] (code `Invalid`) for an empty
+    /// group, or a group put while another one is open on this connection.
+    pub async fn put_group(
+        &mut self,
+        id: &str,
+        contents: Vec<Content>,
+    ) -> Result<Vec<MessageId>, ClientError> {
+        if contents.is_empty() {
+            let message = format!("group '{id}' has no message");
+            return Err(ClientError::Refused { code: ErrorCode::Invalid, accepted: 0, message });
+        }
+        let last = contents.len() - 1;
+        let contents = contents
+            .into_iter()
+            .enumerate()
+            .map(|(i, c)| c.in_group(id, u32::try_from(i).unwrap_or(u32::MAX), i == last))
+            .collect();
+        self.put_batch(contents).await
     }
 
     async fn put_batch_within(
@@ -437,7 +486,68 @@ impl Client {
         count_max: u32,
         wait: Duration,
     ) -> Result<Vec<Message>, ClientError> {
-        let (messages, _) = self.get_request(queue, count_max, wait, u64::MAX, false).await?;
+        let (messages, _) =
+            self.get_request(queue, count_max, wait, u64::MAX, false, GetGroups::Complete).await?;
+        Ok(messages)
+    }
+
+    /// Takes one whole message group from `queue` (the first in queue order whose members
+    /// have all arrived), its members in index order, waiting up to `wait` for one; they
+    /// leave the queue at once. Messages outside groups stay. An empty result means the
+    /// wait ran out.
+    ///
+    /// # Errors
+    /// As [`Client::get`].
+    pub async fn get_group(&mut self, queue: &str, wait: Duration) -> Result<Vec<Message>, ClientError> {
+        let (messages, _) = self.get_request(queue, 1, wait, u64::MAX, false, GetGroups::Whole).await?;
+        Ok(messages)
+    }
+
+    /// Like [`Client::get_group`], the members handed out pending (see
+    /// [`Client::get_pending`]). Acknowledge the group by its last member's tag (which
+    /// acknowledges every member), before getting anything else on this connection.
+    ///
+    /// # Errors
+    /// As [`Client::get_pending`].
+    pub async fn get_group_pending(
+        &mut self,
+        queue: &str,
+        wait: Duration,
+        bytes_max: u64,
+    ) -> Result<Vec<Delivery>, ClientError> {
+        self.get_pending_with(queue, 1, wait, bytes_max, GetGroups::Whole).await
+    }
+
+    /// [`Client::get_pending`] with groups handed out as `groups` says.
+    ///
+    /// # Errors
+    /// As [`Client::get_pending`].
+    pub async fn get_pending_with(
+        &mut self,
+        queue: &str,
+        count_max: u32,
+        wait: Duration,
+        bytes_max: u64,
+        groups: GetGroups,
+    ) -> Result<Vec<Delivery>, ClientError> {
+        let (messages, tags) = self.get_request(queue, count_max, wait, bytes_max, true, groups).await?;
+        deliveries(messages, tags)
+    }
+
+    /// Like [`Client::get`], but members of groups still arriving are taken too, one by one
+    /// in index order (after the messages free to hand out), rather than held until their
+    /// group is complete.
+    ///
+    /// # Errors
+    /// As [`Client::get`].
+    pub async fn get_members(
+        &mut self,
+        queue: &str,
+        count_max: u32,
+        wait: Duration,
+    ) -> Result<Vec<Message>, ClientError> {
+        let (messages, _) =
+            self.get_request(queue, count_max, wait, u64::MAX, false, GetGroups::Members).await?;
         Ok(messages)
     }
 
@@ -457,11 +567,9 @@ impl Client {
         wait: Duration,
         bytes_max: u64,
     ) -> Result<Vec<Delivery>, ClientError> {
-        let (messages, tags) = self.get_request(queue, count_max, wait, bytes_max, true).await?;
-        if tags.len() != messages.len() {
-            return Err(ClientError::Protocol("a pending get came back without tags".into()));
-        }
-        Ok(tags.into_iter().zip(messages).map(|(tag, message)| Delivery { tag, message }).collect())
+        let (messages, tags) =
+            self.get_request(queue, count_max, wait, bytes_max, true, GetGroups::Complete).await?;
+        deliveries(messages, tags)
     }
 
     async fn get_request(
@@ -471,6 +579,7 @@ impl Client {
         wait: Duration,
         bytes_max: u64,
         pending: bool,
+        groups: GetGroups,
     ) -> Result<(Vec<Message>, Vec<u64>), ClientError> {
         let request = Request::Get {
             queue: queue.to_owned(),
@@ -478,6 +587,7 @@ impl Client {
             wait_ms: wait.as_millis() as u64,
             bytes_max,
             pending,
+            groups,
         };
         match self.call(request).await? {
             Response::Messages { messages, tags } => Ok((messages, tags)),
@@ -612,4 +722,12 @@ fn single_id(response: Response) -> Result<MessageId, ClientError> {
         }
         other => Err(ClientError::Protocol(format!("unexpected answer to a put of one message: {other:?}"))),
     }
+}
+
+/// Pairs a pending get's messages with their tags.
+fn deliveries(messages: Vec<Message>, tags: Vec<u64>) -> Result<Vec<Delivery>, ClientError> {
+    if tags.len() != messages.len() {
+        return Err(ClientError::Protocol("a pending get came back without tags".into()));
+    }
+    Ok(tags.into_iter().zip(messages).map(|(tag, message)| Delivery { tag, message }).collect())
 }

@@ -58,6 +58,31 @@ const MESSAGES: u8 = 102;
 const STATUS_TEXT: u8 = 103;
 const ERROR: u8 = 100;
 
+/// How a get hands out members of message groups.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[repr(u8)]
+pub enum GetGroups {
+    /// Messages in queue order; a group's members only once every member has arrived.
+    #[default]
+    Complete = 0,
+    /// One whole group (the first in queue order) and nothing else; none when no group is
+    /// complete.
+    Whole = 1,
+    /// As `Complete`, then members of groups still arriving, one by one in index order.
+    Members = 2,
+}
+
+impl GetGroups {
+    fn from_code(code: u8) -> Result<Self, ReadError> {
+        match code {
+            0 => Ok(Self::Complete),
+            1 => Ok(Self::Whole),
+            2 => Ok(Self::Members),
+            other => Err(ReadError::Invalid { field: "get group mode", detail: other.to_string() }),
+        }
+    }
+}
+
 /// A client request.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Request {
@@ -86,6 +111,8 @@ pub enum Request {
         /// Hand the messages out pending: they leave the queue only when acknowledged, and
         /// come back if the connection ends first.
         pending: bool,
+        /// How message groups are handed out.
+        groups: GetGroups,
     },
     /// Take messages from a local queue as they come: the node answers with `Messages`
     /// (acknowledged at once) each time the queue has some, without further requests,
@@ -337,12 +364,13 @@ impl Request {
         match self {
             // One layout, `encode_chunks`'s, joined.
             Self::Put { .. } => join_chunks(out, |chunks| self.encode_chunks(chunks)),
-            Self::Get { queue, count_max, wait_ms, bytes_max, pending } => frame(GET, out, |out| {
+            Self::Get { queue, count_max, wait_ms, bytes_max, pending, groups } => frame(GET, out, |out| {
                 put_name(out, queue);
                 out.put_u32(*count_max);
                 out.put_u64(*wait_ms);
                 out.put_u64(*bytes_max);
                 out.put_u8(u8::from(*pending));
+                out.put_u8(*groups as u8);
             }),
             Self::Consume { queue, count_max, bytes_max } => frame(CONSUME, out, |out| {
                 put_name(out, queue);
@@ -414,6 +442,8 @@ impl Request {
                 wait_ms: r.u64()?,
                 bytes_max: r.u64()?,
                 pending: r.u8()? != 0,
+                // (Absent from a client older than groups: ordinary gets.)
+                groups: if r.remaining() > 0 { GetGroups::from_code(r.u8()?)? } else { GetGroups::Complete },
             },
             CONSUME => Self::Consume { queue: r.short_string()?, count_max: r.u32()?, bytes_max: r.u64()? },
             QUEUES => Self::Queues { name: r.short_string()? },

@@ -123,6 +123,7 @@ impl Node {
         tasks.spawn(result_timer(state.clone(), watch_rx.clone()));
         tasks.spawn(warnings_timer(state.clone(), watch_rx.clone()));
         tasks.spawn(disk_timer(state.clone(), watch_rx.clone()));
+        tasks.spawn(groups_timer(state.clone(), watch_rx.clone()));
         tasks.spawn(files::run(state.clone(), watch_rx.clone()));
         if state.security().mode == linkbus_proto::secure::Mode::Plaintext {
             tracing::warn!(node = %state.name(), "INSECURE: links are plaintext, unauthenticated and unencrypted (security.insecure_plaintext).");
@@ -208,6 +209,25 @@ async fn result_timer(state: Arc<NodeState>, mut shutdown: watch::Receiver<bool>
                 state.time_out_results(std::time::Instant::now());
             }
             () = state.results().earlier_due() => {}
+            _ = shutdown.changed() => return,
+        }
+    }
+}
+
+/// How often held message groups are checked for a lifetime that ran out.
+const GROUPS_TICK: Duration = Duration::from_secs(1);
+
+/// Expires held message groups whose lifetime ran out (every member together), until
+/// shutdown; gets expire them too on their way.
+async fn groups_timer(state: Arc<NodeState>, mut shutdown: watch::Receiver<bool>) {
+    let mut tick = tokio::time::interval(GROUPS_TICK);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {
+                let now = std::time::Instant::now();
+                state.queues().for_each(|q| q.expire_groups(now));
+            }
             _ = shutdown.changed() => return,
         }
     }

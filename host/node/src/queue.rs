@@ -19,6 +19,8 @@ use linkbus_plugin_api::{Batch, Lifetime, Message, QueueName, Reliability, Store
 use linkbus_proto::wire::{Encoded, decode_message, encode_message};
 use tokio::sync::Notify;
 
+pub(crate) use groups::held_key;
+pub use groups::{GroupHook, GroupKey, GroupMode, GroupSettled};
 pub use settle::PoisonHook;
 
 use crate::config::{QueueConfig, QueueOrder};
@@ -69,6 +71,10 @@ struct Levels {
     next_key: u64,
     /// Key of the next message restored at the head.
     front_key: u64,
+    /// Groups whose members have not all arrived: held, out of the levels (see `groups.rs`).
+    groups: std::collections::HashMap<GroupKey, groups::Assembly>,
+    /// Messages held in those groups.
+    held: usize,
 }
 
 /// One local queue; see the module doc.
@@ -83,6 +89,8 @@ pub struct LocalQueue {
     room: Arc<Notify>,
     /// Where messages backed out `backout_threshold` times go (set once the node runs).
     poison: std::sync::OnceLock<PoisonHook>,
+    /// Told of each group that completed or expired here (set once the node runs).
+    group_hook: std::sync::OnceLock<GroupHook>,
 }
 
 impl std::fmt::Debug for LocalQueue {
@@ -117,6 +125,8 @@ pub struct QueueStats {
     pub pending: usize,
     /// How long the oldest waiting message has been in the queue (`None`: empty).
     pub oldest: Option<std::time::Duration>,
+    /// Messages held in groups whose members have not all arrived.
+    pub held: usize,
 }
 
 /// How much one pop may hand out.
@@ -130,12 +140,20 @@ pub struct PopLimits {
     pub total_bytes_max: usize,
     /// Hand the messages out pending, to be acknowledged by tag.
     pub pending: bool,
+    /// How groups are handed out.
+    pub groups: GroupMode,
 }
 
 impl PopLimits {
     /// Up to `count_max` messages of any size, acknowledged at once.
     pub fn auto(count_max: usize) -> Self {
-        Self { count_max, message_bytes_max: usize::MAX, total_bytes_max: usize::MAX, pending: false }
+        Self {
+            count_max,
+            message_bytes_max: usize::MAX,
+            total_bytes_max: usize::MAX,
+            pending: false,
+            groups: GroupMode::Complete,
+        }
     }
 }
 
@@ -168,34 +186,8 @@ impl LocalQueue {
         room: Arc<Notify>,
         now: Instant,
     ) -> Result<Self, StoreError> {
-        let level_count = match config.order {
-            QueueOrder::Fifo => 1,
-            QueueOrder::Priority => PRIORITY_LEVEL_MAX as usize + 2,
-        };
         let space = format!("q.{}", config.name);
-        let mut levels = Levels {
-            levels: (0..level_count).map(|_| Segmented::default()).collect(),
-            len: 0,
-            pending: std::collections::BTreeMap::new(),
-            next_key: KEY_MIDDLE,
-            front_key: KEY_MIDDLE - 1,
-        };
-        let now_unix = crate::clock::unix_ms();
-        let mut largest = 0u64;
-        for entry in linkbus_plugin_api::store::scan_pages(store, &space) {
-            let (key, value) = entry?;
-            let key = key_number(&key).ok_or_else(|| corrupt(&space, &key, "bad key"))?;
-            let (message, enqueued_unix_ms) =
-                decode_record(value).map_err(|e| corrupt(&space, &key.to_be_bytes(), &e))?;
-            largest = largest.max(message.content.payload.len() as u64);
-            // Lifetimes kept counting while the node was down (by the wall clock: the only
-            // time measure that spans a restart).
-            let down = std::time::Duration::from_millis(now_unix.saturating_sub(enqueued_unix_ms));
-            let enqueued_at = now.checked_sub(down).unwrap_or(now);
-            levels.next_key = levels.next_key.max(key + 1);
-            levels.front_key = levels.front_key.min(key.saturating_sub(1));
-            push_entry(&mut levels, config.order, Entry { key, message, enqueued_at });
-        }
+        let (levels, largest, released) = read_back(store, &config, &space, now)?;
         // A limit lowered below what the queue holds is not guessed at. (Holding more than
         // an unchanged limit is possible — deliveries from links may overfill a queue a
         // little — and the node's own queues take what the node accepts.)
@@ -225,7 +217,7 @@ impl LocalQueue {
         let mut limits = Vec::with_capacity(16);
         limits.extend_from_slice(&config.queue_messages_max.to_be_bytes());
         limits.extend_from_slice(&config.message_bytes_max.to_be_bytes());
-        let mut batch = Batch::new();
+        let mut batch = released;
         batch.put(META_SPACE, limits_key, limits);
         store.write(batch, true)?;
         Ok(Self {
@@ -236,6 +228,7 @@ impl LocalQueue {
             notify: Notify::new(),
             room,
             poison: std::sync::OnceLock::new(),
+            group_hook: std::sync::OnceLock::new(),
         })
     }
 
@@ -291,7 +284,7 @@ impl LocalQueue {
         let mut levels = self.lock();
         let max = usize::try_from(self.config.queue_messages_max).unwrap_or(usize::MAX);
         let mut dropped = 0;
-        while levels.len + levels.pending.len() + count > max {
+        while levels.len + levels.held + levels.pending.len() + count > max {
             let Some(level) =
                 levels.levels.iter_mut().find(|l| l.front().is_some_and(|e| !self.stored(&e.message)))
             else {
@@ -317,7 +310,7 @@ impl LocalQueue {
         let by_level: Vec<usize> = levels.levels.iter().map(Segmented::len).collect();
         let oldest =
             levels.levels.iter().flatten().map(|e| now.saturating_duration_since(e.enqueued_at)).max();
-        QueueStats { by_level, pending: levels.pending.len(), oldest }
+        QueueStats { by_level, pending: levels.pending.len(), oldest, held: levels.held }
     }
 
     /// Whether nothing waits.
@@ -332,7 +325,7 @@ impl LocalQueue {
     /// Whether `count` more messages fit now (pending ones still take room).
     pub fn has_room(&self, count: usize) -> bool {
         let levels = self.lock();
-        (levels.len + levels.pending.len() + count) as u64 <= self.config.queue_messages_max
+        (levels.len + levels.held + levels.pending.len() + count) as u64 <= self.config.queue_messages_max
     }
 
     /// Queues `message`, stored before it becomes visible.
@@ -364,11 +357,12 @@ impl LocalQueue {
         with: Batch,
     ) -> Result<(), QueueError> {
         let mut levels = self.lock();
-        if (levels.len + levels.pending.len()) as u64 >= max {
+        if (levels.len + levels.held + levels.pending.len()) as u64 >= max {
             return Err(QueueError::Full { queue: self.config.name.clone(), max });
         }
-        self.push_locked(&mut levels, message, now, with);
+        let settled = self.push_locked(&mut levels, message, now, with);
         drop(levels);
+        self.settled(settled, now);
         self.notify.notify_waiters();
         Ok(())
     }
@@ -377,8 +371,9 @@ impl LocalQueue {
     /// `with` in the same store batch (after the message).
     pub(crate) fn push_past_bound(&self, message: Message, now: Instant, with: Batch) {
         let mut levels = self.lock();
-        self.push_locked(&mut levels, message, now, with);
+        let settled = self.push_locked(&mut levels, message, now, with);
         drop(levels);
+        self.settled(settled, now);
         self.notify.notify_waiters();
     }
 
@@ -387,15 +382,27 @@ impl LocalQueue {
     /// consumers once.
     pub fn push_run(&self, messages: impl IntoIterator<Item = Message>, now: Instant) {
         let mut levels = self.lock();
+        let mut settled = Vec::new();
         for message in messages {
-            self.push_locked(&mut levels, message, now, Batch::new());
+            settled.extend(self.push_locked(&mut levels, message, now, Batch::new()));
         }
         drop(levels);
+        self.settled(settled, now);
         self.notify.notify_waiters();
     }
 
-    /// Gives `message` the next key, writes it (with `with` after it) and queues it.
-    fn push_locked(&self, levels: &mut Levels, mut message: Message, now: Instant, with: Batch) {
+    /// Gives `message` the next key, writes it (with `with` after it) and queues it; a
+    /// member of a group not yet complete is held instead (returns the group it completed).
+    fn push_locked(
+        &self,
+        levels: &mut Levels,
+        mut message: Message,
+        now: Instant,
+        with: Batch,
+    ) -> Option<GroupSettled> {
+        if let Some(group) = groups::held_key(&message) {
+            return self.hold_locked(levels, group, message, now, with);
+        }
         let key = levels.next_key;
         let mut batch = Batch::new();
         // Under the lock, so the store's order of puts and deletes matches the queue's; a
@@ -407,6 +414,7 @@ impl LocalQueue {
         self.committer.write(batch);
         levels.next_key += 1;
         push_entry(levels, self.config.order, Entry { key, message, enqueued_at: now });
+        None
     }
 
     /// The largest payload a message of this queue opens into (its `message_bytes_max`).
@@ -422,8 +430,16 @@ impl LocalQueue {
     ///
     /// Its store writes go to the store thread, in order; a store failure stops the node
     /// from there (see `storage.rs`).
+    ///
+    /// Members of groups not yet complete are held out of the levels: only
+    /// [`GroupMode::Members`] takes them (after the levels), and [`GroupMode::Whole`] takes
+    /// one whole group instead (see `groups.rs`).
     pub fn pop(&self, limits: PopLimits, now: Instant) -> Popped {
+        if limits.groups == GroupMode::Whole {
+            return self.pop_group(limits, now);
+        }
         let mut levels = self.lock();
+        let expired_groups = self.expire_locked(&mut levels, now);
         let mut popped = Popped::default();
         popped.messages.reserve(limits.count_max.min(levels.len));
         // Entries taken and still pending, and how many left the queue for good.
@@ -473,8 +489,12 @@ impl LocalQueue {
             }
         }
         self.committer.write(batch);
-        let freed = settle_taken(&mut levels, pending, gone);
+        let mut freed = settle_taken(&mut levels, pending, gone);
+        if limits.groups == GroupMode::Members && popped.too_large.is_none() {
+            freed |= self.take_members(&mut levels, limits, now, &mut popped);
+        }
         drop(levels);
+        self.settled(expired_groups, now);
         if freed {
             self.room.notify_waiters();
         }
@@ -508,11 +528,19 @@ impl LocalQueue {
     /// Adds the store write of `message` under `key` (enqueued now), if it is kept there; the
     /// message then shares its payload with the record (see [`encode_record_sharing`]).
     fn put_op(&self, batch: &mut Batch, key: u64, message: &mut Message) {
+        self.put_op_as(batch, key, message, true);
+    }
+
+    /// [`LocalQueue::put_op`] of a message that is (`free`) or is not (held in its group)
+    /// free to hand out: a group member's record says which, for recovery.
+    fn put_op_as(&self, batch: &mut Batch, key: u64, message: &mut Message, free: bool) {
         if self.stored(message) {
+            let format =
+                if free && groups::held_key(message).is_some() { RECORD_FREE_MEMBER } else { RECORD_FORMAT };
             batch.put(
                 &self.space,
                 Bytes::copy_from_slice(&key.to_be_bytes()),
-                encode_record_sharing(message),
+                encode_record_sharing_as(message, format),
             );
         }
     }
@@ -594,6 +622,53 @@ fn settle_taken(levels: &mut Levels, pending: Vec<Entry>, gone: usize) -> bool {
     gone > 0
 }
 
+/// What the store holds of a queue: its levels, its largest payload, and the store writes
+/// recovery calls for (see `groups.rs`).
+fn read_back(
+    store: &dyn Store,
+    config: &QueueConfig,
+    space: &str,
+    now: Instant,
+) -> Result<(Levels, u64, Batch), StoreError> {
+    let level_count = match config.order {
+        QueueOrder::Fifo => 1,
+        QueueOrder::Priority => PRIORITY_LEVEL_MAX as usize + 2,
+    };
+    let mut levels = Levels {
+        levels: (0..level_count).map(|_| Segmented::default()).collect(),
+        len: 0,
+        pending: std::collections::BTreeMap::new(),
+        next_key: KEY_MIDDLE,
+        front_key: KEY_MIDDLE - 1,
+        groups: std::collections::HashMap::new(),
+        held: 0,
+    };
+    let handed_out = groups::read_handed_out(store, &config.name)?;
+    let mut released = Batch::new();
+    let now_unix = crate::clock::unix_ms();
+    let mut largest = 0u64;
+    for entry in linkbus_plugin_api::store::scan_pages(store, space) {
+        let (key, value) = entry?;
+        let key = key_number(&key).ok_or_else(|| corrupt(space, &key, "bad key"))?;
+        let (message, enqueued_unix_ms, free) =
+            decode_queue_record(value).map_err(|e| corrupt(space, &key.to_be_bytes(), &e))?;
+        largest = largest.max(message.content.payload.len() as u64);
+        // Lifetimes kept counting while the node was down (by the wall clock: the only
+        // time measure that spans a restart).
+        let down = std::time::Duration::from_millis(now_unix.saturating_sub(enqueued_unix_ms));
+        let enqueued_at = now.checked_sub(down).unwrap_or(now);
+        levels.next_key = levels.next_key.max(key + 1);
+        levels.front_key = levels.front_key.min(key.saturating_sub(1));
+        let entry = Entry { key, message, enqueued_at };
+        match groups::held_key(&entry.message).filter(|_| !free) {
+            Some(group) => groups::recover(&mut levels, group, entry, &handed_out, (space, &mut released)),
+            None => push_entry(&mut levels, config.order, entry),
+        }
+    }
+    groups::release_recovered(&mut levels, config.order, (&config.name, space, &mut released));
+    Ok((levels, largest, released))
+}
+
 fn key_number(key: &[u8]) -> Option<u64> {
     Some(u64::from_be_bytes(key.try_into().ok()?))
 }
@@ -604,24 +679,33 @@ const META_SPACE: &str = "meta";
 
 /// Version of a stored queue record.
 const RECORD_FORMAT: u8 = 1;
+/// The same, of a group member free to hand out (its group completed here): read back, it
+/// goes to its level rather than back into its group.
+const RECORD_FREE_MEMBER: u8 = 2;
 /// Bytes before the message in a stored record: format, CRC32C, enqueue time.
 const RECORD_HEADER_BYTES: usize = 1 + 4 + 8;
 
 /// A queue record: format u8, CRC32C (u32, of everything after it), the wall-clock time it
 /// was (re)queued in milliseconds (u64), then the message (its remaining lifetime as of then).
 pub(crate) fn encode_record(message: &Message) -> Bytes {
-    record_with(linkbus_proto::wire::encoded_len(message), |out| encode_message(message, out))
+    encode_record_as(message, RECORD_FORMAT)
+}
+
+fn encode_record_as(message: &Message, format: u8) -> Bytes {
+    record_with(format, linkbus_proto::wire::encoded_len(message), |out| encode_message(message, out))
 }
 
 /// [`encode_record`] of a message already encoded (`message`, its wire form).
 pub(crate) fn encode_record_of(message: &Encoded) -> Bytes {
-    record_with(message.len(), |out| message.parts().iter().for_each(|part| out.put_slice(part)))
+    record_with(RECORD_FORMAT, message.len(), |out| {
+        message.parts().iter().for_each(|part| out.put_slice(part))
+    })
 }
 
 /// A record whose message (`len` bytes) `write` appends, straight into the record.
-fn record_with(len: usize, write: impl FnOnce(&mut BytesMut)) -> Bytes {
+fn record_with(format: u8, len: usize, write: impl FnOnce(&mut BytesMut)) -> Bytes {
     let mut record = BytesMut::with_capacity(RECORD_HEADER_BYTES + len);
-    record.put_u8(RECORD_FORMAT);
+    record.put_u8(format);
     record.put_u32(0);
     record.put_u64(crate::clock::unix_ms());
     write(&mut record);
@@ -635,7 +719,11 @@ fn record_with(len: usize, write: impl FnOnce(&mut BytesMut)) -> Bytes {
 /// the queue and the store's memory table hold one copy of it, not two, and a payload cut
 /// out of a larger buffer no longer holds that buffer.
 pub(crate) fn encode_record_sharing(message: &mut Message) -> Bytes {
-    let record = encode_record(message);
+    encode_record_sharing_as(message, RECORD_FORMAT)
+}
+
+fn encode_record_sharing_as(message: &mut Message, format: u8) -> Bytes {
+    let record = encode_record_as(message, format);
     let end = record.len() - linkbus_proto::wire::encoding_encoded_len(&message.encoding);
     let start = end - message.content.payload.len();
     debug_assert!(
@@ -648,10 +736,16 @@ pub(crate) fn encode_record_sharing(message: &mut Message) -> Bytes {
 
 /// The message and its enqueue time from a record written by [`encode_record`].
 pub(crate) fn decode_record(record: Bytes) -> Result<(Message, u64), String> {
+    decode_queue_record(record).map(|(message, at, _)| (message, at))
+}
+
+/// [`decode_record`], and whether a group member's record says it is free to hand out.
+fn decode_queue_record(record: Bytes) -> Result<(Message, u64, bool), String> {
     if record.len() < RECORD_HEADER_BYTES {
         return Err(format!("record of {} bytes is shorter than its header", record.len()));
     }
-    if record[0] != RECORD_FORMAT {
+    let free = record[0] == RECORD_FREE_MEMBER;
+    if record[0] != RECORD_FORMAT && !free {
         return Err(format!("unknown record format {}", record[0]));
     }
     let crc = u32::from_be_bytes([record[1], record[2], record[3], record[4]]);
@@ -661,7 +755,7 @@ pub(crate) fn decode_record(record: Bytes) -> Result<(Message, u64), String> {
     let mut at = [0u8; 8];
     at.copy_from_slice(&record[5..13]);
     let message = decode_message(record.slice(RECORD_HEADER_BYTES..)).map_err(|e| e.to_string())?;
-    Ok((message, u64::from_be_bytes(at)))
+    Ok((message, u64::from_be_bytes(at), free))
 }
 
 fn recovery_refused(reason: String) -> StoreError {
@@ -675,6 +769,7 @@ fn corrupt(space: &str, key: &[u8], why: &str) -> StoreError {
     }
 }
 
+mod groups;
 mod settle;
 #[cfg(test)]
 mod tests;

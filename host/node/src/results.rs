@@ -46,6 +46,8 @@ use crate::storage::Committer;
 pub const RESULT_FOR_HEADER: &str = "linkbus.result_for";
 /// Name of result messages (the events they raise are named `result`).
 pub const RESULT_MESSAGE_NAME: &str = "linkbus.results";
+/// Failure code of a group member whose group expired incomplete in its recipient's queue.
+pub const GROUP_EXPIRED: &str = "group_expired";
 /// Failure code of a message that expired at its origin before it was sent.
 pub const EXPIRED_BEFORE_SENDING: &str = "expired_before_sending";
 /// Longest failure reason kept, in bytes.
@@ -55,8 +57,9 @@ const REASON_BYTES_MAX: usize = 1024;
 pub const FILTER_DROPPED: &str = "filter_dropped";
 /// Failure codes a result may carry: the dead-letter codes, a filter's drop, and expiry
 /// before sending.
-const FAILURE_CODES: [&str; 12] = [
+const FAILURE_CODES: [&str; 13] = [
     FILTER_DROPPED,
+    GROUP_EXPIRED,
     "decode_failed",
     "decrypt_failed",
     "stage_failed",

@@ -106,6 +106,24 @@ impl<T> Segmented<T> {
         self.segments.retain(|s| !s.is_empty());
     }
 
+    /// Takes out the items for which `take` returns `true`, in their order; the others stay
+    /// in theirs. Only segments holding one are rebuilt.
+    pub(crate) fn extract(&mut self, mut take: impl FnMut(&T) -> bool) -> Vec<T> {
+        let mut taken = Vec::new();
+        for segment in &mut self.segments {
+            if !segment.iter().any(&mut take) {
+                continue;
+            }
+            let items: Vec<T> = segment.drain(..).collect();
+            for item in items {
+                if take(&item) { taken.push(item) } else { segment.push_back(item) }
+            }
+        }
+        self.len -= taken.len();
+        self.segments.retain(|s| !s.is_empty());
+        taken
+    }
+
     /// The items, front to back.
     pub(crate) fn iter(&self) -> std::iter::Flatten<std::collections::vec_deque::Iter<'_, VecDeque<T>>> {
         self.segments.iter().flatten()

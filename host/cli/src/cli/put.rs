@@ -50,7 +50,12 @@ pub(crate) async fn put(args: PutArgs) -> anyhow::Result<()> {
         client.begin().await?;
     }
     if args.message != "-" {
-        let id = client.put(content_for(&args, Bytes::from(args.message.clone()))?).await?;
+        let mut content = content_for(&args, Bytes::from(args.message.clone()))?;
+        // (A group of one.)
+        if let Some(group) = &args.group {
+            content = content.in_group(group, 0, true);
+        }
+        let id = client.put(content).await?;
         if args.transaction {
             client.commit().await?;
         }
@@ -106,6 +111,10 @@ async fn put_lines(
     let line_bytes_max = client.limits().await?.message_bytes_max;
     let mut stdin = std::io::stdin().lock();
     let (mut batch, mut sent) = (Vec::new(), 0usize);
+    // In a group, the line read last is held back until the next one shows it was not the
+    // last (or the input ends: it closes the group).
+    let mut member = 0u32;
+    let mut held_back: Option<Content> = None;
     loop {
         let line = read_line_bounded(&mut stdin, line_bytes_max).context("reading standard input")?;
         let too_long = matches!(line, Line::TooLong);
@@ -115,7 +124,14 @@ async fn put_lines(
                 if line.last() == Some(&b'\r') {
                     line.pop();
                 }
-                batch.push(Content { payload: Bytes::from(line), ..template.clone() });
+                let content = Content { payload: Bytes::from(line), ..template.clone() };
+                match &args.group {
+                    Some(group) => {
+                        batch.extend(held_back.replace(content.in_group(group, member, false)));
+                        member = member.checked_add(1).context("a group holds at most 2^32 messages")?;
+                    }
+                    None => batch.push(content),
+                }
                 batch.len() >= linkbus_client::PUT_BATCH_MESSAGES_MAX
             }
             Line::TooLong => true,
@@ -135,6 +151,14 @@ async fn put_lines(
             };
             return Err(put_failure(error, sent, args.transaction));
         }
+    }
+    if let Some(mut last) = held_back {
+        if let Some(group) = last.group.as_mut() {
+            group.last = true;
+        }
+        batch.push(last);
+    } else if let Some(group) = &args.group {
+        bail!("standard input has no line to put in group '{group}'");
     }
     let put = client.put_batch(batch).await;
     sent += keep(put.map_err(|e| put_failure(e, sent, args.transaction))?)?;

@@ -63,6 +63,7 @@ fn requests_round_trip() {
         wait_ms: 5000,
         bytes_max: 9,
         pending: true,
+        groups: GetGroups::Members,
     });
     round_trip_request(Request::Consume { queue: "orders".into(), count_max: 100, bytes_max: u64::MAX });
     round_trip_request(Request::Status);

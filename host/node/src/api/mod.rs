@@ -2,9 +2,11 @@
 //! on the node's Unix socket and for in-process clients.
 
 mod admin;
+mod groups;
 use linkbus_client::protocol;
 mod queues;
 pub(crate) mod server;
+mod transaction;
 
 impl From<crate::flow::RefusalCode> for protocol::ErrorCode {
     /// The client wire's code for a refusal: the one place the two meet.

@@ -6,22 +6,26 @@ use std::time::{Duration, Instant};
 
 use tracing::debug;
 
-use super::protocol::{ErrorCode, Request, Response};
+use super::protocol::{ErrorCode, GetGroups, Request, Response};
 use super::server::{GET_BYTES_MAX, GET_MESSAGES_MAX, GET_WAIT_MS_MAX, PendingOnConnection, refused};
 use crate::events::{Event, EventKind};
 use crate::node::NodeState;
-use crate::queue::{LocalQueue, PopLimits};
+use crate::queue::{GroupMode, LocalQueue, PopLimits};
 use linkbus_plugin_api::Reliability;
 
 /// Takes messages from the local queue `queue` for a get (or a consumer's answer): up to
 /// `count_max`, waiting up to `wait_ms` for the first, none encoded over `bytes_max`,
-/// handed out pending with `hand_out`; also the queue they came from.
+/// handed out pending with `hand_out`, groups as `groups` says; also the queue they came
+/// from. Refused while the connection holds a finished group unacknowledged.
 pub(super) async fn take(
     node: &NodeState,
     queue: &str,
-    (count_max, wait_ms, bytes_max, hand_out): (u32, u64, u64, bool),
+    (count_max, wait_ms, bytes_max, hand_out, groups): (u32, u64, u64, bool, GetGroups),
     pending: &mut PendingOnConnection,
 ) -> (Response, Option<Arc<LocalQueue>>) {
+    if let Some(reason) = pending.blocked() {
+        return (refused(ErrorCode::BadRequest, reason), None);
+    }
     let q = match find_queue(node, queue) {
         Ok(q) => q,
         Err(response) => return (response, None),
@@ -31,12 +35,13 @@ pub(super) async fn take(
         message_bytes_max: usize::try_from(bytes_max).unwrap_or(usize::MAX),
         total_bytes_max: GET_BYTES_MAX,
         pending: hand_out,
+        groups: group_mode(groups),
     };
     let (messages, tags) = match get(node, &q, limits, wait_ms).await {
         Response::Messages { messages, tags } => (messages, tags),
         other => return (other, Some(q)),
     };
-    pending.add(&q, &tags);
+    pending.add(&q, &messages, &tags);
     // Taking a persistent message (or marking it handed out) is durable before the
     // consumer has it, so a crash never hands it out again unmarked.
     let stored = messages.iter().any(|m| m.content.reliability == Reliability::Persistent);
@@ -54,6 +59,15 @@ pub(super) async fn take(
     let messages = std::mem::take(&mut taken.messages);
     drop(taken);
     (Response::Messages { messages, tags }, Some(q))
+}
+
+/// The queue's group mode for a get's.
+pub(super) fn group_mode(groups: GetGroups) -> GroupMode {
+    match groups {
+        GetGroups::Complete => GroupMode::Complete,
+        GetGroups::Whole => GroupMode::Whole,
+        GetGroups::Members => GroupMode::Members,
+    }
 }
 
 /// Messages taken from `queue` for a consumer that does not have them yet: with `restore`
@@ -99,9 +113,11 @@ pub(super) fn queue_request(
                 q.browse(count_max.clamp(1, GET_MESSAGES_MAX) as usize, GET_BYTES_MAX, Instant::now());
             Response::Messages { messages, tags: Vec::new() }
         }),
-        Request::Ack { queue, tags } => answer(&queue, &mut |q| pending.settle(&q, &tags, |q, t| q.ack(t))),
+        Request::Ack { queue, tags } => {
+            answer(&queue, &mut |q| pending.settle(&q, &tags, true, |q, t| q.ack(t)))
+        }
         Request::Backout { queue, tags } => {
-            answer(&queue, &mut |q| pending.settle(&q, &tags, |q, t| q.backout(t, Instant::now())))
+            answer(&queue, &mut |q| pending.settle(&q, &tags, false, |q, t| q.backout(t, Instant::now())))
         }
         other => {
             let message = format!("request {other:?} is not a queue request");
@@ -220,6 +236,7 @@ fn queue_detail(q: &LocalQueue) -> String {
     let _ = writeln!(s, "order: {}", format!("{:?}", c.order).to_lowercase());
     let _ = writeln!(s, "depth: {}", stats.by_level.iter().sum::<usize>());
     let _ = writeln!(s, "pending (handed out, not acknowledged): {}", stats.pending);
+    let _ = writeln!(s, "held (members of groups not complete): {}", stats.held);
     let _ = writeln!(s, "limit: {} messages, {} bytes each", c.queue_messages_max, c.message_bytes_max);
     let _ = writeln!(s, "oldest: {}", age(stats.oldest));
     if stats.by_level.len() > 1 {

@@ -14,12 +14,14 @@ use tokio::sync::watch;
 use tracing::{debug, warn};
 
 use super::admin;
-use super::protocol::{ErrorCode, Request, Response, split_frame};
-use super::queues::{find_queue, get, queue_request, take};
+use super::groups::{HandedGroups, Member, PutGroups};
+use super::protocol::{ErrorCode, GetGroups, Request, Response, split_frame};
+use super::queues::{queue_request, take};
+use super::transaction::{Transaction, transact};
 use crate::events::{Event, EventKind};
-use crate::flow::{CommitError, Origin, Refusal, RefusalCode};
+use crate::flow::{Origin, RefusalCode};
 use crate::node::{NodeState, StartError};
-use crate::queue::{LocalQueue, PopLimits, SettleError};
+use crate::queue::{LocalQueue, SettleError};
 use linkbus_plugin_api::Reliability;
 use linkbus_proto::reader::ReadError;
 use linkbus_proto::wire::Chunks;
@@ -37,24 +39,46 @@ pub(crate) const GET_BYTES_MAX: usize = 64 << 20;
 /// connection ends goes back to its queue (redelivered, backout count raised).
 #[derive(Default)]
 pub(super) struct PendingOnConnection {
-    queues: Vec<(Arc<LocalQueue>, std::collections::BTreeSet<u64>)>,
+    pub(super) queues: Vec<(Arc<LocalQueue>, std::collections::BTreeSet<u64>)>,
+    /// The groups among them (for the group rules).
+    groups: HandedGroups,
 }
 
 impl PendingOnConnection {
-    pub(super) fn add(&mut self, queue: &Arc<LocalQueue>, tags: &[u64]) {
+    /// Notes `messages` handed out pending from `queue` with `tags`.
+    pub(super) fn add(
+        &mut self,
+        queue: &Arc<LocalQueue>,
+        messages: &[linkbus_plugin_api::Message],
+        tags: &[u64],
+    ) {
+        self.groups.add(queue, messages, tags);
         match self.queues.iter_mut().find(|(q, _)| Arc::ptr_eq(q, queue)) {
             Some((_, set)) => set.extend(tags),
             None => self.queues.push((queue.clone(), tags.iter().copied().collect())),
         }
     }
 
-    /// Settles `tags` of `queue` with `settle`, if they were all handed out here.
+    /// Why nothing more may be taken on this connection now (a finished group handed out
+    /// and not acknowledged).
+    pub(super) fn blocked(&self) -> Option<String> {
+        self.groups.blocked()
+    }
+
+    /// Settles `tags` of `queue` with `settle` (`ack`: an acknowledgement), if they were all
+    /// handed out here; the last member of a group brings every member handed out here.
     pub(super) fn settle(
         &mut self,
         queue: &Arc<LocalQueue>,
         tags: &[u64],
+        ack: bool,
         settle: impl FnOnce(&LocalQueue, &[u64]) -> Result<usize, SettleError>,
     ) -> Response {
+        let tags = match self.groups.settling(queue, tags, ack) {
+            Ok(tags) => tags,
+            Err(reason) => return refused(ErrorCode::BadRequest, reason),
+        };
+        let tags = &tags[..];
         let Some((_, set)) = self.queues.iter_mut().find(|(q, _)| Arc::ptr_eq(q, queue)) else {
             return not_pending(tags);
         };
@@ -67,6 +91,7 @@ impl PendingOnConnection {
                 tags.iter().for_each(|t| {
                     set.remove(t);
                 });
+                self.groups.settled(queue, tags);
                 Response::Settled(count as u32)
             }
             Err(SettleError::Unknown(e)) => not_pending(&e.0),
@@ -95,164 +120,6 @@ impl Drop for PendingOnConnection {
                     warn!(queue = %queue.config().name, error = %e, "Could not return unacknowledged messages.")
                 }
             }
-        }
-    }
-}
-
-/// Most messages one transaction puts and gets together.
-pub(crate) const TRANSACTION_MESSAGES_MAX: usize = 10_000;
-/// Most payload bytes one transaction puts (held in memory until commit).
-pub(crate) const TRANSACTION_BYTES_MAX: usize = 64 << 20;
-
-/// The open transaction of a connection: puts held until commit, messages taken pending
-/// until commit (acknowledged) or rollback (given back). Dropping it — the connection ended
-/// — rolls it back.
-#[derive(Default)]
-struct Transaction {
-    puts: Vec<linkbus_plugin_api::Message>,
-    put_bytes: usize,
-    gets: PendingOnConnection,
-    got: usize,
-}
-
-impl Transaction {
-    fn count(&self) -> usize {
-        self.puts.len() + self.got
-    }
-
-    /// Checks and stamps the contents now (through the origin stages); they are queued at
-    /// commit.
-    fn put(
-        &mut self,
-        node: &NodeState,
-        origin: &mut Origin,
-        contents: Vec<linkbus_plugin_api::Content>,
-        no_wait: bool,
-    ) -> Response {
-        if no_wait {
-            let message = "a no-wait put cannot be part of a transaction".to_owned();
-            return refused(ErrorCode::Invalid, message);
-        }
-        let created_unix_ms = crate::clock::unix_ms();
-        let sizes: Vec<usize> = contents.iter().map(linkbus_proto::wire::content_encoded_len).collect();
-        let mut bytes = self.put_bytes;
-        let mut fits = contents.len();
-        for (index, size) in sizes.iter().enumerate() {
-            bytes += size;
-            if self.count() + index >= TRANSACTION_MESSAGES_MAX || bytes > TRANSACTION_BYTES_MAX {
-                fits = index;
-                break;
-            }
-        }
-        let mut contents = contents;
-        let over = fits < contents.len();
-        contents.truncate(fits);
-        let (messages, refused) = origin.prepare(node, contents, created_unix_ms);
-        let sequences: Vec<u64> = messages.iter().map(|m| m.id.sequence).collect();
-        let accepted = messages.len();
-        self.put_bytes += sizes.iter().take(accepted).sum::<usize>();
-        self.puts.extend(messages);
-        if let Some(e) = refused {
-            return Response::Error { code: e.code.into(), accepted: e.accepted, message: e.message };
-        }
-        if over {
-            let message = format!(
-                "message {}: a transaction holds at most {TRANSACTION_MESSAGES_MAX} messages and {TRANSACTION_BYTES_MAX} bytes of encoded puts",
-                accepted + 1
-            );
-            return Response::Error { code: ErrorCode::TooLarge, accepted: accepted as u32, message };
-        }
-        Response::PutOk { source: node.name().clone(), sequences, created_unix_ms }
-    }
-
-    /// Takes messages pending under the transaction (no tags: commit or rollback settles them).
-    async fn get(
-        &mut self,
-        node: &NodeState,
-        queue: &str,
-        count_max: u32,
-        wait_ms: u64,
-        bytes_max: u64,
-        hand_out: bool,
-    ) -> Response {
-        if hand_out {
-            let message =
-                "inside a transaction, gets are settled by commit or rollback, not by ack".to_owned();
-            return refused(ErrorCode::BadRequest, message);
-        }
-        let q = match find_queue(node, queue) {
-            Ok(q) => q,
-            Err(response) => return response,
-        };
-        let room = TRANSACTION_MESSAGES_MAX.saturating_sub(self.count());
-        if room == 0 {
-            let message = format!("a transaction holds at most {TRANSACTION_MESSAGES_MAX} messages");
-            return refused(ErrorCode::TooLarge, message);
-        }
-        let limits = PopLimits {
-            count_max: (count_max.clamp(1, GET_MESSAGES_MAX) as usize).min(room),
-            message_bytes_max: usize::try_from(bytes_max).unwrap_or(usize::MAX),
-            total_bytes_max: GET_BYTES_MAX,
-            pending: true,
-        };
-        match get(node, &q, limits, wait_ms).await {
-            Response::Messages { messages, tags } => {
-                self.gets.add(&q, &tags);
-                self.got += tags.len();
-                Response::Messages { messages, tags: Vec::new() }
-            }
-            other => other,
-        }
-    }
-}
-
-/// `Begin`, `Commit` and `Rollback`.
-async fn transact(node: &NodeState, request: Request, transaction: &mut Option<Transaction>) -> Response {
-    match (request, transaction.take()) {
-        (Request::Begin, None) => {
-            *transaction = Some(Transaction::default());
-            Response::Settled(0)
-        }
-        (Request::Begin, Some(open)) => {
-            *transaction = Some(open);
-            refused(ErrorCode::BadRequest, "a transaction is already open on this connection".into())
-        }
-        // As with MQ's MQCMIT / MQBACK, nothing open: nothing to do.
-        (Request::Commit { .. } | Request::Rollback, None) => Response::Settled(0),
-        (Request::Commit { timeout_ms }, Some(mut tx)) => {
-            let timeout = Duration::from_millis(timeout_ms.min(PUT_WAIT_MS_MAX));
-            let gets: Vec<(Arc<LocalQueue>, Vec<u64>)> =
-                tx.gets.queues.iter().map(|(q, tags)| (q.clone(), tags.iter().copied().collect())).collect();
-            let count = tx.count();
-            // A commit abandoned while it waits (the client left) drops `tx`: rolled back.
-            // The puts move into the commit (a commit that fails drops them, as a rollback).
-            match crate::flow::origin::commit(node, std::mem::take(&mut tx.puts), &gets, timeout).await {
-                Ok(()) => {
-                    // Acknowledged by the commit: nothing left to give back.
-                    tx.gets.queues.clear();
-                    Response::Settled(count as u32)
-                }
-                Err(CommitError::Refused(Refusal { code, reason })) => {
-                    if matches!(code, RefusalCode::Full | RefusalCode::Rejected) {
-                        node.emit(Event::new(EventKind::QueueFull, reason.clone()).with("reason", &reason));
-                    }
-                    refused(code.into(), format!("transaction rolled back: {reason}"))
-                }
-                Err(CommitError::Partly(reason)) => {
-                    // What was not acknowledged goes back when `tx` drops.
-                    let message = format!("transaction partly committed (the store failed): {reason}");
-                    refused(ErrorCode::Internal, message)
-                }
-            }
-        }
-        (Request::Rollback, Some(tx)) => {
-            let count = tx.count();
-            drop(tx);
-            Response::Settled(count as u32)
-        }
-        (other, open) => {
-            *transaction = open;
-            refused(ErrorCode::BadRequest, format!("request {other:?} is not a transaction request"))
         }
     }
 }
@@ -566,14 +433,18 @@ async fn answer_at_stop(
     }
 }
 
-/// A put outside a transaction.
+/// A put outside a transaction; one that breaks the group rules is refused whole.
 async fn put(
     node: &NodeState,
-    origin: &mut Origin,
+    (origin, groups): (&mut Origin, &mut PutGroups),
     contents: Vec<linkbus_plugin_api::Content>,
     timeout_ms: u64,
     no_wait: bool,
 ) -> Response {
+    let members: Vec<Member> = contents.iter().map(Member::of).collect();
+    if let Err(reason) = groups.after(&members) {
+        return refused(ErrorCode::Invalid, reason);
+    }
     if no_wait
         && let Some(i) = contents.iter().position(|c| node.reliability_of(c) == Reliability::Persistent)
     {
@@ -585,7 +456,14 @@ async fn put(
     }
     let timeout_ms = if no_wait { 0 } else { timeout_ms };
     let timeout = Duration::from_millis(timeout_ms.min(PUT_WAIT_MS_MAX));
-    match origin.put(node, contents, timeout).await {
+    let answer = origin.put(node, contents, timeout).await;
+    // The connection's open group follows what was accepted.
+    let accepted = match &answer {
+        Ok(_) => members.len(),
+        Err(e) => e.accepted as usize,
+    };
+    *groups = groups.after(members.get(..accepted).unwrap_or_default()).unwrap_or_default();
+    match answer {
         Ok(accepted) => Response::PutOk {
             source: node.name().clone(),
             sequences: accepted.sequences,
@@ -622,6 +500,8 @@ struct Held {
     pending: PendingOnConnection,
     transaction: Option<Transaction>,
     origin: Origin,
+    /// The group its puts are inside, if any.
+    groups: PutGroups,
 }
 
 impl linkbus_client::InProcessNode for InProcess {
@@ -659,41 +539,65 @@ async fn answer(
     if let Request::Consume { queue, count_max, bytes_max } = &request
         && held.transaction.is_none()
     {
-        let answer =
-            take(node, queue, (*count_max, GET_WAIT_MS_MAX, *bytes_max, false), &mut held.pending).await;
+        let asked = (*count_max, GET_WAIT_MS_MAX, *bytes_max, false, GetGroups::Complete);
+        let answer = take(node, queue, asked, &mut held.pending).await;
         *consuming = Some(request);
         return answer;
     }
     handle(node, request, held).await
 }
 
-/// Answers one request; for a get, also the queue the messages came from.
-async fn handle(node: &NodeState, request: Request, held: &mut Held) -> (Response, Option<Arc<LocalQueue>>) {
-    let Held { pending, transaction, origin } = held;
+/// Answers `request` when the transaction open on the connection takes it; else gives it back.
+async fn in_transaction(
+    node: &NodeState,
+    request: Request,
+    held: &mut Held,
+) -> Result<(Response, Option<Arc<LocalQueue>>), Request> {
+    let Held { pending, transaction, origin, groups } = held;
     match request {
         Request::Begin | Request::Commit { .. } | Request::Rollback => {
-            return (transact(node, request, transaction).await, None);
+            Ok((transact(node, request, transaction, groups).await, None))
         }
         Request::Put { contents, no_wait, .. } if let Some(tx) = transaction.as_mut() => {
-            return (tx.put(node, origin, contents, no_wait), None);
+            Ok((tx.put(node, (origin, groups), contents, no_wait), None))
         }
-        Request::Get { queue, count_max, wait_ms, bytes_max, pending: hand_out }
+        Request::Get { queue, count_max, wait_ms, bytes_max, pending: hand_out, groups: mode }
             if let Some(tx) = transaction.as_mut() =>
         {
-            return (tx.get(node, &queue, count_max, wait_ms, bytes_max, hand_out).await, None);
+            let asked = (count_max, wait_ms, bytes_max, hand_out, mode);
+            Ok((tx.get(node, &queue, asked, pending).await, None))
+        }
+        Request::Ack { queue, tags }
+            if let Some(tx) = transaction.as_mut().filter(|tx| tx.holds(&queue, &tags)) =>
+        {
+            Ok((tx.settle(node, &queue, &tags, true), None))
+        }
+        Request::Backout { queue, tags }
+            if let Some(tx) = transaction.as_mut().filter(|tx| tx.holds(&queue, &tags)) =>
+        {
+            Ok((tx.settle(node, &queue, &tags, false), None))
         }
         Request::Consume { .. } if transaction.is_some() => {
             let message = "a connection with an open transaction cannot consume: commit or roll back first";
-            return (refused(ErrorCode::BadRequest, message.into()), None);
+            Ok((refused(ErrorCode::BadRequest, message.into()), None))
         }
-        _ => {}
+        other => Err(other),
     }
+}
+
+/// Answers one request; for a get, also the queue the messages came from.
+async fn handle(node: &NodeState, request: Request, held: &mut Held) -> (Response, Option<Arc<LocalQueue>>) {
+    let request = match in_transaction(node, request, held).await {
+        Ok(answer) => return answer,
+        Err(request) => request,
+    };
+    let Held { pending, origin, groups, .. } = held;
     match request {
         Request::Put { contents, timeout_ms, no_wait } => {
-            (put(node, origin, contents, timeout_ms, no_wait).await, None)
+            (put(node, (origin, groups), contents, timeout_ms, no_wait).await, None)
         }
-        Request::Get { queue, count_max, wait_ms, bytes_max, pending: hand_out } => {
-            take(node, &queue, (count_max, wait_ms, bytes_max, hand_out), pending).await
+        Request::Get { queue, count_max, wait_ms, bytes_max, pending: hand_out, groups: mode } => {
+            take(node, &queue, (count_max, wait_ms, bytes_max, hand_out, mode), pending).await
         }
         Request::Results { source, sequences, wait_ms } => {
             (admin::results(node, &source, &sequences, wait_ms).await, None)

@@ -297,9 +297,12 @@ fn take_one(node: &NodeState, arrival: Arrival, now: Instant) -> Result<(), Queu
     }
     // (A message of this node that came back over a link reports nothing from here.)
     let result_to = ResultTo::of(&message).filter(|to| &to.id.source != node.name());
+    // (A member of a group is reported by its queue, once its group is complete.)
     let delivered: Vec<_> = match &result_to {
-        Some(_) => placement.queues(node).into_iter().map(|to| (to, Outcome::Delivered)).collect(),
-        None => Vec::new(),
+        Some(_) if crate::queue::held_key(&message).is_none() => {
+            placement.queues(node).into_iter().map(|to| (to, Outcome::Delivered)).collect()
+        }
+        _ => Vec::new(),
     };
     // Every copy (local queues, dead letters, relayed copies' records) and the link's record
     // reach the store as one batch: a crash keeps all or none of them. The record also goes

@@ -576,7 +576,8 @@ fn track<'n>(node: &'n NodeState, messages: &[Message]) -> Result<Tracking<'n>, 
 /// The recipients on this node of an accepted message that wants results (recorded as
 /// delivered once it is queued).
 fn results_here(node: &NodeState, message: &Message) -> Option<(MessageId, Vec<Address>)> {
-    message.content.results.then(|| {
+    // (A member of a group is reported by its queue, once its group is complete.)
+    (message.content.results && crate::queue::held_key(message).is_none()).then(|| {
         let here = message.content.recipients.iter().filter(|to| &to.node == node.name());
         (message.id.clone(), here.cloned().collect())
     })

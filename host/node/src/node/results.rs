@@ -113,3 +113,39 @@ fn result_event(id: &MessageId, recipient: &Address, outcome: &Outcome) -> Event
     }
     event
 }
+
+/// Has every queue tell the node of the groups that complete or expire in it: a group that
+/// completes reports its members that want results `delivered` (held members are not
+/// reported on arrival); one that expires incomplete raises one `expired` event and reports
+/// them `failed` (`group_expired`).
+pub(crate) fn watch_groups(node: &std::sync::Arc<NodeState>) {
+    for queue in node.queues() {
+        let weak = std::sync::Arc::downgrade(node);
+        queue.set_group_hook(std::sync::Arc::new(move |queue, settled, _now| {
+            let Some(node) = weak.upgrade() else { return };
+            let to = Address::new(node.name().clone(), queue.clone());
+            for group in settled {
+                let outcome = if group.complete {
+                    Outcome::Delivered
+                } else {
+                    let reason = format!(
+                        "group {} expired in queue '{queue}' with {} member(s) held, not complete",
+                        group.group, group.count
+                    );
+                    node.emit(
+                        Event::new(EventKind::Expired, reason.clone())
+                            .with("queue", queue)
+                            .with("count", group.count)
+                            .with("group", &group.group.id)
+                            .with("source", &group.group.source),
+                    );
+                    Outcome::failed(crate::results::GROUP_EXPIRED, reason)
+                };
+                for member in &group.reporting {
+                    let result_to = crate::results::ResultTo::of(member);
+                    node.report(result_to.as_ref(), vec![(to.clone(), outcome.clone())]);
+                }
+            }
+        }));
+    }
+}

@@ -327,6 +327,7 @@ impl NodeState {
             files,
         });
         crate::flow::dead_letter::take_poison(&node);
+        super::results::watch_groups(&node);
         Ok(node)
     }
 }

@@ -140,8 +140,13 @@ impl LocalQueue {
             }
             let key = front_key;
             front_key -= 1;
-            self.put_op(&mut batch, key, &mut message);
-            entries.push(Entry { key, message, enqueued_at: now });
+            // A member taken one by one from a group still held is held again.
+            if let Err(mut entry) =
+                self.hold_again(levels, Entry { key, message, enqueued_at: now }, &mut batch)
+            {
+                self.put_op(&mut batch, key, &mut entry.message);
+                entries.push(entry);
+            }
         }
         self.committer.write(batch);
         levels.front_key = front_key;

@@ -356,3 +356,128 @@ fn q_push_and_damage(store: &Arc<dyn Store>) {
     batch.put("q.q", key, damaged);
     store.write(batch, true).unwrap();
 }
+
+fn member(n: u64, group: &str, index: u32, last: bool, lifetime_ms: u64) -> Message {
+    let mut m = message(n, 4, lifetime_ms);
+    m.content.group = Some(linkbus_plugin_api::Group { id: group.into(), index, last });
+    m
+}
+
+fn whole(pending: bool) -> PopLimits {
+    PopLimits { pending, groups: GroupMode::Whole, ..PopLimits::auto(100) }
+}
+
+/// Members are held until every one has come, then handed out in index order, whatever
+/// order they came in; messages outside groups pass them.
+#[test]
+fn a_group_is_held_until_complete_then_handed_out_in_index_order() {
+    let q = queue(QueueOrder::Priority, 10, Arc::new(MemoryStore::new()));
+    let now = Instant::now();
+    q.push(member(11, "g", 1, false, 60_000), now).unwrap();
+    q.push(member(10, "g", 0, false, 60_000), now).unwrap();
+    q.push(message(1, 4, 60_000), now).unwrap();
+    assert_eq!(q.stats(now).held, 2);
+    assert!(!q.has_room(8), "held members take room");
+    assert_eq!(sequences(&q.pop(PopLimits::auto(10), now)), [1], "no member of an incomplete group");
+    q.push(member(12, "g", 2, true, 60_000), now).unwrap();
+    assert_eq!(q.stats(now).held, 0);
+    assert_eq!(sequences(&q.pop(PopLimits::auto(10), now)), [10, 11, 12]);
+    // A member that came again (a sender that put it once more) is not queued twice.
+    q.push(member(20, "h", 0, false, 60_000), now).unwrap();
+    q.push(member(20, "h", 0, false, 60_000), now).unwrap();
+    assert_eq!(q.stats(now).held, 1);
+}
+
+#[test]
+fn a_whole_group_get_takes_the_first_group_only() {
+    let q = queue(QueueOrder::Fifo, 20, Arc::new(MemoryStore::new()));
+    let now = Instant::now();
+    q.push(message(1, 4, 60_000), now).unwrap();
+    for (n, i, last) in [(10, 0, false), (11, 1, false), (12, 2, true)] {
+        q.push(member(n, "g", i, last, 60_000), now).unwrap();
+    }
+    q.push(member(20, "h", 0, false, 60_000), now).unwrap();
+    q.push(message(2, 4, 60_000), now).unwrap();
+    q.push(member(21, "h", 1, true, 60_000), now).unwrap();
+    assert_eq!(sequences(&q.pop(whole(false), now)), [10, 11, 12]);
+    // Taken pending and given back: the group returns whole, in order, at the head.
+    let taken = q.pop(whole(true), now);
+    assert_eq!(sequences(&taken), [20, 21]);
+    q.backout(&taken.tags, now).unwrap();
+    let again = q.pop(whole(false), now);
+    assert_eq!(sequences(&again), [20, 21]);
+    assert!(again.messages.iter().all(|m| m.redelivered && m.backout_count == 1));
+    assert!(q.pop(whole(false), now).messages.is_empty(), "no group left");
+    assert_eq!(sequences(&q.pop(PopLimits::auto(10), now)), [1, 2], "messages outside groups stayed");
+}
+
+#[test]
+fn members_one_by_one_are_taken_in_index_order_without_a_gap() {
+    let q = queue(QueueOrder::Fifo, 20, Arc::new(MemoryStore::new()));
+    let now = Instant::now();
+    let members = PopLimits { groups: GroupMode::Members, ..PopLimits::auto(10) };
+    q.push(member(10, "g", 0, false, 60_000), now).unwrap();
+    q.push(member(12, "g", 2, false, 60_000), now).unwrap();
+    assert_eq!(sequences(&q.pop(members, now)), [10], "index 1 has not come: 2 waits");
+    q.push(member(11, "g", 1, false, 60_000), now).unwrap();
+    let pending = q.pop(PopLimits { pending: true, count_max: 1, ..members }, now);
+    assert_eq!(sequences(&pending), [11]);
+    q.backout(&pending.tags, now).unwrap();
+    assert_eq!(q.stats(now).held, 2, "given back into its group");
+    assert_eq!(sequences(&q.pop(members, now)), [11, 12]);
+    q.push(member(13, "g", 3, true, 60_000), now).unwrap();
+    assert_eq!(sequences(&q.pop(PopLimits::auto(10), now)), [13], "the rest of the group, complete");
+    assert_eq!((q.len(), q.stats(now).held), (0, 0));
+}
+
+#[test]
+fn an_incomplete_group_expires_whole_and_is_reported_once() {
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let q = queue(QueueOrder::Fifo, 20, store.clone());
+    let seen: Arc<Mutex<Vec<(usize, bool)>>> = Arc::default();
+    let s = seen.clone();
+    q.set_group_hook(Arc::new(move |_, settled, _| {
+        s.lock().unwrap().extend(settled.iter().map(|g| (g.count, g.complete)));
+    }));
+    let now = Instant::now();
+    let mut wants = member(10, "g", 0, false, 100);
+    wants.content.results = true;
+    q.push(wants, now).unwrap();
+    q.push(member(11, "g", 1, false, 60_000), now).unwrap();
+    q.expire_groups(now + Duration::from_millis(50));
+    assert_eq!(q.stats(now).held, 2, "not yet");
+    q.expire_groups(now + Duration::from_millis(150));
+    assert_eq!(*seen.lock().unwrap(), [(2, false)], "both members, at once, in one report");
+    assert_eq!(q.stats(now).held, 0);
+    assert!(store.scan("q.q", Bound::Unbounded, Bound::Unbounded, 10).unwrap().is_empty());
+    // A late member starts a group of its own, which never completes (and expires).
+    q.push(member(12, "g", 2, true, 60_000), now).unwrap();
+    assert!(q.pop(PopLimits::auto(10), now).messages.is_empty());
+}
+
+/// A restart keeps held members held, free members free (in index order), and how far
+/// members were taken one by one.
+#[test]
+fn groups_come_back_as_they_were_after_a_restart() {
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let now = Instant::now();
+    let q = queue(QueueOrder::Fifo, 20, store.clone());
+    q.push(member(11, "done", 1, true, 60_000), now).unwrap();
+    q.push(member(10, "done", 0, false, 60_000), now).unwrap();
+    q.push(member(20, "taken_from", 0, false, 60_000), now).unwrap();
+    q.push(member(21, "taken_from", 1, false, 60_000), now).unwrap();
+    q.push(member(30, "held", 0, false, 60_000), now).unwrap();
+    let members = PopLimits { groups: GroupMode::Members, ..PopLimits::auto(1) };
+    // (The free group goes first, then the oldest held group's first member, one by one.)
+    assert_eq!(sequences(&q.pop(PopLimits { count_max: 3, ..members }, now)), [10, 11, 20]);
+    drop(q);
+    let q = queue(QueueOrder::Fifo, 20, store.clone());
+    assert_eq!(q.stats(now).held, 2);
+    assert!(q.pop(PopLimits::auto(10), now).messages.is_empty());
+    q.push(member(22, "taken_from", 2, true, 60_000), now).unwrap();
+    q.push(member(31, "held", 1, true, 60_000), now).unwrap();
+    assert_eq!(sequences(&q.pop(PopLimits::auto(10), now)), [21, 22, 30, 31]);
+    drop(q);
+    let q = queue(QueueOrder::Fifo, 20, store);
+    assert_eq!((q.len(), q.stats(now).held), (0, 0));
+}
