@@ -18,6 +18,7 @@ mod events;
 mod files;
 mod filters;
 mod flags;
+mod groups;
 mod handshake_flood;
 mod in_process;
 mod link_faults;

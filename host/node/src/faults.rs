@@ -27,6 +27,24 @@ pub(crate) fn crash_after_move() -> bool {
     })
 }
 
+/// Stop the node abruptly at a point of a transaction's commit: `before` (room checked,
+/// nothing written), `inside` (its puts and acknowledgements issued to the store's batch,
+/// not yet released to the store) or `after` (durable, not yet answered).
+pub(crate) const CRASH_IN_COMMIT_ENV: &str = "LINKBUS_TEST_CRASH_IN_COMMIT";
+
+/// Aborts the process when [`CRASH_IN_COMMIT_ENV`] names `point`.
+pub(crate) fn crash_in_commit(point: &str) {
+    static AT: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    let at = AT.get_or_init(|| {
+        set(CRASH_IN_COMMIT_ENV, false, Some("the node stops inside a commit (test-only)."))
+            .then(|| std::env::var(CRASH_IN_COMMIT_ENV).unwrap_or_default())
+    });
+    if at.as_deref() == Some(point) {
+        eprintln!("{CRASH_IN_COMMIT_ENV}={point}: stopping now");
+        std::process::abort();
+    }
+}
+
 /// Milliseconds added to this node's wall clock, to run nodes whose clocks disagree on one
 /// machine.
 pub(crate) const CLOCK_OFFSET_ENV: &str = "LINKBUS_TEST_CLOCK_OFFSET_MS";

@@ -175,7 +175,7 @@ impl Transaction {
         let count: usize = self.manual.queues.iter().map(|(_, tags)| tags.len()).sum();
         let shown: Vec<u64> = tags.iter().copied().take(10).collect();
         Some(format!(
-            "{count} message(s) taken with manual acknowledgement in it are not acknowledged (queue '{}', tags              {shown:?}): acknowledge them before the commit",
+            "{count} message(s) taken with manual acknowledgement in it are not acknowledged (queue '{}', tags {shown:?}): acknowledge them before the commit",
             q.config().name
         ))
     }

@@ -475,6 +475,7 @@ pub(crate) async fn commit(
         match checked {
             Ok(_) => {
                 let now = Instant::now();
+                crate::faults::crash_in_commit("before");
                 // The puts and the gets' acknowledgements reach the store as one batch: a
                 // crash keeps all of the commit or none of it.
                 let hold = node.committer().hold();
@@ -489,12 +490,14 @@ pub(crate) async fn commit(
                 });
                 // Their results are kept from here, in the same store batch.
                 tracking.keep();
+                crate::faults::crash_in_commit("inside");
                 drop(hold);
                 drop(admission);
                 here.into_iter().for_each(|h| delivered_here(node, h));
                 // Stored puts, and the acknowledged gets' deletes, are durable first.
                 let persistent = persistent_puts || (!gets.is_empty() && node.store().durable());
                 node.make_durable(persistent).await.map_err(CommitError::Partly)?;
+                crate::faults::crash_in_commit("after");
                 return acked.map_err(|e| {
                     CommitError::Partly(format!(
                         "the puts were queued, but the gets were not acknowledged: {e}"
