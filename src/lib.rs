@@ -16,7 +16,7 @@
 #![forbid(unsafe_code)]
 
 pub use linkbus_client as client;
-pub use linkbus_client::{Client, ClientError, Consumer};
+pub use linkbus_client::{Client, ClientError, Consumer, Transaction};
 pub use linkbus_host as host;
 pub use linkbus_host::{Config, Node, StartError, config};
 pub use linkbus_plugin_api as plugin_api;
