@@ -95,15 +95,19 @@ fn group_rules_name_what_was_broken_and_groups_roll_back() {
     let node = s.start_lone("A", &["q:fifo"]);
     let runtime = tokio::runtime::Runtime::new().unwrap();
     runtime.block_on(async {
-        let mut client = Client::connect(&node.socket).await.unwrap();
+        let mut sender = Client::connect(&node.socket).await.unwrap();
         // Groups neither nest nor interleave; members come in index order, alike.
-        client.put(member("A:q", "g0", "g", 0, false)).await.unwrap();
-        let other = refusal(client.put(member("A:q", "h0", "h", 0, false)).await);
+        sender.put(member("A:q", "g0", "g", 0, false)).await.unwrap();
+        assert!(sender.get("q", 10, Duration::ZERO).await.unwrap().is_empty(), "held");
+        let other = refusal(sender.put(member("A:q", "h0", "h", 0, false)).await);
         assert!(other.contains("groups neither nest nor interleave"), "{other}");
-        let skipped = refusal(client.put(member("A:q", "g2", "g", 2, true)).await);
+        let skipped = refusal(sender.put(member("A:q", "g2", "g", 2, true)).await);
         assert!(skipped.contains("members are put in index order, and 1 comes next"), "{skipped}");
         let urgent = member("A:q", "g1", "g", 1, true).with_priority(linkbus::Priority::level(9).unwrap());
-        assert!(refusal(client.put(urgent).await).contains("a group's members share them"));
+        assert!(refusal(sender.put(urgent).await).contains("a group's members share them"));
+        // The sender goes away; another connection (it restarted) takes the group up.
+        drop(sender);
+        let mut client = Client::connect(&node.socket).await.unwrap();
         client.put(member("A:q", "g1", "g", 1, true)).await.unwrap();
 
         // Inside a transaction too; a rollback drops a group put whole, and the next

@@ -124,10 +124,14 @@ impl Assembly {
 }
 
 /// The group of `message` when it must be held until complete: a member of a group of more
-/// than one (a group of one, index 0 and last, is free at once).
+/// than one (a group of one, index 0 and last, is free at once). A dead letter (in the
+/// `DLQ`, or a poison message in its queue's backout queue) is never held: it is there to
+/// be looked at, and the rest of its group may never come.
 pub(crate) fn held_key(message: &Message) -> Option<GroupKey> {
     let group = message.content.group.as_ref()?;
-    if group.index == 0 && group.last {
+    if (group.index == 0 && group.last)
+        || message.content.header(crate::flow::dead_letter::DEAD_LETTER_CODE_HEADER).is_some()
+    {
         return None;
     }
     GroupKey::of(message)

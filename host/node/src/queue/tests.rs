@@ -382,6 +382,11 @@ fn a_group_is_held_until_complete_then_handed_out_in_index_order() {
     q.push(member(12, "g", 2, true, 60_000), now).unwrap();
     assert_eq!(q.stats(now).held, 0);
     assert_eq!(sequences(&q.pop(PopLimits::auto(10), now)), [10, 11, 12]);
+    // A dead letter is never held: the rest of its group may never come.
+    let mut dead = member(30, "d", 1, false, 60_000);
+    dead.content.headers.push(("linkbus.dead_letter_code".into(), "queue_missing".into()));
+    q.push(dead, now).unwrap();
+    assert_eq!(sequences(&q.pop(PopLimits::auto(10), now)), [30]);
     // A member that came again (a sender that put it once more) is not queued twice.
     q.push(member(20, "h", 0, false, 60_000), now).unwrap();
     q.push(member(20, "h", 0, false, 60_000), now).unwrap();
