@@ -49,6 +49,15 @@ struct Open {
 }
 
 impl PutGroups {
+    /// What the rules need of `contents`: nothing (no copy made) when none is in a group,
+    /// as messages outside groups neither open nor close one.
+    pub(super) fn members(contents: &[Content]) -> Vec<Member> {
+        if contents.iter().all(|c| c.group.is_none()) {
+            return Vec::new();
+        }
+        contents.iter().map(Member::of).collect()
+    }
+
     /// The state after putting `members` in order, or the first rule one breaks (with its
     /// position, from 1, in the message).
     pub(super) fn after(&self, members: &[Member]) -> Result<Self, String> {

@@ -14,7 +14,7 @@ use tokio::sync::watch;
 use tracing::{debug, warn};
 
 use super::admin;
-use super::groups::{HandedGroups, Member, PutGroups};
+use super::groups::{HandedGroups, PutGroups};
 use super::protocol::{ErrorCode, GetGroups, Request, Response, split_frame};
 use super::queues::{queue_request, take};
 use super::transaction::{Transaction, transact};
@@ -441,7 +441,7 @@ async fn put(
     timeout_ms: u64,
     no_wait: bool,
 ) -> Response {
-    let members: Vec<Member> = contents.iter().map(Member::of).collect();
+    let members = PutGroups::members(&contents);
     if let Err(reason) = groups.after(&members) {
         return refused(ErrorCode::Invalid, reason);
     }
@@ -459,10 +459,11 @@ async fn put(
     let answer = origin.put(node, contents, timeout).await;
     // The connection's open group follows what was accepted.
     let accepted = match &answer {
-        Ok(_) => members.len(),
+        Ok(_) => usize::MAX,
         Err(e) => e.accepted as usize,
     };
-    *groups = groups.after(members.get(..accepted).unwrap_or_default()).unwrap_or_default();
+    *groups =
+        groups.after(members.get(..accepted.min(members.len())).unwrap_or_default()).unwrap_or_default();
     match answer {
         Ok(accepted) => Response::PutOk {
             source: node.name().clone(),

@@ -10,7 +10,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::groups::{Member, PutGroups};
+use super::groups::PutGroups;
 use super::protocol::{ErrorCode, GetGroups, Request, Response};
 use super::queues::{find_queue, get, group_mode};
 use super::server::{GET_BYTES_MAX, GET_MESSAGES_MAX, PUT_WAIT_MS_MAX, PendingOnConnection, refused};
@@ -60,7 +60,7 @@ impl Transaction {
             let message = "a no-wait put cannot be part of a transaction".to_owned();
             return refused(ErrorCode::Invalid, message);
         }
-        let members: Vec<Member> = contents.iter().map(Member::of).collect();
+        let members = PutGroups::members(&contents);
         if let Err(reason) = groups.after(&members) {
             return refused(ErrorCode::Invalid, reason);
         }
@@ -82,7 +82,8 @@ impl Transaction {
         let sequences: Vec<u64> = messages.iter().map(|m| m.id.sequence).collect();
         let accepted = messages.len();
         // (A prefix of puts that keep the rules keeps them.)
-        *groups = groups.after(members.get(..accepted).unwrap_or_default()).unwrap_or_default();
+        *groups =
+            groups.after(members.get(..accepted.min(members.len())).unwrap_or_default()).unwrap_or_default();
         self.put_bytes += sizes.iter().take(accepted).sum::<usize>();
         self.puts.extend(messages);
         if let Some(e) = refused {
