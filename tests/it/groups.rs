@@ -128,6 +128,12 @@ fn group_rules_name_what_was_broken_and_groups_roll_back() {
         assert_eq!(payloads(&back), ["g0", "g1"]);
         assert!(back.iter().all(|m| m.redelivered && m.backout_count == 1));
         assert_eq!(payloads(&client.get("q", 10, Duration::ZERO).await.unwrap()), ["x0"], "r never was");
+        // A whole-group get finds no group among other messages: it waits, takes nothing.
+        client.put(content("A:q", "plain")).await.unwrap();
+        let started = std::time::Instant::now();
+        assert!(client.get_group("q", Duration::from_millis(300)).await.unwrap().is_empty());
+        assert!(started.elapsed() >= Duration::from_millis(250));
+        assert_eq!(payloads(&client.get("q", 10, Duration::ZERO).await.unwrap()), ["plain"]);
 
         manual_acknowledgement_of_groups(&mut client).await;
     });
@@ -136,20 +142,30 @@ fn group_rules_name_what_was_broken_and_groups_roll_back() {
 /// A group is acknowledged after its last member; until a finished group is, the
 /// connection gets nothing more.
 async fn manual_acknowledgement_of_groups(client: &mut Client) {
+    use linkbus::client::protocol::GetGroups;
     client
         .put_group("m", vec![content("A:q", "m0"), content("A:q", "m1"), content("A:q", "m2")])
         .await
         .unwrap();
     client.put(content("A:q", "after")).await.unwrap();
-    let first = client.get_pending("q", 1, Duration::ZERO, u64::MAX).await.unwrap();
-    let early = refusal(client.ack("q", &[first[0].tag]).await);
-    assert!(early.contains("a group is acknowledged after its last member"), "{early}");
-    let rest = client.get_pending("q", 2, Duration::ZERO, u64::MAX).await.unwrap();
-    assert_eq!(rest.len(), 2);
+    // Handed out pending, a group goes to its last member, whatever the count.
+    let group = client.get_pending("q", 1, Duration::ZERO, u64::MAX).await.unwrap();
+    assert_eq!(group.len(), 3);
     let blocked = refusal(client.get("q", 1, Duration::ZERO).await);
     assert!(blocked.contains("is not acknowledged: acknowledge it"), "{blocked}");
-    assert_eq!(client.ack("q", &[rest[1].tag]).await.unwrap(), 3, "the last member's tag settles all three");
+    assert_eq!(client.ack("q", &[group[2].tag]).await.unwrap(), 3, "the last member's tag settles all three");
     assert_eq!(payloads(&client.get("q", 10, Duration::ZERO).await.unwrap()), ["after"]);
+
+    // Taken one by one while the rest is still to come: not acknowledged before the last.
+    client.put(member("A:q", "p0", "p", 0, false)).await.unwrap();
+    let first = client.get_pending_with("q", 10, Duration::ZERO, u64::MAX, GetGroups::Members).await.unwrap();
+    assert_eq!(first.len(), 1);
+    let early = refusal(client.ack("q", &[first[0].tag]).await);
+    assert!(early.contains("a group is acknowledged after its last member"), "{early}");
+    client.put(member("A:q", "p1", "p", 1, true)).await.unwrap();
+    let last = client.get_pending("q", 10, Duration::ZERO, u64::MAX).await.unwrap();
+    assert_eq!(payloads(&[last[0].message.clone()]), ["p1"]);
+    assert_eq!(client.ack("q", &[last[0].tag]).await.unwrap(), 2);
 
     // A whole group handed out pending: the same rule; backed out, it returns whole.
     client.put_group("n", vec![content("A:q", "n0"), content("A:q", "n1")]).await.unwrap();
@@ -229,6 +245,15 @@ fn a_commit_needs_its_manual_gets_acknowledged_and_a_dropped_guard_rolls_back() 
         assert!(other.get("q", 1, Duration::ZERO).await.unwrap().is_empty(), "acknowledged, not yet gone");
         assert_eq!(client.commit().await.unwrap(), 1);
         assert!(other.get("q", 1, Duration::ZERO).await.unwrap().is_empty());
+
+        // A rollback gives back what it took in the queue's order, however it was taken.
+        other.put_batch(vec![content("A:q", "o1"), content("A:q", "o2")]).await.unwrap();
+        client.begin().await.unwrap();
+        assert_eq!(payloads(&client.get("q", 1, Duration::ZERO).await.unwrap()), ["o1"]);
+        let manual = client.get_pending("q", 1, Duration::ZERO, u64::MAX).await.unwrap();
+        client.ack("q", &[manual[0].tag]).await.unwrap();
+        client.rollback().await.unwrap();
+        assert_eq!(payloads(&other.get("q", 2, Duration::ZERO).await.unwrap()), ["o1", "o2"]);
 
         // The guard: dropped (here by an early return) without commit, it rolls back.
         other.put(content("A:q", "two")).await.unwrap();

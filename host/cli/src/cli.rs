@@ -569,48 +569,40 @@ pub(crate) async fn get(args: GetArgs) -> anyhow::Result<()> {
     let deadline = tokio::time::Instant::now() + args.wait;
     let mut got = 0u32;
     let mut out = std::io::stdout().lock();
-    // Tags written out and not yet acknowledged: a group is acknowledged after its last
-    // member, so a get that reaches into a group goes on to its end.
-    let (mut tags, mut inside_group) = (Vec::new(), false);
-    while got < args.count || inside_group {
+    let groups = match (args.group, args.members) {
+        (true, _) => GetGroups::Whole,
+        (_, true) => GetGroups::Members,
+        _ => GetGroups::Complete,
+    };
+    while got < args.count {
         let wait = deadline.saturating_duration_since(tokio::time::Instant::now());
-        let groups = match (args.group, args.members) {
-            (true, _) => GetGroups::Whole,
-            (_, true) => GetGroups::Members,
-            _ => GetGroups::Complete,
-        };
         // Pending, and acknowledged only once written out: a get killed halfway loses
         // nothing (the node gives unacknowledged messages back when the connection ends).
-        // (Members taken one by one cannot wait for their group's end: acknowledged at once.)
+        // (The node hands a group out pending to its last member, so each batch is
+        // acknowledged whole; members taken one by one are acknowledged at once: the rest
+        // of their group may be long in coming.)
+        let want = args.count - got;
         let deliveries = if args.members {
-            let messages =
-                client.get_members(&args.queue, args.count.saturating_sub(got).max(1), wait).await?;
+            let messages = client.get_members(&args.queue, want, wait).await?;
             messages.into_iter().map(|message| linkbus_client::Delivery { tag: 0, message }).collect()
         } else {
-            let want = if args.group { 1 } else { args.count.saturating_sub(got).max(1) };
             client.get_pending_with(&args.queue, want, wait, args.max_bytes, groups).await?
         };
         if deliveries.is_empty() {
             break;
         }
-        got += if args.group { 1 } else { deliveries.len() as u32 };
+        got += if args.group { 1 } else { u32::try_from(deliveries.len()).unwrap_or(u32::MAX) };
+        let mut tags = Vec::with_capacity(deliveries.len());
         for d in deliveries {
             write_delivery(&mut out, &d.message, args.headers)?;
-            inside_group = d.message.content.group.as_ref().is_some_and(|g| !g.last);
             tags.push(d.tag);
         }
         out.flush()?;
-        if !inside_group && !args.members {
-            client.ack(&args.queue, &std::mem::take(&mut tags)).await?;
+        if !args.members {
+            client.ack(&args.queue, &tags).await?;
         }
     }
     out.flush()?;
-    if inside_group && !args.members {
-        bail!(
-            "the get ended inside a message group whose last member did not come within {:?}; it stays queued",
-            args.wait
-        );
-    }
     if got < args.count {
         let what = if args.group { "groups" } else { "messages" };
         bail!("{got} of {} {what} arrived within {:?}", args.count, args.wait);

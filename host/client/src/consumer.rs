@@ -48,7 +48,16 @@ impl Client {
     /// flushed (their outcomes would be lost); [`ClientError::Broken`] or
     /// [`ClientError::Io`] for the connection. A queue that does not exist fails the
     /// consumer's first [`Consumer::next`].
-    pub async fn consume(self, queue: &str, count_max: u32, bytes_max: u64) -> Result<Consumer, ClientError> {
+    pub async fn consume(
+        mut self,
+        queue: &str,
+        count_max: u32,
+        bytes_max: u64,
+    ) -> Result<Consumer, ClientError> {
+        // (A transaction guard dropped without commit is rolled back first.)
+        if !self.broken {
+            self.settle_rollback().await?;
+        }
         if self.broken {
             return Err(ClientError::Broken);
         }

@@ -113,6 +113,9 @@ pub struct Popped {
     /// The encoded size of the message at the head when it is larger than the caller can
     /// take (nothing was handed out then; it stays queued).
     pub too_large: Option<usize>,
+    /// The members and encoded bytes of the group at the head of a whole-group get when
+    /// that is more than the get takes (nothing was handed out then; it stays queued).
+    pub group_too_large: Option<(usize, usize)>,
 }
 
 /// What [`LocalQueue::stats`] reports.
@@ -200,11 +203,13 @@ impl LocalQueue {
         let own = is_reserved(&config.name);
         let lowered_count = previous.is_some_and(|(m, _)| config.queue_messages_max < m);
         let lowered_bytes = previous.is_some_and(|(_, b)| config.message_bytes_max < b);
-        if !own && lowered_count && levels.len as u64 > config.queue_messages_max {
+        if !own && lowered_count && (levels.len + levels.held) as u64 > config.queue_messages_max {
             return Err(recovery_refused(format!(
                 "queue '{}' holds {} messages, more than its queue_messages_max {}: raise the limit (or \
                  empty the queue under the old one) before starting",
-                config.name, levels.len, config.queue_messages_max
+                config.name,
+                levels.len + levels.held,
+                config.queue_messages_max
             )));
         }
         if !own && lowered_bytes && largest > config.message_bytes_max {
@@ -439,7 +444,7 @@ impl LocalQueue {
             return self.pop_group(limits, now);
         }
         let mut levels = self.lock();
-        let expired_groups = self.expire_locked(&mut levels, now);
+        let mut settled = self.expire_locked(&mut levels, now);
         let mut popped = Popped::default();
         popped.messages.reserve(limits.count_max.min(levels.len));
         // Entries taken and still pending, and how many left the queue for good.
@@ -447,9 +452,14 @@ impl LocalQueue {
         let mut gone = 0usize;
         let mut bytes = 0usize;
         let mut batch = Batch::new();
-        while popped.messages.len() < limits.count_max {
-            let Some(level) = levels.levels.iter_mut().rev().find(|l| !l.is_empty()) else { break };
+        // Handed out pending, a group goes to its last member (it is acknowledged after it).
+        let mut open_group: Option<GroupKey> = None;
+        while let Some(level) = levels.levels.iter_mut().rev().find(|l| !l.is_empty()) {
             let Some(front) = level.front() else { break };
+            let in_open_group = open_group.is_some() && GroupKey::of(&front.message) == open_group;
+            if popped.messages.len() >= limits.count_max && !in_open_group {
+                break;
+            }
             let elapsed = now.saturating_duration_since(front.enqueued_at).as_millis() as u64;
             let left = front.message.content.lifetime.unwrap_or(Lifetime::UNLIMITED).after(elapsed);
             let size = crate::flow::codecs::handed_out_len(&front.message, self.decoded_bytes_max());
@@ -460,45 +470,76 @@ impl LocalQueue {
                 }
                 break;
             }
-            if left.is_some() && !popped.messages.is_empty() && bytes + size > limits.total_bytes_max {
+            if left.is_some()
+                && !popped.messages.is_empty()
+                && bytes + size > limits.total_bytes_max
+                && !in_open_group
+            {
                 break;
             }
-            let Some(mut entry) = level.pop_front() else { break };
-            let Some(left) = left else {
-                if entry.message.content.kind == linkbus_plugin_api::Kind::Event {
-                    popped.expired_events += 1;
-                } else {
-                    popped.expired += 1;
+            let Some(entry) = level.pop_front() else { break };
+            if left.is_some() {
+                bytes += size;
+            }
+            match self.hand_out(entry, left, (limits.pending, now), &mut popped, &mut batch) {
+                Some(entry) => {
+                    open_group = entry
+                        .message
+                        .content
+                        .group
+                        .as_ref()
+                        .filter(|g| !g.last)
+                        .and(GroupKey::of(&entry.message));
+                    pending.push(entry);
                 }
-                self.delete_op(&mut batch, entry.key, &entry.message);
-                gone += 1;
-                continue;
-            };
-            bytes += size;
-            entry.message.content.lifetime = Some(left);
-            if limits.pending {
-                popped.messages.push(entry.message.clone());
-                popped.tags.push(entry.key);
-                entry.enqueued_at = now;
-                self.mark_seen(&mut entry, &mut batch);
-                pending.push(entry);
-            } else {
-                self.delete_op(&mut batch, entry.key, &entry.message);
-                popped.messages.push(entry.message);
-                gone += 1;
+                None => gone += 1,
             }
         }
         self.committer.write(batch);
         let mut freed = settle_taken(&mut levels, pending, gone);
         if limits.groups == GroupMode::Members && popped.too_large.is_none() {
-            freed |= self.take_members(&mut levels, limits, now, &mut popped);
+            freed |= self.take_members(&mut levels, limits, (now, &mut settled), &mut popped);
         }
         drop(levels);
-        self.settled(expired_groups, now);
+        self.settled(settled, now);
         if freed {
             self.room.notify_waiters();
         }
         popped
+    }
+
+    /// Hands out `entry`, taken from its level with `left` of its lifetime (`None`: it
+    /// expired, and is dropped): into `popped`, and returned to be kept pending (`pending`),
+    /// or deleted from the store.
+    fn hand_out(
+        &self,
+        mut entry: Entry,
+        left: Option<Lifetime>,
+        (pending, now): (bool, Instant),
+        popped: &mut Popped,
+        batch: &mut Batch,
+    ) -> Option<Entry> {
+        let Some(left) = left else {
+            if entry.message.content.kind == linkbus_plugin_api::Kind::Event {
+                popped.expired_events += 1;
+            } else {
+                popped.expired += 1;
+            }
+            self.delete_op(batch, entry.key, &entry.message);
+            return None;
+        };
+        entry.message.content.lifetime = Some(left);
+        if pending {
+            popped.messages.push(entry.message.clone());
+            popped.tags.push(entry.key);
+            entry.enqueued_at = now;
+            self.mark_seen(&mut entry, batch);
+            Some(entry)
+        } else {
+            self.delete_op(batch, entry.key, &entry.message);
+            popped.messages.push(entry.message);
+            None
+        }
     }
 
     /// A message handed out pending is stored marked redelivered, so should the node stop
@@ -644,6 +685,7 @@ fn read_back(
         held: 0,
     };
     let handed_out = groups::read_handed_out(store, &config.name)?;
+    let ones_taken = handed_out.clone();
     let mut released = Batch::new();
     let now_unix = crate::clock::unix_ms();
     let mut largest = 0u64;
@@ -665,6 +707,7 @@ fn read_back(
             None => push_entry(&mut levels, config.order, entry),
         }
     }
+    groups::adopt_handed_out(&mut levels, ones_taken);
     groups::release_recovered(&mut levels, config.order, (&config.name, space, &mut released));
     Ok((levels, largest, released))
 }

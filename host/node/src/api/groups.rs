@@ -157,7 +157,9 @@ impl HandedGroups {
 
     /// The tags an acknowledgement of `tags` in `queue` settles: the last member's tag
     /// brings every member handed out here. Refused for a member of a group whose last
-    /// member was not handed out here yet (`ack`: an acknowledgement; a backout may).
+    /// member was not handed out here yet while the queue still holds the group (`ack`: an
+    /// acknowledgement; a backout may). (A group whose last member will not come here — a
+    /// dead letter, a last member that expired — is acknowledged member by member.)
     pub(super) fn settling(
         &self,
         queue: &Arc<LocalQueue>,
@@ -168,7 +170,7 @@ impl HandedGroups {
         for h in self.groups.iter().filter(|h| Arc::ptr_eq(&h.queue, queue)) {
             let Some(tag) = tags.iter().find(|t| h.tags.contains(t)) else { continue };
             match h.last {
-                None if ack => {
+                None if ack && queue.holds_group(&h.group) => {
                     return Err(format!(
                         "tag {tag} is a member of group {}, whose last member this connection has not \
                          received: a group is acknowledged after its last member",

@@ -31,7 +31,12 @@ pub(super) async fn take(
         Err(response) => return (response, None),
     };
     let limits = PopLimits {
-        count_max: count_max.clamp(1, GET_MESSAGES_MAX) as usize,
+        // (A whole group is taken up to what any get takes.)
+        count_max: if groups == GetGroups::Whole {
+            GET_MESSAGES_MAX
+        } else {
+            count_max.clamp(1, GET_MESSAGES_MAX)
+        } as usize,
         message_bytes_max: usize::try_from(bytes_max).unwrap_or(usize::MAX),
         total_bytes_max: GET_BYTES_MAX,
         pending: hand_out,
@@ -172,6 +177,10 @@ pub(super) async fn get(node: &NodeState, q: &LocalQueue, limits: PopLimits, wai
     let stopping = node.until_stopping();
     tokio::pin!(stopping);
     loop {
+        // A whole-group get waits for a push even when the queue holds other messages.
+        let pushed = q.pushed();
+        tokio::pin!(pushed);
+        pushed.as_mut().enable();
         let popped = q.pop(limits, Instant::now());
         if popped.expired > 0 {
             debug!(queue, expired = popped.expired, "Expired messages dropped.");
@@ -191,11 +200,21 @@ pub(super) async fn get(node: &NodeState, q: &LocalQueue, limits: PopLimits, wai
             );
             return Response::Error { code: ErrorCode::TooLarge, accepted: 0, message };
         }
+        if let Some((count, bytes)) = popped.group_too_large {
+            let message = format!(
+                "the next group in queue '{queue}' has {count} members and {bytes} bytes, more than one get takes \
+                 ({} messages, {} bytes); it stays in the queue",
+                limits.count_max, limits.total_bytes_max
+            );
+            return Response::Error { code: ErrorCode::TooLarge, accepted: 0, message };
+        }
         if !popped.messages.is_empty() || tokio::time::Instant::now() >= deadline {
             return Response::Messages { messages: popped.messages, tags: popped.tags };
         }
+        let whole = limits.groups == GroupMode::Whole;
         tokio::select! {
-            () = q.wait(deadline) => {}
+            () = q.wait(deadline), if !whole => {}
+            _ = tokio::time::timeout_at(deadline, pushed), if whole => {}
             () = &mut stopping => return refused(ErrorCode::Internal, node.shutting_down()),
         }
     }

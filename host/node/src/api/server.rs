@@ -59,6 +59,16 @@ impl PendingOnConnection {
         }
     }
 
+    /// Takes over what `other` holds pending (given back together when this drops).
+    pub(super) fn absorb(&mut self, other: &mut Self) {
+        for (queue, tags) in other.queues.drain(..) {
+            match self.queues.iter_mut().find(|(q, _)| Arc::ptr_eq(q, &queue)) {
+                Some((_, set)) => set.extend(tags),
+                None => self.queues.push((queue, tags)),
+            }
+        }
+    }
+
     /// Why nothing more may be taken on this connection now (a finished group handed out
     /// and not acknowledged).
     pub(super) fn blocked(&self) -> Option<String> {

@@ -42,6 +42,16 @@ pub(super) struct Transaction {
     groups_at_begin: PutGroups,
 }
 
+impl Drop for Transaction {
+    /// Rolled back (not committed): what it took goes back in one backout per queue, so
+    /// each queue gets its messages back in their order.
+    fn drop(&mut self) {
+        let (mut manual, mut acked) = (std::mem::take(&mut self.manual), std::mem::take(&mut self.acked));
+        self.gets.absorb(&mut manual);
+        self.gets.absorb(&mut acked);
+    }
+}
+
 impl Transaction {
     fn count(&self) -> usize {
         self.puts.len() + self.got
@@ -120,8 +130,10 @@ impl Transaction {
             let message = format!("a transaction holds at most {TRANSACTION_MESSAGES_MAX} messages");
             return refused(ErrorCode::TooLarge, message);
         }
+        let asked =
+            if groups == GetGroups::Whole { GET_MESSAGES_MAX } else { count_max.clamp(1, GET_MESSAGES_MAX) };
         let limits = PopLimits {
-            count_max: (count_max.clamp(1, GET_MESSAGES_MAX) as usize).min(room),
+            count_max: (asked as usize).min(room),
             message_bytes_max: usize::try_from(bytes_max).unwrap_or(usize::MAX),
             total_bytes_max: GET_BYTES_MAX,
             pending: true,
@@ -192,7 +204,9 @@ pub(super) async fn transact(
 ) -> Response {
     match (request, transaction.take()) {
         (Request::Begin, None) => {
-            *transaction = Some(Transaction { groups_at_begin: groups.clone(), ..Transaction::default() });
+            let mut tx = Transaction::default();
+            tx.groups_at_begin = groups.clone();
+            *transaction = Some(tx);
             Response::Settled(0)
         }
         (Request::Begin, Some(open)) => {

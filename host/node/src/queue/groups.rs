@@ -76,6 +76,13 @@ pub struct GroupSettled {
     pub complete: bool,
 }
 
+impl GroupSettled {
+    /// Members of `group` handed out, none wanting a result yet.
+    fn delivered(group: GroupKey) -> Self {
+        Self { group, count: 0, reporting: Vec::new(), complete: true }
+    }
+}
+
 /// Told, with no lock held, of the groups that completed or expired in a queue.
 pub type GroupHook = Arc<dyn Fn(&QueueName, Vec<GroupSettled>, Instant) + Send + Sync>;
 
@@ -185,6 +192,14 @@ pub(super) fn recover(
     levels.held += 1;
 }
 
+/// After recovery: a group whose members were all taken one by one so far (none is in the
+/// store) is known again from its `meta` record, to take its next member up.
+pub(super) fn adopt_handed_out(levels: &mut Levels, handed_out: HashMap<GroupKey, u32>) {
+    for (group, next) in handed_out {
+        levels.groups.entry(group).or_insert_with(|| Assembly { next, ..Assembly::default() });
+    }
+}
+
 /// After recovery: groups found complete (a crash between a member's write and its group's
 /// release; not expected, as both are one batch) are released now, at the tail.
 pub(super) fn release_recovered(
@@ -282,12 +297,7 @@ impl LocalQueue {
         }
         // Members handed out one by one and still pending come back free too.
         if assembly.next > 0 {
-            let Levels { pending, .. } = levels;
-            for entry in pending.values_mut().filter(|e| GroupKey::of(&e.message).as_ref() == Some(group)) {
-                let was = std::mem::replace(&mut entry.message.redelivered, true);
-                self.put_op_as(batch, entry.key, &mut entry.message, true);
-                entry.message.redelivered = was;
-            }
+            self.free_pending(levels, group, batch);
         }
         GroupSettled { group: group.clone(), count, reporting, complete: true }
     }
@@ -300,7 +310,7 @@ impl LocalQueue {
         let expired: Vec<GroupKey> = levels
             .groups
             .iter()
-            .filter(|(_, a)| a.deadline.is_some_and(|d| d <= now))
+            .filter(|(_, a)| !a.members.is_empty() && a.deadline.is_some_and(|d| d <= now))
             .map(|(k, _)| k.clone())
             .collect();
         let mut batch = Batch::new();
@@ -319,6 +329,18 @@ impl LocalQueue {
                 }
             }
             levels.held -= count;
+            // Members taken one by one and still pending expire with their group: given
+            // back, they are dropped (their lifetime is spent); their records go now.
+            if assembly.next > 0 {
+                let Levels { pending, .. } = &mut *levels;
+                for entry in
+                    pending.values_mut().filter(|e| GroupKey::of(&e.message).as_ref() == Some(&group))
+                {
+                    self.delete_op(&mut batch, entry.key, &entry.message);
+                    entry.message.content.lifetime = Some(Lifetime::from_ms(1));
+                    entry.enqueued_at = now.checked_sub(Duration::from_secs(1)).unwrap_or(entry.enqueued_at);
+                }
+            }
             settled.push(GroupSettled { group, count, reporting, complete: false });
         }
         self.committer.write(batch);
@@ -326,6 +348,11 @@ impl LocalQueue {
             self.room.notify_waiters();
         }
         settled
+    }
+
+    /// Whether `group` is held here, its members not all come (or not all taken one by one).
+    pub fn holds_group(&self, group: &GroupKey) -> bool {
+        self.lock().groups.contains_key(group)
     }
 
     /// Expires held groups whose lifetime ran out (the node's timer calls this).
@@ -337,29 +364,33 @@ impl LocalQueue {
     }
 
     /// Takes held members one by one (after a pop took what the levels give), oldest group
-    /// first, each in index order without a gap; returns whether any left for good.
+    /// first, each in index order without a gap; returns whether any left for good. Those
+    /// that want results are reported delivered now (into `settled`).
     pub(super) fn take_members(
         &self,
         levels: &mut Levels,
         limits: PopLimits,
-        now: Instant,
+        (now, settled): (Instant, &mut Vec<GroupSettled>),
         popped: &mut Popped,
     ) -> bool {
         let mut order: Vec<(u64, GroupKey)> =
             levels.groups.iter().map(|(k, a)| (a.first_key(), k.clone())).collect();
         order.sort_unstable_by_key(|(first, _)| *first);
-        let mut bytes: usize = popped.messages.iter().map(|m| m.content.payload.len()).sum();
-        let mut batch = Batch::new();
-        let mut freed = false;
+        let decoded = self.decoded_bytes_max();
+        let mut bytes: usize =
+            popped.messages.iter().map(|m| crate::flow::codecs::handed_out_len(m, decoded)).sum();
+        let (mut batch, mut freed) = (Batch::new(), false);
         for (_, group) in order {
-            let Some(assembly) = levels.groups.get_mut(&group) else { continue };
+            let Levels { groups, pending, held, .. } = &mut *levels;
+            let Some(assembly) = groups.get_mut(&group) else { continue };
             let before = assembly.next;
+            let mut taken = GroupSettled::delivered(group.clone());
             while popped.messages.len() < limits.count_max {
                 let Some((&index, front)) = assembly.members.first_key_value() else { break };
                 if index > assembly.next {
                     break;
                 }
-                let size = crate::flow::codecs::handed_out_len(&front.message, self.decoded_bytes_max());
+                let size = crate::flow::codecs::handed_out_len(&front.message, decoded);
                 if size > limits.message_bytes_max
                     || (!popped.messages.is_empty() && bytes + size > limits.total_bytes_max)
                 {
@@ -368,36 +399,29 @@ impl LocalQueue {
                     }
                     break;
                 }
-                let Some((_, mut entry)) = assembly.members.pop_first() else { break };
+                let Some((_, entry)) = assembly.members.pop_first() else { break };
                 bytes += size;
                 assembly.next = assembly.next.max(index + 1);
-                levels.held -= 1;
-                let elapsed = now.saturating_duration_since(entry.enqueued_at).as_millis() as u64;
-                let left = entry.message.content.lifetime.unwrap_or(Lifetime::UNLIMITED).after(elapsed);
-                entry.message.content.lifetime = Some(left.unwrap_or(Lifetime::from_ms(1)));
-                if limits.pending {
-                    popped.messages.push(entry.message.clone());
-                    popped.tags.push(entry.key);
-                    entry.enqueued_at = now;
-                    let was = std::mem::replace(&mut entry.message.redelivered, true);
-                    self.put_op_as(&mut batch, entry.key, &mut entry.message, false);
-                    entry.message.redelivered = was;
-                    levels.pending.insert(entry.key, entry);
-                } else {
-                    self.delete_op(&mut batch, entry.key, &entry.message);
-                    popped.messages.push(entry.message);
-                    freed = true;
+                *held -= 1;
+                taken.count += 1;
+                if entry.message.content.results {
+                    taken.reporting.push(entry.message.clone());
                 }
+                freed |= self.give_held(entry, (limits.pending, now), (pending, &mut batch), popped);
             }
-            let (next, done) = (
-                assembly.next,
-                assembly.members.is_empty() && assembly.last.is_some_and(|l| l < assembly.next),
-            );
-            if done {
+            // (A member to come starts its lifetime's count afresh.)
+            assembly.deadline = assembly.deadline.filter(|_| !assembly.members.is_empty());
+            let next = assembly.next;
+            if assembly.members.is_empty() && assembly.last.is_some_and(|l| l < next) {
+                // Every member went: those still pending are free now, as in a completed group.
                 levels.groups.remove(&group);
                 batch.delete(META_SPACE, handed_out_key(&self.config.name, &group));
+                self.free_pending(levels, &group, &mut batch);
             } else if next != before {
                 batch.put(META_SPACE, handed_out_key(&self.config.name, &group), next.to_be_bytes().to_vec());
+            }
+            if !taken.reporting.is_empty() {
+                settled.push(taken);
             }
             if popped.messages.len() >= limits.count_max || popped.too_large.is_some() {
                 break;
@@ -407,9 +431,48 @@ impl LocalQueue {
         freed
     }
 
+    /// Hands out a held member taken one by one: kept pending (its record still says held,
+    /// see [`LocalQueue::hold_again`]), or gone (returns `true`).
+    fn give_held(
+        &self,
+        mut entry: Entry,
+        (hand_out, now): (bool, Instant),
+        (pending, batch): (&mut std::collections::BTreeMap<u64, Entry>, &mut Batch),
+        popped: &mut Popped,
+    ) -> bool {
+        let elapsed = now.saturating_duration_since(entry.enqueued_at).as_millis() as u64;
+        let left = entry.message.content.lifetime.unwrap_or(Lifetime::UNLIMITED).after(elapsed);
+        entry.message.content.lifetime = Some(left.unwrap_or(Lifetime::from_ms(1)));
+        if hand_out {
+            popped.messages.push(entry.message.clone());
+            popped.tags.push(entry.key);
+            entry.enqueued_at = now;
+            let was = std::mem::replace(&mut entry.message.redelivered, true);
+            self.put_op_as(batch, entry.key, &mut entry.message, false);
+            entry.message.redelivered = was;
+            pending.insert(entry.key, entry);
+            return false;
+        }
+        self.delete_op(batch, entry.key, &entry.message);
+        popped.messages.push(entry.message);
+        true
+    }
+
+    /// Rewrites the records of `group`'s members pending (taken one by one) as free, so a
+    /// restart does not hold them again in a group that will not come back.
+    fn free_pending(&self, levels: &mut Levels, group: &GroupKey, batch: &mut Batch) {
+        let Levels { pending, .. } = levels;
+        for entry in pending.values_mut().filter(|e| GroupKey::of(&e.message).as_ref() == Some(group)) {
+            let was = std::mem::replace(&mut entry.message.redelivered, true);
+            self.put_op_as(batch, entry.key, &mut entry.message, true);
+            entry.message.redelivered = was;
+        }
+    }
+
     /// Takes the first group in queue order, whole (a whole-group get): its members leave
     /// every level, in index order. A member larger than the get's limit fails it
-    /// ([`Popped::too_large`]) and the group stays.
+    /// ([`Popped::too_large`]), and a group of more members or bytes than the get takes
+    /// ([`Popped::group_too_large`]); the group stays then.
     pub(super) fn pop_group(&self, limits: PopLimits, now: Instant) -> Popped {
         let mut levels = self.lock();
         let expired_groups = self.expire_locked(&mut levels, now);
@@ -427,16 +490,17 @@ impl LocalQueue {
         };
         let is_member = |e: &Entry| GroupKey::of(&e.message).as_ref() == Some(&group);
         let decoded = self.decoded_bytes_max();
-        let largest = levels
-            .levels
-            .iter()
-            .flat_map(super::Segmented::iter)
+        let sizes: Vec<usize> = (levels.levels.iter().flat_map(super::Segmented::iter))
             .filter(|e| is_member(e))
             .map(|e| crate::flow::codecs::handed_out_len(&e.message, decoded))
-            .max()
-            .unwrap_or(0);
+            .collect();
+        let (largest, total) = (sizes.iter().copied().max().unwrap_or(0), sizes.iter().sum::<usize>());
         if largest > limits.message_bytes_max {
             popped.too_large = Some(largest);
+        } else if sizes.len() > limits.count_max || total > limits.total_bytes_max {
+            popped.group_too_large = Some((sizes.len(), total));
+        }
+        if popped.too_large.is_some() || popped.group_too_large.is_some() {
             drop(levels);
             self.settled(expired_groups, now);
             return popped;
@@ -446,26 +510,14 @@ impl LocalQueue {
         levels.len -= members.len();
         let mut batch = Batch::new();
         let mut freed = false;
-        for mut entry in members {
+        for entry in members {
             let elapsed = now.saturating_duration_since(entry.enqueued_at).as_millis() as u64;
             let left = entry.message.content.lifetime.unwrap_or(Lifetime::UNLIMITED).after(elapsed);
-            let Some(left) = left else {
-                popped.expired += 1;
-                self.delete_op(&mut batch, entry.key, &entry.message);
-                freed = true;
-                continue;
-            };
-            entry.message.content.lifetime = Some(left);
-            if limits.pending {
-                popped.messages.push(entry.message.clone());
-                popped.tags.push(entry.key);
-                entry.enqueued_at = now;
-                self.mark_seen(&mut entry, &mut batch);
-                levels.pending.insert(entry.key, entry);
-            } else {
-                self.delete_op(&mut batch, entry.key, &entry.message);
-                popped.messages.push(entry.message);
-                freed = true;
+            match self.hand_out(entry, left, (limits.pending, now), &mut popped, &mut batch) {
+                Some(entry) => {
+                    levels.pending.insert(entry.key, entry);
+                }
+                None => freed = true,
             }
         }
         self.committer.write(batch);

@@ -486,3 +486,69 @@ fn groups_come_back_as_they_were_after_a_restart() {
     let q = queue(QueueOrder::Fifo, 20, store);
     assert_eq!((q.len(), q.stats(now).held), (0, 0));
 }
+
+/// Handed out pending, a group goes to its last member whatever the count asked, so one
+/// consumer holds it whole (it is acknowledged after its last member).
+#[test]
+fn a_pending_get_takes_a_group_to_its_last_member() {
+    let q = queue(QueueOrder::Fifo, 20, Arc::new(MemoryStore::new()));
+    let now = Instant::now();
+    for (n, i, last) in [(10, 0, false), (11, 1, false), (12, 2, true)] {
+        q.push(member(n, "g", i, last, 60_000), now).unwrap();
+    }
+    q.push(message(1, 4, 60_000), now).unwrap();
+    let pending = PopLimits { pending: true, ..PopLimits::auto(1) };
+    assert_eq!(sequences(&q.pop(pending, now)), [10, 11, 12]);
+    assert_eq!(sequences(&q.pop(pending, now)), [1]);
+    // A whole-group get takes no more members than it may: the group stays.
+    for (n, i, last) in [(20, 0, false), (21, 1, false), (22, 2, true)] {
+        q.push(member(n, "h", i, last, 60_000), now).unwrap();
+    }
+    let small = PopLimits { count_max: 2, ..whole(false) };
+    assert_eq!(q.pop(small, now).group_too_large.map(|(count, _)| count), Some(3));
+    assert_eq!(sequences(&q.pop(whole(false), now)), [20, 21, 22]);
+}
+
+/// Members all taken one by one before a restart: the group is known again from its
+/// record, so its last member, coming after the restart, ends it (not held for ever).
+#[test]
+fn a_group_taken_one_by_one_is_taken_up_again_after_a_restart() {
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let now = Instant::now();
+    let members = PopLimits { groups: GroupMode::Members, ..PopLimits::auto(10) };
+    let q = queue(QueueOrder::Fifo, 20, store.clone());
+    q.push(member(10, "g", 0, false, 60_000), now).unwrap();
+    q.push(member(11, "g", 1, false, 60_000), now).unwrap();
+    assert_eq!(sequences(&q.pop(members, now)), [10, 11]);
+    drop(q);
+    let q = queue(QueueOrder::Fifo, 20, store.clone());
+    q.push(member(12, "g", 2, true, 60_000), now).unwrap();
+    assert_eq!(sequences(&q.pop(PopLimits::auto(10), now)), [12], "the rest of the group is free");
+    assert!(
+        store
+            .scan("meta", Bound::Unbounded, Bound::Unbounded, 100)
+            .unwrap()
+            .iter()
+            .all(|(k, _)| !k.starts_with(b"group."))
+    );
+}
+
+/// A group that expires takes its members pending one by one with it: given back, they
+/// are dropped, not handed out as free messages.
+#[test]
+fn members_pending_one_by_one_expire_with_their_group() {
+    let q = queue(QueueOrder::Fifo, 20, Arc::new(MemoryStore::new()));
+    let now = Instant::now();
+    let members = PopLimits { groups: GroupMode::Members, pending: true, ..PopLimits::auto(1) };
+    q.push(member(10, "g", 0, false, 100), now).unwrap();
+    q.push(member(11, "g", 1, false, 100), now).unwrap();
+    let taken = q.pop(members, now);
+    assert_eq!(sequences(&taken), [10]);
+    q.expire_groups(now + Duration::from_millis(200));
+    q.backout(&taken.tags, now + Duration::from_millis(200)).unwrap();
+    let after = now + Duration::from_millis(200);
+    assert!(
+        q.pop(PopLimits { groups: GroupMode::Members, ..PopLimits::auto(10) }, after).messages.is_empty()
+    );
+    assert_eq!((q.len(), q.stats(after).held, q.pending()), (0, 0, 0));
+}
