@@ -1,4 +1,5 @@
 //! Local queues: order, limits, expiry, pending messages, write-through and recovery.
+use super::record::RECORD_HEADER_BYTES;
 use super::*;
 use linkbus_plugin_api::{Content, MessageId, NodeName, Priority, Reliability};
 use linkbus_store_memory::MemoryStore;
