@@ -689,7 +689,6 @@ fn read_back(
         held: 0,
     };
     let handed_out = groups::read_handed_out(store, &config.name)?;
-    let ones_taken = handed_out.clone();
     let mut released = Batch::new();
     let now_unix = crate::clock::unix_ms();
     let mut largest = 0u64;
@@ -711,7 +710,7 @@ fn read_back(
             None => push_entry(&mut levels, config.order, entry),
         }
     }
-    groups::adopt_handed_out(&mut levels, ones_taken);
+    groups::adopt_handed_out(&mut levels, handed_out);
     groups::release_recovered(&mut levels, config.order, (&config.name, space, &mut released));
     Ok((levels, largest, released))
 }

@@ -58,6 +58,14 @@ impl PutGroups {
         contents.iter().map(Member::of).collect()
     }
 
+    /// Moves on by the first `accepted` of `members` (checked by [`PutGroups::after`]; a
+    /// prefix of puts that keep the rules keeps them).
+    pub(super) fn accepted(&mut self, members: &[Member], accepted: usize) {
+        if let Ok(after) = self.after(&members[..accepted.min(members.len())]) {
+            *self = after;
+        }
+    }
+
     /// The state after putting `members` in order, or the first rule one breaks (with its
     /// position, from 1, in the message).
     pub(super) fn after(&self, members: &[Member]) -> Result<Self, String> {
@@ -160,13 +168,13 @@ impl HandedGroups {
     /// member was not handed out here yet while the queue still holds the group (`ack`: an
     /// acknowledgement; a backout may). (A group whose last member will not come here — a
     /// dead letter, a last member that expired — is acknowledged member by member.)
-    pub(super) fn settling(
+    pub(super) fn settling<'t>(
         &self,
         queue: &Arc<LocalQueue>,
-        tags: &[u64],
+        tags: &'t [u64],
         ack: bool,
-    ) -> Result<Vec<u64>, String> {
-        let mut all = tags.to_vec();
+    ) -> Result<std::borrow::Cow<'t, [u64]>, String> {
+        let mut all = std::borrow::Cow::Borrowed(tags);
         for h in self.groups.iter().filter(|h| Arc::ptr_eq(&h.queue, queue)) {
             let Some(tag) = tags.iter().find(|t| h.tags.contains(t)) else { continue };
             match h.last {
@@ -177,7 +185,9 @@ impl HandedGroups {
                         h.group
                     ));
                 }
-                Some(last) if tags.contains(&last) => all.extend(h.tags.iter().filter(|t| !tags.contains(t))),
+                Some(last) if tags.contains(&last) => {
+                    all.to_mut().extend(h.tags.iter().filter(|t| !tags.contains(t)));
+                }
                 _ => {}
             }
         }

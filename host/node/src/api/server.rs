@@ -472,8 +472,7 @@ async fn put(
         Ok(_) => usize::MAX,
         Err(e) => e.accepted as usize,
     };
-    *groups =
-        groups.after(members.get(..accepted.min(members.len())).unwrap_or_default()).unwrap_or_default();
+    groups.accepted(&members, accepted);
     match answer {
         Ok(accepted) => Response::PutOk {
             source: node.name().clone(),

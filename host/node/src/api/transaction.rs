@@ -91,9 +91,7 @@ impl Transaction {
         let (messages, refused) = origin.prepare(node, contents, created_unix_ms);
         let sequences: Vec<u64> = messages.iter().map(|m| m.id.sequence).collect();
         let accepted = messages.len();
-        // (A prefix of puts that keep the rules keeps them.)
-        *groups =
-            groups.after(members.get(..accepted.min(members.len())).unwrap_or_default()).unwrap_or_default();
+        groups.accepted(&members, accepted);
         self.put_bytes += sizes.iter().take(accepted).sum::<usize>();
         self.puts.extend(messages);
         if let Some(e) = refused {
